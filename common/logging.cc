@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/logging.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "common/status_util.h"
+#include "spdlog/cfg/env.h"
+#include "spdlog/sinks/stdout_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace repvar {
+
+void InitLogging(const LogOptions& options) {
+  auto logger = spdlog::stderr_logger_mt(options.name);
+  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ %n[%P] %v");
+  logger->set_level(spdlog::level::from_str(options.level));
+  spdlog::set_default_logger(logger);
+  spdlog::cfg::load_env_levels();
+  spdlog::flush_every(std::chrono::seconds(1));
+}
+
+namespace internal {
+void CheckFailed(const char* file, int line, const char* cond) {
+  std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", file, line, cond);
+  std::abort();
+}
+}  // namespace internal
+
+}  // namespace repvar

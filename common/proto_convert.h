@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_COMMON_PROTO_CONVERT_H_
+#define REPVAR_COMMON_PROTO_CONVERT_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "common/initializer.h"
+#include "common/tensor.h"
+#include "google/protobuf/message.h"
+#include "repvar/v1/types.pb.h"
+
+namespace repvar {
+
+// Errors: INVALID_ARGUMENT (unknown dtype, bad shape).
+absl::StatusOr<TensorSpec> SpecFromProto(const v1::TensorSpec& proto);
+void SpecToProto(const TensorSpec& spec, v1::TensorSpec* proto);
+void HeaderToProto(const Tensor& t, v1::TensorHeader* proto);
+
+// A whole tensor in one message. Errors: INVALID_ARGUMENT (bad spec, length
+// or checksum).
+absl::StatusOr<Tensor> TensorFromProto(const v1::Tensor& proto);
+void TensorToProto(const Tensor& t, v1::Tensor* proto);
+
+// Errors: INVALID_ARGUMENT (bad embedded tensor, unknown generator).
+absl::StatusOr<Initializer> InitializerFromProto(const v1::Initializer& proto);
+void InitializerToProto(const Initializer& init, v1::Initializer* proto);
+
+// XXH3-64 of the deterministic serialization: a request's payload digest.
+uint64_t Digest(const google::protobuf::Message& message);
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_PROTO_CONVERT_H_

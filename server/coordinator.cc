@@ -1,0 +1,547 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/coordinator.h"
+
+#include <algorithm>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/names.h"
+#include "common/status_util.h"
+#include "spdlog/spdlog.h"
+
+namespace repvar::server {
+namespace {
+
+// Takes the write locks of `vars` in id order, so that batches never deadlock.
+class WriteLocks {
+ public:
+  template <typename V>
+  explicit WriteLocks(std::vector<V*> vars) {
+    std::sort(vars.begin(), vars.end(), [](V* a, V* b) { return a->id < b->id; });
+    vars.erase(std::unique(vars.begin(), vars.end()), vars.end());
+    for (V* v : vars) locks_.push_back(std::make_unique<absl::MutexLock>(&v->write_mu));
+  }
+
+ private:
+  std::vector<std::unique_ptr<absl::MutexLock>> locks_;
+};
+
+std::string ReplicaName(const std::string& var, int32_t i) { return absl::StrCat(var, "/", i); }
+
+}  // namespace
+
+absl::Status ValidateVariableDef(const VariableDef& def, uint64_t max_bytes) {
+  REPVAR_RETURN_IF_ERROR(ValidateVariableName(def.name));
+  auto bytes = def.tensor.ByteSize();
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variable ", def.name, ": ", bytes.status().message()));
+  }
+  if (static_cast<uint64_t>(*bytes) > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("variable ", def.name, " needs ", *bytes,
+                                                     " bytes; the limit is ", max_bytes));
+  }
+  if (def.replica_count < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variable ", def.name, ": replica_count must be >= 1"));
+  }
+  for (const std::string& c : def.collections) {
+    if (c.empty() || c.size() > 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", def.name, ": collection names must be 1..256 bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient* workers)
+    : options_(std::move(options)),
+      clock_(clock),
+      workers_(workers),
+      membership_(options_.membership, clock),
+      dedup_(options_.dedup_capacity, options_.dedup_window) {}
+
+absl::StatusOr<int64_t> Coordinator::RegisterWorker(const WorkerRegistration& reg) {
+  REPVAR_ASSIGN_OR_RETURN(int64_t version, membership_.Register(reg));
+  ResyncTask(TaskKey{reg.job, reg.task});
+  return version;
+}
+
+absl::StatusOr<int64_t> Coordinator::Heartbeat(const TaskKey& key, uint64_t incarnation) {
+  return membership_.Heartbeat(key, incarnation);
+}
+
+void Coordinator::Tick(absl::Time now) { membership_.CheckHeartbeats(now); }
+
+absl::StatusOr<std::shared_ptr<Coordinator::Variable>> Coordinator::Find(
+    absl::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = variables_.find(name);
+  if (it == variables_.end()) {
+    return absl::NotFoundError(absl::StrCat("variable \"", name, "\" does not exist"));
+  }
+  return it->second;
+}
+
+VariableView Coordinator::ViewLocked(const Variable& v, const TopologySnapshot& topo) const {
+  VariableView view;
+  view.id = v.id;
+  view.def = v.def;
+  view.version = v.version;
+  view.checksum = v.checksum;
+  view.initialized = v.version > 0;
+  view.needs_resync = v.needs_resync;
+  view.collections.push_back(kGlobalVariables);
+  if (v.def.trainable) view.collections.push_back(kTrainableVariables);
+  for (const std::string& c : v.def.collections) {
+    if (std::find(view.collections.begin(), view.collections.end(), c) == view.collections.end()) {
+      view.collections.push_back(c);
+    }
+  }
+  for (size_t i = 0; i < v.placement.size(); ++i) {
+    const Placement& p = v.placement[i];
+    const ReplicaRecord& r = v.replicas[i];
+    ReplicaView rv;
+    rv.index = static_cast<int32_t>(i);
+    rv.name = ReplicaName(v.def.name, rv.index);
+    rv.device = p.device;
+    rv.task = p.task;
+    rv.version = r.version;
+    rv.checksum = r.checksum;
+    const LiveTask* live = nullptr;
+    for (const LiveTask& t : topo.tasks) {
+      if (t.key == p.task) live = &t;
+    }
+    if (live == nullptr) {
+      rv.state = ReplicaState::kUnavailable;
+    } else if (v.version == 0) {
+      rv.state = ReplicaState::kUninitialized;
+    } else if (r.incarnation == live->incarnation && r.version == v.version &&
+               r.checksum == v.checksum) {
+      rv.state = ReplicaState::kUpToDate;
+    } else {
+      rv.state = ReplicaState::kStale;
+    }
+    view.replicas.push_back(std::move(rv));
+  }
+  return view;
+}
+
+absl::StatusOr<CreateResult> Coordinator::CreateVariables(const RequestKey& key,
+                                                          const std::vector<CreateItem>& items) {
+  if (items.empty()) return absl::InvalidArgumentError("create needs at least one variable");
+  for (const CreateItem& item : items) {
+    REPVAR_RETURN_IF_ERROR(ValidateVariableDef(item.def, options_.max_variable_bytes));
+    if (item.initializer.kind == Initializer::Kind::kValue &&
+        (item.initializer.value == nullptr || !(item.initializer.value->spec == item.def.tensor))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", item.def.name, ": initializer value does not match its spec"));
+    }
+  }
+  REPVAR_ASSIGN_OR_RETURN(auto cached, dedup_.Lookup(key, "create", clock_->Now()));
+  if (cached) return std::any_cast<CreateResult>(*cached);
+
+  TopologySnapshot topo = membership_.Snapshot();
+  CreateResult result;
+  {
+    absl::MutexLock lock(&mu_);
+    // Validate the whole batch against the registry before inserting anything.
+    std::map<std::string, const VariableDef*, std::less<>> in_batch;
+    for (const CreateItem& item : items) {
+      const VariableDef& def = item.def;
+      auto it = variables_.find(def.name);
+      if (it != variables_.end() && !(it->second->def == def)) {
+        const VariableDef& old = it->second->def;
+        return absl::AlreadyExistsError(absl::StrCat(
+            "variable ", def.name, " already exists as ", old.tensor.ToString(), " x",
+            old.replica_count, " (aggregation ", static_cast<int>(old.aggregation),
+            ", trainable ", old.trainable, "); the request asks for ", def.tensor.ToString(),
+            " x", def.replica_count, " (aggregation ", static_cast<int>(def.aggregation),
+            ", trainable ", def.trainable, ")"));
+      }
+      auto [b, fresh] = in_batch.emplace(def.name, &def);
+      if (!fresh && !(*b->second == def)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("variable ", def.name, " appears twice in the batch with different specs"));
+      }
+      if (it == variables_.end() &&
+          static_cast<size_t>(def.replica_count) > topo.accelerators.size()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "variable ", def.name, " asks for ", def.replica_count, " replicas but the cluster has ",
+            topo.accelerators.size(), " accelerators (topology version ", topo.version,
+            "); wait for the cluster to form or lower the replica count"));
+      }
+    }
+    for (const CreateItem& item : items) {
+      const VariableDef& def = item.def;
+      auto it = variables_.find(def.name);
+      if (it != variables_.end()) {
+        result.variables.push_back(ViewLocked(*it->second, topo));
+        result.created.push_back(false);
+        continue;
+      }
+      std::vector<Placement> placement;
+      std::set<TaskKey> hosts;
+      for (int32_t i = 0; i < def.replica_count; ++i) {
+        placement.push_back(Placement{topo.accelerators[i].device, topo.accelerators[i].task});
+        hosts.insert(topo.accelerators[i].task);
+      }
+      auto v = std::make_shared<Variable>(next_id_++, def, std::move(placement));
+      v->initializer = item.initializer;
+      v->replicas.resize(def.replica_count);
+      if (hosts.size() == 1) {
+        result.warnings.push_back(absl::StrCat(
+            "variable ", def.name, ": all ", def.replica_count, " replica(s) sit on one host (",
+            hosts.begin()->ToString(), "); in-step data cannot survive the loss of that host"));
+      }
+      result.variables.push_back(ViewLocked(*v, topo));
+      result.created.push_back(true);
+      variables_.emplace(def.name, std::move(v));
+    }
+  }
+  for (const std::string& w : result.warnings) spdlog::warn("{}", w);
+  dedup_.Record(key, "create", result, clock_->Now());
+  return result;
+}
+
+absl::StatusOr<VariableView> Coordinator::GetVariable(absl::string_view name) const {
+  TopologySnapshot topo = membership_.Snapshot();
+  absl::MutexLock lock(&mu_);
+  auto it = variables_.find(name);
+  if (it == variables_.end()) {
+    return absl::NotFoundError(absl::StrCat("variable \"", name, "\" does not exist"));
+  }
+  return ViewLocked(*it->second, topo);
+}
+
+std::vector<VariableView> Coordinator::ListVariables(absl::string_view collection) const {
+  TopologySnapshot topo = membership_.Snapshot();
+  absl::MutexLock lock(&mu_);
+  std::vector<VariableView> out;
+  for (const auto& [name, v] : variables_) {
+    VariableView view = ViewLocked(*v, topo);
+    if (collection.empty() || std::find(view.collections.begin(), view.collections.end(),
+                                        collection) != view.collections.end()) {
+      out.push_back(std::move(view));
+    }
+  }
+  return out;
+}
+
+absl::Status Coordinator::DeleteVariable(const RequestKey& key, absl::string_view name) {
+  REPVAR_ASSIGN_OR_RETURN(auto cached, dedup_.Lookup(key, "delete", clock_->Now()));
+  if (cached) return absl::OkStatus();
+  REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<Variable> v, Find(name));
+  std::set<TaskKey> tasks;
+  {
+    absl::MutexLock write(&v->write_mu);  // waits for an in-flight write
+    absl::MutexLock lock(&mu_);
+    if (v->deleted) {
+      return absl::NotFoundError(absl::StrCat("variable \"", name, "\" does not exist"));
+    }
+    v->deleted = true;
+    variables_.erase(v->def.name);
+    for (const Placement& p : v->placement) tasks.insert(p.task);
+  }
+  dedup_.Record(key, "delete", true, clock_->Now());
+  for (const TaskKey& t : tasks) {
+    if (auto live = membership_.Find(t)) {
+      absl::Status s = workers_->DropVariable({t, live->address, live->incarnation}, v->id);
+      if (!s.ok()) {
+        spdlog::warn("drop of {} on {} failed: {}", v->def.name, t.ToString(), s.ToString());
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<InitializeResult>> Coordinator::Initialize(
+    const RequestKey& key, const std::vector<InitializeItem>& items) {
+  if (items.empty()) return absl::InvalidArgumentError("initialize needs at least one variable");
+  std::vector<std::shared_ptr<Variable>> vars;
+  for (const InitializeItem& item : items) {
+    REPVAR_ASSIGN_OR_RETURN(auto v, Find(item.name));
+    vars.push_back(std::move(v));
+  }
+  std::vector<Variable*> raw;
+  for (auto& v : vars) raw.push_back(v.get());
+  WriteLocks locks(raw);
+  REPVAR_ASSIGN_OR_RETURN(auto cached, dedup_.Lookup(key, "initialize", clock_->Now()));
+  if (cached) return std::any_cast<std::vector<InitializeResult>>(*cached);
+
+  // Decide who still needs a value, with which initializer.
+  std::vector<std::optional<Initializer>> todo(items.size());
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<uint64_t> seen;
+    for (size_t i = 0; i < items.size(); ++i) {
+      Variable& v = *vars[i];
+      if (v.deleted) {
+        return absl::NotFoundError(absl::StrCat("variable \"", items[i].name, "\" was deleted"));
+      }
+      if (v.version > 0 || !seen.insert(v.id).second) continue;
+      todo[i] = items[i].initializer ? *items[i].initializer : v.initializer;
+    }
+  }
+  std::vector<PlannedWrite> writes;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!todo[i]) continue;
+    auto value = MakeInitialValue(*todo[i], vars[i]->def.tensor);
+    if (!value.ok()) {
+      return absl::Status(value.status().code(),
+                          absl::StrCat("variable ", items[i].name, ": ", value.status().message()));
+    }
+    if (!vars[i]->def.allow_nonfinite) {
+      if (int64_t bad = FirstNonFinite(*value); bad >= 0) {
+        return absl::InvalidArgumentError(absl::StrCat("variable ", items[i].name,
+                                                       ": initial value has a non-finite element at ",
+                                                       bad, " (allow_nonfinite is off)"));
+      }
+    }
+    writes.push_back(
+        PlannedWrite{vars[i].get(), 1, std::make_shared<const Tensor>(*std::move(value))});
+  }
+  REPVAR_RETURN_IF_ERROR(Broadcast(writes));
+
+  std::vector<InitializeResult> results;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (todo[i] && items[i].initializer) vars[i]->initializer = *items[i].initializer;
+      results.push_back(InitializeResult{items[i].name, todo[i].has_value(), vars[i]->version,
+                                         vars[i]->checksum});
+    }
+  }
+  dedup_.Record(key, "initialize", results, clock_->Now());
+  return results;
+}
+
+absl::Status Coordinator::ValidateAssignLocked(const Variable& v, const AssignItem& item) const {
+  if (v.deleted) return absl::NotFoundError(absl::StrCat("variable \"", item.name, "\" was deleted"));
+  if (item.value == nullptr) return absl::InvalidArgumentError("assign without a value");
+  if (!(item.value->spec == v.def.tensor)) {
+    return absl::FailedPreconditionError(absl::StrCat("variable ", item.name, " is ",
+                                                      v.def.tensor.ToString(), "; the value is ",
+                                                      item.value->spec.ToString()));
+  }
+  if (item.op != AssignOp::kAssign && v.version == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "variable ", item.name, " is uninitialized; assign or initialize it before adding to it"));
+  }
+  if (!v.def.allow_nonfinite) {
+    if (int64_t bad = FirstNonFinite(*item.value); bad >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("variable ", item.name,
+                                                     ": non-finite value at element ", bad,
+                                                     " (allow_nonfinite is off)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const Tensor>> Coordinator::ComputeLocked(
+    const Variable& v, const AssignItem& item) const {
+  if (item.op == AssignOp::kAssign) return item.value;
+  REPVAR_ASSIGN_OR_RETURN(Tensor sum,
+                          AddScaled(*v.value, *item.value, item.op == AssignOp::kAdd ? 1 : -1));
+  if (!v.def.allow_nonfinite) {
+    if (int64_t bad = FirstNonFinite(sum); bad >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "variable ", item.name, ": the result is non-finite at element ", bad, "; nothing changed"));
+    }
+  }
+  return std::make_shared<const Tensor>(std::move(sum));
+}
+
+absl::StatusOr<WriteResult> Coordinator::Assign(const RequestKey& key, const AssignItem& item) {
+  REPVAR_ASSIGN_OR_RETURN(std::vector<WriteResult> r, AssignBatch(key, {item}));
+  return r.front();
+}
+
+absl::StatusOr<std::vector<WriteResult>> Coordinator::AssignBatch(
+    const RequestKey& key, const std::vector<AssignItem>& items) {
+  if (items.empty()) return absl::InvalidArgumentError("assign needs at least one variable");
+  std::vector<std::shared_ptr<Variable>> vars;
+  std::set<absl::string_view> names;
+  for (const AssignItem& item : items) {
+    if (!names.insert(item.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", item.name, " appears twice in one batched assign"));
+    }
+    REPVAR_ASSIGN_OR_RETURN(auto v, Find(item.name));
+    vars.push_back(std::move(v));
+  }
+  std::vector<Variable*> raw;
+  for (auto& v : vars) raw.push_back(v.get());
+  WriteLocks locks(raw);
+  absl::string_view op = items.size() == 1 ? "assign" : "assign_batch";
+  REPVAR_ASSIGN_OR_RETURN(auto cached, dedup_.Lookup(key, op, clock_->Now()));
+  if (cached) return std::any_cast<std::vector<WriteResult>>(*cached);
+
+  // The write locks are held: versions and values cannot move under us, so
+  // the new values can be computed outside mu_.
+  std::vector<PlannedWrite> writes;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < items.size(); ++i) {
+      REPVAR_RETURN_IF_ERROR(ValidateAssignLocked(*vars[i], items[i]));
+    }
+    for (size_t i = 0; i < items.size(); ++i) {
+      REPVAR_ASSIGN_OR_RETURN(auto value, ComputeLocked(*vars[i], items[i]));
+      writes.push_back(PlannedWrite{vars[i].get(), vars[i]->version + 1, std::move(value)});
+    }
+  }
+  REPVAR_RETURN_IF_ERROR(Broadcast(writes));
+  std::vector<WriteResult> results;
+  for (const PlannedWrite& w : writes) {
+    results.push_back(WriteResult{w.version, w.value->checksum, w.value});
+  }
+  dedup_.Record(key, op, results, clock_->Now());
+  return results;
+}
+
+absl::Status Coordinator::Broadcast(std::vector<PlannedWrite>& writes) {
+  TopologySnapshot topo = membership_.Snapshot();
+  std::map<TaskKey, const LiveTask*> live;
+  for (const LiveTask& t : topo.tasks) live[t.key] = &t;
+
+  // Group the replicas each live worker holds.
+  std::map<TaskKey, std::vector<ReplicaWrite>> per_task;
+  for (const PlannedWrite& w : writes) {
+    const Variable& v = *w.variable;
+    std::map<TaskKey, std::vector<int32_t>> replicas;
+    for (size_t i = 0; i < v.placement.size(); ++i) {
+      if (live.contains(v.placement[i].task)) {
+        replicas[v.placement[i].task].push_back(static_cast<int32_t>(i));
+      }
+    }
+    for (auto& [task, idx] : replicas) {
+      per_task[task].push_back(ReplicaWrite{v.id, v.def.name, w.version, std::move(idx),
+                                            w.value.get()});
+    }
+  }
+  std::vector<std::pair<const LiveTask*, const std::vector<ReplicaWrite>*>> calls;
+  for (const auto& [task, rw] : per_task) calls.emplace_back(live[task], &rw);
+  std::vector<absl::Status> status(calls.size());
+  auto call = [&](size_t i) {
+    const LiveTask& t = *calls[i].first;
+    status[i] =
+        workers_->WriteReplicas(WorkerTarget{t.key, t.address, t.incarnation}, *calls[i].second);
+  };
+  // All workers in parallel; the last call runs on this thread.
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i + 1 < calls.size(); ++i) threads.emplace_back(call, i);
+  if (!calls.empty()) call(calls.size() - 1);
+  for (std::thread& t : threads) t.join();
+
+  std::vector<std::string> failures;
+  absl::MutexLock lock(&mu_);
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const LiveTask& t = *calls[c].first;
+    if (!status[c].ok()) {
+      failures.push_back(absl::StrCat(t.key.ToString(), ": ", status[c].ToString()));
+      continue;
+    }
+    for (const ReplicaWrite& rw : *calls[c].second) {
+      for (const PlannedWrite& w : writes) {
+        if (w.variable->id != rw.variable_id) continue;
+        for (int32_t i : rw.replicas) {
+          w.variable->replicas[i] = ReplicaRecord{w.version, w.value->checksum, t.incarnation};
+        }
+      }
+    }
+  }
+  if (!failures.empty()) {
+    std::vector<std::string> names;
+    for (PlannedWrite& w : writes) {
+      w.variable->needs_resync = true;
+      names.push_back(w.variable->def.name);
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "write of ", absl::StrJoin(names, ", "), " did not reach every live replica (",
+        absl::StrJoin(failures, "; "),
+        "); the committed version is unchanged and the variable is marked for resync; "
+        "retry with the same request_id"));
+  }
+  for (PlannedWrite& w : writes) {
+    Variable& v = *w.variable;
+    if (v.deleted) continue;
+    v.version = w.version;
+    v.checksum = w.value->checksum;
+    v.value = w.value;
+    v.needs_resync = false;
+  }
+  return absl::OkStatus();
+}
+
+void Coordinator::ResyncTask(const TaskKey& task) {
+  std::optional<LiveTask> live = membership_.Find(task);
+  if (!live) return;
+  std::vector<std::shared_ptr<Variable>> vars;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, v] : variables_) {
+      for (const Placement& p : v->placement) {
+        if (p.task == task) {
+          vars.push_back(v);
+          break;
+        }
+      }
+    }
+  }
+  if (vars.empty()) return;
+  std::vector<Variable*> raw;
+  for (auto& v : vars) raw.push_back(v.get());
+  WriteLocks locks(raw);
+  std::vector<ReplicaWrite> writes;
+  std::vector<std::shared_ptr<const Tensor>> keep;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& v : vars) {
+      if (v->deleted || v->version == 0) continue;
+      std::vector<int32_t> stale;
+      for (size_t i = 0; i < v->placement.size(); ++i) {
+        const ReplicaRecord& r = v->replicas[i];
+        if (v->placement[i].task == task &&
+            (r.incarnation != live->incarnation || r.version != v->version ||
+             r.checksum != v->checksum)) {
+          stale.push_back(static_cast<int32_t>(i));
+        }
+      }
+      if (stale.empty()) continue;
+      keep.push_back(v->value);
+      writes.push_back(ReplicaWrite{v->id, v->def.name, v->version, std::move(stale), v->value.get()});
+    }
+  }
+  if (writes.empty()) return;
+  absl::Status s =
+      workers_->WriteReplicas(WorkerTarget{task, live->address, live->incarnation}, writes);
+  if (!s.ok()) {
+    spdlog::warn("resync of {} replica set(s) on {} failed: {}", writes.size(), task.ToString(),
+                 s.ToString());
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  for (const ReplicaWrite& rw : writes) {
+    for (const auto& v : vars) {
+      if (v->id != rw.variable_id) continue;
+      for (int32_t i : rw.replicas) {
+        v->replicas[i] = ReplicaRecord{rw.version, rw.value->checksum, live->incarnation};
+      }
+    }
+  }
+  spdlog::info("resynced {} variable(s) on {}", writes.size(), task.ToString());
+}
+
+absl::StatusOr<ReadResult> Coordinator::Read(absl::string_view name) const {
+  REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<Variable> v, Find(name));
+  absl::MutexLock lock(&mu_);
+  if (v->version == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("variable ", name, " is uninitialized; initialize or assign it first"));
+  }
+  return ReadResult{v->version, v->value};
+}
+
+}  // namespace repvar::server

@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: Apache-2.0
+// The coordinator's logic, with no network in it.
+//
+// How a cross-replica write flows:
+//   1. register: workers join Membership with their devices; accelerator
+//      ordinals are the sorted live accelerators; ordinal 0's task is the
+//      infeed host.
+//   2. place: CreateVariables records replica i of a variable on ordinal i
+//      (its device and task); placement never moves afterwards.
+//   3. publish: Assign/Initialize take the variable's write lock, validate,
+//      compute the new value once (AssignAdd: current + delta) and name it
+//      version n+1.
+//   4. replicate: the value goes to every live worker holding replicas,
+//      through WorkerClient, all workers in parallel.
+//   5. ack: only when every live replica holds version n+1 is it committed
+//      (version, checksum, value) and the caller answered; otherwise the
+//      caller gets UNAVAILABLE, the committed version stays n and the
+//      variable is marked for resync.
+//   6. serve: reads return the committed value and version.
+//
+// State changes happen only in the Commit* helpers, each taking a plain record
+// that a write-ahead log can store before it is applied.
+#ifndef REPVAR_SERVER_COORDINATOR_H_
+#define REPVAR_SERVER_COORDINATOR_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/initializer.h"
+#include "common/tensor.h"
+#include "server/dedup.h"
+#include "server/membership.h"
+#include "server/worker_client.h"
+
+namespace repvar::server {
+
+// Numbers match repvar.v1.Aggregation.
+enum class Aggregation { kNone = 1, kSum = 2, kMean = 3, kOnlyFirstReplica = 4 };
+// Numbers match repvar.v1.ReplicaState.
+enum class ReplicaState { kUninitialized = 1, kUpToDate = 2, kStale = 3, kUnavailable = 4 };
+enum class AssignOp { kAssign = 1, kAdd = 2, kSub = 3 };
+
+inline constexpr char kGlobalVariables[] = "GLOBAL_VARIABLES";
+inline constexpr char kTrainableVariables[] = "TRAINABLE_VARIABLES";
+
+// The identity of a logical variable (V2): everything but the initializer.
+struct VariableDef {
+  std::string name;
+  TensorSpec tensor;
+  bool trainable = true;
+  std::vector<std::string> collections;  // extra ones, as given
+  int32_t replica_count = 1;
+  Aggregation aggregation = Aggregation::kNone;
+  bool allow_nonfinite = false;
+  friend bool operator==(const VariableDef&, const VariableDef&) = default;
+};
+
+struct ReplicaView {
+  int32_t index = 0;
+  std::string name;  // "<variable>/<index>"
+  DeviceName device;
+  TaskKey task;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  ReplicaState state = ReplicaState::kUninitialized;
+};
+
+struct VariableView {
+  uint64_t id = 0;
+  VariableDef def;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  bool initialized = false;
+  bool needs_resync = false;
+  std::vector<std::string> collections;  // effective (V3)
+  std::vector<ReplicaView> replicas;
+};
+
+struct CreateItem {
+  VariableDef def;
+  Initializer initializer;
+};
+struct CreateResult {
+  std::vector<VariableView> variables;
+  std::vector<bool> created;
+  std::vector<std::string> warnings;
+};
+struct InitializeItem {
+  std::string name;
+  std::optional<Initializer> initializer;
+};
+struct InitializeResult {
+  std::string name;
+  bool initialized_now = false;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+};
+struct AssignItem {
+  std::string name;
+  AssignOp op = AssignOp::kAssign;
+  std::shared_ptr<const Tensor> value;
+};
+struct WriteResult {
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  std::shared_ptr<const Tensor> value;  // the committed value
+};
+struct ReadResult {
+  int64_t version = 0;
+  std::shared_ptr<const Tensor> value;
+};
+
+struct CoordinatorOptions {
+  MembershipOptions membership;
+  // Largest variable accepted (RESOURCE_EXHAUSTED above it).
+  uint64_t max_variable_bytes = uint64_t{64} << 30;
+  size_t dedup_capacity = 100000;
+  absl::Duration dedup_window = absl::Hours(1);
+};
+
+// Thread-safe. One mutex (mu_) guards the registry's maps and per-variable
+// metadata and is never held while calling a worker; each variable also has a
+// write lock that orders its cross-replica writes (C4) and is held across the
+// broadcast. Batched writes take write locks in variable-id order.
+class Coordinator {
+ public:
+  Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient* workers);
+
+  Membership& membership() { return membership_; }
+
+  // T1 plus F2: after a new incarnation registers, its replicas of
+  // initialized variables are rewritten from the committed values before this
+  // returns. Errors: as Membership::Register; a failed resync leaves the
+  // replicas STALE and is reported in the log, not to the worker.
+  absl::StatusOr<int64_t> RegisterWorker(const WorkerRegistration& reg);
+  // Errors: as Membership::Heartbeat.
+  absl::StatusOr<int64_t> Heartbeat(const TaskKey& key, uint64_t incarnation);
+  // Periodic work at `now`: declares silent workers dead (T5).
+  void Tick(absl::Time now);
+
+  // V1-V3, V6. All-or-nothing. Errors: INVALID_ARGUMENT (name, spec, empty
+  // batch, duplicate names with different specs in one batch),
+  // FAILED_PRECONDITION (replica_count > accelerators, or < 1),
+  // ALREADY_EXISTS (same name, different spec), RESOURCE_EXHAUSTED (larger
+  // than max_variable_bytes).
+  absl::StatusOr<CreateResult> CreateVariables(const RequestKey& key,
+                                               const std::vector<CreateItem>& items);
+  // Errors: NOT_FOUND.
+  absl::StatusOr<VariableView> GetVariable(absl::string_view name) const;
+  // Variables in `collection` (all when empty), by name.
+  std::vector<VariableView> ListVariables(absl::string_view collection) const;
+  // Errors: NOT_FOUND.
+  absl::Status DeleteVariable(const RequestKey& key, absl::string_view name);
+
+  // C5. First caller wins. Errors: NOT_FOUND, INVALID_ARGUMENT (no or bad
+  // initializer), UNAVAILABLE (a live replica could not be written).
+  absl::StatusOr<std::vector<InitializeResult>> Initialize(
+      const RequestKey& key, const std::vector<InitializeItem>& items);
+
+  // C2, C3, C6, C7 for one variable. Errors: NOT_FOUND, FAILED_PRECONDITION
+  // (spec mismatch; ADD/SUB of an uninitialized variable), INVALID_ARGUMENT
+  // (non-finite value or result, reused request id), UNAVAILABLE (see file
+  // comment, step 5).
+  absl::StatusOr<WriteResult> Assign(const RequestKey& key, const AssignItem& item);
+  // V6: validates every item, then writes them all in one broadcast.
+  absl::StatusOr<std::vector<WriteResult>> AssignBatch(const RequestKey& key,
+                                                       const std::vector<AssignItem>& items);
+
+  // C1. Errors: NOT_FOUND, FAILED_PRECONDITION (uninitialized).
+  absl::StatusOr<ReadResult> Read(absl::string_view name) const;
+
+ private:
+  struct Placement {
+    DeviceName device;
+    TaskKey task;
+  };
+  struct ReplicaRecord {
+    int64_t version = 0;
+    uint64_t checksum = 0;
+    uint64_t incarnation = 0;  // of the worker that holds this version
+  };
+  struct Variable {
+    Variable(uint64_t id_in, VariableDef def_in, std::vector<Placement> placement_in)
+        : id(id_in), def(std::move(def_in)), placement(std::move(placement_in)) {}
+    const uint64_t id;
+    const VariableDef def;
+    const std::vector<Placement> placement;
+    absl::Mutex write_mu;  // orders cross-replica writes; held across broadcast
+    // Below: protected by Coordinator::mu_.
+    Initializer initializer;
+    int64_t version = 0;
+    uint64_t checksum = 0;
+    std::shared_ptr<const Tensor> value;
+    std::vector<ReplicaRecord> replicas;
+    bool needs_resync = false;
+    bool deleted = false;
+  };
+  // A new version to publish.
+  struct PlannedWrite {
+    Variable* variable;
+    int64_t version;
+    std::shared_ptr<const Tensor> value;
+  };
+
+  // Sends every planned write to every live replica; records per-replica
+  // results; commits all only when every live replica got its write.
+  absl::Status Broadcast(std::vector<PlannedWrite>& writes) ABSL_LOCKS_EXCLUDED(mu_);
+  void ResyncTask(const TaskKey& task) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<Variable>> Find(absl::string_view name) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  VariableView ViewLocked(const Variable& v, const TopologySnapshot& topo) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ValidateAssignLocked(const Variable& v, const AssignItem& item) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<const Tensor>> ComputeLocked(const Variable& v,
+                                                              const AssignItem& item) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const CoordinatorOptions options_;
+  Clock* const clock_;
+  WorkerClient* const workers_;
+  Membership membership_;
+  DedupTable dedup_;
+
+  // State below is protected by mu_.
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Variable>, std::less<>> variables_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+// Validates a definition on its own (name, spec, replica count >= 1).
+// Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED (above max_bytes).
+absl::Status ValidateVariableDef(const VariableDef& def, uint64_t max_bytes);
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_COORDINATOR_H_

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_SERVER_WORKER_CLIENT_H_
+#define REPVAR_SERVER_WORKER_CLIENT_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/tensor.h"
+#include "server/membership.h"
+
+namespace repvar::server {
+
+// The worker a call is meant for. A worker refuses calls carrying another
+// incarnation (fencing).
+struct WorkerTarget {
+  TaskKey task;
+  std::string address;
+  uint64_t incarnation = 0;
+};
+
+// "Version `version` of variable `variable_id` is `value`" for some of the
+// replicas one worker holds.
+struct ReplicaWrite {
+  uint64_t variable_id = 0;
+  std::string name;
+  int64_t version = 0;
+  std::vector<int32_t> replicas;
+  const Tensor* value = nullptr;  // outlives the call
+};
+
+// What the coordinator needs from a worker: the test seam between the core
+// and the network. Implementations are thread-safe; calls block until the
+// worker answers or the call's deadline passes.
+class WorkerClient {
+ public:
+  virtual ~WorkerClient() = default;
+  // Writes every item, in order, in one exchange. OK means the worker holds
+  // all of them (each verified by checksum). Errors: UNAVAILABLE or
+  // DEADLINE_EXCEEDED (unreachable), ABORTED (stale incarnation), others as
+  // the worker says.
+  virtual absl::Status WriteReplicas(const WorkerTarget& target,
+                                     std::span<const ReplicaWrite> writes) = 0;
+  // Forgets a deleted variable. Best effort.
+  virtual absl::Status DropVariable(const WorkerTarget& target, uint64_t variable_id) = 0;
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_WORKER_CLIENT_H_
