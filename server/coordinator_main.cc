@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+// repvar-coordinator: flags -> options, logging, server, ticker, signals.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "common/daemon.h"
+#include "common/logging.h"
+#include "server/coordinator.h"
+#include "server/coordinator_service.h"
+#include "server/grpc_worker_client.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen_address, "127.0.0.1:0",
+          "host:port to serve on; port 0 picks a free port (see --port_file)");
+ABSL_FLAG(std::string, port_file, "", "write the bound port here (atomically) once serving");
+ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(10),
+          "a worker silent this long is declared dead");
+ABSL_FLAG(std::string, expected_tasks, "",
+          "tasks the cluster waits for, as job:count[,job:count], e.g. tpu_worker:3,worker:1");
+ABSL_FLAG(int64_t, max_variable_bytes, int64_t{64} << 30, "largest variable accepted");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
+
+namespace {
+
+absl::StatusOr<std::map<std::string, int32_t>> ParseExpected(const std::string& text) {
+  std::map<std::string, int32_t> out;
+  if (text.empty()) return out;
+  for (absl::string_view part : absl::StrSplit(text, absl::ByChar(','))) {
+    std::vector<std::string> kv = absl::StrSplit(part, absl::ByChar(':'));
+    int32_t n = 0;
+    if (kv.size() != 2 || !repvar::IsValidJobName(kv[0]) || !absl::SimpleAtoi(kv[1], &n) || n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--expected_tasks: bad entry \"", part, "\"; want job:count"));
+    }
+    out[kv[0]] = n;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  repvar::BlockShutdownSignals();
+  absl::SetProgramUsageMessage("repvar coordinator daemon");
+  absl::ParseCommandLine(argc, argv);
+  repvar::InitLogging({"coordinator", absl::GetFlag(FLAGS_log_level)});
+
+  repvar::server::CoordinatorOptions options;
+  options.membership.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  auto expected = ParseExpected(absl::GetFlag(FLAGS_expected_tasks));
+  if (!expected.ok()) {
+    std::fprintf(stderr, "%s\n", expected.status().ToString().c_str());
+    return 2;
+  }
+  options.membership.expected_tasks = *expected;
+  options.max_variable_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_variable_bytes));
+  if (options.membership.heartbeat_timeout <= absl::ZeroDuration()) {
+    std::fprintf(stderr, "--heartbeat_timeout must be positive\n");
+    return 2;
+  }
+
+  repvar::server::GrpcWorkerClient workers;
+  repvar::server::Coordinator core(options, repvar::RealClock::Get(), &workers);
+  repvar::server::CoordinatorService service(&core);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen_address), grpc::InsecureServerCredentials(),
+                           &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    spdlog::error("cannot listen on {}", absl::GetFlag(FLAGS_listen_address));
+    return 1;
+  }
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    absl::Status s = repvar::WritePortFile(absl::GetFlag(FLAGS_port_file), port);
+    if (!s.ok()) {
+      spdlog::error("{}", s.ToString());
+      return 1;
+    }
+  }
+  spdlog::info("coordinator serving on port {} (heartbeat timeout {})", port,
+               absl::FormatDuration(options.membership.heartbeat_timeout));
+
+  absl::Notification stop;
+  std::thread ticker([&] {
+    absl::Duration period = options.membership.heartbeat_timeout / 10;
+    while (!stop.WaitForNotificationWithTimeout(period)) core.Tick(absl::Now());
+  });
+
+  int sig = repvar::WaitForShutdownSignal();
+  spdlog::info("signal {}: shutting down", sig);
+  server->GetHealthCheckService()->Shutdown();
+  service.Shutdown();
+  stop.Notify();
+  ticker.join();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server->Wait();
+  spdlog::info("coordinator stopped");
+  return 0;
+}

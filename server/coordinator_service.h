@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_SERVER_COORDINATOR_SERVICE_H_
+#define REPVAR_SERVER_COORDINATOR_SERVICE_H_
+
+#include <atomic>
+
+#include "repvar/v1/coordinator.grpc.pb.h"
+#include "server/coordinator.h"
+
+namespace repvar::server {
+
+// The gRPC face of Coordinator: proto -> domain -> core -> proto. No logic
+// beyond conversion and chunk-stream framing. Uses the synchronous API: the
+// streaming calls block on the core (a broadcast) and gRPC's thread pool
+// carries them. Thread-safe.
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  explicit CoordinatorService(Coordinator* core) : core_(core) {}
+
+  // Ends open WatchTopology streams promptly.
+  void Shutdown() { shutting_down_ = true; }
+
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override;
+  grpc::Status GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*,
+                           v1::Topology*) override;
+  grpc::Status WatchTopology(grpc::ServerContext*, const v1::WatchTopologyRequest*,
+                             grpc::ServerWriter<v1::Topology>*) override;
+  grpc::Status WaitForTopology(grpc::ServerContext*, const v1::WaitForTopologyRequest*,
+                               v1::Topology*) override;
+  grpc::Status CreateVariables(grpc::ServerContext*, const v1::CreateVariablesRequest*,
+                               v1::CreateVariablesResponse*) override;
+  grpc::Status GetVariable(grpc::ServerContext*, const v1::GetVariableRequest*,
+                           v1::VariableInfo*) override;
+  grpc::Status ListVariables(grpc::ServerContext*, const v1::ListVariablesRequest*,
+                             v1::ListVariablesResponse*) override;
+  grpc::Status DeleteVariable(grpc::ServerContext*, const v1::DeleteVariableRequest*,
+                              v1::DeleteVariableResponse*) override;
+  grpc::Status InitializeVariables(grpc::ServerContext*, const v1::InitializeVariablesRequest*,
+                                   v1::InitializeVariablesResponse*) override;
+  grpc::Status IsInitialized(grpc::ServerContext*, const v1::IsInitializedRequest*,
+                             v1::IsInitializedResponse*) override;
+  grpc::Status AssignVariable(grpc::ServerContext*,
+                              grpc::ServerReader<v1::AssignVariableRequest>*,
+                              v1::AssignVariableResponse*) override;
+  grpc::Status AssignVariables(grpc::ServerContext*, const v1::AssignVariablesRequest*,
+                               v1::AssignVariablesResponse*) override;
+  grpc::Status ReadVariable(grpc::ServerContext*, const v1::ReadVariableRequest*,
+                            grpc::ServerWriter<v1::ReadVariableResponse>*) override;
+  grpc::Status ReadVariables(grpc::ServerContext*, const v1::ReadVariablesRequest*,
+                             v1::ReadVariablesResponse*) override;
+
+ private:
+  Coordinator* const core_;
+  std::atomic<bool> shutting_down_{false};
+};
+
+// Conversions shared with tests.
+absl::StatusOr<VariableDef> VariableDefFromProto(const v1::VariableSpec& proto);
+void VariableViewToProto(const VariableView& view, v1::VariableInfo* proto);
+void TopologyToProto(const TopologySnapshot& topo, v1::Topology* proto);
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_COORDINATOR_SERVICE_H_

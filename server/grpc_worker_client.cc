@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/grpc_worker_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/proto_convert.h"
+
+namespace repvar::server {
+
+v1::Worker::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto& stub = stubs_[address];
+  if (stub == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetMaxSendMessageSize(64 << 20);
+    stub = v1::Worker::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+  return stub.get();
+}
+
+absl::Status GrpcWorkerClient::WriteReplicas(const WorkerTarget& target,
+                                             std::span<const ReplicaWrite> writes) {
+  uint64_t bytes = 0;
+  for (const ReplicaWrite& w : writes) bytes += w.value->bytes.size();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(
+      absl::Now() + options_.base_deadline +
+      absl::Seconds(static_cast<double>(bytes) / options_.min_bytes_per_second)));
+  v1::WriteReplicasResponse resp;
+  auto stream = StubFor(target.address)->WriteReplicas(&ctx, &resp);
+  bool ok = true;
+  for (const ReplicaWrite& w : writes) {
+    v1::WriteReplicasRequest header;
+    v1::WriteReplicasHeader* h = header.mutable_header();
+    h->set_incarnation(target.incarnation);
+    h->set_variable_id(w.variable_id);
+    h->set_name(w.name);
+    h->set_version(w.version);
+    h->mutable_replicas()->Assign(w.replicas.begin(), w.replicas.end());
+    HeaderToProto(*w.value, h->mutable_tensor());
+    ok = stream->Write(header);
+    ForEachChunk(w.value->bytes.span(), options_.chunk_bytes,
+                 [&](uint64_t off, std::span<const std::byte> piece) {
+                   if (!ok) return;
+                   v1::WriteReplicasRequest m;
+                   v1::TensorChunk* c = m.mutable_chunk();
+                   c->set_offset(off);
+                   c->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());
+                   c->set_checksum(Checksum(piece));
+                   ok = stream->Write(m);
+                 });
+    if (!ok) break;
+  }
+  stream->WritesDone();
+  absl::Status s = FromGrpcStatus(stream->Finish());
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("worker ", target.task.ToString(), " at ",
+                                               target.address, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcWorkerClient::DropVariable(const WorkerTarget& target, uint64_t variable_id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.base_deadline));
+  v1::DropVariableRequest req;
+  req.set_incarnation(target.incarnation);
+  req.set_variable_id(variable_id);
+  v1::DropVariableResponse resp;
+  return FromGrpcStatus(StubFor(target.address)->DropVariable(&ctx, req, &resp));
+}
+
+}  // namespace repvar::server
