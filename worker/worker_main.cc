@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+// repvar-worker: holds the replicas placed on this host's devices.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "common/daemon.h"
+#include "common/device_name.h"
+#include "common/logging.h"
+#include "spdlog/spdlog.h"
+#include "worker/replica_store.h"
+#include "worker/worker_agent.h"
+#include "worker/worker_service.h"
+
+ABSL_FLAG(std::string, job, "tpu_worker", "job name of this task");
+ABSL_FLAG(int32_t, task, 0, "task index within the job");
+ABSL_FLAG(std::string, listen_address, "127.0.0.1:0", "host:port to serve on (port 0: any)");
+ABSL_FLAG(std::string, advertise_host, "127.0.0.1", "host the coordinator reaches us at");
+ABSL_FLAG(std::string, coordinator_address, "",
+          "host:port of the coordinator (default: $REPVAR_COORDINATOR_ADDRESS)");
+ABSL_FLAG(std::string, devices, "", "comma-separated full device names of this host");
+ABSL_FLAG(int32_t, tpu_devices, -1,
+          "instead of --devices: this many virtual TPU devices (plus CPU:0)");
+ABSL_FLAG(std::string, port_file, "", "write the bound port here (atomically) once serving");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
+
+int main(int argc, char** argv) {
+  repvar::BlockShutdownSignals();
+  absl::SetProgramUsageMessage("repvar worker daemon");
+  absl::ParseCommandLine(argc, argv);
+  const std::string job = absl::GetFlag(FLAGS_job);
+  const int32_t task = absl::GetFlag(FLAGS_task);
+  repvar::InitLogging({absl::StrCat("worker-", job, "-", task), absl::GetFlag(FLAGS_log_level)});
+
+  std::string coordinator = absl::GetFlag(FLAGS_coordinator_address);
+  if (coordinator.empty()) {
+    const char* env = std::getenv("REPVAR_COORDINATOR_ADDRESS");
+    if (env != nullptr) coordinator = env;
+  }
+  if (coordinator.empty()) {
+    std::fprintf(stderr, "need --coordinator_address or REPVAR_COORDINATOR_ADDRESS\n");
+    return 2;
+  }
+  if (!repvar::IsValidJobName(job) || task < 0) {
+    std::fprintf(stderr, "--job must match [a-z][a-z0-9_]* and --task be >= 0\n");
+    return 2;
+  }
+  std::vector<std::string> devices;
+  if (absl::GetFlag(FLAGS_tpu_devices) >= 0) {
+    devices.push_back(absl::StrCat("/job:", job, "/replica:0/task:", task, "/device:CPU:0"));
+    for (int i = 0; i < absl::GetFlag(FLAGS_tpu_devices); ++i) {
+      devices.push_back(absl::StrCat("/job:", job, "/replica:0/task:", task, "/device:TPU:", i));
+    }
+  } else {
+    for (absl::string_view d :
+         absl::StrSplit(absl::GetFlag(FLAGS_devices), absl::ByChar(','), absl::SkipEmpty())) {
+      devices.emplace_back(d);
+    }
+  }
+
+  const uint64_t incarnation = repvar::RandomNonZero64();
+  repvar::worker::ReplicaStore store;
+  repvar::worker::WorkerService service(incarnation, &store);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen_address), grpc::InsecureServerCredentials(),
+                           &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    spdlog::error("cannot listen on {}", absl::GetFlag(FLAGS_listen_address));
+    return 1;
+  }
+  const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", port);
+
+  repvar::worker::GrpcCoordinatorLink link(coordinator);
+  repvar::worker::WorkerAgent agent({job, task, address, incarnation, devices}, &link);
+  absl::Notification stop;
+  absl::Notification registered;
+  std::thread agent_thread([&] {
+    absl::Time next = absl::Now();
+    while (!stop.WaitForNotificationWithTimeout(std::max(next - absl::Now(), absl::ZeroDuration()))) {
+      next = agent.Tick(absl::Now());
+      if (agent.state() == repvar::worker::WorkerAgent::State::kRegistered &&
+          !registered.HasBeenNotified()) {
+        registered.Notify();
+      }
+    }
+  });
+  spdlog::info("worker {}:{} serving on {} (incarnation {}, {} devices), coordinator {}", job,
+               task, address, incarnation, devices.size(), coordinator);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    absl::Status s = repvar::WritePortFile(absl::GetFlag(FLAGS_port_file), port);
+    if (!s.ok()) spdlog::error("{}", s.ToString());
+  }
+
+  int sig = repvar::WaitForShutdownSignal();
+  spdlog::info("signal {}: shutting down", sig);
+  stop.Notify();
+  agent_thread.join();
+  server->GetHealthCheckService()->Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server->Wait();
+  return 0;
+}

@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_WORKER_WORKER_SERVICE_H_
+#define REPVAR_WORKER_WORKER_SERVICE_H_
+
+#include <cstdint>
+
+#include "repvar/v1/coordinator.grpc.pb.h"
+#include "repvar/v1/worker.grpc.pb.h"
+#include "worker/replica_store.h"
+#include "worker/worker_agent.h"
+
+namespace repvar::worker {
+
+// gRPC adapter over ReplicaStore. Writes carrying another incarnation are
+// refused (ABORTED): they were meant for an earlier process. Thread-safe.
+class WorkerService final : public v1::Worker::Service {
+ public:
+  WorkerService(uint64_t incarnation, ReplicaStore* store)
+      : incarnation_(incarnation), store_(store) {}
+
+  grpc::Status WriteReplicas(grpc::ServerContext*, grpc::ServerReader<v1::WriteReplicasRequest>*,
+                             v1::WriteReplicasResponse*) override;
+  grpc::Status ReadReplica(grpc::ServerContext*, const v1::ReadReplicaRequest*,
+                           grpc::ServerWriter<v1::ReadVariableChunk>*) override;
+  grpc::Status DropVariable(grpc::ServerContext*, const v1::DropVariableRequest*,
+                            v1::DropVariableResponse*) override;
+  grpc::Status GetReplicaStatus(grpc::ServerContext*, const v1::GetReplicaStatusRequest*,
+                                v1::GetReplicaStatusResponse*) override;
+
+ private:
+  const uint64_t incarnation_;
+  ReplicaStore* const store_;
+};
+
+// CoordinatorLink over a gRPC stub.
+class GrpcCoordinatorLink final : public CoordinatorLink {
+ public:
+  explicit GrpcCoordinatorLink(const std::string& address);
+  absl::StatusOr<absl::Duration> Register(const Registration& reg) override;
+  absl::Status Heartbeat(const std::string& job, int32_t task, uint64_t incarnation) override;
+
+ private:
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_WORKER_SERVICE_H_
