@@ -4,6 +4,7 @@
 add_library(repvar_warnings INTERFACE)
 target_compile_options(repvar_warnings INTERFACE
   -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor
+  -Wno-missing-field-initializers  # GCC 12 warns on designated initializers
   $<$<CXX_COMPILER_ID:Clang>:-Wthread-safety>
   $<$<BOOL:${REPVAR_WERROR}>:-Werror>)
 

@@ -16,18 +16,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "repvar/dtype.h"
 
 namespace repvar {
 
-// Numbers match repvar.v1.DType.
-enum class DType : int {
-  kFloat32 = 1,
-  kFloat16 = 2,
-  kBFloat16 = 3,
-  kFloat64 = 4,
-  kInt32 = 5,
-  kInt64 = 6,
-};
 
 constexpr int kMaxRank = 32;
 // No single chunk exceeds this (messages stay far below 32 MiB).

@@ -1,0 +1,596 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "repvar/client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <xxhash.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/daemon.h"
+#include "common/grpc_status.h"
+#include "common/status_util.h"
+#include "common/tensor.h"
+#include "repvar/v1/coordinator.grpc.pb.h"
+
+namespace repvar {
+
+const char* AggregationName(Aggregation a) {
+  switch (a) {
+    case Aggregation::kNone: return "NONE";
+    case Aggregation::kSum: return "SUM";
+    case Aggregation::kMean: return "MEAN";
+    case Aggregation::kOnlyFirstReplica: return "ONLY_FIRST_REPLICA";
+  }
+  return "UNKNOWN";
+}
+
+const char* ReplicaStateName(ReplicaState s) {
+  switch (s) {
+    case ReplicaState::kUninitialized: return "UNINITIALIZED";
+    case ReplicaState::kUpToDate: return "UP_TO_DATE";
+    case ReplicaState::kStale: return "STALE";
+    case ReplicaState::kUnavailable: return "UNAVAILABLE";
+  }
+  return "UNKNOWN";
+}
+
+// ---------------------------------------------------------------------------
+// ReplicatedScope
+
+namespace {
+struct ScopeFrame {
+  int32_t replica_count;
+  std::string prefix;
+};
+thread_local std::vector<ScopeFrame> scope_stack;
+}  // namespace
+
+ReplicatedScope::ReplicatedScope(int32_t replica_count, std::string prefix) {
+  scope_stack.push_back(ScopeFrame{replica_count, std::move(prefix)});
+}
+
+ReplicatedScope::~ReplicatedScope() { scope_stack.pop_back(); }
+
+VariableSpec ReplicatedScope::Apply(VariableSpec spec) {
+  std::vector<std::string> parts;
+  int32_t replicas = 0;
+  for (const ScopeFrame& f : scope_stack) {
+    if (!f.prefix.empty()) parts.push_back(f.prefix);
+    replicas = f.replica_count;
+  }
+  if (!parts.empty()) spec.name = absl::StrCat(absl::StrJoin(parts, "/"), "/", spec.name);
+  if (spec.replica_count == 0) spec.replica_count = replicas > 0 ? replicas : 1;
+  return spec;
+}
+
+// ---------------------------------------------------------------------------
+// Conversions
+
+namespace {
+
+std::string NewRequestId() {
+  return absl::StrFormat("%016x%016x", RandomNonZero64(), RandomNonZero64());
+}
+
+ReplicaInfo FromProto(const v1::ReplicaInfo& p) {
+  return ReplicaInfo{p.index(),   p.name(),     p.device(),
+                     p.job(),     p.task(),     p.version(),
+                     p.checksum(), static_cast<ReplicaState>(p.state())};
+}
+
+VariableInfo FromProto(const v1::VariableInfo& p) {
+  VariableInfo v;
+  v.id = p.id();
+  v.spec.name = p.spec().name();
+  v.spec.dtype = static_cast<DType>(p.spec().tensor().dtype());
+  v.spec.shape.assign(p.spec().tensor().dims().begin(), p.spec().tensor().dims().end());
+  v.spec.trainable = p.spec().trainable();
+  v.spec.collections.assign(p.spec().collections().begin(), p.spec().collections().end());
+  v.spec.replica_count = p.spec().replica_count();
+  v.spec.aggregation = static_cast<Aggregation>(p.spec().aggregation());
+  v.spec.allow_nonfinite = p.spec().allow_nonfinite();
+  v.version = p.version();
+  v.checksum = p.checksum();
+  v.initialized = p.initialized();
+  v.needs_resync = p.needs_resync();
+  v.collections.assign(p.collections().begin(), p.collections().end());
+  for (const auto& r : p.replicas()) v.replicas.push_back(FromProto(r));
+  return v;
+}
+
+Topology FromProto(const v1::Topology& p) {
+  Topology t;
+  t.version = p.version();
+  for (const auto& task : p.tasks()) {
+    t.tasks.push_back(TaskInfo{task.job(), task.task(), task.address(), task.incarnation(),
+                               {task.devices().begin(), task.devices().end()}});
+  }
+  for (const auto& a : p.accelerators()) {
+    t.accelerators.push_back(AcceleratorInfo{a.ordinal(), a.device(), a.job(), a.task()});
+  }
+  if (p.has_infeed_host()) {
+    const auto& h = p.infeed_host();
+    t.infeed_host = InfeedHost{h.job(), h.task(), h.address(), h.cpu_device()};
+  }
+  t.missing_tasks.assign(p.missing_tasks().begin(), p.missing_tasks().end());
+  return t;
+}
+
+void SpecToProto(DType dtype, const std::vector<int64_t>& shape, v1::TensorSpec* p) {
+  p->set_dtype(static_cast<v1::DType>(dtype));
+  p->mutable_dims()->Assign(shape.begin(), shape.end());
+}
+
+void HeaderOf(DType dtype, const std::vector<int64_t>& shape, std::span<const std::byte> bytes,
+              v1::TensorHeader* h) {
+  SpecToProto(dtype, shape, h->mutable_spec());
+  h->set_byte_size(bytes.size());
+  h->set_checksum(Checksum(bytes));
+}
+
+void InitializerToProto(const InitializerSpec& s, DType dtype, const std::vector<int64_t>& shape,
+                        v1::Initializer* p) {
+  using K = InitializerSpec::Kind;
+  switch (s.kind) {
+    case K::kNone: break;
+    case K::kZeros: p->set_zeros(true); break;
+    case K::kOnes: p->set_ones(true); break;
+    case K::kConstant: p->set_constant(s.constant); break;
+    case K::kRandomNormal:
+      p->mutable_random_normal()->set_mean(s.a);
+      p->mutable_random_normal()->set_stddev(s.b);
+      p->mutable_random_normal()->set_seed(s.seed);
+      p->mutable_random_normal()->set_generator(v1::RANDOM_GENERATOR_SPLITMIX64_V1);
+      break;
+    case K::kRandomUniform:
+      p->mutable_random_uniform()->set_minval(s.a);
+      p->mutable_random_uniform()->set_maxval(s.b);
+      p->mutable_random_uniform()->set_seed(s.seed);
+      p->mutable_random_uniform()->set_generator(v1::RANDOM_GENERATOR_SPLITMIX64_V1);
+      break;
+    case K::kValue: {
+      v1::Tensor* t = p->mutable_value();
+      HeaderOf(dtype, shape, s.value, t->mutable_header());
+      t->set_data(reinterpret_cast<const char*>(s.value.data()), s.value.size());
+      break;
+    }
+  }
+}
+
+absl::StatusOr<TensorValue> TensorFromProto(const v1::Tensor& t, int64_t version) {
+  TensorValue v;
+  v.dtype = static_cast<DType>(t.header().spec().dtype());
+  v.shape.assign(t.header().spec().dims().begin(), t.header().spec().dims().end());
+  const std::string& data = t.data();
+  v.bytes.resize(data.size());
+  if (!data.empty()) std::memcpy(v.bytes.data(), data.data(), data.size());
+  v.checksum = Checksum(v.bytes);
+  if (v.checksum != t.header().checksum() || data.size() != t.header().byte_size()) {
+    return absl::DataLossError("value received from the coordinator fails its checksum");
+  }
+  v.version = version;
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Impl
+
+class Client::Impl {
+ public:
+  explicit Impl(ClientOptions options) : options_(std::move(options)) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetMaxSendMessageSize(64 << 20);
+    stub_ = v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+        options_.coordinator_address, grpc::InsecureChannelCredentials(), args));
+  }
+
+  const ClientOptions& options() const { return options_; }
+  v1::Coordinator::Stub* stub() { return stub_.get(); }
+
+  void SetDeadline(grpc::ClientContext* ctx, uint64_t bytes = 0) const {
+    absl::Duration d = options_.deadline + absl::Seconds(static_cast<double>(bytes) / 50e6);
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
+  }
+
+  // Runs `attempt` until it succeeds, fails with a code other than
+  // UNAVAILABLE, or runs out of attempts. Only call it for operations that
+  // are safe to repeat (reads, or writes carrying one request id).
+  template <typename F>
+  absl::Status Retry(F&& attempt) {
+    absl::Duration backoff = options_.initial_backoff;
+    absl::Status s;
+    for (int i = 0; i < std::max(1, options_.max_attempts); ++i) {
+      s = attempt();
+      if (!absl::IsUnavailable(s)) return s;
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+    }
+    return s;
+  }
+
+  struct CachedSpec {
+    DType dtype;
+    std::vector<int64_t> shape;
+  };
+  std::optional<CachedSpec> Spec(const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    auto it = specs_.find(name);
+    if (it == specs_.end()) return std::nullopt;
+    return it->second;
+  }
+  void Remember(const VariableInfo& v) {
+    absl::MutexLock lock(&mu_);
+    specs_[v.spec.name] = CachedSpec{v.spec.dtype, v.spec.shape};
+  }
+  void Forget(const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    specs_.erase(name);
+  }
+
+ private:
+  const ClientOptions options_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, CachedSpec> specs_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+  if (options.coordinator_address.empty()) {
+    const char* env = std::getenv("REPVAR_COORDINATOR_ADDRESS");
+    if (env == nullptr || *env == '\0') {
+      return absl::InvalidArgumentError(
+          "no coordinator address: pass one or set REPVAR_COORDINATOR_ADDRESS");
+    }
+    options.coordinator_address = env;
+  }
+  if (options.chunk_bytes == 0 || options.chunk_bytes > kMaxChunkBytes) {
+    return absl::InvalidArgumentError("chunk_bytes must be in (0, 4 MiB]");
+  }
+  return std::unique_ptr<Client>(new Client(std::make_unique<Impl>(std::move(options))));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+const std::string& Client::coordinator_address() const {
+  return impl_->options().coordinator_address;
+}
+
+absl::StatusOr<Topology> Client::GetTopology() {
+  v1::Topology resp;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx);
+    return FromGrpcStatus(impl_->stub()->GetTopology(&ctx, v1::GetTopologyRequest(), &resp));
+  }));
+  return FromProto(resp);
+}
+
+absl::StatusOr<Topology> Client::WaitForTopology(absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  v1::Topology resp;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline + absl::Seconds(5)));
+    ctx.set_wait_for_ready(true);  // the coordinator may still be starting
+    v1::WaitForTopologyRequest req;
+    req.set_timeout_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    return FromGrpcStatus(impl_->stub()->WaitForTopology(&ctx, req, &resp));
+  }));
+  return FromProto(resp);
+}
+
+absl::StatusOr<Topology> Client::WatchTopology(int64_t after_version, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::WatchTopologyRequest req;
+  req.set_after_version(after_version);
+  auto reader = impl_->stub()->WatchTopology(&ctx, req);
+  v1::Topology t;
+  if (reader->Read(&t)) {
+    ctx.TryCancel();
+    reader->Finish();
+    return FromProto(t);
+  }
+  absl::Status s = FromGrpcStatus(reader->Finish());
+  if (!s.ok() && !absl::IsDeadlineExceeded(s)) return s;
+  return GetTopology();
+}
+
+absl::StatusOr<VariableInfo> Client::CreateVariable(VariableSpec spec) {
+  REPVAR_ASSIGN_OR_RETURN(auto v, CreateVariables({std::move(spec)}));
+  return v.front();
+}
+
+absl::StatusOr<std::vector<VariableInfo>> Client::CreateVariables(std::vector<VariableSpec> specs) {
+  v1::CreateVariablesRequest req;
+  req.set_request_id(NewRequestId());
+  for (VariableSpec& s : specs) {
+    s = ReplicatedScope::Apply(std::move(s));
+    v1::CreateVariableItem* item = req.add_items();
+    v1::VariableSpec* p = item->mutable_spec();
+    p->set_name(s.name);
+    SpecToProto(s.dtype, s.shape, p->mutable_tensor());
+    p->set_trainable(s.trainable);
+    for (const auto& c : s.collections) p->add_collections(c);
+    p->set_replica_count(s.replica_count);
+    p->set_aggregation(static_cast<v1::Aggregation>(s.aggregation));
+    p->set_allow_nonfinite(s.allow_nonfinite);
+    InitializerToProto(s.initializer, s.dtype, s.shape, item->mutable_initializer());
+  }
+  v1::CreateVariablesResponse resp;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx, req.ByteSizeLong());
+    return FromGrpcStatus(impl_->stub()->CreateVariables(&ctx, req, &resp));
+  }));
+  std::vector<VariableInfo> out;
+  for (int i = 0; i < resp.variables_size(); ++i) {
+    VariableInfo v = FromProto(resp.variables(i));
+    v.created = i < resp.created_size() && resp.created(i);
+    impl_->Remember(v);
+    out.push_back(std::move(v));
+  }
+  if (!out.empty()) {
+    out.front().warnings.assign(resp.warnings().begin(), resp.warnings().end());
+  }
+  return out;
+}
+
+absl::StatusOr<VariableInfo> Client::GetVariable(const std::string& name) {
+  v1::GetVariableRequest req;
+  req.set_name(name);
+  v1::VariableInfo resp;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx);
+    return FromGrpcStatus(impl_->stub()->GetVariable(&ctx, req, &resp));
+  }));
+  VariableInfo v = FromProto(resp);
+  impl_->Remember(v);
+  return v;
+}
+
+absl::StatusOr<std::vector<VariableInfo>> Client::ListVariables(const std::string& collection) {
+  v1::ListVariablesRequest req;
+  req.set_collection(collection);
+  v1::ListVariablesResponse resp;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx);
+    return FromGrpcStatus(impl_->stub()->ListVariables(&ctx, req, &resp));
+  }));
+  std::vector<VariableInfo> out;
+  for (const auto& p : resp.variables()) out.push_back(FromProto(p));
+  return out;
+}
+
+absl::Status Client::DeleteVariable(const std::string& name) {
+  v1::DeleteVariableRequest req;
+  req.set_request_id(NewRequestId());
+  req.set_name(name);
+  impl_->Forget(name);
+  return impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx);
+    v1::DeleteVariableResponse resp;
+    return FromGrpcStatus(impl_->stub()->DeleteVariable(&ctx, req, &resp));
+  });
+}
+
+absl::StatusOr<std::vector<InitializeResult>> Client::Initialize(
+    const std::vector<std::string>& names) {
+  v1::InitializeVariablesRequest req;
+  req.set_request_id(NewRequestId());
+  for (const auto& n : names) req.add_items()->set_name(n);
+  v1::InitializeVariablesResponse resp;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx);
+    return FromGrpcStatus(impl_->stub()->InitializeVariables(&ctx, req, &resp));
+  }));
+  std::vector<InitializeResult> out;
+  for (const auto& r : resp.results()) {
+    out.push_back(InitializeResult{r.name(), r.initialized_now(), r.version(), r.checksum()});
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<InitializedState>> Client::IsInitialized(
+    const std::vector<std::string>& names) {
+  v1::IsInitializedRequest req;
+  for (const auto& n : names) req.add_names(n);
+  v1::IsInitializedResponse resp;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx);
+    return FromGrpcStatus(impl_->stub()->IsInitialized(&ctx, req, &resp));
+  }));
+  std::vector<InitializedState> out;
+  for (const auto& r : resp.results()) {
+    InitializedState s{r.name(), r.initialized(), {}};
+    for (const auto& rep : r.replicas()) s.replicas.push_back(FromProto(rep));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+absl::StatusOr<WriteAck> Client::Assign(const std::string& name, std::span<const std::byte> bytes,
+                                        bool read_value) {
+  return Write(name, AssignKind::kAssign, bytes, std::nullopt, read_value);
+}
+absl::StatusOr<WriteAck> Client::AssignAdd(const std::string& name,
+                                           std::span<const std::byte> bytes, bool read_value) {
+  return Write(name, AssignKind::kAdd, bytes, std::nullopt, read_value);
+}
+absl::StatusOr<WriteAck> Client::AssignSub(const std::string& name,
+                                           std::span<const std::byte> bytes, bool read_value) {
+  return Write(name, AssignKind::kSub, bytes, std::nullopt, read_value);
+}
+
+absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignKind kind,
+                                       std::span<const std::byte> bytes,
+                                       std::optional<DType> dtype, bool read_value) {
+  auto spec = impl_->Spec(name);
+  if (!spec) {
+    REPVAR_RETURN_IF_ERROR(GetVariable(name).status());
+    spec = impl_->Spec(name);
+  }
+  if (dtype && *dtype != spec->dtype) {
+    return absl::FailedPreconditionError(absl::StrCat("variable ", name, " is ",
+                                                      DTypeName(spec->dtype), "; the values are ",
+                                                      DTypeName(*dtype)));
+  }
+  v1::AssignVariableRequest head;
+  v1::AssignHeader* h = head.mutable_header();
+  h->set_request_id(NewRequestId());
+  h->set_name(name);
+  h->set_op(static_cast<v1::AssignOp>(kind));
+  h->set_read_value(read_value);
+  HeaderOf(spec->dtype, spec->shape, bytes, h->mutable_tensor());
+
+  v1::AssignVariableResponse resp;
+  absl::Status s = impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx, bytes.size());
+    auto stream = impl_->stub()->AssignVariable(&ctx, &resp);
+    bool ok = stream->Write(head);
+    ForEachChunk(bytes, impl_->options().chunk_bytes,
+                 [&](uint64_t off, std::span<const std::byte> piece) {
+                   if (!ok) return;
+                   v1::AssignVariableRequest m;
+                   v1::TensorChunk* c = m.mutable_chunk();
+                   c->set_offset(off);
+                   c->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());
+                   c->set_checksum(Checksum(piece));
+                   ok = stream->Write(m);
+                 });
+    stream->WritesDone();
+    return FromGrpcStatus(stream->Finish());
+  });
+  if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) impl_->Forget(name);
+  REPVAR_RETURN_IF_ERROR(s);
+  WriteAck ack{resp.version(), resp.checksum(), std::nullopt};
+  if (resp.has_value()) {
+    REPVAR_ASSIGN_OR_RETURN(ack.value, TensorFromProto(resp.value(), resp.version()));
+  } else if (read_value) {
+    REPVAR_ASSIGN_OR_RETURN(TensorValue v, Read(name));
+    ack.value = std::move(v);
+  }
+  return ack;
+}
+
+absl::StatusOr<std::vector<WriteAck>> Client::AssignBatch(const std::vector<AssignItem>& items) {
+  v1::AssignVariablesRequest req;
+  req.set_request_id(NewRequestId());
+  for (const AssignItem& item : items) {
+    auto spec = impl_->Spec(item.name);
+    if (!spec) {
+      REPVAR_RETURN_IF_ERROR(GetVariable(item.name).status());
+      spec = impl_->Spec(item.name);
+    }
+    v1::AssignItem* p = req.add_items();
+    p->set_name(item.name);
+    p->set_op(static_cast<v1::AssignOp>(item.kind));
+    HeaderOf(spec->dtype, spec->shape, item.bytes, p->mutable_value()->mutable_header());
+    p->mutable_value()->set_data(reinterpret_cast<const char*>(item.bytes.data()),
+                                 item.bytes.size());
+  }
+  v1::AssignVariablesResponse resp;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx, req.ByteSizeLong());
+    return FromGrpcStatus(impl_->stub()->AssignVariables(&ctx, req, &resp));
+  }));
+  std::vector<WriteAck> out;
+  for (const auto& r : resp.results()) out.push_back(WriteAck{r.version(), r.checksum(), {}});
+  return out;
+}
+
+absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
+  TensorValue value;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
+    grpc::ClientContext ctx;
+    v1::ReadVariableRequest req;
+    req.set_name(name);
+    req.set_chunk_bytes(static_cast<int64_t>(impl_->options().chunk_bytes));
+    auto spec = impl_->Spec(name);
+    uint64_t hint = 0;
+    if (spec) {
+      auto b = TensorSpec{spec->dtype, spec->shape}.ByteSize();
+      if (b.ok()) hint = static_cast<uint64_t>(*b);
+    }
+    impl_->SetDeadline(&ctx, hint);
+    auto reader = impl_->stub()->ReadVariable(&ctx, req);
+    v1::ReadVariableResponse msg;
+    bool have_header = false;
+    uint64_t received = 0;
+    uint64_t expected_sum = 0;
+    XXH3_state_t* state = XXH3_createState();
+    XXH3_64bits_reset(state);
+    absl::Status bad;
+    while (reader->Read(&msg)) {
+      if (msg.has_header()) {
+        const auto& t = msg.header().tensor();
+        value.dtype = static_cast<DType>(t.spec().dtype());
+        value.shape.assign(t.spec().dims().begin(), t.spec().dims().end());
+        value.version = msg.header().version();
+        value.bytes.resize(t.byte_size());
+        expected_sum = t.checksum();
+        have_header = true;
+        continue;
+      }
+      const auto& c = msg.chunk();
+      const std::string& data = c.data();
+      auto piece = std::as_bytes(std::span<const char>(data.data(), data.size()));
+      if (!have_header || c.offset() != received || data.size() > value.bytes.size() - received ||
+          Checksum(piece) != c.checksum()) {
+        bad = absl::DataLossError(absl::StrCat("corrupt chunk at ", c.offset(), " reading ", name));
+        ctx.TryCancel();
+        break;
+      }
+      std::memcpy(value.bytes.data() + received, data.data(), data.size());
+      XXH3_64bits_update(state, data.data(), data.size());
+      received += data.size();
+    }
+    uint64_t sum = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
+    absl::Status s = FromGrpcStatus(reader->Finish());
+    if (!bad.ok()) return bad;
+    if (!s.ok()) return s;
+    if (!have_header || received != value.bytes.size() || sum != expected_sum) {
+      return absl::DataLossError(absl::StrCat("read of ", name, " ended early or fails its checksum"));
+    }
+    value.checksum = sum;
+    return absl::OkStatus();
+  }));
+  return value;
+}
+
+absl::StatusOr<std::vector<TensorValue>> Client::ReadBatch(const std::vector<std::string>& names) {
+  v1::ReadVariablesRequest req;
+  for (const auto& n : names) req.add_names(n);
+  v1::ReadVariablesResponse resp;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx);
+    return FromGrpcStatus(impl_->stub()->ReadVariables(&ctx, req, &resp));
+  }));
+  std::vector<TensorValue> out;
+  for (const auto& r : resp.results()) {
+    REPVAR_ASSIGN_OR_RETURN(TensorValue v, TensorFromProto(r.value(), r.version()));
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+}  // namespace repvar

@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+// The repvar C++ client. No gRPC or protobuf type appears here.
+//
+//   auto client = repvar::Client::Connect({});          // $REPVAR_COORDINATOR_ADDRESS
+//   auto topo = (*client)->WaitForTopology(absl::Seconds(30));
+//   {
+//     repvar::ReplicatedScope scope(6, "model");          // like the seed's replicated_scope
+//     repvar::VariableSpec w{.name = "w", .dtype = repvar::DType::kFloat32, .shape = {4}};
+//     w.initializer = repvar::InitializerSpec::Zeros();
+//     (*client)->CreateVariable(w);                       // "model/w", 6 replicas
+//   }
+//   (*client)->Initialize({"model/w"});
+//   std::vector<float> v = {1, 2, 3, 4};
+//   (*client)->Assign("model/w", std::span<const float>(v));
+//   auto back = (*client)->Read("model/w");               // version 2, bit-exact
+//
+// Every call has a deadline. Mutating calls carry a request id generated once
+// per call, so the client retries them on UNAVAILABLE without applying them
+// twice; reads retry the same way. Thread-safe: one Client per process is
+// enough, and any number of threads may use it.
+#ifndef REPVAR_CLIENT_H_
+#define REPVAR_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "repvar/dtype.h"
+
+namespace repvar {
+
+enum class Aggregation { kNone = 1, kSum = 2, kMean = 3, kOnlyFirstReplica = 4 };
+enum class ReplicaState { kUninitialized = 1, kUpToDate = 2, kStale = 3, kUnavailable = 4 };
+
+const char* DTypeName(DType dtype);
+const char* AggregationName(Aggregation aggregation);
+const char* ReplicaStateName(ReplicaState state);
+
+template <typename T>
+constexpr std::optional<DType> DTypeOf() {
+  if constexpr (std::is_same_v<T, float>) return DType::kFloat32;
+  if constexpr (std::is_same_v<T, double>) return DType::kFloat64;
+  if constexpr (std::is_same_v<T, int32_t>) return DType::kInt32;
+  if constexpr (std::is_same_v<T, int64_t>) return DType::kInt64;
+  return std::nullopt;  // uint16_t is ambiguous (float16 or bfloat16)
+}
+
+struct ClientOptions {
+  // host:port; empty: $REPVAR_COORDINATOR_ADDRESS.
+  std::string coordinator_address;
+  // Per attempt, for calls that move little data; bulk calls add time per byte.
+  absl::Duration deadline = absl::Seconds(30);
+  int max_attempts = 5;
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  size_t chunk_bytes = size_t{1} << 20;
+};
+
+// How a variable gets its first value; generated once by the coordinator.
+struct InitializerSpec {
+  enum class Kind { kNone, kZeros, kOnes, kConstant, kRandomNormal, kRandomUniform, kValue };
+  Kind kind = Kind::kNone;
+  double constant = 0;
+  double a = 0;  // mean or minval
+  double b = 0;  // stddev or maxval
+  uint64_t seed = 0;
+  std::vector<std::byte> value;  // kValue: raw bytes of the variable's dtype
+
+  static InitializerSpec Zeros() { return Make(Kind::kZeros, 0, 0, 0, 0); }
+  static InitializerSpec Ones() { return Make(Kind::kOnes, 0, 0, 0, 0); }
+  static InitializerSpec Constant(double v) { return Make(Kind::kConstant, v, 0, 0, 0); }
+  static InitializerSpec RandomNormal(double mean, double stddev, uint64_t seed) {
+    return Make(Kind::kRandomNormal, 0, mean, stddev, seed);
+  }
+  static InitializerSpec RandomUniform(double lo, double hi, uint64_t seed) {
+    return Make(Kind::kRandomUniform, 0, lo, hi, seed);
+  }
+  static InitializerSpec Make(Kind kind, double constant, double a, double b, uint64_t seed) {
+    InitializerSpec s;
+    s.kind = kind;
+    s.constant = constant;
+    s.a = a;
+    s.b = b;
+    s.seed = seed;
+    return s;
+  }
+  template <typename T>
+  static InitializerSpec Value(std::span<const T> v) {
+    InitializerSpec s;
+    s.kind = Kind::kValue;
+    s.value.resize(v.size_bytes());
+    if (!v.empty()) std::memcpy(s.value.data(), v.data(), v.size_bytes());
+    return s;
+  }
+};
+
+struct VariableSpec {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;  // empty: scalar
+  bool trainable = true;
+  std::vector<std::string> collections;
+  int32_t replica_count = 0;  // 0: from the enclosing ReplicatedScope, else 1
+  Aggregation aggregation = Aggregation::kNone;
+  bool allow_nonfinite = false;
+  InitializerSpec initializer;  // not part of the variable's identity
+};
+
+struct ReplicaInfo {
+  int32_t index = 0;
+  std::string name;  // "<variable>/<index>"
+  std::string device;
+  std::string job;
+  int32_t task = 0;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  ReplicaState state = ReplicaState::kUninitialized;
+};
+
+struct VariableInfo {
+  uint64_t id = 0;
+  VariableSpec spec;  // initializer left empty
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  bool initialized = false;
+  bool needs_resync = false;
+  bool created = false;  // set by CreateVariable(s): false if it already existed
+  std::vector<std::string> collections;
+  std::vector<ReplicaInfo> replicas;
+  std::vector<std::string> warnings;
+};
+
+struct TaskInfo {
+  std::string job;
+  int32_t task = 0;
+  std::string address;
+  uint64_t incarnation = 0;
+  std::vector<std::string> devices;
+};
+struct AcceleratorInfo {
+  int32_t ordinal = 0;
+  std::string device;
+  std::string job;
+  int32_t task = 0;
+};
+struct InfeedHost {
+  std::string job;
+  int32_t task = 0;
+  std::string address;
+  std::string cpu_device;  // where input is enqueued and output dequeued
+};
+struct Topology {
+  int64_t version = 0;
+  std::vector<TaskInfo> tasks;
+  std::vector<AcceleratorInfo> accelerators;  // ordinal order
+  std::optional<InfeedHost> infeed_host;
+  std::vector<std::string> missing_tasks;
+};
+
+// A tensor value as the client sees it: dtype, shape and the raw bytes.
+struct TensorValue {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+
+  template <typename T>
+  std::span<const T> as() const {
+    return {reinterpret_cast<const T*>(bytes.data()), bytes.size() / sizeof(T)};
+  }
+};
+
+struct WriteAck {
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  std::optional<TensorValue> value;  // with read_value, when small
+};
+
+struct InitializeResult {
+  std::string name;
+  bool initialized_now = false;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+};
+
+struct InitializedState {
+  std::string name;
+  bool initialized = false;
+  std::vector<ReplicaInfo> replicas;
+};
+
+enum class AssignKind { kAssign = 1, kAdd = 2, kSub = 3 };
+
+struct AssignItem {
+  std::string name;
+  AssignKind kind = AssignKind::kAssign;
+  std::span<const std::byte> bytes;  // of the variable's dtype and shape
+};
+
+// Sets the replica count and name prefix of every variable created inside it
+// on this thread, like the seed's replicated_scope. Scopes nest: prefixes
+// join with '/', the innermost replica count wins. RAII; not movable.
+class ReplicatedScope {
+ public:
+  ReplicatedScope(int32_t replica_count, std::string prefix = "");
+  ~ReplicatedScope();
+  ReplicatedScope(const ReplicatedScope&) = delete;
+  ReplicatedScope& operator=(const ReplicatedScope&) = delete;
+
+  // The effective name and replica count for `spec` under the current scopes.
+  static VariableSpec Apply(VariableSpec spec);
+};
+
+class Client {
+ public:
+  // Connects lazily; fails only on bad options. Errors: INVALID_ARGUMENT
+  // (no address given and $REPVAR_COORDINATOR_ADDRESS unset).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
+  ~Client();
+
+  const std::string& coordinator_address() const;
+
+  absl::StatusOr<Topology> GetTopology();
+  // Waits for every task the coordinator expects. Errors: DEADLINE_EXCEEDED
+  // naming the missing tasks.
+  absl::StatusOr<Topology> WaitForTopology(absl::Duration timeout);
+  // Blocks until the topology version exceeds `after_version` or `timeout`
+  // passes (then returns the current topology).
+  absl::StatusOr<Topology> WatchTopology(int64_t after_version, absl::Duration timeout);
+
+  // Applies the enclosing ReplicatedScope. Errors: INVALID_ARGUMENT,
+  // FAILED_PRECONDITION (more replicas than accelerators), ALREADY_EXISTS.
+  absl::StatusOr<VariableInfo> CreateVariable(VariableSpec spec);
+  absl::StatusOr<std::vector<VariableInfo>> CreateVariables(std::vector<VariableSpec> specs);
+  absl::StatusOr<VariableInfo> GetVariable(const std::string& name);
+  absl::StatusOr<std::vector<VariableInfo>> ListVariables(const std::string& collection = "");
+  absl::Status DeleteVariable(const std::string& name);
+
+  // Initialize-if-uninitialized, with the initializer given at create.
+  absl::StatusOr<std::vector<InitializeResult>> Initialize(const std::vector<std::string>& names);
+  absl::StatusOr<std::vector<InitializedState>> IsInitialized(
+      const std::vector<std::string>& names);
+
+  // Cross-replica writes of any size (chunk streams). `bytes` must match the
+  // variable's dtype and shape. Errors: see coordinator.proto AssignVariable.
+  absl::StatusOr<WriteAck> Assign(const std::string& name, std::span<const std::byte> bytes,
+                                  bool read_value = false);
+  absl::StatusOr<WriteAck> AssignAdd(const std::string& name, std::span<const std::byte> bytes,
+                                     bool read_value = false);
+  absl::StatusOr<WriteAck> AssignSub(const std::string& name, std::span<const std::byte> bytes,
+                                     bool read_value = false);
+  template <typename T>
+  absl::StatusOr<WriteAck> Assign(const std::string& name, std::span<const T> values,
+                                  bool read_value = false) {
+    return Write(name, AssignKind::kAssign, std::as_bytes(values), DTypeOf<T>(), read_value);
+  }
+  template <typename T>
+  absl::StatusOr<WriteAck> AssignAdd(const std::string& name, std::span<const T> values,
+                                     bool read_value = false) {
+    return Write(name, AssignKind::kAdd, std::as_bytes(values), DTypeOf<T>(), read_value);
+  }
+  template <typename T>
+  absl::StatusOr<WriteAck> AssignSub(const std::string& name, std::span<const T> values,
+                                     bool read_value = false) {
+    return Write(name, AssignKind::kSub, std::as_bytes(values), DTypeOf<T>(), read_value);
+  }
+  // Many small writes in one call (<= 32 MiB in all); validated together.
+  absl::StatusOr<std::vector<WriteAck>> AssignBatch(const std::vector<AssignItem>& items);
+
+  // The last committed value. Errors: NOT_FOUND, FAILED_PRECONDITION.
+  absl::StatusOr<TensorValue> Read(const std::string& name);
+  absl::StatusOr<std::vector<TensorValue>> ReadBatch(const std::vector<std::string>& names);
+
+ private:
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  absl::StatusOr<WriteAck> Write(const std::string& name, AssignKind kind,
+                                 std::span<const std::byte> bytes, std::optional<DType> dtype,
+                                 bool read_value);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace repvar
+
+#endif  // REPVAR_CLIENT_H_

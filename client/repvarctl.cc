@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: Apache-2.0
+// repvarctl: look at and poke a repvar cluster.
+//   repvarctl [--coordinator=host:port] [--json] topology
+//   repvarctl vars [COLLECTION]
+//   repvarctl read NAME
+//   repvarctl assign NAME --value=1,2,3   (also assign_add, assign_sub)
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/tensor.h"
+#include "repvar/client.h"
+
+ABSL_FLAG(std::string, coordinator, "", "host:port (default: $REPVAR_COORDINATOR_ADDRESS)");
+ABSL_FLAG(bool, json, false, "print JSON for scripts");
+ABSL_FLAG(std::string, value, "", "comma-separated values for assign, row-major");
+ABSL_FLAG(int32_t, max_elements, 16, "elements printed by read (text mode)");
+
+namespace {
+
+std::string Q(absl::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ","), "]"); }
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+int Topology(repvar::Client& c, bool json) {
+  auto t = c.GetTopology();
+  if (!t.ok()) return Fail(t.status());
+  if (json) {
+    std::vector<std::string> tasks, accs;
+    for (const auto& task : t->tasks) {
+      std::vector<std::string> devs;
+      for (const auto& d : task.devices) devs.push_back(Q(d));
+      tasks.push_back(absl::StrCat("{\"job\":", Q(task.job), ",\"task\":", task.task,
+                                   ",\"address\":", Q(task.address), ",\"incarnation\":\"",
+                                   task.incarnation, "\",\"devices\":[", absl::StrJoin(devs, ","),
+                                   "]}"));
+    }
+    for (const auto& a : t->accelerators) {
+      accs.push_back(absl::StrCat("{\"ordinal\":", a.ordinal, ",\"device\":", Q(a.device), "}"));
+    }
+    std::string infeed = "null";
+    if (t->infeed_host) {
+      infeed = absl::StrCat("{\"job\":", Q(t->infeed_host->job), ",\"task\":", t->infeed_host->task,
+                            ",\"address\":", Q(t->infeed_host->address), ",\"cpu_device\":",
+                            Q(t->infeed_host->cpu_device), "}");
+    }
+    std::vector<std::string> missing;
+    for (const auto& m : t->missing_tasks) missing.push_back(Q(m));
+    std::cout << "{\"version\":" << t->version << ",\"tasks\":[" << absl::StrJoin(tasks, ",")
+              << "],\"accelerators\":[" << absl::StrJoin(accs, ",") << "],\"infeed_host\":"
+              << infeed << ",\"missing_tasks\":[" << absl::StrJoin(missing, ",") << "]}\n";
+    return 0;
+  }
+  std::cout << "topology version " << t->version << ", " << t->tasks.size() << " task(s), "
+            << t->accelerators.size() << " accelerator(s)\n";
+  for (const auto& task : t->tasks) {
+    std::cout << "  " << task.job << ":" << task.task << " at " << task.address << " ("
+              << task.devices.size() << " devices)\n";
+  }
+  for (const auto& a : t->accelerators) {
+    std::cout << "  ordinal " << a.ordinal << "  " << a.device << "\n";
+  }
+  if (t->infeed_host) {
+    std::cout << "infeed host: " << t->infeed_host->job << ":" << t->infeed_host->task << " at "
+              << t->infeed_host->address << ", enqueue/dequeue on " << t->infeed_host->cpu_device
+              << "\n";
+  } else {
+    std::cout << "infeed host: none (no accelerators registered)\n";
+  }
+  if (!t->missing_tasks.empty()) {
+    std::cout << "missing: " << absl::StrJoin(t->missing_tasks, ", ") << "\n";
+  }
+  return 0;
+}
+
+int Vars(repvar::Client& c, const std::string& collection, bool json) {
+  auto vars = c.ListVariables(collection);
+  if (!vars.ok()) return Fail(vars.status());
+  if (json) {
+    std::vector<std::string> out;
+    for (const auto& v : *vars) {
+      std::vector<std::string> reps;
+      for (const auto& r : v.replicas) {
+        reps.push_back(absl::StrCat("{\"name\":", Q(r.name), ",\"device\":", Q(r.device),
+                                    ",\"version\":", r.version, ",\"state\":",
+                                    Q(repvar::ReplicaStateName(r.state)), "}"));
+      }
+      std::vector<std::string> cols;
+      for (const auto& col : v.collections) cols.push_back(Q(col));
+      out.push_back(absl::StrCat(
+          "{\"name\":", Q(v.spec.name), ",\"dtype\":", Q(repvar::DTypeName(v.spec.dtype)),
+          ",\"shape\":", Shape(v.spec.shape), ",\"version\":", v.version,
+          ",\"initialized\":", v.initialized ? "true" : "false", ",\"aggregation\":",
+          Q(repvar::AggregationName(v.spec.aggregation)), ",\"collections\":[",
+          absl::StrJoin(cols, ","), "],\"replicas\":[", absl::StrJoin(reps, ","), "]}"));
+    }
+    std::cout << "[" << absl::StrJoin(out, ",") << "]\n";
+    return 0;
+  }
+  if (vars->empty()) std::cout << "no variables\n";
+  for (const auto& v : *vars) {
+    std::cout << v.spec.name << "  " << repvar::DTypeName(v.spec.dtype) << Shape(v.spec.shape)
+              << "  version " << v.version << (v.initialized ? "" : " (uninitialized)") << "  "
+              << v.replicas.size() << " replica(s), aggregation "
+              << repvar::AggregationName(v.spec.aggregation) << "\n";
+    for (const auto& r : v.replicas) {
+      std::cout << "    " << r.name << " on " << r.device << "  v" << r.version << "  "
+                << repvar::ReplicaStateName(r.state) << "\n";
+    }
+  }
+  return 0;
+}
+
+std::string FormatValues(const repvar::TensorValue& v, size_t limit) {
+  repvar::Tensor t;
+  t.spec = repvar::TensorSpec{v.dtype, v.shape};
+  auto buf = repvar::Buffer::Allocate(v.bytes.size());
+  if (!buf.ok()) return "?";
+  t.bytes = *std::move(buf);
+  if (!v.bytes.empty()) std::memcpy(t.bytes.data(), v.bytes.data(), v.bytes.size());
+  size_t n = v.bytes.size() / repvar::ItemSize(v.dtype);
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < n && i < limit; ++i) {
+    parts.push_back(absl::StrFormat("%.9g", repvar::LoadElement(t, static_cast<int64_t>(i))));
+  }
+  if (n > limit) parts.push_back(absl::StrCat("... (", n, " elements)"));
+  return absl::StrJoin(parts, ", ");
+}
+
+int Read(repvar::Client& c, const std::string& name, bool json) {
+  auto v = c.Read(name);
+  if (!v.ok()) return Fail(v.status());
+  if (json) {
+    std::cout << "{\"name\":" << Q(name) << ",\"version\":" << v->version << ",\"dtype\":"
+              << Q(repvar::DTypeName(v->dtype)) << ",\"shape\":" << Shape(v->shape)
+              << ",\"checksum\":\"" << absl::StrFormat("%016x", v->checksum) << "\",\"values\":["
+              << FormatValues(*v, SIZE_MAX) << "]}\n";
+    return 0;
+  }
+  std::cout << name << " version " << v->version << " " << repvar::DTypeName(v->dtype)
+            << Shape(v->shape) << " checksum " << absl::StrFormat("%016x", v->checksum) << "\n  ["
+            << FormatValues(*v, static_cast<size_t>(absl::GetFlag(FLAGS_max_elements))) << "]\n";
+  return 0;
+}
+
+int Assign(repvar::Client& c, const std::string& verb, const std::string& name, bool json) {
+  auto info = c.GetVariable(name);
+  if (!info.ok()) return Fail(info.status());
+  repvar::TensorSpec spec{info->spec.dtype, info->spec.shape};
+  auto t = repvar::Tensor::Zeros(spec);
+  if (!t.ok()) return Fail(t.status());
+  std::vector<std::string> parts =
+      absl::StrSplit(absl::GetFlag(FLAGS_value), absl::ByChar(','), absl::SkipWhitespace());
+  auto n = spec.NumElements();
+  if (!n.ok()) return Fail(n.status());
+  if (static_cast<int64_t>(parts.size()) != *n && parts.size() != 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(name, " has ", *n, " elements; --value gives ",
+                                                        parts.size(), " (or give one to fill)")));
+  }
+  for (int64_t i = 0; i < *n; ++i) {
+    double d;
+    const std::string& p = parts.size() == 1 ? parts[0] : parts[i];
+    if (!absl::SimpleAtod(p, &d)) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("not a number: ", p)));
+    }
+    repvar::StoreElement(*t, i, d);
+  }
+  auto bytes = t->bytes.span();
+  absl::StatusOr<repvar::WriteAck> ack =
+      verb == "assign_add"   ? c.AssignAdd(name, bytes)
+      : verb == "assign_sub" ? c.AssignSub(name, bytes)
+                             : c.Assign(name, bytes);
+  if (!ack.ok()) return Fail(ack.status());
+  if (json) {
+    std::cout << "{\"name\":" << Q(name) << ",\"version\":" << ack->version << "}\n";
+  } else {
+    std::cout << name << " is now version " << ack->version << " on every live replica\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "repvarctl [--coordinator=H:P] [--json] topology | vars [COLLECTION] | read NAME | "
+      "assign|assign_add|assign_sub NAME --value=v1,v2,...");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
+    return 2;
+  }
+  auto client = repvar::Client::Connect({.coordinator_address = absl::GetFlag(FLAGS_coordinator),
+                                         .deadline = absl::Seconds(30)});
+  if (!client.ok()) return Fail(client.status());
+  const bool json = absl::GetFlag(FLAGS_json);
+  const std::string cmd = args[1];
+  if (cmd == "topology") return Topology(**client, json);
+  if (cmd == "vars") return Vars(**client, args.size() > 2 ? args[2] : "", json);
+  if (cmd == "read" && args.size() == 3) return Read(**client, args[2], json);
+  if ((cmd == "assign" || cmd == "assign_add" || cmd == "assign_sub") && args.size() == 3) {
+    return Assign(**client, cmd, args[2], json);
+  }
+  std::fprintf(stderr, "unknown command; %s\n", absl::ProgramUsageMessage().data());
+  return 2;
+}
