@@ -1,0 +1,25 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Thin numpy helper over the generated repvar v1 gRPC stubs.
+
+    import repvar
+    c = repvar.Client()                       # $REPVAR_COORDINATOR_ADDRESS
+    c.wait_for_topology(30)
+    with repvar.replicated_scope(6, "model"):
+        c.create("w", "float32", (4, 3), initializer=repvar.zeros())
+    c.initialize(["model/w"])
+    c.assign("model/w", np.ones((4, 3), np.float32))
+    value, version = c.read("model/w")
+
+bfloat16 travels as uint16 bit patterns (numpy 1.24 has no bfloat16).
+"""
+
+from repvar.tensors import (DTYPES, checksum, from_chunks, to_chunks, to_tensor,
+                            from_tensor, numpy_dtype)
+from repvar.client import (Client, replicated_scope, zeros, ones, constant,
+                           random_normal, random_uniform, value)
+
+__all__ = [
+    "DTYPES", "checksum", "from_chunks", "to_chunks", "to_tensor", "from_tensor",
+    "numpy_dtype", "Client", "replicated_scope", "zeros", "ones", "constant",
+    "random_normal", "random_uniform", "value",
+]

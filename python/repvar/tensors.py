@@ -1,0 +1,95 @@
+# SPDX-License-Identifier: Apache-2.0
+"""numpy arrays <-> repvar chunk streams, with XXH3-64 checksums."""
+
+import numpy as np
+import xxhash
+
+from repvar.v1 import types_pb2
+
+# repvar dtype name -> (proto enum, numpy dtype as stored on the wire)
+DTYPES = {
+    "float32": (types_pb2.DTYPE_FLOAT32, np.dtype("<f4")),
+    "float16": (types_pb2.DTYPE_FLOAT16, np.dtype("<f2")),
+    "bfloat16": (types_pb2.DTYPE_BFLOAT16, np.dtype("<u2")),  # bit patterns
+    "float64": (types_pb2.DTYPE_FLOAT64, np.dtype("<f8")),
+    "int32": (types_pb2.DTYPE_INT32, np.dtype("<i4")),
+    "int64": (types_pb2.DTYPE_INT64, np.dtype("<i8")),
+}
+_BY_ENUM = {enum: (name, npd) for name, (enum, npd) in DTYPES.items()}
+
+MAX_CHUNK_BYTES = 4 << 20
+
+
+def checksum(data) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def numpy_dtype(dtype_name: str) -> np.dtype:
+    if dtype_name not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype_name!r}; supported: {sorted(DTYPES)}")
+    return DTYPES[dtype_name][1]
+
+
+def _as_wire(array, dtype_name: str) -> np.ndarray:
+    """Checks the array's dtype and returns a contiguous little-endian copy or view."""
+    want = numpy_dtype(dtype_name)
+    array = np.asarray(array)
+    if array.dtype.newbyteorder("<") != want.newbyteorder("<") and not (
+            array.dtype.kind == want.kind and array.dtype.itemsize == want.itemsize):
+        raise ValueError(f"array of dtype {array.dtype} cannot hold a {dtype_name} value "
+                         f"(want {want}{'; bfloat16 is given as uint16 bits' if dtype_name == 'bfloat16' else ''})")
+    return np.ascontiguousarray(array, dtype=want)
+
+
+def header(array, dtype_name: str) -> types_pb2.TensorHeader:
+    wire = _as_wire(array, dtype_name)
+    h = types_pb2.TensorHeader()
+    h.spec.dtype = DTYPES[dtype_name][0]
+    h.spec.dims.extend(int(d) for d in wire.shape)
+    h.byte_size = wire.nbytes
+    h.checksum = checksum(memoryview(wire).cast("B"))
+    return h
+
+
+def to_chunks(array, dtype_name: str, chunk_bytes: int = 1 << 20):
+    """Yields (header, [TensorChunk...]) pieces: first the header, then chunks."""
+    if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
+        raise ValueError("chunk_bytes must be in (0, 4 MiB]")
+    wire = _as_wire(array, dtype_name)
+    h = header(wire, dtype_name)
+    yield h
+    view = memoryview(wire).cast("B")
+    for off in range(0, wire.nbytes, chunk_bytes):
+        piece = view[off:off + chunk_bytes]
+        yield types_pb2.TensorChunk(offset=off, data=bytes(piece), checksum=checksum(piece))
+
+
+def from_chunks(h: types_pb2.TensorHeader, chunks) -> np.ndarray:
+    """Rebuilds an array from a header and in-order chunks; verifies checksums."""
+    name, npd = _BY_ENUM[h.spec.dtype]
+    out = bytearray(h.byte_size)
+    received = 0
+    state = xxhash.xxh3_64()
+    for c in chunks:
+        if c.offset != received or len(c.data) > h.byte_size - received:
+            raise ValueError(f"chunk out of order at {c.offset}, expected {received}")
+        if checksum(c.data) != c.checksum:
+            raise ValueError(f"chunk checksum mismatch at {c.offset}")
+        out[received:received + len(c.data)] = c.data
+        state.update(c.data)
+        received += len(c.data)
+    if received != h.byte_size or state.intdigest() != h.checksum:
+        raise ValueError("tensor truncated or whole-tensor checksum mismatch")
+    return np.frombuffer(bytes(out), dtype=npd).reshape(tuple(h.spec.dims))
+
+
+def to_tensor(array, dtype_name: str) -> types_pb2.Tensor:
+    wire = _as_wire(array, dtype_name)
+    return types_pb2.Tensor(header=header(wire, dtype_name), data=wire.tobytes())
+
+
+def from_tensor(t: types_pb2.Tensor) -> np.ndarray:
+    name, npd = _BY_ENUM[t.header.spec.dtype]
+    if len(t.data) != t.header.byte_size or checksum(t.data) != t.header.checksum:
+        raise ValueError("tensor fails its checksum")
+    return np.frombuffer(t.data, dtype=npd).reshape(tuple(t.header.spec.dims))

@@ -1,0 +1,495 @@
+// SPDX-License-Identifier: Apache-2.0
+// Variables (V1-V6) and cross-replica semantics (C1-C7, F2) against the
+// coordinator core, with a fake clock and fake workers: no sockets, no sleeps.
+#include "server/coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_worker_client.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar::server {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+std::shared_ptr<const Tensor> F32(std::vector<float> v, std::vector<int64_t> dims = {}) {
+  if (dims.empty() && v.size() != 1) dims = {static_cast<int64_t>(v.size())};
+  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, dims}, std::as_bytes(std::span(v)));
+  return std::make_shared<const Tensor>(*std::move(t));
+}
+
+std::vector<float> Floats(const Tensor& t) {
+  std::vector<float> out(t.bytes.size() / 4);
+  std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
+  return out;
+}
+
+VariableDef Def(const std::string& name, int replicas, std::vector<int64_t> dims = {3},
+                DType dtype = DType::kFloat32) {
+  VariableDef d;
+  d.name = name;
+  d.tensor = TensorSpec{dtype, std::move(dims)};
+  d.replica_count = replicas;
+  return d;
+}
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Three hosts with two TPUs each, plus a CPU-only host.
+    for (int t = 0; t < 3; ++t) Register("tpu_worker", t, 2, 100 + t);
+    ASSERT_OK(core_.RegisterWorker(
+        {"worker", 0, "cpu:1", 5, {"/job:worker/replica:0/task:0/device:CPU:0"}}));
+  }
+  void Register(const std::string& job, int task, int n, uint64_t inc) {
+    WorkerRegistration r{job, task, absl::StrCat("h", task, ":1"), inc, {}};
+    for (int i = 0; i < n; ++i) {
+      r.devices.push_back(absl::StrCat("/job:", job, "/replica:0/task:", task, "/device:TPU:", i));
+    }
+    ASSERT_OK(core_.RegisterWorker(r));
+  }
+  void Create(const VariableDef& def, Initializer init = {}) {
+    ASSERT_OK(core_.CreateVariables({}, {{def, init}}));
+  }
+  absl::StatusOr<WriteResult> Assign(const std::string& name, std::shared_ptr<const Tensor> v,
+                                     AssignOp op = AssignOp::kAssign, std::string id = "") {
+    uint64_t digest = (v ? v->checksum : 0) ^ static_cast<uint64_t>(op);
+    return core_.Assign(RequestKey{std::move(id), digest}, {name, op, std::move(v)});
+  }
+
+  repvar::testing::FakeClock clock_;
+  repvar::testing::FakeWorkerClient workers_;
+  Coordinator core_{CoordinatorOptions{}, &clock_, &workers_};
+};
+
+TEST_F(CoordinatorTest, V1_Create_PlacesReplicaIOnOrdinalIAndRecordsIt) {
+  Create(Def("w", 4));
+  auto v = core_.GetVariable("w");
+  ASSERT_OK(v);
+  ASSERT_EQ(v->replicas.size(), 4u);
+  EXPECT_EQ(v->replicas[0].name, "w/0");
+  EXPECT_EQ(v->replicas[3].name, "w/3");
+  EXPECT_EQ(v->replicas[0].device.ToString(), "/job:tpu_worker/replica:0/task:0/device:TPU:0");
+  EXPECT_EQ(v->replicas[2].device.ToString(), "/job:tpu_worker/replica:0/task:1/device:TPU:0");
+  EXPECT_EQ(v->replicas[3].task.task, 1);
+  // Placement never moves: a later worker that sorts first changes ordinals, not w.
+  Register("a_tpu", 0, 2, 9);
+  auto again = core_.GetVariable("w");
+  EXPECT_EQ(again->replicas[0].device.ToString(), "/job:tpu_worker/replica:0/task:0/device:TPU:0");
+}
+
+TEST_F(CoordinatorTest, V1_Create_MoreReplicasThanAccelerators_FailedPrecondition) {
+  EXPECT_THAT(core_.CreateVariables({}, {{Def("w", 7), {}}}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "6 accelerators"));
+  EXPECT_THAT(core_.GetVariable("w"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(CoordinatorTest, V1_Create_AllReplicasOnOneHost_Warns) {
+  auto one_host = core_.CreateVariables({}, {{Def("a", 2), {}}});
+  ASSERT_OK(one_host);
+  ASSERT_EQ(one_host->warnings.size(), 1u);
+  EXPECT_NE(one_host->warnings[0].find("one host"), std::string::npos);
+  auto spread = core_.CreateVariables({}, {{Def("b", 3), {}}});
+  ASSERT_OK(spread);
+  EXPECT_TRUE(spread->warnings.empty());
+}
+
+TEST_F(CoordinatorTest, V2_Create_IdenticalSpecIsIdempotentAndInitializerIsNotIdentity) {
+  Initializer zeros{Initializer::Kind::kZeros};
+  Initializer ones{Initializer::Kind::kOnes};
+  auto first = core_.CreateVariables({}, {{Def("w", 6), zeros}});
+  auto second = core_.CreateVariables({}, {{Def("w", 6), ones}});
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  EXPECT_TRUE(first->created[0]);
+  EXPECT_FALSE(second->created[0]);
+  EXPECT_EQ(first->variables[0].id, second->variables[0].id);
+  // The first initializer stays.
+  ASSERT_OK(core_.Initialize({}, {{"w", std::nullopt}}));
+  EXPECT_EQ(Floats(*core_.Read("w")->value), (std::vector<float>{0, 0, 0}));
+}
+
+TEST_F(CoordinatorTest, V2_Create_DifferentSpecSameName_AlreadyExists) {
+  Create(Def("w", 2));
+  EXPECT_THAT(core_.CreateVariables({}, {{Def("w", 2, {4}), {}}}),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(core_.CreateVariables({}, {{Def("w", 2, {3}, DType::kFloat64), {}}}),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(core_.CreateVariables({}, {{Def("w", 3), {}}}),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  VariableDef mean = Def("w", 2);
+  mean.aggregation = Aggregation::kMean;
+  EXPECT_THAT(core_.CreateVariables({}, {{mean, {}}}), StatusIs(absl::StatusCode::kAlreadyExists));
+}
+
+TEST_F(CoordinatorTest, V2_Create_BatchIsAllOrNothing) {
+  Create(Def("w", 2));
+  EXPECT_THAT(core_.CreateVariables({}, {{Def("new", 2), {}}, {Def("w", 2, {9}), {}}}),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(core_.GetVariable("new"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(CoordinatorTest, V3_Collections_HoldLogicalVariablesOnly) {
+  VariableDef w = Def("w", 6);
+  w.trainable = true;
+  VariableDef step = Def("step", 6, {}, DType::kInt64);
+  step.trainable = false;
+  step.collections = {"COUNTERS"};
+  Create(w);
+  Create(step);
+  auto global = core_.ListVariables(kGlobalVariables);
+  auto trainable = core_.ListVariables(kTrainableVariables);
+  auto counters = core_.ListVariables("COUNTERS");
+  ASSERT_EQ(global.size(), 2u);
+  ASSERT_EQ(trainable.size(), 1u);
+  EXPECT_EQ(trainable[0].def.name, "w");
+  ASSERT_EQ(counters.size(), 1u);
+  EXPECT_EQ(counters[0].def.name, "step");
+  for (const auto& v : core_.ListVariables("")) {
+    EXPECT_EQ(v.def.name.find('/'), std::string::npos) << "a replica leaked into a collection";
+  }
+}
+
+TEST_F(CoordinatorTest, V5_AllDtypesAndScalars_RoundTrip) {
+  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64,
+                  DType::kInt32, DType::kInt64}) {
+    std::string name = absl::StrCat("v", static_cast<int>(d));
+    for (std::vector<int64_t> dims : {std::vector<int64_t>{}, std::vector<int64_t>{2, 3}}) {
+      std::string n = absl::StrCat(name, "_r", dims.size());
+      Create(Def(n, 2, dims, d));
+      auto t = Tensor::Zeros(TensorSpec{d, dims});
+      ASSERT_OK(t);
+      for (int64_t i = 0; i < static_cast<int64_t>(t->bytes.size()); ++i) {
+        t->bytes.data()[i] = static_cast<std::byte>(i * 7 + 1);
+      }
+      t->UpdateChecksum();
+      auto value = std::make_shared<const Tensor>(*std::move(t));
+      ASSERT_OK(Assign(n, value));
+      auto back = core_.Read(n);
+      ASSERT_OK(back);
+      EXPECT_EQ(back->value->checksum, value->checksum) << n;
+      EXPECT_EQ(std::memcmp(back->value->bytes.data(), value->bytes.data(), value->bytes.size()), 0);
+    }
+  }
+}
+
+TEST_F(CoordinatorTest, V5_OverflowingShape_InvalidArgument) {
+  VariableDef d = Def("huge", 1, {int64_t{1} << 40, int64_t{1} << 40});
+  EXPECT_THAT(core_.CreateVariables({}, {{d, {}}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  VariableDef neg = Def("neg", 1, {3, -1});
+  EXPECT_THAT(core_.CreateVariables({}, {{neg, {}}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  VariableDef big = Def("big", 1, {int64_t{1} << 40});
+  EXPECT_THAT(core_.CreateVariables({}, {{big, {}}}), StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+TEST_F(CoordinatorTest, V6_BatchedCreateInitializeAssignAnswerOnce) {
+  std::vector<CreateItem> items;
+  for (int i = 0; i < 100; ++i) {
+    items.push_back({Def(absl::StrCat("b/", i), 2), Initializer{Initializer::Kind::kOnes}});
+  }
+  auto created = core_.CreateVariables({}, items);
+  ASSERT_OK(created);
+  EXPECT_EQ(created->variables.size(), 100u);
+  std::vector<InitializeItem> init;
+  for (int i = 0; i < 100; ++i) init.push_back({absl::StrCat("b/", i), std::nullopt});
+  int calls_before = workers_.calls();
+  auto inited = core_.Initialize({}, init);
+  ASSERT_OK(inited);
+  EXPECT_EQ(workers_.calls() - calls_before, 1) << "one exchange per worker, not per variable";
+  std::vector<AssignItem> assigns;
+  for (int i = 0; i < 100; ++i) assigns.push_back({absl::StrCat("b/", i), AssignOp::kAdd, F32({1, 1, 1})});
+  auto written = core_.AssignBatch({}, assigns);
+  ASSERT_OK(written);
+  EXPECT_EQ((*written)[99].version, 2);
+  EXPECT_EQ(Floats(*core_.Read("b/42")->value), (std::vector<float>{2, 2, 2}));
+}
+
+TEST_F(CoordinatorTest, C1_Read_ReturnsLastCommittedValueAndVersion) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  ASSERT_OK(Assign("w", F32({4, 5, 6})));
+  auto r = core_.Read("w");
+  ASSERT_OK(r);
+  EXPECT_EQ(r->version, 2);
+  EXPECT_EQ(Floats(*r->value), (std::vector<float>{4, 5, 6}));
+}
+
+TEST_F(CoordinatorTest, C2_Assign_AckedOnlyWhenEveryLiveReplicaHoldsIt) {
+  Create(Def("w", 6));
+  auto ack = Assign("w", F32({1, 2, 3}));
+  ASSERT_OK(ack);
+  auto view = core_.GetVariable("w");
+  for (int i = 0; i < 6; ++i) {
+    auto held = workers_.Get(absl::StrCat("tpu_worker:", i / 2), view->id, i);
+    ASSERT_TRUE(held.has_value()) << i;
+    EXPECT_EQ(held->version, ack->version);
+    EXPECT_EQ(held->checksum, ack->checksum);
+    EXPECT_EQ(view->replicas[i].state, ReplicaState::kUpToDate);
+  }
+}
+
+TEST_F(CoordinatorTest, C2_Assign_ReplicaUnreachable_ErrorMarkedForResyncCommittedUnchanged) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  workers_.Fail("tpu_worker:2", absl::UnavailableError("connection refused"));
+  EXPECT_THAT(Assign("w", F32({7, 7, 7})), StatusIs(absl::StatusCode::kUnavailable, "tpu_worker:2"));
+  auto view = core_.GetVariable("w");
+  EXPECT_EQ(view->version, 1);
+  EXPECT_TRUE(view->needs_resync);
+  EXPECT_EQ(Floats(*core_.Read("w")->value), (std::vector<float>{1, 2, 3}));
+  // Replicas that took the uncommitted value are reported stale, never silently current.
+  EXPECT_EQ(view->replicas[0].state, ReplicaState::kStale);
+  EXPECT_EQ(view->replicas[4].state, ReplicaState::kUpToDate);  // still holds version 1
+  workers_.Heal("tpu_worker:2");
+  auto retry = Assign("w", F32({7, 7, 7}));
+  ASSERT_OK(retry);
+  EXPECT_EQ(retry->version, 2);
+  EXPECT_FALSE(core_.GetVariable("w")->needs_resync);
+}
+
+TEST_F(CoordinatorTest, C2_Assign_DeadWorkerReplicaIsUnavailableNotBlocking) {
+  Create(Def("w", 6));
+  clock_.Advance(absl::Seconds(6));
+  for (int t : {0, 1}) ASSERT_OK(core_.Heartbeat({"tpu_worker", t}, 100 + t));
+  ASSERT_OK(core_.Heartbeat({"worker", 0}, 5));
+  clock_.Advance(absl::Seconds(6));
+  core_.Tick(clock_.Now());  // tpu_worker:2 is declared dead
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  auto view = core_.GetVariable("w");
+  EXPECT_EQ(view->replicas[4].state, ReplicaState::kUnavailable);
+  EXPECT_EQ(view->replicas[0].state, ReplicaState::kUpToDate);
+}
+
+TEST_F(CoordinatorTest, C3_AssignAdd_ChangesEveryReplicaComputedOnce) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  auto add = Assign("w", F32({10, 10, 10}), AssignOp::kAdd);
+  ASSERT_OK(add);
+  auto sub = Assign("w", F32({1, 1, 1}), AssignOp::kSub);
+  ASSERT_OK(sub);
+  EXPECT_EQ(Floats(*core_.Read("w")->value), (std::vector<float>{10, 11, 12}));
+  auto view = core_.GetVariable("w");
+  for (int i = 0; i < 6; ++i) {
+    auto held = workers_.Get(absl::StrCat("tpu_worker:", i / 2), view->id, i);
+    EXPECT_EQ(held->version, 3);
+    EXPECT_EQ(held->checksum, sub->checksum) << "every replica got the value, not the delta";
+  }
+}
+
+TEST_F(CoordinatorTest, C3_AssignAdd_RetryWithSameRequestIdAppliesOnce) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({0, 0, 0})));
+  auto delta = F32({1, 1, 1});
+  auto first = Assign("w", delta, AssignOp::kAdd, "req-1");
+  auto retry = Assign("w", delta, AssignOp::kAdd, "req-1");
+  ASSERT_OK(first);
+  ASSERT_OK(retry);
+  EXPECT_EQ(first->version, retry->version);
+  EXPECT_EQ(Floats(*core_.Read("w")->value), (std::vector<float>{1, 1, 1}));
+}
+
+TEST_F(CoordinatorTest, C3_AssignAdd_FailedAttemptThenRetryAppliesOnce) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({0, 0, 0})));
+  workers_.Fail("tpu_worker:1", absl::UnavailableError("down"));
+  auto delta = F32({1, 1, 1});
+  EXPECT_THAT(Assign("w", delta, AssignOp::kAdd, "req-2"), StatusIs(absl::StatusCode::kUnavailable));
+  workers_.Heal("tpu_worker:1");
+  ASSERT_OK(Assign("w", delta, AssignOp::kAdd, "req-2"));
+  EXPECT_EQ(Floats(*core_.Read("w")->value), (std::vector<float>{1, 1, 1}));
+  EXPECT_EQ(core_.Read("w")->version, 2);
+}
+
+TEST_F(CoordinatorTest, C3_AssignAdd_Uninitialized_FailedPrecondition) {
+  Create(Def("w", 2));
+  EXPECT_THAT(Assign("w", F32({1, 1, 1}), AssignOp::kAdd),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "uninitialized"));
+}
+
+TEST_F(CoordinatorTest, C4_ConcurrentWriters_VersionsStrictlyIncreaseAndReadsSeeAckedWrites) {
+  Create(Def("w", 6, {1}));
+  ASSERT_OK(Assign("w", F32({0}, {1})));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      int64_t last = 0;
+      for (int i = 0; i < 50; ++i) {
+        auto ack = Assign("w", F32({1}, {1}), AssignOp::kAdd);
+        ASSERT_OK(ack);
+        EXPECT_GT(ack->version, last);
+        last = ack->version;
+        auto r = core_.Read("w");  // starts after the ack: sees it or later
+        EXPECT_GE(r->version, ack->version);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(Floats(*core_.Read("w")->value)[0], 200.0f);
+  EXPECT_EQ(core_.Read("w")->version, 201);
+}
+
+TEST_F(CoordinatorTest, C4_AssignReturnsNewValue) {
+  Create(Def("w", 2));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  auto ack = Assign("w", F32({1, 1, 1}), AssignOp::kAdd);
+  ASSERT_OK(ack);
+  EXPECT_EQ(Floats(*ack->value), (std::vector<float>{2, 3, 4}));
+}
+
+TEST_F(CoordinatorTest, C5_Initialize_FirstCallerWinsValueMadeOnce) {
+  Initializer normal{Initializer::Kind::kRandomNormal, 0, 0.0, 1.0, 42};
+  Create(Def("w", 6, {64}), normal);
+  auto first = core_.Initialize({}, {{"w", std::nullopt}});
+  Initializer other = normal;
+  other.seed = 7;
+  auto second = core_.Initialize({}, {{"w", other}});
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  EXPECT_TRUE((*first)[0].initialized_now);
+  EXPECT_FALSE((*second)[0].initialized_now);
+  EXPECT_EQ((*second)[0].checksum, (*first)[0].checksum);
+  EXPECT_EQ(core_.Read("w")->version, 1);
+}
+
+TEST_F(CoordinatorTest, C5_SeededInitializer_ReproducibleAcrossCoordinators) {
+  Initializer uniform{Initializer::Kind::kRandomUniform, 0, -1.0, 1.0, 1234};
+  Create(Def("w", 2, {1000}), uniform);
+  ASSERT_OK(core_.Initialize({}, {{"w", std::nullopt}}));
+  repvar::testing::FakeWorkerClient other_workers;
+  Coordinator other(CoordinatorOptions{}, &clock_, &other_workers);
+  ASSERT_OK(other.RegisterWorker({"tpu_worker", 0, "x:1", 1,
+                                  {"/job:tpu_worker/replica:0/task:0/device:TPU:0",
+                                   "/job:tpu_worker/replica:0/task:0/device:TPU:1"}}));
+  ASSERT_OK(other.CreateVariables({}, {{Def("w", 2, {1000}), uniform}}));
+  ASSERT_OK(other.Initialize({}, {{"w", std::nullopt}}));
+  EXPECT_EQ(core_.Read("w")->value->checksum, other.Read("w")->value->checksum);
+  auto v = Floats(*core_.Read("w")->value);
+  EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float x) { return x >= -1 && x < 1; }));
+}
+
+TEST_F(CoordinatorTest, C5_ReadUninitialized_FailedPreconditionAndIsInitializedPerReplica) {
+  Create(Def("w", 6), Initializer{Initializer::Kind::kZeros});
+  EXPECT_THAT(core_.Read("w"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  auto before = core_.GetVariable("w");
+  EXPECT_FALSE(before->initialized);
+  for (const auto& r : before->replicas) EXPECT_EQ(r.state, ReplicaState::kUninitialized);
+  ASSERT_OK(core_.Initialize({}, {{"w", std::nullopt}}));
+  auto after = core_.GetVariable("w");
+  EXPECT_TRUE(after->initialized);
+  for (const auto& r : after->replicas) EXPECT_EQ(r.state, ReplicaState::kUpToDate);
+}
+
+TEST_F(CoordinatorTest, C5_InitializeWithoutInitializer_InvalidArgument) {
+  Create(Def("w", 2));
+  EXPECT_THAT(core_.Initialize({}, {{"w", std::nullopt}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "no initializer"));
+  EXPECT_FALSE(core_.GetVariable("w")->initialized);
+}
+
+TEST_F(CoordinatorTest, C6_RequestId_RetryReturnsOriginalAnswer) {
+  Create(Def("w", 2));
+  auto v1 = F32({1, 2, 3});
+  auto first = Assign("w", v1, AssignOp::kAssign, "id-1");
+  ASSERT_OK(Assign("w", F32({9, 9, 9})));
+  auto retry = Assign("w", v1, AssignOp::kAssign, "id-1");
+  ASSERT_OK(first);
+  ASSERT_OK(retry);
+  EXPECT_EQ(retry->version, first->version);
+  EXPECT_EQ(core_.Read("w")->version, 2) << "the retry did not apply again";
+  EXPECT_EQ(Floats(*core_.Read("w")->value), (std::vector<float>{9, 9, 9}));
+}
+
+TEST_F(CoordinatorTest, C6_RequestId_ReusedWithOtherPayload_InvalidArgument) {
+  Create(Def("w", 2));
+  ASSERT_OK(Assign("w", F32({1, 2, 3}), AssignOp::kAssign, "id-2"));
+  EXPECT_THAT(Assign("w", F32({4, 5, 6}), AssignOp::kAssign, "id-2"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "id-2"));
+  EXPECT_EQ(Floats(*core_.Read("w")->value), (std::vector<float>{1, 2, 3}));
+}
+
+TEST_F(CoordinatorTest, C7_NonFinite_RefusedByDefaultAllowedByOptOut) {
+  Create(Def("w", 2));
+  const float inf = std::numeric_limits<float>::infinity();
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  EXPECT_THAT(Assign("w", F32({1, NAN, 3})), StatusIs(absl::StatusCode::kInvalidArgument, "element 1"));
+  EXPECT_THAT(Assign("w", F32({inf, 0, 0}), AssignOp::kAdd), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK(Assign("w", F32({3e38f, 0, 0})));
+  EXPECT_THAT(Assign("w", F32({3e38f, 0, 0}), AssignOp::kAdd),
+              StatusIs(absl::StatusCode::kInvalidArgument, "result is non-finite"));
+  EXPECT_EQ(core_.Read("w")->version, 2);
+  VariableDef loose = Def("loose", 2);
+  loose.allow_nonfinite = true;
+  Create(loose);
+  ASSERT_OK(Assign("loose", F32({NAN, inf, -inf})));
+  auto v = Floats(*core_.Read("loose")->value);
+  EXPECT_TRUE(std::isnan(v[0]));
+  EXPECT_EQ(v[1], inf);
+}
+
+TEST_F(CoordinatorTest, X2_AssignWrongSpec_FailedPreconditionNothingChanges) {
+  Create(Def("w", 2));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  EXPECT_THAT(Assign("w", F32({1, 2})), StatusIs(absl::StatusCode::kFailedPrecondition));
+  auto f64 = Tensor::Zeros(TensorSpec{DType::kFloat64, {3}});
+  EXPECT_THAT(Assign("w", std::make_shared<const Tensor>(*std::move(f64))),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(Assign("nope", F32({1, 2, 3})), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(core_.Read("w")->version, 1);
+}
+
+TEST_F(CoordinatorTest, X2_AssignBatch_OneBadItemChangesNothing) {
+  Create(Def("a", 2));
+  Create(Def("b", 2));
+  ASSERT_OK(Assign("a", F32({1, 1, 1})));
+  ASSERT_OK(Assign("b", F32({1, 1, 1})));
+  EXPECT_THAT(core_.AssignBatch({}, {{"a", AssignOp::kAssign, F32({5, 5, 5})},
+                                     {"b", AssignOp::kAssign, F32({NAN, 5, 5})}}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(Floats(*core_.Read("a")->value), (std::vector<float>{1, 1, 1}));
+}
+
+TEST_F(CoordinatorTest, X2_BadVariableNames_InvalidArgument) {
+  for (const char* bad : {"", "/lead", "trail/", "a//b", "a/../b", "sp ace", "ü"}) {
+    EXPECT_THAT(core_.CreateVariables({}, {{Def(bad, 1), {}}}),
+                StatusIs(absl::StatusCode::kInvalidArgument))
+        << bad;
+  }
+}
+
+TEST_F(CoordinatorTest, F2_NewIncarnation_ResyncedBeforeRegisterReturns) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  // tpu_worker:1 dies and comes back as a new process.
+  clock_.Advance(absl::Seconds(6));
+  for (int t : {0, 2}) ASSERT_OK(core_.Heartbeat({"tpu_worker", t}, 100 + t));
+  ASSERT_OK(core_.Heartbeat({"worker", 0}, 5));
+  clock_.Advance(absl::Seconds(6));
+  core_.Tick(clock_.Now());
+  EXPECT_EQ(core_.GetVariable("w")->replicas[2].state, ReplicaState::kUnavailable);
+  Register("tpu_worker", 1, 2, 555);
+  auto view = core_.GetVariable("w");
+  auto held = workers_.Get("tpu_worker:1", view->id, 2);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->incarnation, 555u);
+  EXPECT_EQ(held->version, 1);
+  EXPECT_EQ(view->replicas[2].state, ReplicaState::kUpToDate);
+  EXPECT_EQ(view->replicas[3].state, ReplicaState::kUpToDate);
+}
+
+TEST_F(CoordinatorTest, Delete_RemovesVariableAndNotFoundAfter) {
+  Create(Def("w", 2));
+  ASSERT_OK(core_.DeleteVariable({}, "w"));
+  EXPECT_THAT(core_.GetVariable("w"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(core_.DeleteVariable({}, "w"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+}  // namespace
+}  // namespace repvar::server

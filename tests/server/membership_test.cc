@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0
+// Topology contract T1-T5 against the core, with a fake clock: no sockets, no sleeps.
+#include "server/membership.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar::server {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+WorkerRegistration Tpu(const std::string& job, int task, int n, uint64_t inc = 7) {
+  WorkerRegistration r{job, task, absl::StrCat("10.0.0.", task, ":1"), inc, {}};
+  r.devices.push_back(absl::StrCat("/job:", job, "/replica:0/task:", task, "/device:CPU:0"));
+  for (int i = 0; i < n; ++i) {
+    r.devices.push_back(absl::StrCat("/job:", job, "/replica:0/task:", task, "/device:TPU:", i));
+  }
+  return r;
+}
+
+class MembershipTest : public ::testing::Test {
+ protected:
+  MembershipOptions Options() {
+    MembershipOptions o;
+    o.heartbeat_timeout = absl::Seconds(10);
+    o.expected_tasks = {{"tpu_worker", 2}};
+    return o;
+  }
+  repvar::testing::FakeClock clock_;
+  Membership m_{Options(), &clock_};
+};
+
+TEST_F(MembershipTest, T1_Register_MalformedDevice_InvalidArgumentAndNothingChanges) {
+  for (const char* bad : {"/job:/device:TPU:", "/job:w/replica:0/task:-1/device:TPU:0",
+                          "/job:w/replica:0/task:1e3/device:TPU:0",
+                          "/job:w/replica:0/task:99999999999/device:TPU:0",
+                          "/job:w/replica:0/task:0/device:TPU:0/", "/job:w/replica:0/task:0/device:tpu:0",
+                          "/job:w/replica:0/task:00/device:TPU:0", "/job:W/replica:0/task:0/device:TPU:0"}) {
+    WorkerRegistration r{"w", 0, "h:1", 1, {bad}};
+    EXPECT_THAT(m_.Register(r), StatusIs(absl::StatusCode::kInvalidArgument, "devices[0]")) << bad;
+  }
+  EXPECT_EQ(m_.Snapshot().version, 0);
+  EXPECT_TRUE(m_.Snapshot().tasks.empty());
+}
+
+TEST_F(MembershipTest, T1_Register_DuplicateDevice_InvalidArgument) {
+  WorkerRegistration r = Tpu("tpu_worker", 0, 1);
+  r.devices.push_back(r.devices.back());
+  EXPECT_THAT(m_.Register(r), StatusIs(absl::StatusCode::kInvalidArgument, "listed twice"));
+  EXPECT_EQ(m_.Snapshot().version, 0);
+}
+
+TEST_F(MembershipTest, T1_Register_DeviceOfAnotherTask_InvalidArgument) {
+  WorkerRegistration r = Tpu("tpu_worker", 0, 1);
+  r.devices.push_back("/job:tpu_worker/replica:0/task:1/device:TPU:0");
+  EXPECT_THAT(m_.Register(r), StatusIs(absl::StatusCode::kInvalidArgument, "does not belong"));
+}
+
+TEST_F(MembershipTest, T1_Register_BadFields_InvalidArgument) {
+  EXPECT_THAT(m_.Register({"", 0, "h:1", 1, {}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(m_.Register({"w", -1, "h:1", 1, {}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(m_.Register({"w", 0, "", 1, {}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(m_.Register({"w", 0, "h:1", 0, {}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(m_.Snapshot().version, 0);
+}
+
+TEST_F(MembershipTest, T1_Register_SameIncarnation_Idempotent) {
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 2)));
+  int64_t v = m_.Snapshot().version;
+  auto again = m_.Register(Tpu("tpu_worker", 0, 2));
+  ASSERT_OK(again);
+  EXPECT_EQ(*again, v);
+  EXPECT_EQ(m_.Snapshot().version, v);
+  EXPECT_EQ(m_.Snapshot().tasks.size(), 1u);
+}
+
+TEST_F(MembershipTest, T1_Register_SameIncarnationOtherDevices_InvalidArgument) {
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 2)));
+  EXPECT_THAT(m_.Register(Tpu("tpu_worker", 0, 3)), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(m_.Snapshot().accelerators.size(), 2u);
+}
+
+TEST_F(MembershipTest, T1_Register_OtherLiveIncarnation_AbortedAndOriginalKept) {
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 2, 7)));
+  int64_t v = m_.Snapshot().version;
+  EXPECT_THAT(m_.Register(Tpu("tpu_worker", 0, 2, 8)),
+              StatusIs(absl::StatusCode::kAborted, "incarnation 7"));
+  EXPECT_EQ(m_.Snapshot().version, v);
+  EXPECT_EQ(m_.Snapshot().tasks[0].incarnation, 7u);
+}
+
+TEST_F(MembershipTest, T2_Ordinals_DeterministicWhateverTheRegistrationOrder) {
+  std::vector<int> tasks = {0, 1, 2, 9, 10, 11};
+  std::vector<std::string> reference;
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 5; ++trial) {
+    Membership m(Options(), &clock_);
+    std::shuffle(tasks.begin(), tasks.end(), rng);
+    for (int t : tasks) ASSERT_OK(m.Register(Tpu("tpu_worker", t, 2)));
+    std::vector<std::string> order;
+    for (const auto& a : m.Snapshot().accelerators) order.push_back(a.device.ToString());
+    if (reference.empty()) reference = order;
+    EXPECT_EQ(order, reference);
+  }
+  ASSERT_EQ(reference.size(), 12u);
+  EXPECT_EQ(reference[0], "/job:tpu_worker/replica:0/task:0/device:TPU:0");
+  // task:10 sorts after task:9 (numeric, not lexicographic).
+  EXPECT_EQ(reference[6], "/job:tpu_worker/replica:0/task:9/device:TPU:0");
+  EXPECT_EQ(reference[8], "/job:tpu_worker/replica:0/task:10/device:TPU:0");
+}
+
+TEST_F(MembershipTest, T2_Ordinals_DeviceIdsNumeric) {
+  WorkerRegistration r = Tpu("tpu_worker", 0, 11);
+  ASSERT_OK(m_.Register(r));
+  auto acc = m_.Snapshot().accelerators;
+  ASSERT_EQ(acc.size(), 11u);
+  EXPECT_EQ(acc[2].device.id, 2);
+  EXPECT_EQ(acc[10].device.id, 10);
+}
+
+TEST_F(MembershipTest, T3_InfeedHost_IsTheJobThatOwnsTpu0NotADefault) {
+  // A CPU-only "worker" job registers first and sorts first; it must not win.
+  WorkerRegistration cpu{"worker", 0, "cpu:1", 3, {"/job:worker/replica:0/task:0/device:CPU:0"}};
+  ASSERT_OK(m_.Register(cpu));
+  EXPECT_FALSE(m_.Snapshot().infeed_host.has_value());
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 1, 2)));
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 2)));
+  auto infeed = m_.Snapshot().infeed_host;
+  ASSERT_TRUE(infeed.has_value());
+  EXPECT_EQ(infeed->task.job, "tpu_worker");
+  EXPECT_EQ(infeed->task.task, 0);
+  EXPECT_EQ(infeed->address, "10.0.0.0:1");
+  EXPECT_EQ(infeed->cpu_device, "/job:tpu_worker/replica:0/task:0/device:CPU:0");
+}
+
+TEST_F(MembershipTest, T4_Version_BumpsOnEveryMembershipChange) {
+  EXPECT_EQ(m_.Snapshot().version, 0);
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 1)));
+  EXPECT_EQ(m_.Snapshot().version, 1);
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 1, 1)));
+  EXPECT_EQ(m_.Snapshot().version, 2);
+  clock_.Advance(absl::Seconds(11));
+  m_.CheckHeartbeats(clock_.Now());
+  EXPECT_EQ(m_.Snapshot().version, 3);
+  // A watcher behind the current version returns at once.
+  EXPECT_EQ(m_.WaitForChange(2, absl::InfinitePast()).version, 3);
+}
+
+TEST_F(MembershipTest, T4_WaitForExpected_TimeoutNamesMissingTasks) {
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 1)));
+  auto r = m_.WaitForExpected(absl::InfinitePast());
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kDeadlineExceeded, "tpu_worker:1"));
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 1, 1)));
+  ASSERT_OK(m_.WaitForExpected(absl::InfinitePast()));
+}
+
+TEST_F(MembershipTest, T5_SilentWorker_DeclaredDeadSlotFreedVersionBumps) {
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 1, 7)));
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 1, 1)));
+  clock_.Advance(absl::Seconds(6));
+  ASSERT_OK(m_.Heartbeat({"tpu_worker", 1}, 7));
+  clock_.Advance(absl::Seconds(6));  // task 0 silent 12s, task 1 silent 6s
+  auto dead = m_.CheckHeartbeats(clock_.Now());
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].key.task, 0);
+  EXPECT_EQ(m_.Snapshot().tasks.size(), 1u);
+  EXPECT_EQ(m_.Snapshot().version, 3);
+  EXPECT_THAT(m_.Heartbeat({"tpu_worker", 0}, 7), StatusIs(absl::StatusCode::kNotFound));
+  // The slot is free: a new incarnation may take it.
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 1, 99)));
+}
+
+TEST_F(MembershipTest, T5_Heartbeat_StaleIncarnation_Aborted) {
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 1, 7)));
+  EXPECT_THAT(m_.Heartbeat({"tpu_worker", 0}, 8), StatusIs(absl::StatusCode::kAborted));
+}
+
+}  // namespace
+}  // namespace repvar::server

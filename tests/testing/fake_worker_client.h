@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_TESTS_TESTING_FAKE_WORKER_CLIENT_H_
+#define REPVAR_TESTS_TESTING_FAKE_WORKER_CLIENT_H_
+
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "absl/synchronization/mutex.h"
+#include "server/worker_client.h"
+
+namespace repvar::testing {
+
+// Records what each worker was sent, in memory, and fails the workers the
+// test tells it to. Thread-safe: the coordinator calls workers in parallel.
+class FakeWorkerClient final : public server::WorkerClient {
+ public:
+  struct Held {
+    int64_t version = 0;
+    uint64_t checksum = 0;
+    uint64_t incarnation = 0;
+  };
+
+  absl::Status WriteReplicas(const server::WorkerTarget& target,
+                             std::span<const server::ReplicaWrite> writes) override {
+    absl::MutexLock lock(&mu_);
+    ++calls_;
+    auto f = failures_.find(target.task.ToString());
+    if (f != failures_.end()) return f->second;
+    for (const auto& w : writes) {
+      for (int32_t r : w.replicas) {
+        held_[{target.task.ToString(), w.variable_id, r}] =
+            Held{w.version, w.value->checksum, target.incarnation};
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status DropVariable(const server::WorkerTarget& target, uint64_t variable_id) override {
+    absl::MutexLock lock(&mu_);
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (std::get<0>(it->first) == target.task.ToString() && std::get<1>(it->first) == variable_id) {
+        it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Every call to `task` ("job:task") fails with `status` until cleared.
+  void Fail(const std::string& task, absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    failures_[task] = std::move(status);
+  }
+  void Heal(const std::string& task) {
+    absl::MutexLock lock(&mu_);
+    failures_.erase(task);
+  }
+  std::optional<Held> Get(const std::string& task, uint64_t variable_id, int32_t replica) {
+    absl::MutexLock lock(&mu_);
+    auto it = held_.find({task, variable_id, replica});
+    if (it == held_.end()) return std::nullopt;
+    return it->second;
+  }
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::tuple<std::string, uint64_t, int32_t>, Held> held_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace repvar::testing
+
+#endif  // REPVAR_TESTS_TESTING_FAKE_WORKER_CLIENT_H_
