@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: Apache-2.0
+// The contract against real processes: a coordinator, three TPU hosts with two
+// devices each and one CPU-only host, all on 127.0.0.1, driven through the
+// C++ client. Worker state is checked on the workers themselves.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "repvar/client.h"
+#include "repvar/v1/coordinator.grpc.pb.h"
+#include "repvar/v1/worker.grpc.pb.h"
+#include "tests/testing/cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar {
+namespace {
+
+using ::repvar::testing::Scaled;
+using ::repvar::testing::StatusIs;
+using ::repvar::testing::TestCluster;
+
+std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address) {
+  return v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+v1::GetReplicaStatusResponse WorkerStatus(const std::string& address) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetReplicaStatusResponse resp;
+  EXPECT_TRUE(WorkerStub(address)->GetReplicaStatus(&ctx, {}, &resp).ok());
+  return resp;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK(cluster_.Start());
+    auto c = Client::Connect({.coordinator_address = cluster_.address()});
+    ASSERT_OK(c);
+    client_ = *std::move(c);
+    ASSERT_OK(client_->WaitForTopology(Scaled(absl::Seconds(20))));
+  }
+  VariableSpec Spec(const std::string& name, int replicas, std::vector<int64_t> shape = {4}) {
+    VariableSpec s{.name = name, .dtype = DType::kFloat32, .shape = std::move(shape)};
+    s.replica_count = replicas;
+    return s;
+  }
+  // Polls until `pred` holds or the scaled deadline passes.
+  template <typename P>
+  bool Eventually(P pred, absl::Duration d = absl::Seconds(10)) {
+    absl::Time deadline = absl::Now() + Scaled(d);
+    while (absl::Now() < deadline) {
+      if (pred()) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return pred();
+  }
+
+  TestCluster cluster_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(ClusterTest, T3_InfeedHost_IsTheTpuJobTaskOwningOrdinalZero) {
+  auto t = client_->GetTopology();
+  ASSERT_OK(t);
+  EXPECT_EQ(t->tasks.size(), 4u);
+  ASSERT_EQ(t->accelerators.size(), 6u);
+  EXPECT_EQ(t->accelerators[0].device, "/job:tpu_worker/replica:0/task:0/device:TPU:0");
+  ASSERT_TRUE(t->infeed_host.has_value());
+  EXPECT_EQ(t->infeed_host->job, "tpu_worker");
+  EXPECT_EQ(t->infeed_host->task, 0);
+  EXPECT_EQ(t->infeed_host->address, cluster_.worker_address(0));
+  EXPECT_EQ(t->infeed_host->cpu_device, "/job:tpu_worker/replica:0/task:0/device:CPU:0");
+}
+
+TEST_F(ClusterTest, T4_WaitForTopology_TimeoutNamesMissingTasks) {
+  testing::TestCluster partial({.tpu_workers = 1, .cpu_host = false,
+                                .expected_tasks = "tpu_worker:3"});
+  ASSERT_OK(partial.Start());
+  auto c = Client::Connect({.coordinator_address = partial.address()});
+  auto t = (*c)->WaitForTopology(absl::Milliseconds(300));
+  EXPECT_THAT(t, StatusIs(absl::StatusCode::kDeadlineExceeded, "tpu_worker:1, tpu_worker:2"));
+}
+
+TEST_F(ClusterTest, T5_KilledWorker_DeclaredDeadAndWatchersSeeTheNewVersion) {
+  auto before = client_->GetTopology();
+  ASSERT_OK(before);
+  std::thread killer([&] { cluster_.worker(2).Kill(SIGKILL); });
+  auto changed = client_->WatchTopology(before->version, Scaled(absl::Seconds(15)));
+  killer.join();
+  ASSERT_OK(changed);
+  EXPECT_GT(changed->version, before->version);
+  EXPECT_EQ(changed->tasks.size(), 3u);
+  EXPECT_EQ(changed->accelerators.size(), 4u);
+}
+
+TEST_F(ClusterTest, C2_Assign_EveryWorkerHoldsTheNewVersionWhenAcked) {
+  ASSERT_OK(client_->CreateVariable(Spec("w", 6)));
+  std::vector<float> v = {1.5f, -2, 3, 4};
+  auto ack = client_->Assign("w", std::span<const float>(v));
+  ASSERT_OK(ack);
+  auto info = client_->GetVariable("w");
+  for (int w = 0; w < 3; ++w) {
+    auto status = WorkerStatus(cluster_.worker_address(w));
+    int held = 0;
+    for (const auto& r : status.replicas()) {
+      if (r.variable_id() != info->id) continue;
+      EXPECT_EQ(r.version(), ack->version);
+      EXPECT_EQ(r.checksum(), ack->checksum);
+      EXPECT_EQ(r.replica() / 2, w) << "replica i lives on the host of ordinal i";
+      ++held;
+    }
+    EXPECT_EQ(held, 2) << "worker " << w;
+  }
+  // The bytes on a worker are the bytes written.
+  grpc::ClientContext ctx;
+  v1::ReadReplicaRequest req;
+  req.set_variable_id(info->id);
+  req.set_replica(5);
+  auto reader = WorkerStub(cluster_.worker_address(2))->ReadReplica(&ctx, req);
+  v1::ReadVariableChunk chunk;
+  std::string bytes;
+  while (reader->Read(&chunk)) {
+    if (chunk.has_chunk()) bytes += chunk.chunk().data();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(bytes.size(), 16u);
+  EXPECT_EQ(std::memcmp(bytes.data(), v.data(), 16), 0);
+}
+
+TEST_F(ClusterTest, C2_Assign_DeadWorkerDoesNotBlockLiveReplicas) {
+  ASSERT_OK(client_->CreateVariable(Spec("w", 6)));
+  cluster_.worker(1).Kill(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return client_->GetTopology()->tasks.size() == 3; }));
+  std::vector<float> v = {1, 2, 3, 4};
+  ASSERT_OK(client_->Assign("w", std::span<const float>(v)));
+  auto info = client_->GetVariable("w");
+  EXPECT_EQ(info->replicas[2].state, ReplicaState::kUnavailable);
+  EXPECT_EQ(info->replicas[0].state, ReplicaState::kUpToDate);
+  EXPECT_EQ(info->replicas[5].state, ReplicaState::kUpToDate);
+}
+
+TEST_F(ClusterTest, F2_RestartedWorker_ResyncedFromCommittedValue) {
+  ASSERT_OK(client_->CreateVariable(Spec("w", 6)));
+  std::vector<float> v = {9, 8, 7, 6};
+  auto ack = client_->Assign("w", std::span<const float>(v));
+  ASSERT_OK(ack);
+  cluster_.worker(1).Kill(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return client_->GetTopology()->tasks.size() == 3; }));
+  ASSERT_OK(cluster_.RestartWorker(1));
+  ASSERT_TRUE(Eventually([&] {
+    auto info = client_->GetVariable("w");
+    return info.ok() && info->replicas[2].state == ReplicaState::kUpToDate &&
+           info->replicas[3].state == ReplicaState::kUpToDate;
+  }));
+  auto status = WorkerStatus(cluster_.worker_address(1));
+  ASSERT_EQ(status.replicas_size(), 2);
+  EXPECT_EQ(status.replicas(0).version(), ack->version);
+  EXPECT_EQ(status.replicas(0).checksum(), ack->checksum);
+}
+
+TEST_F(ClusterTest, C5_ConcurrentInitialize_FirstCallerWinsOneValueEverywhere) {
+  VariableSpec s = Spec("w", 6, {256});
+  s.initializer = InitializerSpec::RandomNormal(0, 1, 3);
+  ASSERT_OK(client_->CreateVariable(s));
+  std::vector<std::thread> threads;
+  std::atomic<int> winners{0};
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&] {
+      auto c = Client::Connect({.coordinator_address = cluster_.address()});
+      auto r = (*c)->Initialize({"w"});
+      ASSERT_OK(r);
+      if ((*r)[0].initialized_now) ++winners;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(winners.load(), 1);
+  auto state = client_->IsInitialized({"w"});
+  ASSERT_OK(state);
+  EXPECT_TRUE((*state)[0].initialized);
+  for (const auto& r : (*state)[0].replicas) EXPECT_EQ(r.state, ReplicaState::kUpToDate);
+  EXPECT_EQ(client_->Read("w")->version, 1);
+}
+
+TEST_F(ClusterTest, V4_ReplicatedScope_SetsReplicaCountAndPrefix) {
+  {
+    ReplicatedScope outer(6, "model");
+    ReplicatedScope inner(3, "dense");
+    auto v = client_->CreateVariable({.name = "kernel", .dtype = DType::kFloat32, .shape = {2}});
+    ASSERT_OK(v);
+    EXPECT_EQ(v->spec.name, "model/dense/kernel");
+    EXPECT_EQ(v->spec.replica_count, 3);
+    EXPECT_EQ(v->replicas[2].name, "model/dense/kernel/2");
+  }
+  auto plain = client_->CreateVariable({.name = "plain", .dtype = DType::kFloat32});
+  ASSERT_OK(plain);
+  EXPECT_EQ(plain->spec.replica_count, 1);
+}
+
+TEST_F(ClusterTest, V6_BatchedCreateInitializeReadAssign_ThousandVariables) {
+  std::vector<VariableSpec> specs;
+  for (int i = 0; i < 1000; ++i) {
+    VariableSpec s = Spec(absl::StrCat("b/", i), 6, {16});
+    s.initializer = InitializerSpec::Constant(i);
+    specs.push_back(s);
+  }
+  auto created = client_->CreateVariables(specs);
+  ASSERT_OK(created);
+  ASSERT_EQ(created->size(), 1000u);
+  std::vector<std::string> names;
+  for (int i = 0; i < 1000; ++i) names.push_back(absl::StrCat("b/", i));
+  ASSERT_OK(client_->Initialize(names));
+  auto values = client_->ReadBatch(names);
+  ASSERT_OK(values);
+  EXPECT_EQ((*values)[777].as<float>()[15], 777.0f);
+  std::vector<float> ones(16, 1.0f);
+  std::vector<AssignItem> items;
+  for (const auto& n : names) items.push_back({n, AssignKind::kAdd, std::as_bytes(std::span(ones))});
+  auto acks = client_->AssignBatch(items);
+  ASSERT_OK(acks);
+  EXPECT_EQ((*acks)[5].version, 2);
+  EXPECT_EQ(client_->Read("b/5")->as<float>()[0], 6.0f);
+}
+
+}  // namespace
+}  // namespace repvar

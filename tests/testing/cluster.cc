@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tests/testing/cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace repvar::testing {
+
+absl::Duration Scaled(absl::Duration d) {
+  const char* s = std::getenv("REPVAR_TEST_TIMEOUT_SCALE");
+  double f = 1;
+  if (s != nullptr && absl::SimpleAtod(s, &f) && f > 0) return d * f;
+  return d;
+}
+
+std::string BinaryPath(const std::string& name) {
+  return absl::StrCat(REPVAR_BINARY_DIR, "/", name);
+}
+
+TempDir::TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "repvar-test-XXXXXX").string();
+  char* p = mkdtemp(tmpl.data());
+  path_ = p != nullptr ? p : "/tmp";
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (path_ != "/tmp") std::filesystem::remove_all(path_, ec);
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const std::string& binary,
+                                                      std::vector<std::string> args,
+                                                      const std::string& dir,
+                                                      const std::string& name) {
+  std::string port_file = absl::StrCat(dir, "/", name, ".port");
+  std::string log = absl::StrCat(dir, "/", name, ".log");
+  std::filesystem::remove(port_file);
+  args.insert(args.begin(), binary);
+  args.push_back(absl::StrCat("--port_file=", port_file));
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  auto d = std::unique_ptr<Daemon>(new Daemon());
+  d->pid_ = pid;
+  d->log_ = log;
+  absl::Time deadline = absl::Now() + Scaled(absl::Seconds(20));
+  while (absl::Now() < deadline) {
+    std::ifstream in(port_file);
+    int port = 0;
+    if (in >> port && port > 0) {
+      d->port_ = port;
+      return d;
+    }
+    if (!d->Running()) {
+      return absl::InternalError(absl::StrCat(name, " exited before serving; see ", log));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(name, " did not report a port; see ", log));
+}
+
+bool Daemon::Running() {
+  if (pid_ <= 0) return false;
+  int status;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    pid_ = -1;
+    return false;
+  }
+  return true;
+}
+
+void Daemon::Kill(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+  if (sig == SIGKILL && pid_ > 0) {
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+}
+
+void Daemon::Stop() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGCONT);
+  kill(pid_, SIGTERM);
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    if (!Running()) return;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  Kill(SIGKILL);
+}
+
+Daemon::~Daemon() { Stop(); }
+
+TestCluster::TestCluster(ClusterOptions options) : options_(std::move(options)) {}
+
+TestCluster::~TestCluster() {
+  workers_.clear();
+  coordinator_.reset();
+}
+
+std::string TestCluster::address() const { return absl::StrCat("127.0.0.1:", coordinator_->port()); }
+
+std::string TestCluster::worker_address(int i) const {
+  return absl::StrCat("127.0.0.1:", workers_[i]->port());
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> TestCluster::StartWorker(const std::string& job, int task,
+                                                                 int tpus) {
+  return Daemon::Start(BinaryPath("worker/repvar-worker"),
+                       {absl::StrCat("--job=", job), absl::StrCat("--task=", task),
+                        absl::StrCat("--tpu_devices=", tpus),
+                        absl::StrCat("--coordinator_address=", address())},
+                       dir(), absl::StrCat(job, "-", task));
+}
+
+absl::Status TestCluster::Start() {
+  std::string expected = options_.expected_tasks;
+  if (expected.empty()) {
+    expected = absl::StrCat("tpu_worker:", options_.tpu_workers);
+    if (options_.cpu_host) absl::StrAppend(&expected, ",worker:1");
+  }
+  auto c = Daemon::Start(
+      BinaryPath("server/repvar-coordinator"),
+      {absl::StrCat("--expected_tasks=", expected),
+       absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(Scaled(options_.heartbeat_timeout)))},
+      dir(), "coordinator");
+  if (!c.ok()) return c.status();
+  coordinator_ = *std::move(c);
+  for (int t = 0; t < options_.tpu_workers; ++t) {
+    auto w = StartWorker("tpu_worker", t, options_.tpu_per_worker);
+    if (!w.ok()) return w.status();
+    workers_.push_back(*std::move(w));
+  }
+  if (options_.cpu_host) {
+    auto w = StartWorker("worker", 0, 0);
+    if (!w.ok()) return w.status();
+    workers_.push_back(*std::move(w));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TestCluster::RestartWorker(int i) {
+  workers_[i]->Stop();
+  auto w = StartWorker("tpu_worker", i, options_.tpu_per_worker);
+  if (!w.ok()) return w.status();
+  workers_[i] = *std::move(w);
+  return absl::OkStatus();
+}
+
+}  // namespace repvar::testing

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+// Starts the real daemons as processes on 127.0.0.1 for cluster tests: each
+// binds port 0 and reports its port through a file written by rename; each
+// runs in its own process group with a parent-death signal; each is stopped
+// by PID. Timeouts scale with $REPVAR_TEST_TIMEOUT_SCALE.
+#ifndef REPVAR_TESTS_TESTING_CLUSTER_H_
+#define REPVAR_TESTS_TESTING_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace repvar::testing {
+
+absl::Duration Scaled(absl::Duration d);
+
+// A fresh temporary directory, removed on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// One daemon process. Stop() sends SIGTERM, then SIGKILL after a grace period.
+class Daemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const std::string& binary,
+                                                       std::vector<std::string> args,
+                                                       const std::string& dir,
+                                                       const std::string& name);
+  ~Daemon();
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  const std::string& log_path() const { return log_; }
+  void Kill(int sig);  // e.g. SIGKILL, SIGSTOP, SIGCONT
+  void Stop();
+  bool Running();
+
+ private:
+  Daemon() = default;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string log_;
+};
+
+struct ClusterOptions {
+  int tpu_workers = 3;
+  int tpu_per_worker = 2;
+  bool cpu_host = true;  // a /job:worker task without accelerators
+  absl::Duration heartbeat_timeout = absl::Seconds(2);
+  std::string expected_tasks;  // default: exactly the tasks started
+};
+
+// A coordinator plus workers; Start() waits until the cluster has formed.
+class TestCluster {
+ public:
+  explicit TestCluster(ClusterOptions options = {});
+  ~TestCluster();
+  absl::Status Start();
+  std::string address() const;
+  int worker_count() const { return static_cast<int>(workers_.size()); }
+  Daemon& worker(int i) { return *workers_[i]; }
+  Daemon& coordinator() { return *coordinator_; }
+  // Starts tpu_worker:i again (new incarnation) after it was killed.
+  absl::Status RestartWorker(int i);
+  std::string worker_address(int i) const;
+  const std::string& dir() const { return dir_.path(); }
+
+ private:
+  absl::StatusOr<std::unique_ptr<Daemon>> StartWorker(const std::string& job, int task, int tpus);
+  ClusterOptions options_;
+  TempDir dir_;
+  std::unique_ptr<Daemon> coordinator_;
+  std::vector<std::unique_ptr<Daemon>> workers_;  // tpu_worker:0..n-1, then worker:0
+};
+
+std::string BinaryPath(const std::string& name);
+
+}  // namespace repvar::testing
+
+#endif  // REPVAR_TESTS_TESTING_CLUSTER_H_
