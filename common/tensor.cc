@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/tensor.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
+
+#include <limits>
 
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -104,21 +108,81 @@ uint64_t Checksum(std::span<const std::byte> bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 
+namespace {
+
+// Large mappings released by Buffers, kept resident for reuse: a variable
+// rewritten again and again then costs no page faults (BENCHMARKS.md: the
+// first touch of a page costs more than the copy into it). Bounded in bytes;
+// the oldest mapping goes first. Thread-safe.
+class MappingPool {
+ public:
+  static MappingPool& Get() {
+    static MappingPool* pool = new MappingPool();
+    return *pool;
+  }
+  void* Take(size_t mapped) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second == mapped) {
+        void* p = it->first;
+        free_.erase(it);
+        held_ -= mapped;
+        return p;
+      }
+    }
+    return nullptr;
+  }
+  void Give(void* p, size_t mapped) {
+    std::vector<std::pair<void*, size_t>> evict;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.emplace_back(p, mapped);
+      held_ += mapped;
+      while (held_ > cap_ && !free_.empty()) {
+        evict.push_back(free_.front());
+        held_ -= free_.front().second;
+        free_.erase(free_.begin());
+      }
+    }
+    for (auto& [q, n] : evict) munmap(q, n);
+  }
+  void SetCap(size_t cap) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cap_ = cap;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<void*, size_t>> free_;
+  size_t held_ = 0;
+  size_t cap_ = size_t{1} << 30;
+};
+
+size_t RoundToHugePage(size_t n) { return (n + kMmapThreshold - 1) / kMmapThreshold * kMmapThreshold; }
+
+}  // namespace
+
+void SetBufferPoolCapacity(size_t bytes) { MappingPool::Get().SetCap(bytes); }
+
 absl::StatusOr<Buffer> Buffer::Allocate(size_t size) {
   Buffer b;
   if (size == 0) return b;
   if (size >= kMmapThreshold) {
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes"));
+    size_t mapped = RoundToHugePage(size);
+    void* p = MappingPool::Get().Take(mapped);
+    if (p == nullptr) {
+      p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) {
+        return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes"));
+      }
+      madvise(p, mapped, MADV_HUGEPAGE);
+      // Pre-fault now, with huge pages where the kernel gives them, so that
+      // the hot path later copies into resident memory.
+      volatile char* c = static_cast<char*>(p);
+      for (size_t off = 0; off < mapped; off += 4096) c[off] = 0;
     }
-    madvise(p, size, MADV_HUGEPAGE);
-    // Pre-fault now, with huge pages where the kernel gives them, so that the
-    // hot path later copies into resident memory.
-    volatile char* c = static_cast<char*>(p);
-    for (size_t off = 0; off < size; off += 4096) c[off] = 0;
     b.data_ = static_cast<std::byte*>(p);
-    b.mapped_ = size;
+    b.mapped_ = mapped;
   } else {
     b.data_ = static_cast<std::byte*>(::operator new(size, std::align_val_t(kAlign), std::nothrow));
     if (b.data_ == nullptr) {
@@ -132,7 +196,7 @@ absl::StatusOr<Buffer> Buffer::Allocate(size_t size) {
 void Buffer::Release() {
   if (data_ == nullptr) return;
   if (mapped_ > 0) {
-    munmap(data_, mapped_);
+    MappingPool::Get().Give(data_, mapped_);
   } else {
     ::operator delete(data_, std::align_val_t(kAlign));
   }
@@ -166,9 +230,7 @@ absl::StatusOr<Tensor> Tensor::Zeros(const TensorSpec& spec) {
   Tensor t;
   t.spec = spec;
   t.bytes = *std::move(buf);
-  if (t.bytes.size() > 0 && t.bytes.size() < kMmapThreshold) {
-    std::memset(t.bytes.data(), 0, t.bytes.size());
-  }
+  if (t.bytes.size() > 0) std::memset(t.bytes.data(), 0, t.bytes.size());
   t.UpdateChecksum();
   return t;
 }
@@ -415,6 +477,17 @@ absl::StatusOr<Tensor> AddScaled(const Tensor& a, const Tensor& b, int sign) {
   }
   out.UpdateChecksum();
   return out;
+}
+
+}  // namespace repvar
+
+namespace repvar {
+
+void TuneMallocForBulkTransfers() {
+  // Keep large blocks (gRPC's message buffers) in the heap instead of fresh
+  // mappings, and do not hand freed memory straight back to the kernel.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest value glibc accepts
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 }
 
 }  // namespace repvar

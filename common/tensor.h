@@ -46,6 +46,13 @@ struct TensorSpec {
 
 uint64_t Checksum(std::span<const std::byte> bytes);
 
+// Large buffers come from mappings kept resident for reuse, up to this many
+// bytes (default 1 GiB) of released mappings.
+void SetBufferPoolCapacity(size_t bytes);
+// mallopt settings that keep big message buffers resident (BENCHMARKS.md);
+// daemons call it first thing in main().
+void TuneMallocForBulkTransfers();
+
 // A resident, 64-byte aligned byte buffer. Large buffers are mapped with
 // MADV_HUGEPAGE and pre-faulted once, because the first touch of a fresh page
 // costs more than the copy itself (BENCHMARKS.md). Not thread-safe.

@@ -395,9 +395,11 @@ absl::StatusOr<std::vector<WriteResult>> Coordinator::AssignBatch(
   REPVAR_RETURN_IF_ERROR(Broadcast(writes));
   std::vector<WriteResult> results;
   for (const PlannedWrite& w : writes) {
-    results.push_back(WriteResult{w.version, w.value->checksum, w.value});
+    results.push_back(WriteResult{w.version, w.value->checksum, nullptr});
   }
+  // The dedup table remembers versions and checksums, never tensor bytes.
   dedup_.Record(key, op, results, clock_->Now());
+  for (size_t i = 0; i < writes.size(); ++i) results[i].value = writes[i].value;
   return results;
 }
 

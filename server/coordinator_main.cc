@@ -14,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/daemon.h"
 #include "common/logging.h"
+#include "common/tensor.h"
 #include "server/coordinator.h"
 #include "server/coordinator_service.h"
 #include "server/grpc_worker_client.h"
@@ -49,6 +50,7 @@ absl::StatusOr<std::map<std::string, int32_t>> ParseExpected(const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  repvar::TuneMallocForBulkTransfers();
   repvar::BlockShutdownSignals();
   absl::SetProgramUsageMessage("repvar coordinator daemon");
   absl::ParseCommandLine(argc, argv);

@@ -314,6 +314,7 @@ grpc::Status CoordinatorService::AssignVariable(
   }
   auto value = assembler->Finish();
   if (!value.ok()) return Fail("AssignVariable", value.status());
+
   AssignItem item{header.name(), OpFromProto(header.op()),
                   std::make_shared<const Tensor>(*std::move(value))};
   auto result = core_->Assign(*key, item);

@@ -16,6 +16,7 @@
 #include "common/daemon.h"
 #include "common/device_name.h"
 #include "common/logging.h"
+#include "common/tensor.h"
 #include "spdlog/spdlog.h"
 #include "worker/replica_store.h"
 #include "worker/worker_agent.h"
@@ -34,6 +35,7 @@ ABSL_FLAG(std::string, port_file, "", "write the bound port here (atomically) on
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
 
 int main(int argc, char** argv) {
+  repvar::TuneMallocForBulkTransfers();
   repvar::BlockShutdownSignals();
   absl::SetProgramUsageMessage("repvar worker daemon");
   absl::ParseCommandLine(argc, argv);

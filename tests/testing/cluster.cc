@@ -36,6 +36,7 @@ TempDir::TempDir() {
 
 TempDir::~TempDir() {
   std::error_code ec;
+  if (std::getenv("REPVAR_KEEP_TEST_DIRS") != nullptr) return;
   if (path_ != "/tmp") std::filesystem::remove_all(path_, ec);
 }
 
