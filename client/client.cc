@@ -22,20 +22,28 @@ namespace repvar {
 
 const char* AggregationName(Aggregation a) {
   switch (a) {
-    case Aggregation::kNone: return "NONE";
-    case Aggregation::kSum: return "SUM";
-    case Aggregation::kMean: return "MEAN";
-    case Aggregation::kOnlyFirstReplica: return "ONLY_FIRST_REPLICA";
+    case Aggregation::kNone:
+      return "NONE";
+    case Aggregation::kSum:
+      return "SUM";
+    case Aggregation::kMean:
+      return "MEAN";
+    case Aggregation::kOnlyFirstReplica:
+      return "ONLY_FIRST_REPLICA";
   }
   return "UNKNOWN";
 }
 
 const char* ReplicaStateName(ReplicaState s) {
   switch (s) {
-    case ReplicaState::kUninitialized: return "UNINITIALIZED";
-    case ReplicaState::kUpToDate: return "UP_TO_DATE";
-    case ReplicaState::kStale: return "STALE";
-    case ReplicaState::kUnavailable: return "UNAVAILABLE";
+    case ReplicaState::kUninitialized:
+      return "UNINITIALIZED";
+    case ReplicaState::kUpToDate:
+      return "UP_TO_DATE";
+    case ReplicaState::kStale:
+      return "STALE";
+    case ReplicaState::kUnavailable:
+      return "UNAVAILABLE";
   }
   return "UNKNOWN";
 }
@@ -79,9 +87,8 @@ std::string NewRequestId() {
 }
 
 ReplicaInfo FromProto(const v1::ReplicaInfo& p) {
-  return ReplicaInfo{p.index(),   p.name(),     p.device(),
-                     p.job(),     p.task(),     p.version(),
-                     p.checksum(), static_cast<ReplicaState>(p.state())};
+  return ReplicaInfo{p.index(), p.name(),    p.device(),   p.job(),
+                     p.task(),  p.version(), p.checksum(), static_cast<ReplicaState>(p.state())};
 }
 
 VariableInfo FromProto(const v1::VariableInfo& p) {
@@ -108,7 +115,10 @@ Topology FromProto(const v1::Topology& p) {
   Topology t;
   t.version = p.version();
   for (const auto& task : p.tasks()) {
-    t.tasks.push_back(TaskInfo{task.job(), task.task(), task.address(), task.incarnation(),
+    t.tasks.push_back(TaskInfo{task.job(),
+                               task.task(),
+                               task.address(),
+                               task.incarnation(),
                                {task.devices().begin(), task.devices().end()}});
   }
   for (const auto& a : p.accelerators()) {
@@ -138,10 +148,17 @@ void InitializerToProto(const InitializerSpec& s, DType dtype, const std::vector
                         v1::Initializer* p) {
   using K = InitializerSpec::Kind;
   switch (s.kind) {
-    case K::kNone: break;
-    case K::kZeros: p->set_zeros(true); break;
-    case K::kOnes: p->set_ones(true); break;
-    case K::kConstant: p->set_constant(s.constant); break;
+    case K::kNone:
+      break;
+    case K::kZeros:
+      p->set_zeros(true);
+      break;
+    case K::kOnes:
+      p->set_ones(true);
+      break;
+    case K::kConstant:
+      p->set_constant(s.constant);
+      break;
     case K::kRandomNormal:
       p->mutable_random_normal()->set_mean(s.a);
       p->mutable_random_normal()->set_stddev(s.b);
@@ -438,17 +455,16 @@ absl::StatusOr<WriteAck> Client::AssignSub(const std::string& name,
 }
 
 absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignKind kind,
-                                       std::span<const std::byte> bytes,
-                                       std::optional<DType> dtype, bool read_value) {
+                                       std::span<const std::byte> bytes, std::optional<DType> dtype,
+                                       bool read_value) {
   auto spec = impl_->Spec(name);
   if (!spec) {
     REPVAR_RETURN_IF_ERROR(GetVariable(name).status());
     spec = impl_->Spec(name);
   }
   if (dtype && *dtype != spec->dtype) {
-    return absl::FailedPreconditionError(absl::StrCat("variable ", name, " is ",
-                                                      DTypeName(spec->dtype), "; the values are ",
-                                                      DTypeName(*dtype)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "variable ", name, " is ", DTypeName(spec->dtype), "; the values are ", DTypeName(*dtype)));
   }
   v1::AssignVariableRequest head;
   v1::AssignHeader* h = head.mutable_header();
@@ -568,7 +584,8 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
     if (!bad.ok()) return bad;
     if (!s.ok()) return s;
     if (!have_header || received != value.bytes.size() || sum != expected_sum) {
-      return absl::DataLossError(absl::StrCat("read of ", name, " ended early or fails its checksum"));
+      return absl::DataLossError(
+          absl::StrCat("read of ", name, " ended early or fails its checksum"));
     }
     value.checksum = sum;
     return absl::OkStatus();

@@ -27,7 +27,9 @@ int Fail(const std::string& what, const absl::Status& s) {
   return 1;
 }
 
-std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ","), "]"); }
+std::string Shape(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
+}
 
 }  // namespace
 
@@ -61,16 +63,18 @@ int main(int argc, char** argv) {
   std::vector<repvar::VariableSpec> specs;
   {
     repvar::ReplicatedScope scope(replicas, "model");
-    repvar::VariableSpec kernel{.name = "dense/kernel", .dtype = repvar::DType::kFloat32,
-                                .shape = {4, 3}};
+    repvar::VariableSpec kernel{
+        .name = "dense/kernel", .dtype = repvar::DType::kFloat32, .shape = {4, 3}};
     kernel.initializer = repvar::InitializerSpec::RandomNormal(0.0, 0.1, 42);
     repvar::VariableSpec bias{.name = "dense/bias", .dtype = repvar::DType::kFloat32, .shape = {3}};
     bias.initializer = repvar::InitializerSpec::Zeros();
-    repvar::VariableSpec steps{.name = "global_step", .dtype = repvar::DType::kInt64,
-                               .trainable = false};
+    repvar::VariableSpec steps{
+        .name = "global_step", .dtype = repvar::DType::kInt64, .trainable = false};
     steps.initializer = repvar::InitializerSpec::Zeros();
-    repvar::VariableSpec lr{.name = "optimizer/learning_rate", .dtype = repvar::DType::kFloat32,
-                            .trainable = false, .collections = {"OPTIMIZER"}};
+    repvar::VariableSpec lr{.name = "optimizer/learning_rate",
+                            .dtype = repvar::DType::kFloat32,
+                            .trainable = false,
+                            .collections = {"OPTIMIZER"}};
     lr.initializer = repvar::InitializerSpec::Constant(0.01);
     specs = {kernel, bias, steps, lr};
     auto created = c.CreateVariables(specs);
@@ -87,8 +91,8 @@ int main(int argc, char** argv) {
   if (!init.ok()) return Fail("initialize", init.status());
   for (const auto& r : *init) {
     std::cout << "  initialize " << r.name << ": "
-              << (r.initialized_now ? "initialized now" : "was already initialized")
-              << ", version " << r.version << "\n";
+              << (r.initialized_now ? "initialized now" : "was already initialized") << ", version "
+              << r.version << "\n";
   }
 
   std::cout << "\n== " << absl::GetFlag(FLAGS_rounds) << " rounds of cross-replica updates\n";
@@ -135,16 +139,17 @@ int main(int argc, char** argv) {
   if (!vars.ok()) return Fail("list", vars.status());
   bool all_up_to_date = true;
   for (const auto& v : *vars) {
-    std::cout << "  " << v.spec.name << " " << repvar::DTypeName(v.spec.dtype) << Shape(v.spec.shape)
-              << " version " << v.version << " collections [" << absl::StrJoin(v.collections, ", ")
-              << "]\n";
+    std::cout << "  " << v.spec.name << " " << repvar::DTypeName(v.spec.dtype)
+              << Shape(v.spec.shape) << " version " << v.version << " collections ["
+              << absl::StrJoin(v.collections, ", ") << "]\n";
     for (const auto& r : v.replicas) {
       std::cout << "    " << r.name << " on " << r.device << "  v" << r.version << " "
                 << repvar::ReplicaStateName(r.state) << "\n";
       all_up_to_date &= r.state == repvar::ReplicaState::kUpToDate;
     }
   }
-  std::cout << "\n" << (ok && all_up_to_date ? "OK" : "FAILED")
+  std::cout << "\n"
+            << (ok && all_up_to_date ? "OK" : "FAILED")
             << ": every replica holds the committed version\n";
   return ok && all_up_to_date ? 0 : 1;
 }

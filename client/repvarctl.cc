@@ -30,9 +30,15 @@ std::string Q(absl::string_view s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           out += absl::StrFormat("\\u%04x", c);
@@ -44,7 +50,9 @@ std::string Q(absl::string_view s) {
   return out + "\"";
 }
 
-std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ","), "]"); }
+std::string Shape(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
+}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
@@ -70,14 +78,15 @@ int Topology(repvar::Client& c, bool json) {
     std::string infeed = "null";
     if (t->infeed_host) {
       infeed = absl::StrCat("{\"job\":", Q(t->infeed_host->job), ",\"task\":", t->infeed_host->task,
-                            ",\"address\":", Q(t->infeed_host->address), ",\"cpu_device\":",
-                            Q(t->infeed_host->cpu_device), "}");
+                            ",\"address\":", Q(t->infeed_host->address),
+                            ",\"cpu_device\":", Q(t->infeed_host->cpu_device), "}");
     }
     std::vector<std::string> missing;
     for (const auto& m : t->missing_tasks) missing.push_back(Q(m));
     std::cout << "{\"version\":" << t->version << ",\"tasks\":[" << absl::StrJoin(tasks, ",")
-              << "],\"accelerators\":[" << absl::StrJoin(accs, ",") << "],\"infeed_host\":"
-              << infeed << ",\"missing_tasks\":[" << absl::StrJoin(missing, ",") << "]}\n";
+              << "],\"accelerators\":[" << absl::StrJoin(accs, ",")
+              << "],\"infeed_host\":" << infeed << ",\"missing_tasks\":["
+              << absl::StrJoin(missing, ",") << "]}\n";
     return 0;
   }
   std::cout << "topology version " << t->version << ", " << t->tasks.size() << " task(s), "
@@ -111,16 +120,16 @@ int Vars(repvar::Client& c, const std::string& collection, bool json) {
       std::vector<std::string> reps;
       for (const auto& r : v.replicas) {
         reps.push_back(absl::StrCat("{\"name\":", Q(r.name), ",\"device\":", Q(r.device),
-                                    ",\"version\":", r.version, ",\"state\":",
-                                    Q(repvar::ReplicaStateName(r.state)), "}"));
+                                    ",\"version\":", r.version,
+                                    ",\"state\":", Q(repvar::ReplicaStateName(r.state)), "}"));
       }
       std::vector<std::string> cols;
       for (const auto& col : v.collections) cols.push_back(Q(col));
       out.push_back(absl::StrCat(
           "{\"name\":", Q(v.spec.name), ",\"dtype\":", Q(repvar::DTypeName(v.spec.dtype)),
           ",\"shape\":", Shape(v.spec.shape), ",\"version\":", v.version,
-          ",\"initialized\":", v.initialized ? "true" : "false", ",\"aggregation\":",
-          Q(repvar::AggregationName(v.spec.aggregation)), ",\"collections\":[",
+          ",\"initialized\":", v.initialized ? "true" : "false",
+          ",\"aggregation\":", Q(repvar::AggregationName(v.spec.aggregation)), ",\"collections\":[",
           absl::StrJoin(cols, ","), "],\"replicas\":[", absl::StrJoin(reps, ","), "]}"));
     }
     std::cout << "[" << absl::StrJoin(out, ",") << "]\n";
@@ -160,8 +169,8 @@ int Read(repvar::Client& c, const std::string& name, bool json) {
   auto v = c.Read(name);
   if (!v.ok()) return Fail(v.status());
   if (json) {
-    std::cout << "{\"name\":" << Q(name) << ",\"version\":" << v->version << ",\"dtype\":"
-              << Q(repvar::DTypeName(v->dtype)) << ",\"shape\":" << Shape(v->shape)
+    std::cout << "{\"name\":" << Q(name) << ",\"version\":" << v->version
+              << ",\"dtype\":" << Q(repvar::DTypeName(v->dtype)) << ",\"shape\":" << Shape(v->shape)
               << ",\"checksum\":\"" << absl::StrFormat("%016x", v->checksum) << "\",\"values\":["
               << FormatValues(*v, SIZE_MAX) << "]}\n";
     return 0;
@@ -183,8 +192,8 @@ int Assign(repvar::Client& c, const std::string& verb, const std::string& name, 
   auto n = spec.NumElements();
   if (!n.ok()) return Fail(n.status());
   if (static_cast<int64_t>(parts.size()) != *n && parts.size() != 1) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(name, " has ", *n, " elements; --value gives ",
-                                                        parts.size(), " (or give one to fill)")));
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        name, " has ", *n, " elements; --value gives ", parts.size(), " (or give one to fill)")));
   }
   for (int64_t i = 0; i < *n; ++i) {
     double d;
@@ -195,10 +204,9 @@ int Assign(repvar::Client& c, const std::string& verb, const std::string& name, 
     repvar::StoreElement(*t, i, d);
   }
   auto bytes = t->bytes.span();
-  absl::StatusOr<repvar::WriteAck> ack =
-      verb == "assign_add"   ? c.AssignAdd(name, bytes)
-      : verb == "assign_sub" ? c.AssignSub(name, bytes)
-                             : c.Assign(name, bytes);
+  absl::StatusOr<repvar::WriteAck> ack = verb == "assign_add"   ? c.AssignAdd(name, bytes)
+                                         : verb == "assign_sub" ? c.AssignSub(name, bytes)
+                                                                : c.Assign(name, bytes);
   if (!ack.ok()) return Fail(ack.status());
   if (json) {
     std::cout << "{\"name\":" << Q(name) << ",\"version\":" << ack->version << "}\n";
@@ -219,8 +227,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
     return 2;
   }
-  auto client = repvar::Client::Connect({.coordinator_address = absl::GetFlag(FLAGS_coordinator),
-                                         .deadline = absl::Seconds(30)});
+  auto client = repvar::Client::Connect(
+      {.coordinator_address = absl::GetFlag(FLAGS_coordinator), .deadline = absl::Seconds(30)});
   if (!client.ok()) return Fail(client.status());
   const bool json = absl::GetFlag(FLAGS_json);
   const std::string cmd = args[1];

@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 namespace repvar {
@@ -27,15 +27,14 @@ bool ParseNumber(absl::string_view s, int32_t* out) {
 }
 
 absl::Status Bad(absl::string_view name, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "malformed device name \"", absl::CHexEscape(name), "\": ", why,
-      "; expected /job:<name>/replica:<n>/task:<n>/device:<CPU|GPU|TPU>:<n>"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("malformed device name \"", absl::CHexEscape(name), "\": ", why,
+                   "; expected /job:<name>/replica:<n>/task:<n>/device:<CPU|GPU|TPU>:<n>"));
 }
 
 // Splits "key:value" and checks the key.
 bool Field(absl::string_view part, absl::string_view key, absl::string_view* value) {
-  if (part.size() <= key.size() || part.substr(0, key.size()) != key ||
-      part[key.size()] != ':') {
+  if (part.size() <= key.size() || part.substr(0, key.size()) != key || part[key.size()] != ':') {
     return false;
   }
   *value = part.substr(key.size() + 1);

@@ -35,9 +35,9 @@ absl::StatusOr<Tensor> MakeInitialValue(const Initializer& init, const TensorSpe
   }
   if (init.kind == Kind::kValue) {
     if (init.value == nullptr || !(init.value->spec == spec)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "initializer value ", init.value ? init.value->spec.ToString() : "(none)",
-          " does not match the variable ", spec.ToString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("initializer value ", init.value ? init.value->spec.ToString() : "(none)",
+                       " does not match the variable ", spec.ToString()));
     }
     return Tensor::FromBytes(spec, init.value->bytes.span());
   }

@@ -2,9 +2,8 @@
 #ifndef REPVAR_COMMON_NAMES_H_
 #define REPVAR_COMMON_NAMES_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace repvar {
 

@@ -36,11 +36,13 @@ absl::StatusOr<Tensor> TensorFromProto(const v1::Tensor& proto) {
   REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(proto.header().spec()));
   const std::string& data = proto.data();
   if (proto.header().byte_size() != data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor header says ", proto.header().byte_size(),
+    return absl::InvalidArgumentError(absl::StrCat("tensor header says ",
+                                                   proto.header().byte_size(),
                                                    " bytes, the message carries ", data.size()));
   }
   REPVAR_ASSIGN_OR_RETURN(
-      Tensor t, Tensor::FromBytes(spec, std::as_bytes(std::span<const char>(data.data(), data.size()))));
+      Tensor t,
+      Tensor::FromBytes(spec, std::as_bytes(std::span<const char>(data.data(), data.size()))));
   if (t.checksum != proto.header().checksum()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor checksum mismatch: header says ",
                                                    proto.header().checksum(), ", bytes give ",
@@ -104,11 +106,20 @@ absl::StatusOr<Initializer> InitializerFromProto(const v1::Initializer& proto) {
 void InitializerToProto(const Initializer& init, v1::Initializer* proto) {
   using K = Initializer::Kind;
   switch (init.kind) {
-    case K::kNone: break;
-    case K::kConstant: proto->set_constant(init.constant); break;
-    case K::kZeros: proto->set_zeros(true); break;
-    case K::kOnes: proto->set_ones(true); break;
-    case K::kValue: if (init.value) TensorToProto(*init.value, proto->mutable_value()); break;
+    case K::kNone:
+      break;
+    case K::kConstant:
+      proto->set_constant(init.constant);
+      break;
+    case K::kZeros:
+      proto->set_zeros(true);
+      break;
+    case K::kOnes:
+      proto->set_ones(true);
+      break;
+    case K::kValue:
+      if (init.value) TensorToProto(*init.value, proto->mutable_value());
+      break;
     case K::kRandomNormal: {
       auto* r = proto->mutable_random_normal();
       r->set_mean(init.a);

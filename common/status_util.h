@@ -9,9 +9,9 @@
 #define REPVAR_STATUS_CONCAT_INNER_(a, b) a##b
 #define REPVAR_STATUS_CONCAT_(a, b) REPVAR_STATUS_CONCAT_INNER_(a, b)
 
-#define REPVAR_RETURN_IF_ERROR(expr)               \
-  do {                                             \
-    ::absl::Status _repvar_status = (expr);        \
+#define REPVAR_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status _repvar_status = (expr);          \
     if (!_repvar_status.ok()) return _repvar_status; \
   } while (0)
 

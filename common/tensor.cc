@@ -4,11 +4,10 @@
 #include <malloc.h>
 #include <sys/mman.h>
 
-#include <limits>
-
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <new>
 
@@ -36,9 +35,9 @@ void Store(std::byte* p, int64_t i, T v) {
 
 absl::StatusOr<DType> DTypeFromInt(int value) {
   if (value >= 1 && value <= 6) return static_cast<DType>(value);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unsupported dtype ", value,
-      "; supported: float32, float16, bfloat16, float64, int32, int64"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported dtype ", value,
+                   "; supported: float32, float16, bfloat16, float64, int32, int64"));
 }
 
 size_t ItemSize(DType dtype) {
@@ -58,12 +57,18 @@ size_t ItemSize(DType dtype) {
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat64: return "float64";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
   }
   return "unknown";
 }
@@ -78,8 +83,7 @@ absl::StatusOr<int64_t> TensorSpec::NumElements() const {
   int64_t n = 1;
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dims[", i, "] is negative (", dims[i], ")"));
+      return absl::InvalidArgumentError(absl::StrCat("dims[", i, "] is negative (", dims[i], ")"));
     }
     if (__builtin_mul_overflow(n, dims[i], &n)) {
       return absl::InvalidArgumentError(
@@ -158,7 +162,9 @@ class MappingPool {
   size_t cap_ = size_t{1} << 30;
 };
 
-size_t RoundToHugePage(size_t n) { return (n + kMmapThreshold - 1) / kMmapThreshold * kMmapThreshold; }
+size_t RoundToHugePage(size_t n) {
+  return (n + kMmapThreshold - 1) / kMmapThreshold * kMmapThreshold;
+}
 
 }  // namespace
 
@@ -239,8 +245,8 @@ absl::StatusOr<Tensor> Tensor::FromBytes(const TensorSpec& spec, std::span<const
   auto size = spec.ByteSize();
   if (!size.ok()) return size.status();
   if (static_cast<uint64_t>(*size) != data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", spec.ToString(), " needs ", *size,
-                                                   " bytes, got ", data.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", spec.ToString(), " needs ", *size, " bytes, got ", data.size()));
   }
   auto buf = Buffer::Allocate(data.size());
   if (!buf.ok()) return buf.status();
@@ -257,13 +263,12 @@ absl::StatusOr<ChunkAssembler> ChunkAssembler::Start(const TensorSpec& spec, uin
   auto size = spec.ByteSize();
   if (!size.ok()) return size.status();
   if (static_cast<uint64_t>(*size) != byte_size) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor header says ", byte_size,
-                                                   " bytes but ", spec.ToString(), " needs ",
-                                                   *size));
+    return absl::InvalidArgumentError(absl::StrCat("tensor header says ", byte_size, " bytes but ",
+                                                   spec.ToString(), " needs ", *size));
   }
   if (byte_size > max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("tensor of ", byte_size,
-                                                     " bytes exceeds the limit of ", max_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tensor of ", byte_size, " bytes exceeds the limit of ", max_bytes));
   }
   auto buf = Buffer::Allocate(byte_size);
   if (!buf.ok()) return buf.status();
@@ -305,8 +310,8 @@ absl::Status ChunkAssembler::Add(uint64_t offset, std::span<const std::byte> dat
 
 absl::StatusOr<Tensor> ChunkAssembler::Finish() {
   if (received_ != tensor_.bytes.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor truncated: got ", received_, " of ",
-                                                   tensor_.bytes.size(), " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor truncated: got ", received_, " of ", tensor_.bytes.size(), " bytes"));
   }
   uint64_t sum = XXH3_64bits_digest(state_.get());
   if (sum != expected_checksum_) {
@@ -376,12 +381,18 @@ uint16_t FloatToBFloat16(float f) {
 double LoadElement(const Tensor& t, int64_t i) {
   const std::byte* p = t.bytes.data();
   switch (t.spec.dtype) {
-    case DType::kFloat32: return Load<float>(p, i);
-    case DType::kFloat64: return Load<double>(p, i);
-    case DType::kFloat16: return HalfToFloat(Load<uint16_t>(p, i));
-    case DType::kBFloat16: return BFloat16ToFloat(Load<uint16_t>(p, i));
-    case DType::kInt32: return Load<int32_t>(p, i);
-    case DType::kInt64: return static_cast<double>(Load<int64_t>(p, i));
+    case DType::kFloat32:
+      return Load<float>(p, i);
+    case DType::kFloat64:
+      return Load<double>(p, i);
+    case DType::kFloat16:
+      return HalfToFloat(Load<uint16_t>(p, i));
+    case DType::kBFloat16:
+      return BFloat16ToFloat(Load<uint16_t>(p, i));
+    case DType::kInt32:
+      return Load<int32_t>(p, i);
+    case DType::kInt64:
+      return static_cast<double>(Load<int64_t>(p, i));
   }
   return 0;
 }
@@ -389,12 +400,24 @@ double LoadElement(const Tensor& t, int64_t i) {
 void StoreElement(Tensor& t, int64_t i, double v) {
   std::byte* p = t.bytes.data();
   switch (t.spec.dtype) {
-    case DType::kFloat32: Store<float>(p, i, static_cast<float>(v)); return;
-    case DType::kFloat64: Store<double>(p, i, v); return;
-    case DType::kFloat16: Store<uint16_t>(p, i, FloatToHalf(static_cast<float>(v))); return;
-    case DType::kBFloat16: Store<uint16_t>(p, i, FloatToBFloat16(static_cast<float>(v))); return;
-    case DType::kInt32: Store<int32_t>(p, i, static_cast<int32_t>(std::floor(v))); return;
-    case DType::kInt64: Store<int64_t>(p, i, static_cast<int64_t>(std::floor(v))); return;
+    case DType::kFloat32:
+      Store<float>(p, i, static_cast<float>(v));
+      return;
+    case DType::kFloat64:
+      Store<double>(p, i, v);
+      return;
+    case DType::kFloat16:
+      Store<uint16_t>(p, i, FloatToHalf(static_cast<float>(v)));
+      return;
+    case DType::kBFloat16:
+      Store<uint16_t>(p, i, FloatToBFloat16(static_cast<float>(v)));
+      return;
+    case DType::kInt32:
+      Store<int32_t>(p, i, static_cast<int32_t>(std::floor(v)));
+      return;
+    case DType::kInt64:
+      Store<int64_t>(p, i, static_cast<int64_t>(std::floor(v)));
+      return;
   }
 }
 
@@ -462,10 +485,18 @@ absl::StatusOr<Tensor> AddScaled(const Tensor& a, const Tensor& b, int sign) {
   const std::byte* pb = b.bytes.data();
   std::byte* po = out.bytes.data();
   switch (a.spec.dtype) {
-    case DType::kFloat32: AddLoop<float>(pa, pb, po, n, sign); break;
-    case DType::kFloat64: AddLoop<double>(pa, pb, po, n, sign); break;
-    case DType::kInt32: AddLoop<int32_t>(pa, pb, po, n, sign); break;
-    case DType::kInt64: AddLoop<int64_t>(pa, pb, po, n, sign); break;
+    case DType::kFloat32:
+      AddLoop<float>(pa, pb, po, n, sign);
+      break;
+    case DType::kFloat64:
+      AddLoop<double>(pa, pb, po, n, sign);
+      break;
+    case DType::kInt32:
+      AddLoop<int32_t>(pa, pb, po, n, sign);
+      break;
+    case DType::kInt64:
+      AddLoop<int64_t>(pa, pb, po, n, sign);
+      break;
     case DType::kFloat16:
     case DType::kBFloat16:
       for (int64_t i = 0; i < n; ++i) {

@@ -20,7 +20,6 @@
 
 namespace repvar {
 
-
 constexpr int kMaxRank = 32;
 // No single chunk exceeds this (messages stay far below 32 MiB).
 constexpr size_t kMaxChunkBytes = 4 << 20;

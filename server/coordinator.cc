@@ -40,8 +40,8 @@ absl::Status ValidateVariableDef(const VariableDef& def, uint64_t max_bytes) {
         absl::StrCat("variable ", def.name, ": ", bytes.status().message()));
   }
   if (static_cast<uint64_t>(*bytes) > max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("variable ", def.name, " needs ", *bytes,
-                                                     " bytes; the limit is ", max_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("variable ", def.name, " needs ", *bytes, " bytes; the limit is ", max_bytes));
   }
   if (def.replica_count < 1) {
     return absl::InvalidArgumentError(
@@ -154,24 +154,25 @@ absl::StatusOr<CreateResult> Coordinator::CreateVariables(const RequestKey& key,
       auto it = variables_.find(def.name);
       if (it != variables_.end() && !(it->second->def == def)) {
         const VariableDef& old = it->second->def;
-        return absl::AlreadyExistsError(absl::StrCat(
-            "variable ", def.name, " already exists as ", old.tensor.ToString(), " x",
-            old.replica_count, " (aggregation ", static_cast<int>(old.aggregation),
-            ", trainable ", old.trainable, "); the request asks for ", def.tensor.ToString(),
-            " x", def.replica_count, " (aggregation ", static_cast<int>(def.aggregation),
-            ", trainable ", def.trainable, ")"));
+        return absl::AlreadyExistsError(
+            absl::StrCat("variable ", def.name, " already exists as ", old.tensor.ToString(), " x",
+                         old.replica_count, " (aggregation ", static_cast<int>(old.aggregation),
+                         ", trainable ", old.trainable, "); the request asks for ",
+                         def.tensor.ToString(), " x", def.replica_count, " (aggregation ",
+                         static_cast<int>(def.aggregation), ", trainable ", def.trainable, ")"));
       }
       auto [b, fresh] = in_batch.emplace(def.name, &def);
       if (!fresh && !(*b->second == def)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("variable ", def.name, " appears twice in the batch with different specs"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "variable ", def.name, " appears twice in the batch with different specs"));
       }
       if (it == variables_.end() &&
           static_cast<size_t>(def.replica_count) > topo.accelerators.size()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "variable ", def.name, " asks for ", def.replica_count, " replicas but the cluster has ",
-            topo.accelerators.size(), " accelerators (topology version ", topo.version,
-            "); wait for the cluster to form or lower the replica count"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("variable ", def.name, " asks for ", def.replica_count,
+                         " replicas but the cluster has ", topo.accelerators.size(),
+                         " accelerators (topology version ", topo.version,
+                         "); wait for the cluster to form or lower the replica count"));
       }
     }
     for (const CreateItem& item : items) {
@@ -295,9 +296,9 @@ absl::StatusOr<std::vector<InitializeResult>> Coordinator::Initialize(
     }
     if (!vars[i]->def.allow_nonfinite) {
       if (int64_t bad = FirstNonFinite(*value); bad >= 0) {
-        return absl::InvalidArgumentError(absl::StrCat("variable ", items[i].name,
-                                                       ": initial value has a non-finite element at ",
-                                                       bad, " (allow_nonfinite is off)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("variable ", items[i].name, ": initial value has a non-finite element at ",
+                         bad, " (allow_nonfinite is off)"));
       }
     }
     writes.push_back(
@@ -319,7 +320,8 @@ absl::StatusOr<std::vector<InitializeResult>> Coordinator::Initialize(
 }
 
 absl::Status Coordinator::ValidateAssignLocked(const Variable& v, const AssignItem& item) const {
-  if (v.deleted) return absl::NotFoundError(absl::StrCat("variable \"", item.name, "\" was deleted"));
+  if (v.deleted)
+    return absl::NotFoundError(absl::StrCat("variable \"", item.name, "\" was deleted"));
   if (item.value == nullptr) return absl::InvalidArgumentError("assign without a value");
   if (!(item.value->spec == v.def.tensor)) {
     return absl::FailedPreconditionError(absl::StrCat("variable ", item.name, " is ",
@@ -347,8 +349,9 @@ absl::StatusOr<std::shared_ptr<const Tensor>> Coordinator::ComputeLocked(
                           AddScaled(*v.value, *item.value, item.op == AssignOp::kAdd ? 1 : -1));
   if (!v.def.allow_nonfinite) {
     if (int64_t bad = FirstNonFinite(sum); bad >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "variable ", item.name, ": the result is non-finite at element ", bad, "; nothing changed"));
+      return absl::InvalidArgumentError(absl::StrCat("variable ", item.name,
+                                                     ": the result is non-finite at element ", bad,
+                                                     "; nothing changed"));
     }
   }
   return std::make_shared<const Tensor>(std::move(sum));
@@ -419,8 +422,8 @@ absl::Status Coordinator::Broadcast(std::vector<PlannedWrite>& writes) {
       }
     }
     for (auto& [task, idx] : replicas) {
-      per_task[task].push_back(ReplicaWrite{v.id, v.def.name, w.version, std::move(idx),
-                                            w.value.get()});
+      per_task[task].push_back(
+          ReplicaWrite{v.id, v.def.name, w.version, std::move(idx), w.value.get()});
     }
   }
   std::vector<std::pair<const LiveTask*, const std::vector<ReplicaWrite>*>> calls;
@@ -460,11 +463,11 @@ absl::Status Coordinator::Broadcast(std::vector<PlannedWrite>& writes) {
       w.variable->needs_resync = true;
       names.push_back(w.variable->def.name);
     }
-    return absl::UnavailableError(absl::StrCat(
-        "write of ", absl::StrJoin(names, ", "), " did not reach every live replica (",
-        absl::StrJoin(failures, "; "),
-        "); the committed version is unchanged and the variable is marked for resync; "
-        "retry with the same request_id"));
+    return absl::UnavailableError(
+        absl::StrCat("write of ", absl::StrJoin(names, ", "), " did not reach every live replica (",
+                     absl::StrJoin(failures, "; "),
+                     "); the committed version is unchanged and the variable is marked for resync; "
+                     "retry with the same request_id"));
   }
   for (PlannedWrite& w : writes) {
     Variable& v = *w.variable;
@@ -513,7 +516,8 @@ void Coordinator::ResyncTask(const TaskKey& task) {
       }
       if (stale.empty()) continue;
       keep.push_back(v->value);
-      writes.push_back(ReplicaWrite{v->id, v->def.name, v->version, std::move(stale), v->value.get()});
+      writes.push_back(
+          ReplicaWrite{v->id, v->def.name, v->version, std::move(stale), v->value.get()});
     }
   }
   if (writes.empty()) return;

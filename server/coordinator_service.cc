@@ -11,7 +11,7 @@
 namespace repvar::server {
 namespace {
 
-constexpr uint64_t kMaxInlineBytes = 32ull << 20;   // batched calls
+constexpr uint64_t kMaxInlineBytes = 32ull << 20;    // batched calls
 constexpr uint64_t kMaxReadValueBytes = 4ull << 20;  // read_value in a response
 
 grpc::Status Fail(const char* method, const absl::Status& s) {
@@ -46,7 +46,8 @@ absl::StatusOr<VariableDef> VariableDefFromProto(const v1::VariableSpec& proto) 
   int agg = proto.aggregation() == v1::AGGREGATION_UNSPECIFIED ? v1::AGGREGATION_NONE
                                                                : proto.aggregation();
   if (agg < 1 || agg > 4) {
-    return absl::InvalidArgumentError(absl::StrCat("variable ", def.name, ": unknown aggregation ", agg));
+    return absl::InvalidArgumentError(
+        absl::StrCat("variable ", def.name, ": unknown aggregation ", agg));
   }
   def.aggregation = static_cast<Aggregation>(agg);
   def.allow_nonfinite = proto.allow_nonfinite();
@@ -111,7 +112,10 @@ void TopologyToProto(const TopologySnapshot& topo, v1::Topology* proto) {
 grpc::Status CoordinatorService::RegisterWorker(grpc::ServerContext*,
                                                 const v1::RegisterWorkerRequest* req,
                                                 v1::RegisterWorkerResponse* resp) {
-  WorkerRegistration reg{req->job(), req->task(), req->address(), req->incarnation(),
+  WorkerRegistration reg{req->job(),
+                         req->task(),
+                         req->address(),
+                         req->incarnation(),
                          {req->devices().begin(), req->devices().end()}};
   auto version = core_->RegisterWorker(reg);
   if (!version.ok()) return Fail("RegisterWorker", version.status());
@@ -267,9 +271,12 @@ v1::AssignVariableResponse WriteResultToProto(const WriteResult& r, bool read_va
 }
 AssignOp OpFromProto(v1::AssignOp op) {
   switch (op) {
-    case v1::ASSIGN_OP_ADD: return AssignOp::kAdd;
-    case v1::ASSIGN_OP_SUB: return AssignOp::kSub;
-    default: return AssignOp::kAssign;
+    case v1::ASSIGN_OP_ADD:
+      return AssignOp::kAdd;
+    case v1::ASSIGN_OP_SUB:
+      return AssignOp::kSub;
+    default:
+      return AssignOp::kAssign;
   }
 }
 }  // namespace
@@ -294,10 +301,10 @@ grpc::Status CoordinatorService::AssignVariable(
   auto view = core_->GetVariable(header.name());
   if (!view.ok()) return Fail("AssignVariable", view.status());
   if (!(view->def.tensor == *spec)) {
-    return Fail("AssignVariable", absl::FailedPreconditionError(absl::StrCat(
-                                      "variable ", header.name(), " is ",
-                                      view->def.tensor.ToString(), "; the value is ",
-                                      spec->ToString())));
+    return Fail("AssignVariable",
+                absl::FailedPreconditionError(absl::StrCat("variable ", header.name(), " is ",
+                                                           view->def.tensor.ToString(),
+                                                           "; the value is ", spec->ToString())));
   }
   auto assembler = ChunkAssembler::Start(*spec, header.tensor().byte_size(),
                                          header.tensor().checksum(), UINT64_MAX);
@@ -332,12 +339,12 @@ grpc::Status CoordinatorService::AssignVariables(grpc::ServerContext*,
   for (const v1::AssignItem& p : req->items()) {
     auto t = TensorFromProto(p.value());
     if (!t.ok()) {
-      return Fail("AssignVariables", absl::Status(t.status().code(),
-                                                  absl::StrCat("variable ", p.name(), ": ",
-                                                               t.status().message())));
+      return Fail("AssignVariables",
+                  absl::Status(t.status().code(),
+                               absl::StrCat("variable ", p.name(), ": ", t.status().message())));
     }
-    items.push_back(AssignItem{p.name(), OpFromProto(p.op()),
-                               std::make_shared<const Tensor>(*std::move(t))});
+    items.push_back(
+        AssignItem{p.name(), OpFromProto(p.op()), std::make_shared<const Tensor>(*std::move(t))});
   }
   auto results = core_->AssignBatch(*key, items);
   if (!results.ok()) return Fail("AssignVariables", results.status());
@@ -345,9 +352,9 @@ grpc::Status CoordinatorService::AssignVariables(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ReadVariable(grpc::ServerContext* ctx,
-                                              const v1::ReadVariableRequest* req,
-                                              grpc::ServerWriter<v1::ReadVariableResponse>* writer) {
+grpc::Status CoordinatorService::ReadVariable(
+    grpc::ServerContext* ctx, const v1::ReadVariableRequest* req,
+    grpc::ServerWriter<v1::ReadVariableResponse>* writer) {
   auto read = core_->Read(req->name());
   if (!read.ok()) return Fail("ReadVariable", read.status());
   const Tensor& t = *read->value;

@@ -42,8 +42,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
                                    v1::InitializeVariablesResponse*) override;
   grpc::Status IsInitialized(grpc::ServerContext*, const v1::IsInitializedRequest*,
                              v1::IsInitializedResponse*) override;
-  grpc::Status AssignVariable(grpc::ServerContext*,
-                              grpc::ServerReader<v1::AssignVariableRequest>*,
+  grpc::Status AssignVariable(grpc::ServerContext*, grpc::ServerReader<v1::AssignVariableRequest>*,
                               v1::AssignVariableResponse*) override;
   grpc::Status AssignVariables(grpc::ServerContext*, const v1::AssignVariablesRequest*,
                                v1::AssignVariablesResponse*) override;

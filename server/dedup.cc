@@ -13,9 +13,9 @@ absl::StatusOr<std::optional<std::any>> DedupTable::Lookup(const RequestKey& key
   auto it = entries_.find(key.id);
   if (it == entries_.end()) return std::optional<std::any>();
   if (it->second.op != op || it->second.digest != key.digest) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request_id \"", key.id, "\" was already used for another ", it->second.op,
-        " request with a different payload; use a fresh request_id"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id \"", key.id, "\" was already used for another ", it->second.op,
+                     " request with a different payload; use a fresh request_id"));
   }
   return std::optional<std::any>(it->second.answer);
 }

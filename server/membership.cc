@@ -30,13 +30,11 @@ absl::StatusOr<int64_t> Membership::Register(const WorkerRegistration& reg) {
   for (size_t i = 0; i < reg.devices.size(); ++i) {
     auto d = DeviceName::Parse(reg.devices[i]);
     if (!d.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("devices[", i, "]: ", d.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat("devices[", i, "]: ", d.status().message()));
     }
     if (d->job != reg.job || d->task != reg.task) {
       return absl::InvalidArgumentError(absl::StrCat("devices[", i, "] ", d->ToString(),
-                                                     " does not belong to task ",
-                                                     key.ToString()));
+                                                     " does not belong to task ", key.ToString()));
     }
     if (!seen.insert(*d).second) {
       return absl::InvalidArgumentError(
@@ -52,15 +50,14 @@ absl::StatusOr<int64_t> Membership::Register(const WorkerRegistration& reg) {
     LiveTask& t = it->second;
     if (t.incarnation != reg.incarnation) {
       return absl::AbortedError(absl::StrCat(
-          "task ", key.ToString(), " is live under incarnation ", t.incarnation,
-          "; incarnation ", reg.incarnation,
-          " can register once the old one is declared dead (heartbeat timeout ",
+          "task ", key.ToString(), " is live under incarnation ", t.incarnation, "; incarnation ",
+          reg.incarnation, " can register once the old one is declared dead (heartbeat timeout ",
           absl::FormatDuration(options_.heartbeat_timeout), ")"));
     }
     if (t.devices != devices || t.address != reg.address) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "task ", key.ToString(), " incarnation ", reg.incarnation,
-          " registered before with other devices or address; use a new incarnation"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("task ", key.ToString(), " incarnation ", reg.incarnation,
+                       " registered before with other devices or address; use a new incarnation"));
     }
     t.last_heartbeat = clock_->Now();
     return version_;
@@ -75,9 +72,9 @@ absl::StatusOr<int64_t> Membership::Heartbeat(const TaskKey& key, uint64_t incar
   absl::MutexLock lock(&mu_);
   auto it = tasks_.find(key);
   if (it == tasks_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("task ", key.ToString(), " is not registered (or was declared dead); "
-                     "register again"));
+    return absl::NotFoundError(absl::StrCat("task ", key.ToString(),
+                                            " is not registered (or was declared dead); "
+                                            "register again"));
   }
   if (it->second.incarnation != incarnation) {
     return absl::AbortedError(absl::StrCat("task ", key.ToString(), " incarnation ", incarnation,
@@ -149,9 +146,8 @@ TopologySnapshot Membership::Snapshot() const {
 
 TopologySnapshot Membership::WaitForChange(int64_t after_version, absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
-  auto changed = [this, after_version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return version_ > after_version;
-  };
+  auto changed = [this, after_version]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return version_ > after_version; };
   mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
   return SnapshotLocked();
 }
@@ -160,9 +156,8 @@ absl::StatusOr<TopologySnapshot> Membership::WaitForExpected(absl::Time deadline
   absl::MutexLock lock(&mu_);
   auto formed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return MissingLocked().empty(); };
   if (!mu_.AwaitWithDeadline(absl::Condition(&formed), deadline)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("cluster did not form in time; missing tasks: ",
-                     absl::StrJoin(MissingLocked(), ", ")));
+    return absl::DeadlineExceededError(absl::StrCat("cluster did not form in time; missing tasks: ",
+                                                    absl::StrJoin(MissingLocked(), ", ")));
   }
   return SnapshotLocked();
 }

@@ -15,8 +15,8 @@ void ReplicaStore::Apply(std::vector<ReplicaWriteItem> items) {
     for (int32_t r : item.replicas) {
       StoredReplica& s = replicas_[{item.variable_id, r}];
       if (s.value) released.push_back(std::move(s.value));
-      s = StoredReplica{item.variable_id, item.name, r, item.version, item.value->checksum,
-                        item.value};
+      s = StoredReplica{item.variable_id,     item.name, r, item.version,
+                        item.value->checksum, item.value};
     }
   }
 }

@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
   absl::Notification registered;
   std::thread agent_thread([&] {
     absl::Time next = absl::Now();
-    while (!stop.WaitForNotificationWithTimeout(std::max(next - absl::Now(), absl::ZeroDuration()))) {
+    while (
+        !stop.WaitForNotificationWithTimeout(std::max(next - absl::Now(), absl::ZeroDuration()))) {
       next = agent.Tick(absl::Now());
       if (agent.state() == repvar::worker::WorkerAgent::State::kRegistered &&
           !registered.HasBeenNotified()) {
@@ -101,8 +102,8 @@ int main(int argc, char** argv) {
       }
     }
   });
-  spdlog::info("worker {}:{} serving on {} (incarnation {}, {} devices), coordinator {}", job,
-               task, address, incarnation, devices.size(), coordinator);
+  spdlog::info("worker {}:{} serving on {} (incarnation {}, {} devices), coordinator {}", job, task,
+               address, incarnation, devices.size(), coordinator);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     absl::Status s = repvar::WritePortFile(absl::GetFlag(FLAGS_port_file), port);
     if (!s.ok()) spdlog::error("{}", s.ToString());

@@ -51,8 +51,8 @@ grpc::Status WorkerService::WriteReplicas(grpc::ServerContext*,
       }
       auto spec = SpecFromProto(h.tensor().spec());
       if (!spec.ok()) return ToGrpcStatus(spec.status());
-      auto a = ChunkAssembler::Start(*spec, h.tensor().byte_size(), h.tensor().checksum(),
-                                     UINT64_MAX);
+      auto a =
+          ChunkAssembler::Start(*spec, h.tensor().byte_size(), h.tensor().checksum(), UINT64_MAX);
       if (!a.ok()) return ToGrpcStatus(a.status());
       assembler.emplace(*std::move(a));
       current.variable_id = h.variable_id();
@@ -74,8 +74,7 @@ grpc::Status WorkerService::WriteReplicas(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::ReadReplica(grpc::ServerContext* ctx,
-                                        const v1::ReadReplicaRequest* req,
+grpc::Status WorkerService::ReadReplica(grpc::ServerContext* ctx, const v1::ReadReplicaRequest* req,
                                         grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
   auto r = store_->Get(req->variable_id(), req->replica());
   if (!r.ok()) return ToGrpcStatus(r.status());

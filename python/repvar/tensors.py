@@ -38,7 +38,7 @@ def _as_wire(array, dtype_name: str) -> np.ndarray:
             array.dtype.kind == want.kind and array.dtype.itemsize == want.itemsize):
         raise ValueError(f"array of dtype {array.dtype} cannot hold a {dtype_name} value "
                          f"(want {want}{'; bfloat16 is given as uint16 bits' if dtype_name == 'bfloat16' else ''})")
-    return np.ascontiguousarray(array, dtype=want)
+    return np.asarray(array, dtype=want, order="C")  # keeps 0-d arrays 0-d
 
 
 def header(array, dtype_name: str) -> types_pb2.TensorHeader:

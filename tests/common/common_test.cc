@@ -33,11 +33,14 @@ TEST(DeviceName, Parse_Malformed_InvalidArgument) {
   std::string nul("/job:w/replica:0/task:0/device:TPU:0\0", 37);
   for (std::string bad :
        {std::string(""), std::string("job:w/replica:0/task:0/device:TPU:0"),
-        std::string("/job:w/replica:0/task:0/device:TPU:0/"), std::string("/job:w/task:0/device:TPU:0"),
-        std::string("/job:w/replica:0/task:+1/device:TPU:0"), std::string("/job:w/replica:0/task:2147483648/device:TPU:0"),
-        std::string("/job:ｊob/replica:0/task:0/device:TPU:0"), std::string("/job:w/replica:0/task:0/device:FPGA:0"),
-        std::string("/job:w/replica:0/task:0/device:TPU:x"), std::string("/job:w/job:w/task:0/device:TPU:0"),
-        nul, std::string(300, 'a')}) {
+        std::string("/job:w/replica:0/task:0/device:TPU:0/"),
+        std::string("/job:w/task:0/device:TPU:0"),
+        std::string("/job:w/replica:0/task:+1/device:TPU:0"),
+        std::string("/job:w/replica:0/task:2147483648/device:TPU:0"),
+        std::string("/job:ｊob/replica:0/task:0/device:TPU:0"),
+        std::string("/job:w/replica:0/task:0/device:FPGA:0"),
+        std::string("/job:w/replica:0/task:0/device:TPU:x"),
+        std::string("/job:w/job:w/task:0/device:TPU:0"), nul, std::string(300, 'a')}) {
     EXPECT_THAT(DeviceName::Parse(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
   }
 }
@@ -51,7 +54,8 @@ TEST(DeviceName, Order_IsNumericPerField) {
 TEST(TensorSpec, ByteSize_OverflowNegativeAndRank) {
   EXPECT_EQ(*(TensorSpec{DType::kFloat32, {}}.ByteSize()), 4);
   EXPECT_EQ(*(TensorSpec{DType::kBFloat16, {2, 0, 5}}.ByteSize()), 0);
-  EXPECT_THAT((TensorSpec{DType::kFloat32, {-1}}.ByteSize()), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT((TensorSpec{DType::kFloat32, {-1}}.ByteSize()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT((TensorSpec{DType::kInt64, {int64_t{1} << 31, int64_t{1} << 31}}.ByteSize()),
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT((TensorSpec{DType::kFloat32, std::vector<int64_t>(33, 1)}.ByteSize()),
@@ -85,7 +89,9 @@ TEST(ChunkAssembler, InOrderChunks_RebuildTheTensor) {
 TEST(ChunkAssembler, BadInput_InvalidArgument) {
   Tensor src = Iota(1000);
   auto bytes = src.bytes.span();
-  auto start = [&] { return *ChunkAssembler::Start(src.spec, bytes.size(), src.checksum, UINT64_MAX); };
+  auto start = [&] {
+    return *ChunkAssembler::Start(src.spec, bytes.size(), src.checksum, UINT64_MAX);
+  };
   {  // out of order
     auto a = start();
     EXPECT_THAT(a.Add(100, bytes.subspan(100, 100), Checksum(bytes.subspan(100, 100))),
@@ -93,7 +99,8 @@ TEST(ChunkAssembler, BadInput_InvalidArgument) {
   }
   {  // bad chunk checksum
     auto a = start();
-    EXPECT_THAT(a.Add(0, bytes.subspan(0, 100), 1234), StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
+    EXPECT_THAT(a.Add(0, bytes.subspan(0, 100), 1234),
+                StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
   }
   {  // truncated
     auto a = start();
@@ -106,7 +113,8 @@ TEST(ChunkAssembler, BadInput_InvalidArgument) {
     EXPECT_THAT(a.Finish(), StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
   }
   {  // overrun: header says fewer bytes than the spec
-    EXPECT_THAT(ChunkAssembler::Start(src.spec, 10, 0, UINT64_MAX), StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(ChunkAssembler::Start(src.spec, 10, 0, UINT64_MAX),
+                StatusIs(absl::StatusCode::kInvalidArgument));
   }
   {  // too big
     EXPECT_THAT(ChunkAssembler::Start(src.spec, bytes.size(), 0, 100),
@@ -168,10 +176,12 @@ TEST(FirstNonFinite, FindsNanAndInfInEveryFloatType) {
 
 TEST(Names, VariableNamesAndRequestIds) {
   EXPECT_OK(ValidateVariableName("model/dense-1/kernel.0"));
-  EXPECT_THAT(ValidateVariableName(std::string(257, 'a')), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ValidateVariableName(std::string(257, 'a')),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_OK(ValidateRequestId("3f2a-11"));
   EXPECT_THAT(ValidateRequestId("has space"), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(ValidateRequestId(std::string(65, 'x')), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ValidateRequestId(std::string(65, 'x')),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

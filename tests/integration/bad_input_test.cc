@@ -35,8 +35,8 @@ class BadInputTest : public ::testing::Test {
     stub_ = v1::Coordinator::NewStub(
                 grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()))
                 .release();
-    ASSERT_OK(client_->CreateVariable({.name = "w", .dtype = DType::kFloat32, .shape = {4},
-                                       .replica_count = 6}));
+    ASSERT_OK(client_->CreateVariable(
+        {.name = "w", .dtype = DType::kFloat32, .shape = {4}, .replica_count = 6}));
     std::vector<float> v = {1, 2, 3, 4};
     ASSERT_OK(client_->Assign("w", std::span<const float>(v)));
   }
@@ -116,9 +116,10 @@ v1::Coordinator::Stub* BadInputTest::stub_ = nullptr;
 
 TEST_F(BadInputTest, RegisterWorker_MalformedDeviceNames_InvalidArgument) {
   int64_t version = client_->GetTopology()->version;
-  for (const char* bad : {"/job:/device:TPU:", "/job:w/replica:0/task:-1/device:TPU:0",
-                          "/job:w/replica:0/task:1e3/device:TPU:0", "/job:w/replica:0/task:0/device:TPU:0/",
-                          "/job:w/replica:0/task:0/device:tpu:0", "/jоb:w/replica:0/task:0/device:TPU:0"}) {
+  for (const char* bad :
+       {"/job:/device:TPU:", "/job:w/replica:0/task:-1/device:TPU:0",
+        "/job:w/replica:0/task:1e3/device:TPU:0", "/job:w/replica:0/task:0/device:TPU:0/",
+        "/job:w/replica:0/task:0/device:tpu:0", "/jоb:w/replica:0/task:0/device:TPU:0"}) {
     v1::RegisterWorkerRequest req;
     req.set_job("w");
     req.set_task(0);
@@ -143,7 +144,8 @@ TEST_F(BadInputTest, RegisterWorker_DuplicateDeviceAndLiveTaskOtherIncarnation) 
   req.add_devices("/job:tpu_worker/replica:0/task:0/device:TPU:0");
   v1::RegisterWorkerResponse resp;
   // tpu_worker:0 is live under another incarnation.
-  EXPECT_THAT(FromGrpcStatus(stub_->RegisterWorker(Ctx().get(), req, &resp)), StatusIs(Code::kAborted));
+  EXPECT_THAT(FromGrpcStatus(stub_->RegisterWorker(Ctx().get(), req, &resp)),
+              StatusIs(Code::kAborted));
   req.add_devices("/job:tpu_worker/replica:0/task:0/device:TPU:0");
   req.set_task(9);
   req.set_job("other");
@@ -167,18 +169,22 @@ TEST_F(BadInputTest, CreateVariables_BadSpecs_RefusedAndNothingCreated) {
     Code code;
   };
   std::vector<Case> cases = {
-      {[](v1::VariableSpec* s) { s->mutable_tensor()->set_dtype(v1::DTYPE_UNSPECIFIED); }, Code::kInvalidArgument},
-      {[](v1::VariableSpec* s) { s->mutable_tensor()->set_dtype(static_cast<v1::DType>(99)); }, Code::kInvalidArgument},
+      {[](v1::VariableSpec* s) { s->mutable_tensor()->set_dtype(v1::DTYPE_UNSPECIFIED); },
+       Code::kInvalidArgument},
+      {[](v1::VariableSpec* s) { s->mutable_tensor()->set_dtype(static_cast<v1::DType>(99)); },
+       Code::kInvalidArgument},
       {[](v1::VariableSpec* s) { s->mutable_tensor()->add_dims(-2); }, Code::kInvalidArgument},
       {[](v1::VariableSpec* s) {
          s->mutable_tensor()->add_dims(int64_t{1} << 40);
          s->mutable_tensor()->add_dims(int64_t{1} << 40);
-       }, Code::kInvalidArgument},
+       },
+       Code::kInvalidArgument},
       {[](v1::VariableSpec* s) { s->set_name("../etc/passwd"); }, Code::kInvalidArgument},
       {[](v1::VariableSpec* s) { s->set_name(""); }, Code::kInvalidArgument},
       {[](v1::VariableSpec* s) { s->set_replica_count(0); }, Code::kInvalidArgument},
       {[](v1::VariableSpec* s) { s->set_replica_count(7); }, Code::kFailedPrecondition},
-      {[](v1::VariableSpec* s) { s->set_aggregation(static_cast<v1::Aggregation>(42)); }, Code::kInvalidArgument},
+      {[](v1::VariableSpec* s) { s->set_aggregation(static_cast<v1::Aggregation>(42)); },
+       Code::kInvalidArgument},
       {[](v1::VariableSpec* s) { s->set_name("w"); }, Code::kAlreadyExists},  // w is float32[4]
   };
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -224,7 +230,8 @@ TEST_F(BadInputTest, UnknownVariable_NotFoundEverywhere) {
 }
 
 TEST_F(BadInputTest, ReadUninitialized_FailedPrecondition) {
-  ASSERT_OK(client_->CreateVariable({.name = "uninit", .dtype = DType::kFloat32, .replica_count = 2}));
+  ASSERT_OK(
+      client_->CreateVariable({.name = "uninit", .dtype = DType::kFloat32, .replica_count = 2}));
   EXPECT_THAT(client_->Read("uninit"), StatusIs(Code::kFailedPrecondition));
   EXPECT_THAT(client_->ReadBatch({"w", "uninit"}), StatusIs(Code::kFailedPrecondition));
 }
@@ -236,7 +243,8 @@ TEST_F(BadInputTest, AssignVariable_DtypeOrShapeMismatch_FailedPrecondition) {
   EXPECT_THAT(SendAssign({Head(HeaderFor(data, {2}, v1::DTYPE_FLOAT64)), Body(Chunk(0, data))}),
               StatusIs(Code::kFailedPrecondition));
   std::vector<double> d = {1, 2, 3, 4};
-  EXPECT_THAT(client_->Assign("w", std::span<const double>(d)), StatusIs(Code::kFailedPrecondition));
+  EXPECT_THAT(client_->Assign("w", std::span<const double>(d)),
+              StatusIs(Code::kFailedPrecondition));
 }
 
 TEST_F(BadInputTest, AssignVariable_MalformedStreams_InvalidArgument) {
@@ -249,8 +257,9 @@ TEST_F(BadInputTest, AssignVariable_MalformedStreams_InvalidArgument) {
   EXPECT_THAT(SendAssign({Head(h), Body(Chunk(0, data.substr(0, 8)))}),
               StatusIs(Code::kInvalidArgument, "truncated"));
   // Out of order.
-  EXPECT_THAT(SendAssign({Head(h), Body(Chunk(8, data.substr(8))), Body(Chunk(0, data.substr(0, 8)))}),
-              StatusIs(Code::kInvalidArgument, "out of order"));
+  EXPECT_THAT(
+      SendAssign({Head(h), Body(Chunk(8, data.substr(8))), Body(Chunk(0, data.substr(0, 8)))}),
+      StatusIs(Code::kInvalidArgument, "out of order"));
   // Overrun (oversized for the tensor).
   EXPECT_THAT(SendAssign({Head(h), Body(Chunk(0, data + data))}),
               StatusIs(Code::kInvalidArgument, "overruns"));
@@ -261,38 +270,43 @@ TEST_F(BadInputTest, AssignVariable_MalformedStreams_InvalidArgument) {
   // Bad whole-tensor checksum.
   v1::TensorHeader wrong = h;
   wrong.set_checksum(h.checksum() ^ 1);
-  EXPECT_THAT(SendAssign({Head(wrong), Body(Chunk(0, data))}), StatusIs(Code::kInvalidArgument, "checksum"));
+  EXPECT_THAT(SendAssign({Head(wrong), Body(Chunk(0, data))}),
+              StatusIs(Code::kInvalidArgument, "checksum"));
   // Header byte_size disagrees with the shape.
   v1::TensorHeader lying = h;
   lying.set_byte_size(12);
   EXPECT_THAT(SendAssign({Head(lying), Body(Chunk(0, data.substr(0, 12)))}),
               StatusIs(Code::kInvalidArgument));
   // A second header in one stream.
-  EXPECT_THAT(SendAssign({Head(h), Body(Chunk(0, data)), Head(h)}), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(SendAssign({Head(h), Body(Chunk(0, data)), Head(h)}),
+              StatusIs(Code::kInvalidArgument));
   // Overlong request id.
   EXPECT_THAT(SendAssign({Head(h, "w", std::string(100, 'x')), Body(Chunk(0, data))}),
               StatusIs(Code::kInvalidArgument, "request_id"));
 }
 
 TEST_F(BadInputTest, AssignVariable_ChunkOver4MiB_InvalidArgument) {
-  ASSERT_OK(client_->CreateVariable({.name = "big", .dtype = DType::kFloat32,
-                                     .shape = {2 << 20}, .replica_count = 2}));
+  ASSERT_OK(client_->CreateVariable(
+      {.name = "big", .dtype = DType::kFloat32, .shape = {2 << 20}, .replica_count = 2}));
   std::string data(8 << 20, '\0');
-  EXPECT_THAT(SendAssign({Head(HeaderFor(data, {2 << 20}), "big"), Body(Chunk(0, data.substr(0, 5 << 20)))}),
+  EXPECT_THAT(SendAssign({Head(HeaderFor(data, {2 << 20}), "big"),
+                          Body(Chunk(0, data.substr(0, 5 << 20)))}),
               StatusIs(Code::kInvalidArgument, "exceeds"));
   EXPECT_THAT(client_->Read("big"), StatusIs(Code::kFailedPrecondition));
 }
 
 TEST_F(BadInputTest, AssignVariable_NonFinite_InvalidArgument) {
   std::vector<float> v = {1, NAN, 3, 4};
-  EXPECT_THAT(client_->Assign("w", std::span<const float>(v)), StatusIs(Code::kInvalidArgument, "non-finite"));
+  EXPECT_THAT(client_->Assign("w", std::span<const float>(v)),
+              StatusIs(Code::kInvalidArgument, "non-finite"));
   std::vector<float> inf = {INFINITY, 0, 0, 0};
-  EXPECT_THAT(client_->AssignAdd("w", std::span<const float>(inf)), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(client_->AssignAdd("w", std::span<const float>(inf)),
+              StatusIs(Code::kInvalidArgument));
 }
 
 TEST_F(BadInputTest, AssignVariable_RequestIdReusedWithOtherPayload_InvalidArgument) {
-  ASSERT_OK(client_->CreateVariable({.name = "dedup", .dtype = DType::kFloat32, .shape = {4},
-                                     .replica_count = 6}));
+  ASSERT_OK(client_->CreateVariable(
+      {.name = "dedup", .dtype = DType::kFloat32, .shape = {4}, .replica_count = 6}));
   std::string a = Floats({1, 1, 1, 1});
   std::string b = Floats({2, 2, 2, 2});
   ASSERT_OK(SendAssign({Head(HeaderFor(a, {4}), "dedup", "rid-1"), Body(Chunk(0, a))}));

@@ -2,6 +2,8 @@
 // The contract against real processes: a coordinator, three TPU hosts with two
 // devices each and one CPU-only host, all on 127.0.0.1, driven through the
 // C++ client. Worker state is checked on the workers themselves.
+#include "tests/testing/cluster.h"
+
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -13,7 +15,6 @@
 #include "repvar/client.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "repvar/v1/worker.grpc.pb.h"
-#include "tests/testing/cluster.h"
 #include "tests/testing/status_matchers.h"
 
 namespace repvar {
@@ -78,8 +79,8 @@ TEST_F(ClusterTest, T3_InfeedHost_IsTheTpuJobTaskOwningOrdinalZero) {
 }
 
 TEST_F(ClusterTest, T4_WaitForTopology_TimeoutNamesMissingTasks) {
-  testing::TestCluster partial({.tpu_workers = 1, .cpu_host = false,
-                                .expected_tasks = "tpu_worker:3"});
+  testing::TestCluster partial(
+      {.tpu_workers = 1, .cpu_host = false, .expected_tasks = "tpu_worker:3"});
   ASSERT_OK(partial.Start());
   auto c = Client::Connect({.coordinator_address = partial.address()});
   auto t = (*c)->WaitForTopology(absl::Milliseconds(300));
@@ -219,7 +220,8 @@ TEST_F(ClusterTest, V6_BatchedCreateInitializeReadAssign_ThousandVariables) {
   EXPECT_EQ((*values)[777].as<float>()[15], 777.0f);
   std::vector<float> ones(16, 1.0f);
   std::vector<AssignItem> items;
-  for (const auto& n : names) items.push_back({n, AssignKind::kAdd, std::as_bytes(std::span(ones))});
+  for (const auto& n : names)
+    items.push_back({n, AssignKind::kAdd, std::as_bytes(std::span(ones))});
   auto acks = client_->AssignBatch(items);
   ASSERT_OK(acks);
   EXPECT_EQ((*acks)[5].version, 2);

@@ -14,16 +14,18 @@ namespace repvar {
 namespace {
 
 TEST(LargeTest, V5_OneGibFloat32_TwoReplicas_RoundTripsBitExactly) {
-  testing::TestCluster cluster({.tpu_workers = 2, .tpu_per_worker = 1, .cpu_host = false,
+  testing::TestCluster cluster({.tpu_workers = 2,
+                                .tpu_per_worker = 1,
+                                .cpu_host = false,
                                 .heartbeat_timeout = absl::Seconds(10)});
   ASSERT_OK(cluster.Start());
-  auto client = Client::Connect({.coordinator_address = cluster.address(),
-                                 .deadline = testing::Scaled(absl::Seconds(120))});
+  auto client = Client::Connect(
+      {.coordinator_address = cluster.address(), .deadline = testing::Scaled(absl::Seconds(120))});
   ASSERT_OK(client);
   ASSERT_OK((*client)->WaitForTopology(testing::Scaled(absl::Seconds(20))));
   const int64_t n = int64_t{1} << 28;  // 2^28 floats = 1 GiB
-  ASSERT_OK((*client)->CreateVariable({.name = "huge", .dtype = DType::kFloat32, .shape = {n},
-                                       .replica_count = 2}));
+  ASSERT_OK((*client)->CreateVariable(
+      {.name = "huge", .dtype = DType::kFloat32, .shape = {n}, .replica_count = 2}));
   std::vector<float> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 1000003) * 0.5f;
   auto ack = (*client)->Assign("huge", std::span<const float>(v));

@@ -176,7 +176,8 @@ TEST_F(CoordinatorTest, V5_AllDtypesAndScalars_RoundTrip) {
       auto back = core_.Read(n);
       ASSERT_OK(back);
       EXPECT_EQ(back->value->checksum, value->checksum) << n;
-      EXPECT_EQ(std::memcmp(back->value->bytes.data(), value->bytes.data(), value->bytes.size()), 0);
+      EXPECT_EQ(std::memcmp(back->value->bytes.data(), value->bytes.data(), value->bytes.size()),
+                0);
     }
   }
 }
@@ -187,7 +188,8 @@ TEST_F(CoordinatorTest, V5_OverflowingShape_InvalidArgument) {
   VariableDef neg = Def("neg", 1, {3, -1});
   EXPECT_THAT(core_.CreateVariables({}, {{neg, {}}}), StatusIs(absl::StatusCode::kInvalidArgument));
   VariableDef big = Def("big", 1, {int64_t{1} << 40});
-  EXPECT_THAT(core_.CreateVariables({}, {{big, {}}}), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(core_.CreateVariables({}, {{big, {}}}),
+              StatusIs(absl::StatusCode::kResourceExhausted));
 }
 
 TEST_F(CoordinatorTest, V6_BatchedCreateInitializeAssignAnswerOnce) {
@@ -205,7 +207,8 @@ TEST_F(CoordinatorTest, V6_BatchedCreateInitializeAssignAnswerOnce) {
   ASSERT_OK(inited);
   EXPECT_EQ(workers_.calls() - calls_before, 1) << "one exchange per worker, not per variable";
   std::vector<AssignItem> assigns;
-  for (int i = 0; i < 100; ++i) assigns.push_back({absl::StrCat("b/", i), AssignOp::kAdd, F32({1, 1, 1})});
+  for (int i = 0; i < 100; ++i)
+    assigns.push_back({absl::StrCat("b/", i), AssignOp::kAdd, F32({1, 1, 1})});
   auto written = core_.AssignBatch({}, assigns);
   ASSERT_OK(written);
   EXPECT_EQ((*written)[99].version, 2);
@@ -240,7 +243,8 @@ TEST_F(CoordinatorTest, C2_Assign_ReplicaUnreachable_ErrorMarkedForResyncCommitt
   Create(Def("w", 6));
   ASSERT_OK(Assign("w", F32({1, 2, 3})));
   workers_.Fail("tpu_worker:2", absl::UnavailableError("connection refused"));
-  EXPECT_THAT(Assign("w", F32({7, 7, 7})), StatusIs(absl::StatusCode::kUnavailable, "tpu_worker:2"));
+  EXPECT_THAT(Assign("w", F32({7, 7, 7})),
+              StatusIs(absl::StatusCode::kUnavailable, "tpu_worker:2"));
   auto view = core_.GetVariable("w");
   EXPECT_EQ(view->version, 1);
   EXPECT_TRUE(view->needs_resync);
@@ -301,7 +305,8 @@ TEST_F(CoordinatorTest, C3_AssignAdd_FailedAttemptThenRetryAppliesOnce) {
   ASSERT_OK(Assign("w", F32({0, 0, 0})));
   workers_.Fail("tpu_worker:1", absl::UnavailableError("down"));
   auto delta = F32({1, 1, 1});
-  EXPECT_THAT(Assign("w", delta, AssignOp::kAdd, "req-2"), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(Assign("w", delta, AssignOp::kAdd, "req-2"),
+              StatusIs(absl::StatusCode::kUnavailable));
   workers_.Heal("tpu_worker:1");
   ASSERT_OK(Assign("w", delta, AssignOp::kAdd, "req-2"));
   EXPECT_EQ(Floats(*core_.Read("w")->value), (std::vector<float>{1, 1, 1}));
@@ -365,7 +370,10 @@ TEST_F(CoordinatorTest, C5_SeededInitializer_ReproducibleAcrossCoordinators) {
   ASSERT_OK(core_.Initialize({}, {{"w", std::nullopt}}));
   repvar::testing::FakeWorkerClient other_workers;
   Coordinator other(CoordinatorOptions{}, &clock_, &other_workers);
-  ASSERT_OK(other.RegisterWorker({"tpu_worker", 0, "x:1", 1,
+  ASSERT_OK(other.RegisterWorker({"tpu_worker",
+                                  0,
+                                  "x:1",
+                                  1,
                                   {"/job:tpu_worker/replica:0/task:0/device:TPU:0",
                                    "/job:tpu_worker/replica:0/task:0/device:TPU:1"}}));
   ASSERT_OK(other.CreateVariables({}, {{Def("w", 2, {1000}), uniform}}));
@@ -419,8 +427,10 @@ TEST_F(CoordinatorTest, C7_NonFinite_RefusedByDefaultAllowedByOptOut) {
   Create(Def("w", 2));
   const float inf = std::numeric_limits<float>::infinity();
   ASSERT_OK(Assign("w", F32({1, 2, 3})));
-  EXPECT_THAT(Assign("w", F32({1, NAN, 3})), StatusIs(absl::StatusCode::kInvalidArgument, "element 1"));
-  EXPECT_THAT(Assign("w", F32({inf, 0, 0}), AssignOp::kAdd), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Assign("w", F32({1, NAN, 3})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "element 1"));
+  EXPECT_THAT(Assign("w", F32({inf, 0, 0}), AssignOp::kAdd),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   ASSERT_OK(Assign("w", F32({3e38f, 0, 0})));
   EXPECT_THAT(Assign("w", F32({3e38f, 0, 0}), AssignOp::kAdd),
               StatusIs(absl::StatusCode::kInvalidArgument, "result is non-finite"));

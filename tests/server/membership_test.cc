@@ -38,11 +38,11 @@ class MembershipTest : public ::testing::Test {
 };
 
 TEST_F(MembershipTest, T1_Register_MalformedDevice_InvalidArgumentAndNothingChanges) {
-  for (const char* bad : {"/job:/device:TPU:", "/job:w/replica:0/task:-1/device:TPU:0",
-                          "/job:w/replica:0/task:1e3/device:TPU:0",
-                          "/job:w/replica:0/task:99999999999/device:TPU:0",
-                          "/job:w/replica:0/task:0/device:TPU:0/", "/job:w/replica:0/task:0/device:tpu:0",
-                          "/job:w/replica:0/task:00/device:TPU:0", "/job:W/replica:0/task:0/device:TPU:0"}) {
+  for (const char* bad :
+       {"/job:/device:TPU:", "/job:w/replica:0/task:-1/device:TPU:0",
+        "/job:w/replica:0/task:1e3/device:TPU:0", "/job:w/replica:0/task:99999999999/device:TPU:0",
+        "/job:w/replica:0/task:0/device:TPU:0/", "/job:w/replica:0/task:0/device:tpu:0",
+        "/job:w/replica:0/task:00/device:TPU:0", "/job:W/replica:0/task:0/device:TPU:0"}) {
     WorkerRegistration r{"w", 0, "h:1", 1, {bad}};
     EXPECT_THAT(m_.Register(r), StatusIs(absl::StatusCode::kInvalidArgument, "devices[0]")) << bad;
   }

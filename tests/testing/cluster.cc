@@ -126,7 +126,9 @@ TestCluster::~TestCluster() {
   coordinator_.reset();
 }
 
-std::string TestCluster::address() const { return absl::StrCat("127.0.0.1:", coordinator_->port()); }
+std::string TestCluster::address() const {
+  return absl::StrCat("127.0.0.1:", coordinator_->port());
+}
 
 std::string TestCluster::worker_address(int i) const {
   return absl::StrCat("127.0.0.1:", workers_[i]->port());
@@ -134,11 +136,11 @@ std::string TestCluster::worker_address(int i) const {
 
 absl::StatusOr<std::unique_ptr<Daemon>> TestCluster::StartWorker(const std::string& job, int task,
                                                                  int tpus) {
-  return Daemon::Start(BinaryPath("worker/repvar-worker"),
-                       {absl::StrCat("--job=", job), absl::StrCat("--task=", task),
-                        absl::StrCat("--tpu_devices=", tpus),
-                        absl::StrCat("--coordinator_address=", address())},
-                       dir(), absl::StrCat(job, "-", task));
+  return Daemon::Start(
+      BinaryPath("worker/repvar-worker"),
+      {absl::StrCat("--job=", job), absl::StrCat("--task=", task),
+       absl::StrCat("--tpu_devices=", tpus), absl::StrCat("--coordinator_address=", address())},
+      dir(), absl::StrCat(job, "-", task));
 }
 
 absl::Status TestCluster::Start() {
@@ -147,11 +149,11 @@ absl::Status TestCluster::Start() {
     expected = absl::StrCat("tpu_worker:", options_.tpu_workers);
     if (options_.cpu_host) absl::StrAppend(&expected, ",worker:1");
   }
-  auto c = Daemon::Start(
-      BinaryPath("server/repvar-coordinator"),
-      {absl::StrCat("--expected_tasks=", expected),
-       absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(Scaled(options_.heartbeat_timeout)))},
-      dir(), "coordinator");
+  auto c = Daemon::Start(BinaryPath("server/repvar-coordinator"),
+                         {absl::StrCat("--expected_tasks=", expected),
+                          absl::StrCat("--heartbeat_timeout=",
+                                       absl::FormatDuration(Scaled(options_.heartbeat_timeout)))},
+                         dir(), "coordinator");
   if (!c.ok()) return c.status();
   coordinator_ = *std::move(c);
   for (int t = 0; t < options_.tpu_workers; ++t) {

@@ -38,7 +38,8 @@ class FakeWorkerClient final : public server::WorkerClient {
   absl::Status DropVariable(const server::WorkerTarget& target, uint64_t variable_id) override {
     absl::MutexLock lock(&mu_);
     for (auto it = held_.begin(); it != held_.end();) {
-      if (std::get<0>(it->first) == target.task.ToString() && std::get<1>(it->first) == variable_id) {
+      if (std::get<0>(it->first) == target.task.ToString() &&
+          std::get<1>(it->first) == variable_id) {
         it = held_.erase(it);
       } else {
         ++it;

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Brings up a local repvar cluster on 127.0.0.1 and runs a real workload on it:
+# a coordinator, 3 TPU hosts (/job:tpu_worker, 2 virtual TPUs each) and one
+# host without accelerators (/job:worker), so the infeed-host discovery shows.
+# Does its own set-up (packages, Release build shared with tests/run.sh).
+#   deploy/local-cluster.sh          run the workload, then stay up until Ctrl-C
+#   deploy/local-cluster.sh --once   run the workload and exit with its status
+# Data and logs go to $REPVAR_DATA_DIR (default ./local-cluster).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+once=0
+for arg in "$@"; do
+  case "$arg" in
+    --once) once=1 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+
+deploy/bootstrap.sh
+build=${REPVAR_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j "$(nproc)" --target repvar-coordinator repvar-worker repvar-example repvarctl repvar_python
+
+data=${REPVAR_DATA_DIR:-$root/local-cluster}
+mkdir -p "$data"
+rm -f "$data"/*.port
+pids=()
+stop_all() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap stop_all EXIT
+trap 'exit 130' INT TERM
+
+wait_port() {  # file -> prints the port once the daemon has written it
+  for _ in $(seq 1 500); do
+    if [ -s "$1" ]; then cat "$1"; return 0; fi
+    sleep 0.02
+  done
+  echo "timed out waiting for $1" >&2
+  return 1
+}
+
+"$build/server/repvar-coordinator" --listen_address=127.0.0.1:0 --port_file="$data/coordinator.port" \
+  --expected_tasks=tpu_worker:3,worker:1 --heartbeat_timeout=5s 2>"$data/coordinator.log" &
+pids+=($!)
+port=$(wait_port "$data/coordinator.port")
+export REPVAR_COORDINATOR_ADDRESS=127.0.0.1:$port
+echo "coordinator on $REPVAR_COORDINATOR_ADDRESS (logs in $data)"
+for t in 0 1 2; do
+  "$build/worker/repvar-worker" --job=tpu_worker --task=$t --tpu_devices=2 \
+    --port_file="$data/tpu_worker-$t.port" 2>"$data/tpu_worker-$t.log" &
+  pids+=($!)
+done
+"$build/worker/repvar-worker" --job=worker --task=0 --tpu_devices=0 \
+  --port_file="$data/worker-0.port" 2>"$data/worker-0.log" &
+pids+=($!)
+
+rc=0
+"$build/client/repvar-example" || rc=$?
+if [ $rc -eq 0 ]; then
+  echo
+  echo "== the same cluster from Python (generated stubs + numpy helper)"
+  PYTHONPATH="$root/$build/python" /usr/bin/python3 "$root/$build/python/repvar_example.py" || rc=$?
+fi
+echo
+echo "== repvarctl read model/dense/bias"
+"$build/client/repvarctl" read model/dense/bias || rc=$?
+
+if [ $once -eq 1 ]; then
+  echo
+  [ $rc -eq 0 ] && echo "workload OK; stopping the cluster" || echo "workload FAILED (rc=$rc); logs in $data"
+  exit $rc
+fi
+echo
+echo "cluster is up: export REPVAR_COORDINATOR_ADDRESS=$REPVAR_COORDINATOR_ADDRESS"
+echo "try: $build/client/repvarctl topology | vars | read NAME | assign NAME --value=..."
+echo "Ctrl-C stops every process this script started."
+wait

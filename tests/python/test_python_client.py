@@ -1,0 +1,143 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Drives a real cluster through the generated stubs and the numpy helper."""
+
+import grpc
+import numpy as np
+import pytest
+
+import repvar
+from repvar.v1 import coordinator_pb2 as cpb
+from repvar.v1 import types_pb2 as tpb
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    c = repvar.Client(cluster)
+    c.wait_for_topology(20)
+    yield c
+    c.close()
+
+
+def test_topology_reports_infeed_host_of_the_tpu_job(client):
+    topo = client.topology()
+    assert len(topo.accelerators) == 6
+    assert topo.infeed_host.job == "tpu_worker"
+    assert topo.infeed_host.task == 0
+    assert topo.infeed_host.cpu_device == "/job:tpu_worker/replica:0/task:0/device:CPU:0"
+
+
+def test_replicated_scope_assign_and_read_back_bit_exact(client):
+    with repvar.replicated_scope(6, "model"):
+        with repvar.replicated_scope(6, "dense"):
+            info = client.create("kernel", "float32", (4, 3))
+    assert info.spec.name == "model/dense/kernel"
+    assert [r.name for r in info.replicas] == [f"model/dense/kernel/{i}" for i in range(6)]
+    topo = client.topology()
+    assert [r.device for r in info.replicas] == [a.device for a in topo.accelerators]
+    value = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    ack = client.assign("model/dense/kernel", value)
+    assert ack.version == 1
+    back, version = client.read("model/dense/kernel")
+    assert version == 1
+    assert back.dtype == np.float32 and back.shape == (4, 3)
+    assert back.tobytes() == value.tobytes()
+    states = client.is_initialized(["model/dense/kernel"])[0]
+    assert states.initialized
+    assert all(r.state == tpb.REPLICA_STATE_UP_TO_DATE for r in states.replicas)
+
+
+@pytest.mark.parametrize("dtype,array", [
+    ("float16", np.array([1.5, -0.0, 65504], np.float16)),
+    ("bfloat16", np.array([0x3f80, 0xc000, 0x0001], np.uint16)),  # bit patterns
+    ("float64", np.array([np.pi, -1e300, 5e-324])),
+    ("int32", np.array([-(2**31), 0, 2**31 - 1], np.int32)),
+    ("int64", np.array([-(2**63), 1, 2**63 - 1], np.int64)),
+])
+def test_every_dtype_round_trips(client, dtype, array):
+    name = f"dtypes/{dtype}"
+    client.create(name, dtype, array.shape, replica_count=2)
+    client.assign(name, array)
+    back, _ = client.read(name)
+    assert back.tobytes() == array.astype(back.dtype).tobytes()
+
+
+def test_scalar_and_non_contiguous_and_big_endian_inputs(client):
+    client.create("scalar", "float32", (), replica_count=3)
+    client.assign("scalar", np.float32(2.5))
+    assert client.read("scalar")[0] == np.float32(2.5)
+    client.create("grid", "float32", (3, 2), replica_count=3)
+    transposed = np.arange(6, dtype=np.float32).reshape(2, 3).T  # not C-contiguous
+    client.assign("grid", transposed)
+    assert np.array_equal(client.read("grid")[0], transposed)
+    big_endian = np.arange(6, dtype=">f4").reshape(3, 2)
+    client.assign("grid", big_endian)
+    assert np.array_equal(client.read("grid")[0], big_endian.astype("<f4"))
+    with pytest.raises(ValueError):
+        client.assign("grid", np.zeros((3, 2), np.float64))
+
+
+def test_assign_add_and_initializers(client):
+    client.create("counter", "int64", (2,), replica_count=6, initializer=repvar.zeros(),
+                  trainable=False)
+    first = client.initialize(["counter"])[0]
+    again = client.initialize(["counter"])[0]
+    assert first.initialized_now and not again.initialized_now
+    for _ in range(3):
+        client.assign("counter", np.array([1, 2], np.int64), op="add")
+    value, version = client.read("counter")
+    assert value.tolist() == [3, 6] and version == 4
+    names = {v.spec.name for v in client.list("TRAINABLE_VARIABLES")}
+    assert "counter" not in names
+    assert "counter" in {v.spec.name for v in client.list("GLOBAL_VARIABLES")}
+
+
+def test_seeded_initializer_is_reproducible(client):
+    for name in ("rand/a", "rand/b"):
+        client.create(name, "float32", (100,), replica_count=2,
+                      initializer=repvar.random_normal(0.0, 1.0, seed=7))
+    client.initialize(["rand/a", "rand/b"])
+    a, _ = client.read("rand/a")
+    b, _ = client.read("rand/b")
+    assert a.tobytes() == b.tobytes()
+    assert 0.5 < a.std() < 1.5
+
+
+def test_large_chunked_value(client):
+    client.create("big", "float32", (3, 1 << 20), replica_count=6)
+    value = np.random.default_rng(1).random((3, 1 << 20), dtype=np.float32)
+    client.assign("big", value, chunk_bytes=1 << 20)
+    back, _ = client.read("big", chunk_bytes=4 << 20)
+    assert back.tobytes() == value.tobytes()
+
+
+def test_bad_inputs_get_clear_statuses(client):
+    client.create("guarded", "float32", (2,), replica_count=2)
+    client.assign("guarded", np.array([1, 2], np.float32))
+    with pytest.raises(grpc.RpcError) as e:
+        client.assign("guarded", np.array([1, np.nan], np.float32))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as e:
+        client.read("missing")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as e:
+        client.create("guarded", "float32", (3,), replica_count=2)
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    # A chunk whose checksum lies.
+    header = next(repvar.to_chunks(np.array([5, 5], np.float32), "float32"))
+    chunk = cpb.AssignVariableRequest(chunk=tpb.TensorChunk(offset=0, data=b"\0" * 8, checksum=1))
+    msgs = [cpb.AssignVariableRequest(header=cpb.AssignHeader(name="guarded", tensor=header)), chunk]
+    with pytest.raises(grpc.RpcError) as e:
+        client.stub.AssignVariable(iter(msgs), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    value, version = client.read("guarded")
+    assert value.tolist() == [1, 2] and version == 1
+
+
+def test_request_id_retry_returns_original_answer(client):
+    client.create("idem", "float32", (1,), replica_count=6)
+    client.assign("idem", np.array([0], np.float32))
+    delta = np.array([1], np.float32)
+    a = client.assign("idem", delta, op="add", request_id="py-retry-1")
+    b = client.assign("idem", delta, op="add", request_id="py-retry-1")
+    assert a.version == b.version == 2
+    assert client.read("idem")[0].tolist() == [1.0]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Builds repvar (Release, shared with deploy/local-cluster.sh) and runs every
+# test: C++ via ctest, Python via pytest on /usr/bin/python3. Exits non-zero on
+# any failure. Does its own set-up on a fresh Debian 12 machine.
+#   REPVAR_BUILD_DIR   build directory (default: build)
+#   REPVAR_TEST_TIMEOUT_SCALE   multiplies test timeouts (slow machines)
+#   REPVAR_SKIP_LARGE=1   skip the tests labelled `large`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+deploy/bootstrap.sh
+build=${REPVAR_BUILD_DIR:-build}
+jobs=$(nproc)
+
+echo "== configure and build ($build, Release, -Werror)"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DREPVAR_WERROR=ON >/dev/null
+cmake --build "$build" -j "$jobs"
+
+echo "== format check (.clang-format)"
+git ls-files -z -- '*.cc' '*.h' | xargs -0 clang-format --dry-run --Werror
+
+echo "== C++ tests"
+ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs")
+if [ "${REPVAR_SKIP_LARGE:-0}" = 1 ]; then ctest_args+=(-LE large); fi
+ctest "${ctest_args[@]}"
+
+echo "== Python tests"
+PYTHONPATH="$root/$build/python" REPVAR_BUILD_DIR="$root/$build" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
