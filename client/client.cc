@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/daemon.h"
 #include "common/grpc_status.h"
+#include "common/proto_convert.h"
 #include "common/status_util.h"
 #include "common/tensor.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
@@ -484,10 +485,7 @@ absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignKind kind,
                  [&](uint64_t off, std::span<const std::byte> piece) {
                    if (!ok) return;
                    v1::AssignVariableRequest m;
-                   v1::TensorChunk* c = m.mutable_chunk();
-                   c->set_offset(off);
-                   c->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());
-                   c->set_checksum(Checksum(piece));
+                   ChunkToProto(off, piece, m.mutable_chunk());
                    ok = stream->Write(m);
                  });
     stream->WritesDone();

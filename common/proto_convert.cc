@@ -40,9 +40,7 @@ absl::StatusOr<Tensor> TensorFromProto(const v1::Tensor& proto) {
                                                    proto.header().byte_size(),
                                                    " bytes, the message carries ", data.size()));
   }
-  REPVAR_ASSIGN_OR_RETURN(
-      Tensor t,
-      Tensor::FromBytes(spec, std::as_bytes(std::span<const char>(data.data(), data.size()))));
+  REPVAR_ASSIGN_OR_RETURN(Tensor t, Tensor::FromBytes(spec, BytesOf(data)));
   if (t.checksum != proto.header().checksum()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor checksum mismatch: header says ",
                                                    proto.header().checksum(), ", bytes give ",
@@ -137,6 +135,16 @@ void InitializerToProto(const Initializer& init, v1::Initializer* proto) {
       break;
     }
   }
+}
+
+void ChunkToProto(uint64_t offset, std::span<const std::byte> piece, v1::TensorChunk* proto) {
+  proto->set_offset(offset);
+  proto->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());
+  proto->set_checksum(Checksum(piece));
+}
+
+absl::Status AddChunk(ChunkAssembler& assembler, const v1::TensorChunk& chunk) {
+  return assembler.Add(chunk.offset(), BytesOf(chunk.data()), chunk.checksum());
 }
 
 uint64_t Digest(const google::protobuf::Message& message) {

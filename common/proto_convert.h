@@ -26,6 +26,15 @@ void TensorToProto(const Tensor& t, v1::Tensor* proto);
 absl::StatusOr<Initializer> InitializerFromProto(const v1::Initializer& proto);
 void InitializerToProto(const Initializer& init, v1::Initializer* proto);
 
+// Fills `proto` with one chunk of a tensor: offset, bytes and their checksum.
+void ChunkToProto(uint64_t offset, std::span<const std::byte> piece, v1::TensorChunk* proto);
+// Feeds a received chunk to `assembler` (see ChunkAssembler::Add).
+absl::Status AddChunk(ChunkAssembler& assembler, const v1::TensorChunk& chunk);
+// The bytes of a protobuf `bytes` field.
+inline std::span<const std::byte> BytesOf(const std::string& s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
 // XXH3-64 of the deterministic serialization: a request's payload digest.
 uint64_t Digest(const google::protobuf::Message& message);
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/daemon.h"
+#include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/tensor.h"
 #include "server/coordinator.h"
@@ -74,25 +75,12 @@ int main(int argc, char** argv) {
   repvar::server::Coordinator core(options, repvar::RealClock::Get(), &workers);
   repvar::server::CoordinatorService service(&core);
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen_address), grpc::InsecureServerCredentials(),
-                           &port);
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.SetMaxSendMessageSize(64 << 20);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    spdlog::error("cannot listen on {}", absl::GetFlag(FLAGS_listen_address));
+  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address), {&service},
+                                        absl::GetFlag(FLAGS_port_file), &port);
+  if (!server.ok()) {
+    spdlog::error("{}", server.status().ToString());
     return 1;
-  }
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    absl::Status s = repvar::WritePortFile(absl::GetFlag(FLAGS_port_file), port);
-    if (!s.ok()) {
-      spdlog::error("{}", s.ToString());
-      return 1;
-    }
   }
   spdlog::info("coordinator serving on port {} (heartbeat timeout {})", port,
                absl::FormatDuration(options.membership.heartbeat_timeout));
@@ -105,12 +93,12 @@ int main(int argc, char** argv) {
 
   int sig = repvar::WaitForShutdownSignal();
   spdlog::info("signal {}: shutting down", sig);
-  server->GetHealthCheckService()->Shutdown();
+  (*server)->GetHealthCheckService()->Shutdown();
   service.Shutdown();
   stop.Notify();
   ticker.join();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  server->Wait();
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*server)->Wait();
   spdlog::info("coordinator stopped");
   return 0;
 }

@@ -313,10 +313,7 @@ grpc::Status CoordinatorService::AssignVariable(
     if (!msg.has_chunk()) {
       return Fail("AssignVariable", absl::InvalidArgumentError("a second header in one stream"));
     }
-    const std::string& data = msg.chunk().data();
-    absl::Status s = assembler->Add(msg.chunk().offset(),
-                                    std::as_bytes(std::span<const char>(data.data(), data.size())),
-                                    msg.chunk().checksum());
+    absl::Status s = AddChunk(*assembler, msg.chunk());
     if (!s.ok()) return Fail("AssignVariable", s);
   }
   auto value = assembler->Finish();
@@ -370,10 +367,7 @@ grpc::Status CoordinatorService::ReadVariable(
                    return;
                  }
                  v1::ReadVariableResponse m;
-                 v1::TensorChunk* c = m.mutable_chunk();
-                 c->set_offset(off);
-                 c->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());
-                 c->set_checksum(Checksum(piece));
+                 ChunkToProto(off, piece, m.mutable_chunk());
                  ok = writer->Write(m);
                });
   if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");

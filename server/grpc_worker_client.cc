@@ -47,10 +47,7 @@ absl::Status GrpcWorkerClient::WriteReplicas(const WorkerTarget& target,
                  [&](uint64_t off, std::span<const std::byte> piece) {
                    if (!ok) return;
                    v1::WriteReplicasRequest m;
-                   v1::TensorChunk* c = m.mutable_chunk();
-                   c->set_offset(off);
-                   c->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());
-                   c->set_checksum(Checksum(piece));
+                   ChunkToProto(off, piece, m.mutable_chunk());
                    ok = stream->Write(m);
                  });
     if (!ok) break;

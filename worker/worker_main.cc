@@ -15,6 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/daemon.h"
 #include "common/device_name.h"
+#include "common/grpc_server.h"
 #include "common/logging.h"
 #include "common/tensor.h"
 #include "spdlog/spdlog.h"
@@ -72,17 +73,12 @@ int main(int argc, char** argv) {
   const uint64_t incarnation = repvar::RandomNonZero64();
   repvar::worker::ReplicaStore store;
   repvar::worker::WorkerService service(incarnation, &store);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen_address), grpc::InsecureServerCredentials(),
-                           &port);
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.SetMaxSendMessageSize(64 << 20);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    spdlog::error("cannot listen on {}", absl::GetFlag(FLAGS_listen_address));
+  // The port file is written once the agent runs (below), so a waiter sees a
+  // worker that serves and registers.
+  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address), {&service}, "", &port);
+  if (!server.ok()) {
+    spdlog::error("{}", server.status().ToString());
     return 1;
   }
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", port);
@@ -113,8 +109,8 @@ int main(int argc, char** argv) {
   spdlog::info("signal {}: shutting down", sig);
   stop.Notify();
   agent_thread.join();
-  server->GetHealthCheckService()->Shutdown();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  server->Wait();
+  (*server)->GetHealthCheckService()->Shutdown();
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*server)->Wait();
   return 0;
 }

@@ -10,17 +10,6 @@
 #include "common/proto_convert.h"
 
 namespace repvar::worker {
-namespace {
-
-absl::Status Absorb(ChunkAssembler* assembler, const v1::TensorChunk& chunk) {
-  const std::string& data = chunk.data();
-  return assembler->Add(chunk.offset(),
-                        std::as_bytes(std::span<const char>(data.data(), data.size())),
-                        chunk.checksum());
-}
-
-}  // namespace
-
 grpc::Status WorkerService::WriteReplicas(grpc::ServerContext*,
                                           grpc::ServerReader<v1::WriteReplicasRequest>* reader,
                                           v1::WriteReplicasResponse* resp) {
@@ -63,7 +52,7 @@ grpc::Status WorkerService::WriteReplicas(grpc::ServerContext*,
       if (!assembler) {
         return ToGrpcStatus(absl::InvalidArgumentError("chunk before any header"));
       }
-      absl::Status s = Absorb(&*assembler, msg.chunk());
+      absl::Status s = AddChunk(*assembler, msg.chunk());
       if (!s.ok()) return ToGrpcStatus(s);
     }
   }
@@ -90,10 +79,7 @@ grpc::Status WorkerService::ReadReplica(grpc::ServerContext* ctx, const v1::Read
                    return;
                  }
                  v1::ReadVariableChunk m;
-                 m.mutable_chunk()->set_offset(off);
-                 m.mutable_chunk()->set_data(reinterpret_cast<const char*>(piece.data()),
-                                             piece.size());
-                 m.mutable_chunk()->set_checksum(Checksum(piece));
+                 ChunkToProto(off, piece, m.mutable_chunk());
                  ok = writer->Write(m);
                });
   if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
