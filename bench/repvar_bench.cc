@@ -51,8 +51,8 @@ std::vector<int> Ints(const std::string& s) {
 }
 
 std::unique_ptr<repvar::Client> Connect(const repvar::testing::TestCluster& cluster) {
-  auto c = repvar::Client::Connect({.coordinator_address = cluster.address(),
-                                    .deadline = absl::Seconds(120)});
+  auto c = repvar::Client::Connect(
+      {.coordinator_address = cluster.address(), .deadline = absl::Seconds(120)});
   if (!c.ok()) Die("connect", c.status());
   auto t = (*c)->WaitForTopology(absl::Seconds(30));
   if (!t.ok()) Die("topology", t.status());
@@ -60,9 +60,10 @@ std::unique_ptr<repvar::Client> Connect(const repvar::testing::TestCluster& clus
 }
 
 void Broadcasts(int workers, const std::vector<int>& mibs, int iters) {
-  repvar::testing::TestCluster cluster(
-      {.tpu_workers = workers, .tpu_per_worker = 1, .cpu_host = false,
-       .heartbeat_timeout = absl::Seconds(30)});
+  repvar::testing::TestCluster cluster({.tpu_workers = workers,
+                                        .tpu_per_worker = 1,
+                                        .cpu_host = false,
+                                        .heartbeat_timeout = absl::Seconds(30)});
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
   auto c = Connect(cluster);
   for (int mib : mibs) {
@@ -81,15 +82,17 @@ void Broadcasts(int workers, const std::vector<int>& mibs, int iters) {
       if (!ack.ok()) Die("assign", ack.status());
       if (i > 0) t.push_back(Ms(t0, t1));  // the first round warms pools
     }
-    std::printf("repvar_bcast workers=%d mib=%d assign_ms=%.2f\n", workers, mib, Percentile(t, 0.5));
+    std::printf("repvar_bcast workers=%d mib=%d assign_ms=%.2f\n", workers, mib,
+                Percentile(t, 0.5));
     std::fflush(stdout);
   }
 }
 
 void SmallOps(int ops) {
-  repvar::testing::TestCluster cluster(
-      {.tpu_workers = 8, .tpu_per_worker = 1, .cpu_host = false,
-       .heartbeat_timeout = absl::Seconds(30)});
+  repvar::testing::TestCluster cluster({.tpu_workers = 8,
+                                        .tpu_per_worker = 1,
+                                        .cpu_host = false,
+                                        .heartbeat_timeout = absl::Seconds(30)});
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
   auto c = Connect(cluster);
   auto v = c->CreateVariable(
@@ -109,17 +112,20 @@ void SmallOps(int ops) {
     reads.push_back(Ms(t0, t1) * 1000);
     adds.push_back(Ms(t1, t2) * 1000);
   }
-  std::printf("repvar_small read_p50_us=%.1f read_p99_us=%.1f assign_add_p50_us=%.1f "
-              "assign_add_p99_us=%.1f\n",
-              Percentile(reads, 0.5), Percentile(reads, 0.99), Percentile(adds, 0.5),
-              Percentile(adds, 0.99));
+  std::printf(
+      "repvar_small read_p50_us=%.1f read_p99_us=%.1f assign_add_p50_us=%.1f "
+      "assign_add_p99_us=%.1f\n",
+      Percentile(reads, 0.5), Percentile(reads, 0.99), Percentile(adds, 0.5),
+      Percentile(adds, 0.99));
 
   // Batched calls over 1,000 variables against one single-variable call.
   std::vector<double> single;
   for (int i = 0; i < 200; ++i) {
     auto t0 = Clock::now();
-    auto s = c->CreateVariable({.name = absl::StrCat("single/", i), .dtype = repvar::DType::kFloat32,
-                                .shape = {16}, .replica_count = 8,
+    auto s = c->CreateVariable({.name = absl::StrCat("single/", i),
+                                .dtype = repvar::DType::kFloat32,
+                                .shape = {16},
+                                .replica_count = 8,
                                 .initializer = repvar::InitializerSpec::Zeros()});
     single.push_back(Ms(t0, Clock::now()));
     if (!s.ok()) Die("create", s.status());
@@ -128,8 +134,11 @@ void SmallOps(int ops) {
   std::vector<std::string> names;
   for (int i = 0; i < 1000; ++i) {
     names.push_back(absl::StrCat("batch/", i));
-    specs.push_back({.name = names.back(), .dtype = repvar::DType::kFloat32, .shape = {16},
-                     .replica_count = 8, .initializer = repvar::InitializerSpec::Ones()});
+    specs.push_back({.name = names.back(),
+                     .dtype = repvar::DType::kFloat32,
+                     .shape = {16},
+                     .replica_count = 8,
+                     .initializer = repvar::InitializerSpec::Ones()});
   }
   auto t0 = Clock::now();
   auto created = c->CreateVariables(specs);
@@ -141,9 +150,10 @@ void SmallOps(int ops) {
   if (!created.ok()) Die("batch create", created.status());
   if (!inited.ok()) Die("batch initialize", inited.status());
   if (!read.ok()) Die("batch read", read.status());
-  std::printf("repvar_batch single_create_ms=%.3f create1000_ms=%.2f initialize1000_ms=%.2f "
-              "read1000_ms=%.2f\n",
-              Percentile(single, 0.5), Ms(t0, t1), Ms(t1, t2), Ms(t2, t3));
+  std::printf(
+      "repvar_batch single_create_ms=%.3f create1000_ms=%.2f initialize1000_ms=%.2f "
+      "read1000_ms=%.2f\n",
+      Percentile(single, 0.5), Ms(t0, t1), Ms(t1, t2), Ms(t2, t3));
 }
 
 }  // namespace

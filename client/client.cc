@@ -273,6 +273,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.chunk_bytes == 0 || options.chunk_bytes > kMaxChunkBytes) {
     return absl::InvalidArgumentError("chunk_bytes must be in (0, 4 MiB]");
   }
+  if (options.tune_malloc) TuneMallocForBulkTransfers();
   return std::unique_ptr<Client>(new Client(std::make_unique<Impl>(std::move(options))));
 }
 

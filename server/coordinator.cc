@@ -426,29 +426,49 @@ absl::Status Coordinator::Broadcast(std::vector<PlannedWrite>& writes) {
           ReplicaWrite{v.id, v.def.name, w.version, std::move(idx), w.value.get()});
     }
   }
-  std::vector<std::pair<const LiveTask*, const std::vector<ReplicaWrite>*>> calls;
-  for (const auto& [task, rw] : per_task) calls.emplace_back(live[task], &rw);
-  std::vector<absl::Status> status(calls.size());
+  std::vector<const LiveTask*> tasks;
+  std::vector<std::vector<ReplicaWrite>> batches;
+  for (auto& [task, rw] : per_task) {
+    tasks.push_back(live[task]);
+    batches.push_back(std::move(rw));
+  }
+  std::vector<absl::Status> status(tasks.size());
   auto call = [&](size_t i) {
-    const LiveTask& t = *calls[i].first;
-    status[i] =
-        workers_->WriteReplicas(WorkerTarget{t.key, t.address, t.incarnation}, *calls[i].second);
+    const LiveTask& t = *tasks[i];
+    status[i] = workers_->WriteReplicas(WorkerTarget{t.key, t.address, t.incarnation}, batches[i]);
   };
-  // All workers in parallel; the last call runs on this thread.
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i + 1 < calls.size(); ++i) threads.emplace_back(call, i);
-  if (!calls.empty()) call(calls.size() - 1);
-  for (std::thread& t : threads) t.join();
+  auto run_all = [&] {
+    // All workers in parallel; the last call runs on this thread.
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i + 1 < tasks.size(); ++i) threads.emplace_back(call, i);
+    if (!tasks.empty()) call(tasks.size() - 1);
+    for (std::thread& t : threads) t.join();
+  };
+  {
+    absl::MutexLock dp(&data_plane_mu_);
+    if (PlanCollective(batches, tasks)) {
+      run_all();
+      for (const absl::Status& s : status) {
+        if (!s.ok()) {
+          // A failed collective leaves gloo contexts unusable: the next one
+          // builds a fresh group.
+          ++group_generation_;
+          break;
+        }
+      }
+    }
+  }
+  if (!batches.empty() && !batches[0].empty() && !batches[0][0].collective) run_all();
 
   std::vector<std::string> failures;
   absl::MutexLock lock(&mu_);
-  for (size_t c = 0; c < calls.size(); ++c) {
-    const LiveTask& t = *calls[c].first;
+  for (size_t c = 0; c < tasks.size(); ++c) {
+    const LiveTask& t = *tasks[c];
     if (!status[c].ok()) {
       failures.push_back(absl::StrCat(t.key.ToString(), ": ", status[c].ToString()));
       continue;
     }
-    for (const ReplicaWrite& rw : *calls[c].second) {
+    for (const ReplicaWrite& rw : batches[c]) {
       for (const PlannedWrite& w : writes) {
         if (w.variable->id != rw.variable_id) continue;
         for (int32_t i : rw.replicas) {
@@ -478,6 +498,38 @@ absl::Status Coordinator::Broadcast(std::vector<PlannedWrite>& writes) {
     v.needs_resync = false;
   }
   return absl::OkStatus();
+}
+
+bool Coordinator::PlanCollective(std::vector<std::vector<ReplicaWrite>>& batches,
+                                 const std::vector<const LiveTask*>& tasks) {
+  if (!options_.data_plane || tasks.size() < static_cast<size_t>(options_.data_plane_min_workers) ||
+      tasks.size() < 2) {
+    return false;
+  }
+  for (const auto& b : batches) {
+    if (b.size() != 1 || b[0].value->bytes.size() < options_.data_plane_min_bytes) return false;
+  }
+  // The group is the member set (tasks and incarnations, in order) and a
+  // generation that moves on after a failed collective.
+  std::string members;
+  for (const LiveTask* t : tasks)
+    absl::StrAppend(&members, t->key.ToString(), "@", t->incarnation, ";");
+  std::string group =
+      absl::StrCat("g", group_generation_, "-",
+                   absl::Hex(Checksum(std::as_bytes(std::span(members.data(), members.size())))));
+  if (group != group_) {
+    if (!group_.empty()) store_.DeletePrefix(group_ + "/");
+    group_ = group;
+  }
+  uint32_t tag = next_tag_++;
+  absl::Duration timeout =
+      absl::Seconds(30) +
+      absl::Seconds(static_cast<double>(batches[0][0].value->bytes.size()) / 50e6);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    batches[i][0].collective = CollectiveSpec{
+        group, static_cast<int32_t>(i), static_cast<int32_t>(tasks.size()), 0, tag, timeout};
+  }
+  return true;
 }
 
 void Coordinator::ResyncTask(const TaskKey& task) {

@@ -39,6 +39,7 @@
 #include "common/tensor.h"
 #include "server/dedup.h"
 #include "server/membership.h"
+#include "server/rendezvous_store.h"
 #include "server/worker_client.h"
 
 namespace repvar::server {
@@ -125,6 +126,13 @@ struct CoordinatorOptions {
   uint64_t max_variable_bytes = uint64_t{64} << 30;
   size_t dedup_capacity = 100000;
   absl::Duration dedup_window = absl::Hours(1);
+  // Data plane (DESIGN.md §4): a single write of at least
+  // `data_plane_min_bytes` to at least `data_plane_min_workers` workers goes
+  // to one root worker, which broadcasts it to the others over gloo.
+  // Otherwise the coordinator writes every worker itself.
+  bool data_plane = false;
+  uint64_t data_plane_min_bytes = 1 << 20;
+  int data_plane_min_workers = 3;
 };
 
 // Thread-safe. One mutex (mu_) guards the registry's maps and per-variable
@@ -136,6 +144,7 @@ class Coordinator {
   Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient* workers);
 
   Membership& membership() { return membership_; }
+  RendezvousStore& store() { return store_; }
 
   // T1 plus F2: after a new incarnation registers, its replicas of
   // initialized variables are rewritten from the committed values before this
@@ -225,11 +234,25 @@ class Coordinator {
                                                               const AssignItem& item) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Assigns collective specs to `calls` when the data plane should carry
+  // them; returns false when the coordinator should write every worker.
+  bool PlanCollective(std::vector<std::vector<ReplicaWrite>>& calls,
+                      const std::vector<const LiveTask*>& tasks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(data_plane_mu_);
+
   const CoordinatorOptions options_;
   Clock* const clock_;
   WorkerClient* const workers_;
   Membership membership_;
   DedupTable dedup_;
+  RendezvousStore store_;
+
+  // Collectives run one at a time, in tag order: gloo needs every member to
+  // issue the same collectives in the same order.
+  absl::Mutex data_plane_mu_;
+  std::string group_ ABSL_GUARDED_BY(data_plane_mu_);
+  uint64_t group_generation_ ABSL_GUARDED_BY(data_plane_mu_) = 0;
+  uint32_t next_tag_ ABSL_GUARDED_BY(data_plane_mu_) = 0;
 
   // State below is protected by mu_.
   mutable absl::Mutex mu_;

@@ -30,6 +30,9 @@ ABSL_FLAG(std::string, expected_tasks, "",
           "tasks the cluster waits for, as job:count[,job:count], e.g. tpu_worker:3,worker:1");
 ABSL_FLAG(int64_t, max_variable_bytes, int64_t{64} << 30, "largest variable accepted");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
+ABSL_FLAG(bool, data_plane, true,
+          "large writes to 3+ workers go to one root worker, which broadcasts them over gloo");
+ABSL_FLAG(int64_t, data_plane_min_bytes, 1 << 20, "smallest write the data plane carries");
 
 namespace {
 
@@ -66,6 +69,8 @@ int main(int argc, char** argv) {
   }
   options.membership.expected_tasks = *expected;
   options.max_variable_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_variable_bytes));
+  options.data_plane = absl::GetFlag(FLAGS_data_plane);
+  options.data_plane_min_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_data_plane_min_bytes));
   if (options.membership.heartbeat_timeout <= absl::ZeroDuration()) {
     std::fprintf(stderr, "--heartbeat_timeout must be positive\n");
     return 2;

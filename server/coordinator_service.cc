@@ -399,4 +399,19 @@ grpc::Status CoordinatorService::ReadVariables(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* req,
+                                          v1::StoreSetResponse*) {
+  return ToGrpcStatus(core_->store().Set(req->key(), req->value()));
+}
+
+grpc::Status CoordinatorService::StoreGet(grpc::ServerContext* ctx, const v1::StoreGetRequest* req,
+                                          v1::StoreGetResponse* resp) {
+  absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms()));
+  deadline = std::min(deadline, absl::FromChrono(ctx->deadline()));
+  auto value = core_->store().Get(req->key(), deadline);
+  if (!value.ok()) return ToGrpcStatus(value.status());
+  resp->set_value(*std::move(value));
+  return grpc::Status::OK;
+}
+
 }  // namespace repvar::server

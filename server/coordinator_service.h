@@ -50,6 +50,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
                             grpc::ServerWriter<v1::ReadVariableResponse>*) override;
   grpc::Status ReadVariables(grpc::ServerContext*, const v1::ReadVariablesRequest*,
                              v1::ReadVariablesResponse*) override;
+  grpc::Status StoreSet(grpc::ServerContext*, const v1::StoreSetRequest*,
+                        v1::StoreSetResponse*) override;
+  grpc::Status StoreGet(grpc::ServerContext*, const v1::StoreGetRequest*,
+                        v1::StoreGetResponse*) override;
 
  private:
   Coordinator* const core_;

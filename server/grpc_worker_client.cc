@@ -42,7 +42,19 @@ absl::Status GrpcWorkerClient::WriteReplicas(const WorkerTarget& target,
     h->set_version(w.version);
     h->mutable_replicas()->Assign(w.replicas.begin(), w.replicas.end());
     HeaderToProto(*w.value, h->mutable_tensor());
+    bool send_bytes = true;
+    if (w.collective) {
+      v1::Collective* c = h->mutable_collective();
+      c->set_group(w.collective->group);
+      c->set_rank(w.collective->rank);
+      c->set_size(w.collective->size);
+      c->set_root(w.collective->root);
+      c->set_tag(w.collective->tag);
+      c->set_timeout_ms(absl::ToInt64Milliseconds(w.collective->timeout));
+      send_bytes = w.collective->rank == w.collective->root;  // the others get them over gloo
+    }
     ok = stream->Write(header);
+    if (!send_bytes) continue;
     ForEachChunk(w.value->bytes.span(), options_.chunk_bytes,
                  [&](uint64_t off, std::span<const std::byte> piece) {
                    if (!ok) return;

@@ -72,7 +72,9 @@ int main(int argc, char** argv) {
 
   const uint64_t incarnation = repvar::RandomNonZero64();
   repvar::worker::ReplicaStore store;
-  repvar::worker::WorkerService service(incarnation, &store);
+  repvar::worker::GrpcCoordinatorLink link(coordinator);
+  repvar::worker::GlooDataPlane data_plane(absl::GetFlag(FLAGS_advertise_host), &link);
+  repvar::worker::WorkerService service(incarnation, &store, &data_plane);
   int port = 0;
   // The port file is written once the agent runs (below), so a waiter sees a
   // worker that serves and registers.
@@ -83,7 +85,6 @@ int main(int argc, char** argv) {
   }
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", port);
 
-  repvar::worker::GrpcCoordinatorLink link(coordinator);
   repvar::worker::WorkerAgent agent({job, task, address, incarnation, devices}, &link);
   absl::Notification stop;
   absl::Notification registered;

@@ -8,24 +8,56 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/proto_convert.h"
+#include "common/status_util.h"
 
 namespace repvar::worker {
 grpc::Status WorkerService::WriteReplicas(grpc::ServerContext*,
                                           grpc::ServerReader<v1::WriteReplicasRequest>* reader,
                                           v1::WriteReplicasResponse* resp) {
   // A stream carries one or more (header, chunks...) groups; all are applied
-  // together at the end, or none.
+  // together at the end, or none. A header with a collective is delivered by
+  // the data plane: the root got the bytes here and sends them on, the other
+  // members receive them from the root.
   std::vector<ReplicaWriteItem> items;
   std::optional<ChunkAssembler> assembler;
-  ReplicaWriteItem current;
+  std::optional<v1::WriteReplicasHeader> header;
   auto finish_current = [&]() -> absl::Status {
-    if (!assembler) return absl::OkStatus();
-    auto t = assembler->Finish();
+    if (!header) return absl::OkStatus();
+    absl::StatusOr<Tensor> t;
+    if (header->has_collective()) {
+      const v1::Collective& c = header->collective();
+      CollectiveParams params{c.group(), c.rank(), c.size(),
+                              c.root(),  c.tag(),  absl::Milliseconds(c.timeout_ms())};
+      if (data_plane_ == nullptr) {
+        return absl::FailedPreconditionError("this worker has no data plane");
+      }
+      if (c.rank() == c.root()) {
+        t = assembler->Finish();
+        if (!t.ok()) return t.status();
+      } else {
+        REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(header->tensor().spec()));
+        t = Tensor::Zeros(spec);
+        if (!t.ok()) return t.status();
+      }
+      REPVAR_RETURN_IF_ERROR(data_plane_->Broadcast(params, t->bytes.span()));
+      t->UpdateChecksum();
+      if (t->checksum != header->tensor().checksum()) {
+        return absl::DataLossError(
+            absl::StrCat("data plane delivered ", header->name(), " with a bad checksum"));
+      }
+    } else {
+      t = assembler->Finish();
+      if (!t.ok()) return t.status();
+    }
+    ReplicaWriteItem item;
+    item.variable_id = header->variable_id();
+    item.name = header->name();
+    item.version = header->version();
+    item.replicas.assign(header->replicas().begin(), header->replicas().end());
+    item.value = std::make_shared<const Tensor>(*std::move(t));
+    items.push_back(std::move(item));
     assembler.reset();
-    if (!t.ok()) return t.status();
-    current.value = std::make_shared<const Tensor>(*std::move(t));
-    items.push_back(std::move(current));
-    current = ReplicaWriteItem();
+    header.reset();
     return absl::OkStatus();
   };
   v1::WriteReplicasRequest msg;
@@ -43,14 +75,13 @@ grpc::Status WorkerService::WriteReplicas(grpc::ServerContext*,
       auto a =
           ChunkAssembler::Start(*spec, h.tensor().byte_size(), h.tensor().checksum(), UINT64_MAX);
       if (!a.ok()) return ToGrpcStatus(a.status());
-      assembler.emplace(*std::move(a));
-      current.variable_id = h.variable_id();
-      current.name = h.name();
-      current.version = h.version();
-      current.replicas.assign(h.replicas().begin(), h.replicas().end());
+      if (!h.has_collective() || h.collective().rank() == h.collective().root()) {
+        assembler.emplace(*std::move(a));
+      }
+      header = h;
     } else if (msg.has_chunk()) {
       if (!assembler) {
-        return ToGrpcStatus(absl::InvalidArgumentError("chunk before any header"));
+        return ToGrpcStatus(absl::InvalidArgumentError("chunk without a header that expects one"));
       }
       absl::Status s = AddChunk(*assembler, msg.chunk());
       if (!s.ok()) return ToGrpcStatus(s);
@@ -129,6 +160,29 @@ absl::StatusOr<absl::Duration> GrpcCoordinatorLink::Register(const Registration&
   absl::Status s = FromGrpcStatus(stub_->RegisterWorker(&ctx, req, &resp));
   if (!s.ok()) return s;
   return absl::Milliseconds(resp.heartbeat_interval_ms());
+}
+
+absl::Status GrpcCoordinatorLink::Set(const std::string& key, const std::string& value) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::StoreSetRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  v1::StoreSetResponse resp;
+  return FromGrpcStatus(stub_->StoreSet(&ctx, req, &resp));
+}
+
+absl::StatusOr<std::string> GrpcCoordinatorLink::Get(const std::string& key,
+                                                     absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(5)));
+  v1::StoreGetRequest req;
+  req.set_key(key);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  v1::StoreGetResponse resp;
+  absl::Status s = FromGrpcStatus(stub_->StoreGet(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return std::move(*resp.mutable_value());
 }
 
 absl::Status GrpcCoordinatorLink::Heartbeat(const std::string& job, int32_t task,

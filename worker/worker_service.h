@@ -6,6 +6,7 @@
 
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "repvar/v1/worker.grpc.pb.h"
+#include "worker/data_plane.h"
 #include "worker/replica_store.h"
 #include "worker/worker_agent.h"
 
@@ -15,8 +16,9 @@ namespace repvar::worker {
 // refused (ABORTED): they were meant for an earlier process. Thread-safe.
 class WorkerService final : public v1::Worker::Service {
  public:
-  WorkerService(uint64_t incarnation, ReplicaStore* store)
-      : incarnation_(incarnation), store_(store) {}
+  // `data_plane` may be null: writes asking for a collective are then refused.
+  WorkerService(uint64_t incarnation, ReplicaStore* store, GlooDataPlane* data_plane)
+      : incarnation_(incarnation), store_(store), data_plane_(data_plane) {}
 
   grpc::Status WriteReplicas(grpc::ServerContext*, grpc::ServerReader<v1::WriteReplicasRequest>*,
                              v1::WriteReplicasResponse*) override;
@@ -30,14 +32,17 @@ class WorkerService final : public v1::Worker::Service {
  private:
   const uint64_t incarnation_;
   ReplicaStore* const store_;
+  GlooDataPlane* const data_plane_;
 };
 
-// CoordinatorLink over a gRPC stub.
-class GrpcCoordinatorLink final : public CoordinatorLink {
+// CoordinatorLink and the data plane's RendezvousClient over a gRPC stub.
+class GrpcCoordinatorLink final : public CoordinatorLink, public RendezvousClient {
  public:
   explicit GrpcCoordinatorLink(const std::string& address);
   absl::StatusOr<absl::Duration> Register(const Registration& reg) override;
   absl::Status Heartbeat(const std::string& job, int32_t task, uint64_t incarnation) override;
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
 
  private:
   std::unique_ptr<v1::Coordinator::Stub> stub_;

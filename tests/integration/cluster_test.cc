@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -226,6 +227,80 @@ TEST_F(ClusterTest, V6_BatchedCreateInitializeReadAssign_ThousandVariables) {
   ASSERT_OK(acks);
   EXPECT_EQ((*acks)[5].version, 2);
   EXPECT_EQ(client_->Read("b/5")->as<float>()[0], 6.0f);
+}
+
+}  // namespace
+}  // namespace repvar
+
+namespace repvar {
+namespace {
+
+// DESIGN.md §4: a large cross-replica write reaches one root worker, which
+// broadcasts it to the others over gloo; every worker verifies the checksum.
+class DataPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK(cluster_.Start());
+    auto c = Client::Connect({.coordinator_address = cluster_.address()});
+    ASSERT_OK(c);
+    client_ = *std::move(c);
+    ASSERT_OK(client_->WaitForTopology(Scaled(absl::Seconds(20))));
+  }
+  void ExpectEveryWorkerHolds(uint64_t id, const WriteAck& ack, std::vector<int> workers) {
+    for (int w : workers) {
+      auto status = WorkerStatus(cluster_.worker_address(w));
+      bool found = false;
+      for (const auto& r : status.replicas()) {
+        if (r.variable_id() != id) continue;
+        found = true;
+        EXPECT_EQ(r.version(), ack.version) << "worker " << w;
+        EXPECT_EQ(r.checksum(), ack.checksum) << "worker " << w;
+      }
+      EXPECT_TRUE(found) << "worker " << w;
+    }
+  }
+  testing::TestCluster cluster_{{.tpu_workers = 4, .tpu_per_worker = 1, .cpu_host = false}};
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(DataPlaneTest, LargeAssign_RootBroadcastsOverGloo_EveryWorkerVerifies) {
+  const int64_t n = 2 << 20;  // 8 MiB of float32
+  auto info = client_->CreateVariable(
+      {.name = "big", .dtype = DType::kFloat32, .shape = {n}, .replica_count = 4});
+  ASSERT_OK(info);
+  std::vector<float> v(n);
+  for (int round = 0; round < 3; ++round) {
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7 + round) % 1001);
+    auto ack = client_->Assign("big", std::span<const float>(v));
+    ASSERT_OK(ack);
+    ExpectEveryWorkerHolds(info->id, *ack, {0, 1, 2, 3});
+  }
+  std::string log;
+  std::ifstream in(cluster_.worker(3).log_path());
+  log.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find("data plane: joined group"), std::string::npos)
+      << "the bytes did not travel over gloo";
+}
+
+TEST_F(DataPlaneTest, MemberDies_NextLargeAssignFormsANewGroup) {
+  const int64_t n = 1 << 20;
+  auto info = client_->CreateVariable(
+      {.name = "big", .dtype = DType::kFloat32, .shape = {n}, .replica_count = 4});
+  ASSERT_OK(info);
+  std::vector<float> v(n, 1.0f);
+  ASSERT_OK(client_->Assign("big", std::span<const float>(v)));
+  cluster_.worker(2).Kill(SIGKILL);
+  absl::Time deadline = absl::Now() + Scaled(absl::Seconds(10));
+  while (client_->GetTopology()->tasks.size() != 3 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  v[0] = 2.0f;
+  auto ack = client_->Assign("big", std::span<const float>(v));
+  ASSERT_OK(ack);
+  ExpectEveryWorkerHolds(info->id, *ack, {0, 1, 3});
+  auto back = client_->Read("big");
+  ASSERT_OK(back);
+  EXPECT_EQ(back->as<float>()[0], 2.0f);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ class FakeWorkerClient final : public server::WorkerClient {
     auto f = failures_.find(target.task.ToString());
     if (f != failures_.end()) return f->second;
     for (const auto& w : writes) {
+      if (w.collective) collectives_.push_back({target.task.ToString(), *w.collective});
       for (int32_t r : w.replicas) {
         held_[{target.task.ToString(), w.variable_id, r}] =
             Held{w.version, w.value->checksum, target.incarnation};
@@ -67,12 +68,18 @@ class FakeWorkerClient final : public server::WorkerClient {
     absl::MutexLock lock(&mu_);
     return calls_;
   }
+  // (task, collective) of every write that asked for the data plane.
+  std::vector<std::pair<std::string, server::CollectiveSpec>> collectives() {
+    absl::MutexLock lock(&mu_);
+    return collectives_;
+  }
 
  private:
   absl::Mutex mu_;
   std::map<std::tuple<std::string, uint64_t, int32_t>, Held> held_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<std::string, server::CollectiveSpec>> collectives_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace repvar::testing

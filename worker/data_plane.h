@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_WORKER_DATA_PLANE_H_
+#define REPVAR_WORKER_DATA_PLANE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}
+}  // namespace gloo
+
+namespace repvar::worker {
+
+// Where workers meet to build a gloo context: the coordinator's store.
+class RendezvousClient {
+ public:
+  virtual ~RendezvousClient() = default;
+  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  // Waits up to `timeout` for the key. Errors: DEADLINE_EXCEEDED, UNAVAILABLE.
+  virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
+};
+
+struct CollectiveParams {
+  std::string group;
+  int32_t rank = 0;
+  int32_t size = 0;
+  int32_t root = 0;
+  uint32_t tag = 0;
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+// Bulk bytes between workers over gloo (TCP transport). Holds one gloo
+// context, for the current group; a collective naming another group builds a
+// new one (rendezvous under "<group>/" in the coordinator's store), and any
+// gloo error drops the context, since gloo leaves it unusable. gloo throws:
+// this class is the only place that catches. Collectives run one at a time.
+class GlooDataPlane {
+ public:
+  // `hostname`: the address other workers reach this one at.
+  GlooDataPlane(std::string hostname, RendezvousClient* store);
+  ~GlooDataPlane();
+
+  // Broadcasts `bytes` from the root to every member; on the others, fills
+  // `bytes`. Errors: UNAVAILABLE (rendezvous or transfer failed, or timed out).
+  absl::Status Broadcast(const CollectiveParams& c, std::span<std::byte> bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::StatusOr<std::shared_ptr<gloo::Context>> ContextFor(const CollectiveParams& c)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string hostname_;
+  RendezvousClient* const store_;
+  absl::Mutex mu_;
+  std::shared_ptr<gloo::transport::Device> device_ ABSL_GUARDED_BY(mu_);
+  std::string group_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<gloo::Context> context_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_DATA_PLANE_H_
