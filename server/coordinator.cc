@@ -461,6 +461,8 @@ absl::Status Coordinator::Broadcast(std::vector<PlannedWrite>& writes) {
   if (!batches.empty() && !batches[0].empty() && !batches[0][0].collective) run_all();
 
   std::vector<std::string> failures;
+  absl::flat_hash_map<uint64_t, const PlannedWrite*> by_id;
+  for (const PlannedWrite& w : writes) by_id[w.variable->id] = &w;
   absl::MutexLock lock(&mu_);
   for (size_t c = 0; c < tasks.size(); ++c) {
     const LiveTask& t = *tasks[c];
@@ -469,11 +471,9 @@ absl::Status Coordinator::Broadcast(std::vector<PlannedWrite>& writes) {
       continue;
     }
     for (const ReplicaWrite& rw : batches[c]) {
-      for (const PlannedWrite& w : writes) {
-        if (w.variable->id != rw.variable_id) continue;
-        for (int32_t i : rw.replicas) {
-          w.variable->replicas[i] = ReplicaRecord{w.version, w.value->checksum, t.incarnation};
-        }
+      const PlannedWrite& w = *by_id.at(rw.variable_id);
+      for (int32_t i : rw.replicas) {
+        w.variable->replicas[i] = ReplicaRecord{w.version, w.value->checksum, t.incarnation};
       }
     }
   }
@@ -580,13 +580,13 @@ void Coordinator::ResyncTask(const TaskKey& task) {
                  s.ToString());
     return;
   }
+  absl::flat_hash_map<uint64_t, Variable*> by_id;
+  for (const auto& v : vars) by_id[v->id] = v.get();
   absl::MutexLock lock(&mu_);
   for (const ReplicaWrite& rw : writes) {
-    for (const auto& v : vars) {
-      if (v->id != rw.variable_id) continue;
-      for (int32_t i : rw.replicas) {
-        v->replicas[i] = ReplicaRecord{rw.version, rw.value->checksum, live->incarnation};
-      }
+    for (int32_t i : rw.replicas) {
+      by_id.at(rw.variable_id)->replicas[i] =
+          ReplicaRecord{rw.version, rw.value->checksum, live->incarnation};
     }
   }
   spdlog::info("resynced {} variable(s) on {}", writes.size(), task.ToString());

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Peer: a bare gloo broadcast (and ring allreduce) of the same bytes among N
 // processes on loopback, FileStore rendezvous, resident buffers. Prints, on
-// rank 0, the median of ITERS timed broadcasts per size.
+// rank 0 (the root, timed as in ../shared/bench-peers), the median of ITERS
+// broadcasts and ring allreduces per size.
 //   gloo_bcast RANK SIZE STORE_DIR MIB[,MIB...] ITERS
-#include <gloo/allreduce_ring.h>
-#include <gloo/barrier_all_to_all.h>
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -38,17 +39,17 @@ int main(int argc, char** argv) {
     std::vector<float> buf(n, rank == 0 ? 1.5f : 0.f);
     std::vector<double> bcast, allreduce;
     for (int it = 0; it < iters + 1; ++it) {
-      gloo::BarrierAllToAll(ctx).run();
       auto t0 = std::chrono::steady_clock::now();
       gloo::BroadcastOptions bo(ctx);
       bo.setOutput(buf.data(), n);
       bo.setRoot(0);
-      bo.setTag(2 * it);
       gloo::broadcast(bo);
-      gloo::BarrierAllToAll(ctx).run();
       auto t1 = std::chrono::steady_clock::now();
-      std::vector<float*> ptrs = {buf.data()};
-      gloo::AllreduceRing<float>(ctx, ptrs, static_cast<int>(n)).run();
+      gloo::AllreduceOptions ao(ctx);
+      ao.setOutput(buf.data(), n);
+      ao.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      gloo::allreduce(ao);
       auto t2 = std::chrono::steady_clock::now();
       if (it > 0) {  // the first round warms connections and pages
         bcast.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
