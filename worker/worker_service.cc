@@ -72,11 +72,15 @@ grpc::Status WorkerService::WriteReplicas(grpc::ServerContext*,
       }
       auto spec = SpecFromProto(h.tensor().spec());
       if (!spec.ok()) return ToGrpcStatus(spec.status());
-      auto a =
-          ChunkAssembler::Start(*spec, h.tensor().byte_size(), h.tensor().checksum(), UINT64_MAX);
-      if (!a.ok()) return ToGrpcStatus(a.status());
       if (!h.has_collective() || h.collective().rank() == h.collective().root()) {
+        auto a =
+            ChunkAssembler::Start(*spec, h.tensor().byte_size(), h.tensor().checksum(), UINT64_MAX);
+        if (!a.ok()) return ToGrpcStatus(a.status());
         assembler.emplace(*std::move(a));
+      } else if (static_cast<uint64_t>(*spec->ByteSize()) != h.tensor().byte_size()) {
+        // The bytes come from the root over the data plane; no buffer yet.
+        return ToGrpcStatus(
+            absl::InvalidArgumentError("tensor header size does not match its spec"));
       }
       header = h;
     } else if (msg.has_chunk()) {

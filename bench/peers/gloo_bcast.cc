@@ -5,8 +5,8 @@
 // broadcasts and ring allreduces per size.
 //   gloo_bcast RANK SIZE STORE_DIR MIB[,MIB...] ITERS
 #include <gloo/allreduce.h>
-#include <gloo/math.h>
 #include <gloo/broadcast.h>
+#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
