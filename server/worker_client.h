@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/collective.h"
 #include "common/tensor.h"
 #include "server/membership.h"
 
@@ -23,18 +24,6 @@ struct WorkerTarget {
   uint64_t incarnation = 0;
 };
 
-// Worker-to-worker delivery of a write: the root receives the bytes and
-// broadcasts them to the group over the data plane (gloo); the others get the
-// header only and receive the bytes from the root.
-struct CollectiveSpec {
-  std::string group;  // names the member set and its generation
-  int32_t rank = 0;
-  int32_t size = 0;
-  int32_t root = 0;
-  uint32_t tag = 0;
-  absl::Duration timeout = absl::Seconds(60);
-};
-
 // "Version `version` of variable `variable_id` is `value`" for some of the
 // replicas one worker holds.
 struct ReplicaWrite {
@@ -43,6 +32,7 @@ struct ReplicaWrite {
   int64_t version = 0;
   std::vector<int32_t> replicas;
   const Tensor* value = nullptr;  // outlives the call
+  // Set when the write travels worker to worker over the data plane.
   std::optional<CollectiveSpec> collective;
 };
 

@@ -49,8 +49,7 @@ GlooDataPlane::GlooDataPlane(std::string hostname, RendezvousClient* store)
 
 GlooDataPlane::~GlooDataPlane() = default;
 
-absl::StatusOr<std::shared_ptr<gloo::Context>> GlooDataPlane::ContextFor(
-    const CollectiveParams& c) {
+absl::StatusOr<std::shared_ptr<gloo::Context>> GlooDataPlane::ContextFor(const CollectiveSpec& c) {
   if (context_ != nullptr && group_ == c.group) return context_;
   context_.reset();
   group_.clear();
@@ -75,7 +74,7 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> GlooDataPlane::ContextFor(
   }
 }
 
-absl::Status GlooDataPlane::Broadcast(const CollectiveParams& c, std::span<std::byte> bytes) {
+absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) {
   if (c.size < 1 || c.rank < 0 || c.rank >= c.size || c.root < 0 || c.root >= c.size) {
     return absl::InvalidArgumentError("malformed collective");
   }

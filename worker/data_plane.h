@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/collective.h"
 
 namespace gloo {
 class Context;
@@ -31,15 +32,6 @@ class RendezvousClient {
   virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
 };
 
-struct CollectiveParams {
-  std::string group;
-  int32_t rank = 0;
-  int32_t size = 0;
-  int32_t root = 0;
-  uint32_t tag = 0;
-  absl::Duration timeout = absl::Seconds(60);
-};
-
 // Bulk bytes between workers over gloo (TCP transport). Holds one gloo
 // context, for the current group; a collective naming another group builds a
 // new one (rendezvous under "<group>/" in the coordinator's store), and any
@@ -53,11 +45,11 @@ class GlooDataPlane {
 
   // Broadcasts `bytes` from the root to every member; on the others, fills
   // `bytes`. Errors: UNAVAILABLE (rendezvous or transfer failed, or timed out).
-  absl::Status Broadcast(const CollectiveParams& c, std::span<std::byte> bytes)
+  absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  absl::StatusOr<std::shared_ptr<gloo::Context>> ContextFor(const CollectiveParams& c)
+  absl::StatusOr<std::shared_ptr<gloo::Context>> ContextFor(const CollectiveSpec& c)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string hostname_;

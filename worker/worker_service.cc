@@ -26,8 +26,8 @@ grpc::Status WorkerService::WriteReplicas(grpc::ServerContext*,
     absl::StatusOr<Tensor> t;
     if (header->has_collective()) {
       const v1::Collective& c = header->collective();
-      CollectiveParams params{c.group(), c.rank(), c.size(),
-                              c.root(),  c.tag(),  absl::Milliseconds(c.timeout_ms())};
+      CollectiveSpec params{c.group(), c.rank(), c.size(),
+                            c.root(),  c.tag(),  absl::Milliseconds(c.timeout_ms())};
       if (data_plane_ == nullptr) {
         return absl::FailedPreconditionError("this worker has no data plane");
       }

@@ -69,7 +69,7 @@ class FakeWorkerClient final : public server::WorkerClient {
     return calls_;
   }
   // (task, collective) of every write that asked for the data plane.
-  std::vector<std::pair<std::string, server::CollectiveSpec>> collectives() {
+  std::vector<std::pair<std::string, CollectiveSpec>> collectives() {
     absl::MutexLock lock(&mu_);
     return collectives_;
   }
@@ -79,7 +79,7 @@ class FakeWorkerClient final : public server::WorkerClient {
   std::map<std::tuple<std::string, uint64_t, int32_t>, Held> held_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::pair<std::string, server::CollectiveSpec>> collectives_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, CollectiveSpec>> collectives_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace repvar::testing
