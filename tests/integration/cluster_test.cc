@@ -165,6 +165,19 @@ TEST_F(ClusterTest, F2_RestartedWorker_ResyncedFromCommittedValue) {
   EXPECT_EQ(status.replicas(0).checksum(), ack->checksum);
 }
 
+TEST_F(ClusterTest, Ops_SigtermStopsDaemonsCleanlyEvenWithOpenWatchers) {
+  auto before = client_->GetTopology();
+  ASSERT_OK(before);
+  // A watcher is blocked in WatchTopology while the coordinator shuts down.
+  std::thread watcher([&] { (void)client_->WatchTopology(before->version, absl::Seconds(30)); });
+  absl::SleepFor(absl::Milliseconds(100));
+  absl::Time start = absl::Now();
+  EXPECT_EQ(cluster_.worker(0).Stop(), 0);
+  EXPECT_EQ(cluster_.coordinator().Stop(), 0);
+  EXPECT_LT(absl::Now() - start, Scaled(absl::Seconds(8)));
+  watcher.join();
+}
+
 TEST_F(ClusterTest, C5_ConcurrentInitialize_FirstCallerWinsOneValueEverywhere) {
   VariableSpec s = Spec("w", 6, {256});
   s.initializer = InitializerSpec::RandomNormal(0, 1, 3);

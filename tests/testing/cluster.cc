@@ -88,8 +88,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const std::string& binary,
 
 bool Daemon::Running() {
   if (pid_ <= 0) return false;
-  int status;
-  pid_t r = waitpid(pid_, &status, WNOHANG);
+  pid_t r = waitpid(pid_, &status_, WNOHANG);
   if (r == pid_) {
     pid_ = -1;
     return false;
@@ -100,21 +99,22 @@ bool Daemon::Running() {
 void Daemon::Kill(int sig) {
   if (pid_ > 0) kill(pid_, sig);
   if (sig == SIGKILL && pid_ > 0) {
-    waitpid(pid_, nullptr, 0);
+    waitpid(pid_, &status_, 0);
     pid_ = -1;
   }
 }
 
-void Daemon::Stop() {
-  if (pid_ <= 0) return;
+int Daemon::Stop() {
+  if (pid_ <= 0) return WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
   kill(pid_, SIGCONT);
   kill(pid_, SIGTERM);
   absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (absl::Now() < deadline) {
-    if (!Running()) return;
+    if (!Running()) return WIFEXITED(status_) ? WEXITSTATUS(status_) : -1;
     absl::SleepFor(absl::Milliseconds(10));
   }
   Kill(SIGKILL);
+  return -1;
 }
 
 Daemon::~Daemon() { Stop(); }

@@ -42,13 +42,16 @@ class Daemon {
   pid_t pid() const { return pid_; }
   const std::string& log_path() const { return log_; }
   void Kill(int sig);  // e.g. SIGKILL, SIGSTOP, SIGCONT
-  void Stop();
+  // SIGTERM, then SIGKILL after 10 s. Returns the exit code when the process
+  // exited by itself, -1 when it had to be killed or died of a signal.
+  int Stop();
   bool Running();
 
  private:
   Daemon() = default;
   pid_t pid_ = -1;
   int port_ = 0;
+  int status_ = 0;  // wait status once reaped
   std::string log_;
 };
 
