@@ -11,6 +11,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/daemon.h"
 #include "common/grpc_server.h"
@@ -55,6 +56,10 @@ absl::StatusOr<std::map<std::string, int32_t>> ParseExpected(const std::string& 
 
 int main(int argc, char** argv) {
   repvar::TuneMallocForBulkTransfers();
+  // Batched writes hold one write lock per variable (taken in id order, so no
+  // cycle is possible); Abseil's deadlock detector would rescan every held
+  // lock on each acquisition. Tests keep it on.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   repvar::BlockShutdownSignals();
   absl::SetProgramUsageMessage("repvar coordinator daemon");
   absl::ParseCommandLine(argc, argv);
