@@ -8,6 +8,9 @@
 #include "common/proto_convert.h"
 
 namespace repvar::server {
+namespace {
+constexpr size_t kMaxInlineBytes = 64 << 10;  // see WriteReplicasHeader.inline_data
+}  // namespace
 
 v1::Worker::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
@@ -52,6 +55,11 @@ absl::Status GrpcWorkerClient::WriteReplicas(const WorkerTarget& target,
       c->set_tag(w.collective->tag);
       c->set_timeout_ms(absl::ToInt64Milliseconds(w.collective->timeout));
       send_bytes = w.collective->rank == w.collective->root;  // the others get them over gloo
+    }
+    if (send_bytes && w.value->bytes.size() <= kMaxInlineBytes) {
+      h->set_inline_data(reinterpret_cast<const char*>(w.value->bytes.data()),
+                         w.value->bytes.size());
+      send_bytes = false;
     }
     ok = stream->Write(header);
     if (!send_bytes) continue;

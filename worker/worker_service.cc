@@ -77,6 +77,12 @@ grpc::Status WorkerService::WriteReplicas(grpc::ServerContext*,
             ChunkAssembler::Start(*spec, h.tensor().byte_size(), h.tensor().checksum(), UINT64_MAX);
         if (!a.ok()) return ToGrpcStatus(a.status());
         assembler.emplace(*std::move(a));
+        if (!h.inline_data().empty()) {
+          // The whole (small) tensor came in the header: one chunk at 0.
+          auto bytes = BytesOf(h.inline_data());
+          absl::Status added = assembler->Add(0, bytes, Checksum(bytes));
+          if (!added.ok()) return ToGrpcStatus(added);
+        }
       } else if (static_cast<uint64_t>(*spec->ByteSize()) != h.tensor().byte_size()) {
         // The bytes come from the root over the data plane; no buffer yet.
         return ToGrpcStatus(
