@@ -83,6 +83,8 @@ VariableSpec ReplicatedScope::Apply(VariableSpec spec) {
 
 namespace {
 
+constexpr int64_t kSmallReadBytes = 1 << 20;
+
 std::string NewRequestId() {
   return absl::StrFormat("%016x%016x", RandomNonZero64(), RandomNonZero64());
 }
@@ -532,6 +534,15 @@ absl::StatusOr<std::vector<WriteAck>> Client::AssignBatch(const std::vector<Assi
 }
 
 absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
+  // A variable known to be small is read in one unary call, which costs a
+  // fraction of a stream's set-up.
+  if (auto spec = impl_->Spec(name)) {
+    auto bytes = TensorSpec{spec->dtype, spec->shape}.ByteSize();
+    if (bytes.ok() && *bytes <= kSmallReadBytes) {
+      REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ReadBatch({name}));
+      return std::move(one.front());
+    }
+  }
   TensorValue value;
   REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
     grpc::ClientContext ctx;
