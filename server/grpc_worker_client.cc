@@ -10,6 +10,7 @@
 namespace repvar::server {
 namespace {
 constexpr size_t kMaxInlineBytes = 64 << 10;  // see WriteReplicasHeader.inline_data
+constexpr uint64_t kMaxUnaryBytes = 8 << 20;  // one WriteSmallReplicas message at most
 }  // namespace
 
 v1::Worker::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
@@ -25,44 +26,69 @@ v1::Worker::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
   return stub.get();
 }
 
+namespace {
+
+// The header of one write; sets inline_data when the bytes ride in it.
+// Returns whether chunks must follow.
+bool FillHeader(const WorkerTarget& target, const ReplicaWrite& w, v1::WriteReplicasHeader* h) {
+  h->set_incarnation(target.incarnation);
+  h->set_variable_id(w.variable_id);
+  h->set_name(w.name);
+  h->set_version(w.version);
+  h->mutable_replicas()->Assign(w.replicas.begin(), w.replicas.end());
+  HeaderToProto(*w.value, h->mutable_tensor());
+  if (w.collective) {
+    v1::Collective* c = h->mutable_collective();
+    c->set_group(w.collective->group);
+    c->set_rank(w.collective->rank);
+    c->set_size(w.collective->size);
+    c->set_root(w.collective->root);
+    c->set_tag(w.collective->tag);
+    c->set_timeout_ms(absl::ToInt64Milliseconds(w.collective->timeout));
+    if (w.collective->rank != w.collective->root) return false;  // bytes come over gloo
+  }
+  if (w.value->bytes.size() <= kMaxInlineBytes) {
+    h->set_inline_data(reinterpret_cast<const char*>(w.value->bytes.data()), w.value->bytes.size());
+    return false;
+  }
+  return true;
+}
+
+absl::Status Named(const WorkerTarget& target, absl::Status s) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("worker ", target.task.ToString(), " at ",
+                                             target.address, ": ", s.message()));
+}
+
+}  // namespace
+
 absl::Status GrpcWorkerClient::WriteReplicas(const WorkerTarget& target,
                                              std::span<const ReplicaWrite> writes) {
   uint64_t bytes = 0;
-  for (const ReplicaWrite& w : writes) bytes += w.value->bytes.size();
+  bool all_small = true;
+  for (const ReplicaWrite& w : writes) {
+    bytes += w.value->bytes.size();
+    all_small &= !w.collective && w.value->bytes.size() <= kMaxInlineBytes;
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(
       absl::Now() + options_.base_deadline +
       absl::Seconds(static_cast<double>(bytes) / options_.min_bytes_per_second)));
   v1::WriteReplicasResponse resp;
+  if (all_small && bytes <= kMaxUnaryBytes) {
+    // One message, one unary call: far cheaper than a stream for small writes.
+    v1::WriteSmallReplicasRequest req;
+    for (const ReplicaWrite& w : writes) FillHeader(target, w, req.add_writes());
+    return Named(target,
+                 FromGrpcStatus(StubFor(target.address)->WriteSmallReplicas(&ctx, req, &resp)));
+  }
   auto stream = StubFor(target.address)->WriteReplicas(&ctx, &resp);
   bool ok = true;
   for (const ReplicaWrite& w : writes) {
     v1::WriteReplicasRequest header;
-    v1::WriteReplicasHeader* h = header.mutable_header();
-    h->set_incarnation(target.incarnation);
-    h->set_variable_id(w.variable_id);
-    h->set_name(w.name);
-    h->set_version(w.version);
-    h->mutable_replicas()->Assign(w.replicas.begin(), w.replicas.end());
-    HeaderToProto(*w.value, h->mutable_tensor());
-    bool send_bytes = true;
-    if (w.collective) {
-      v1::Collective* c = h->mutable_collective();
-      c->set_group(w.collective->group);
-      c->set_rank(w.collective->rank);
-      c->set_size(w.collective->size);
-      c->set_root(w.collective->root);
-      c->set_tag(w.collective->tag);
-      c->set_timeout_ms(absl::ToInt64Milliseconds(w.collective->timeout));
-      send_bytes = w.collective->rank == w.collective->root;  // the others get them over gloo
-    }
-    if (send_bytes && w.value->bytes.size() <= kMaxInlineBytes) {
-      h->set_inline_data(reinterpret_cast<const char*>(w.value->bytes.data()),
-                         w.value->bytes.size());
-      send_bytes = false;
-    }
+    bool chunks = FillHeader(target, w, header.mutable_header());
     ok = stream->Write(header);
-    if (!send_bytes) continue;
+    if (!chunks) continue;
     ForEachChunk(w.value->bytes.span(), options_.chunk_bytes,
                  [&](uint64_t off, std::span<const std::byte> piece) {
                    if (!ok) return;
@@ -73,12 +99,7 @@ absl::Status GrpcWorkerClient::WriteReplicas(const WorkerTarget& target,
     if (!ok) break;
   }
   stream->WritesDone();
-  absl::Status s = FromGrpcStatus(stream->Finish());
-  if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("worker ", target.task.ToString(), " at ",
-                                               target.address, ": ", s.message()));
-  }
-  return absl::OkStatus();
+  return Named(target, FromGrpcStatus(stream->Finish()));
 }
 
 absl::Status GrpcWorkerClient::DropVariable(const WorkerTarget& target, uint64_t variable_id) {

@@ -11,96 +11,137 @@
 #include "common/status_util.h"
 
 namespace repvar::worker {
-grpc::Status WorkerService::WriteReplicas(grpc::ServerContext*,
-                                          grpc::ServerReader<v1::WriteReplicasRequest>* reader,
-                                          v1::WriteReplicasResponse* resp) {
-  // A stream carries one or more (header, chunks...) groups; all are applied
-  // together at the end, or none. A header with a collective is delivered by
-  // the data plane: the root got the bytes here and sends them on, the other
-  // members receive them from the root.
-  std::vector<ReplicaWriteItem> items;
-  std::optional<ChunkAssembler> assembler;
-  std::optional<v1::WriteReplicasHeader> header;
-  auto finish_current = [&]() -> absl::Status {
-    if (!header) return absl::OkStatus();
+namespace {
+
+// Rebuilds the writes of one WriteReplicas exchange: a sequence of headers,
+// each followed by its chunks, or carrying its bytes inline, or naming a
+// collective. Nothing is applied until Finish() has every tensor verified.
+// A header with a collective is delivered by the data plane: the root got
+// the bytes here and sends them on, the other members receive them from the
+// root.
+class WriteSession {
+ public:
+  WriteSession(uint64_t incarnation, GlooDataPlane* data_plane)
+      : incarnation_(incarnation), data_plane_(data_plane) {}
+
+  absl::Status OnHeader(const v1::WriteReplicasHeader& h) {
+    REPVAR_RETURN_IF_ERROR(FinishCurrent());
+    if (h.incarnation() != incarnation_) {
+      return absl::AbortedError(absl::StrCat("write meant for incarnation ", h.incarnation(),
+                                             "; this worker is ", incarnation_));
+    }
+    REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(h.tensor().spec()));
+    if (!h.has_collective() || h.collective().rank() == h.collective().root()) {
+      REPVAR_ASSIGN_OR_RETURN(
+          ChunkAssembler a,
+          ChunkAssembler::Start(spec, h.tensor().byte_size(), h.tensor().checksum(), UINT64_MAX));
+      assembler_.emplace(std::move(a));
+      if (!h.inline_data().empty()) {
+        // The whole (small) tensor came in the header: one chunk at 0.
+        auto bytes = BytesOf(h.inline_data());
+        REPVAR_RETURN_IF_ERROR(assembler_->Add(0, bytes, Checksum(bytes)));
+      }
+    } else if (static_cast<uint64_t>(*spec.ByteSize()) != h.tensor().byte_size()) {
+      // The bytes come from the root over the data plane; no buffer yet.
+      return absl::InvalidArgumentError("tensor header size does not match its spec");
+    }
+    header_ = h;
+    return absl::OkStatus();
+  }
+
+  absl::Status OnChunk(const v1::TensorChunk& chunk) {
+    if (!assembler_) return absl::InvalidArgumentError("chunk without a header that expects one");
+    return AddChunk(*assembler_, chunk);
+  }
+
+  absl::StatusOr<std::vector<ReplicaWriteItem>> Finish() {
+    REPVAR_RETURN_IF_ERROR(FinishCurrent());
+    return std::move(items_);
+  }
+
+ private:
+  absl::Status FinishCurrent() {
+    if (!header_) return absl::OkStatus();
     absl::StatusOr<Tensor> t;
-    if (header->has_collective()) {
-      const v1::Collective& c = header->collective();
+    if (header_->has_collective()) {
+      const v1::Collective& c = header_->collective();
       CollectiveSpec params{c.group(), c.rank(), c.size(),
                             c.root(),  c.tag(),  absl::Milliseconds(c.timeout_ms())};
       if (data_plane_ == nullptr) {
         return absl::FailedPreconditionError("this worker has no data plane");
       }
       if (c.rank() == c.root()) {
-        t = assembler->Finish();
-        if (!t.ok()) return t.status();
+        t = assembler_->Finish();
       } else {
-        REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(header->tensor().spec()));
+        REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(header_->tensor().spec()));
         t = Tensor::Zeros(spec);
-        if (!t.ok()) return t.status();
       }
+      if (!t.ok()) return t.status();
       REPVAR_RETURN_IF_ERROR(data_plane_->Broadcast(params, t->bytes.span()));
       t->UpdateChecksum();
-      if (t->checksum != header->tensor().checksum()) {
+      if (t->checksum != header_->tensor().checksum()) {
         return absl::DataLossError(
-            absl::StrCat("data plane delivered ", header->name(), " with a bad checksum"));
+            absl::StrCat("data plane delivered ", header_->name(), " with a bad checksum"));
       }
     } else {
-      t = assembler->Finish();
+      t = assembler_->Finish();
       if (!t.ok()) return t.status();
     }
     ReplicaWriteItem item;
-    item.variable_id = header->variable_id();
-    item.name = header->name();
-    item.version = header->version();
-    item.replicas.assign(header->replicas().begin(), header->replicas().end());
+    item.variable_id = header_->variable_id();
+    item.name = header_->name();
+    item.version = header_->version();
+    item.replicas.assign(header_->replicas().begin(), header_->replicas().end());
     item.value = std::make_shared<const Tensor>(*std::move(t));
-    items.push_back(std::move(item));
-    assembler.reset();
-    header.reset();
+    items_.push_back(std::move(item));
+    assembler_.reset();
+    header_.reset();
     return absl::OkStatus();
-  };
+  }
+
+  const uint64_t incarnation_;
+  GlooDataPlane* const data_plane_;
+  std::vector<ReplicaWriteItem> items_;
+  std::optional<ChunkAssembler> assembler_;
+  std::optional<v1::WriteReplicasHeader> header_;
+};
+
+}  // namespace
+
+grpc::Status WorkerService::WriteReplicas(grpc::ServerContext*,
+                                          grpc::ServerReader<v1::WriteReplicasRequest>* reader,
+                                          v1::WriteReplicasResponse* resp) {
+  WriteSession session(incarnation_, data_plane_);
   v1::WriteReplicasRequest msg;
   while (reader->Read(&msg)) {
-    if (msg.has_header()) {
-      absl::Status s = finish_current();
-      if (!s.ok()) return ToGrpcStatus(s);
-      const v1::WriteReplicasHeader& h = msg.header();
-      if (h.incarnation() != incarnation_) {
-        return ToGrpcStatus(absl::AbortedError(absl::StrCat(
-            "write meant for incarnation ", h.incarnation(), "; this worker is ", incarnation_)));
-      }
-      auto spec = SpecFromProto(h.tensor().spec());
-      if (!spec.ok()) return ToGrpcStatus(spec.status());
-      if (!h.has_collective() || h.collective().rank() == h.collective().root()) {
-        auto a =
-            ChunkAssembler::Start(*spec, h.tensor().byte_size(), h.tensor().checksum(), UINT64_MAX);
-        if (!a.ok()) return ToGrpcStatus(a.status());
-        assembler.emplace(*std::move(a));
-        if (!h.inline_data().empty()) {
-          // The whole (small) tensor came in the header: one chunk at 0.
-          auto bytes = BytesOf(h.inline_data());
-          absl::Status added = assembler->Add(0, bytes, Checksum(bytes));
-          if (!added.ok()) return ToGrpcStatus(added);
-        }
-      } else if (static_cast<uint64_t>(*spec->ByteSize()) != h.tensor().byte_size()) {
-        // The bytes come from the root over the data plane; no buffer yet.
-        return ToGrpcStatus(
-            absl::InvalidArgumentError("tensor header size does not match its spec"));
-      }
-      header = h;
-    } else if (msg.has_chunk()) {
-      if (!assembler) {
-        return ToGrpcStatus(absl::InvalidArgumentError("chunk without a header that expects one"));
-      }
-      absl::Status s = AddChunk(*assembler, msg.chunk());
-      if (!s.ok()) return ToGrpcStatus(s);
-    }
+    absl::Status s = msg.has_header()  ? session.OnHeader(msg.header())
+                     : msg.has_chunk() ? session.OnChunk(msg.chunk())
+                                       : absl::OkStatus();
+    if (!s.ok()) return ToGrpcStatus(s);
   }
-  absl::Status s = finish_current();
-  if (!s.ok()) return ToGrpcStatus(s);
-  if (!items.empty()) resp->set_checksum(items.back().value->checksum);
-  store_->Apply(std::move(items));
+  return Apply(session.Finish(), resp);
+}
+
+grpc::Status WorkerService::WriteSmallReplicas(grpc::ServerContext*,
+                                               const v1::WriteSmallReplicasRequest* req,
+                                               v1::WriteReplicasResponse* resp) {
+  WriteSession session(incarnation_, data_plane_);
+  for (const v1::WriteReplicasHeader& h : req->writes()) {
+    if (h.has_collective() || h.inline_data().size() != h.tensor().byte_size()) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          "WriteSmallReplicas carries whole tensors inline and no collectives"));
+    }
+    absl::Status s = session.OnHeader(h);
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
+  return Apply(session.Finish(), resp);
+}
+
+grpc::Status WorkerService::Apply(absl::StatusOr<std::vector<ReplicaWriteItem>> items,
+                                  v1::WriteReplicasResponse* resp) {
+  if (!items.ok()) return ToGrpcStatus(items.status());
+  if (!items->empty()) resp->set_checksum(items->back().value->checksum);
+  store_->Apply(*std::move(items));
   return grpc::Status::OK;
 }
 

@@ -22,6 +22,8 @@ class WorkerService final : public v1::Worker::Service {
 
   grpc::Status WriteReplicas(grpc::ServerContext*, grpc::ServerReader<v1::WriteReplicasRequest>*,
                              v1::WriteReplicasResponse*) override;
+  grpc::Status WriteSmallReplicas(grpc::ServerContext*, const v1::WriteSmallReplicasRequest*,
+                                  v1::WriteReplicasResponse*) override;
   grpc::Status ReadReplica(grpc::ServerContext*, const v1::ReadReplicaRequest*,
                            grpc::ServerWriter<v1::ReadVariableChunk>*) override;
   grpc::Status DropVariable(grpc::ServerContext*, const v1::DropVariableRequest*,
@@ -30,6 +32,9 @@ class WorkerService final : public v1::Worker::Service {
                                 v1::GetReplicaStatusResponse*) override;
 
  private:
+  grpc::Status Apply(absl::StatusOr<std::vector<ReplicaWriteItem>> items,
+                     v1::WriteReplicasResponse* resp);
+
   const uint64_t incarnation_;
   ReplicaStore* const store_;
   GlooDataPlane* const data_plane_;

@@ -348,5 +348,46 @@ TEST_F(BadInputTest, WorkerWriteReplicas_StaleIncarnation_Aborted) {
   EXPECT_THAT(FromGrpcStatus(stream->Finish()), StatusIs(Code::kAborted));
 }
 
+TEST_F(BadInputTest, WorkerWriteSmallReplicas_BadHeaders_RefusedAndNothingApplied) {
+  auto stub = v1::Worker::NewStub(
+      grpc::CreateChannel(cluster_->worker_address(0), grpc::InsecureChannelCredentials()));
+  uint64_t id = client_->GetVariable("w")->id;
+  std::string data = Floats({9, 9, 9, 9});
+  auto header = [&](uint64_t incarnation) {
+    v1::WriteSmallReplicasRequest req;
+    v1::WriteReplicasHeader* h = req.add_writes();
+    h->set_incarnation(incarnation);
+    h->set_variable_id(id);
+    h->add_replicas(0);
+    *h->mutable_tensor() = HeaderFor(data, {4});
+    h->set_inline_data(data);
+    return req;
+  };
+  v1::GetReplicaStatusResponse status;
+  ASSERT_TRUE(stub->GetReplicaStatus(Ctx().get(), {}, &status).ok());
+  v1::WriteReplicasResponse resp;
+  // Another incarnation: fenced.
+  EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), header(1), &resp)),
+              StatusIs(Code::kAborted));
+  // Inline bytes shorter than the tensor.
+  v1::WriteSmallReplicasRequest truncated = header(status.incarnation());
+  truncated.mutable_writes(0)->set_inline_data(data.substr(0, 8));
+  EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), truncated, &resp)),
+              StatusIs(Code::kInvalidArgument));
+  // A collective cannot ride the small path.
+  v1::WriteSmallReplicasRequest collective = header(status.incarnation());
+  collective.mutable_writes(0)->mutable_collective()->set_size(2);
+  EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), collective, &resp)),
+              StatusIs(Code::kInvalidArgument));
+  // Corrupt inline bytes: the checksum catches them.
+  v1::WriteSmallReplicasRequest corrupt = header(status.incarnation());
+  corrupt.mutable_writes(0)->mutable_inline_data()->at(0) ^= 1;
+  EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), corrupt, &resp)),
+              StatusIs(Code::kInvalidArgument, "checksum"));
+  v1::GetReplicaStatusResponse after;
+  ASSERT_TRUE(stub->GetReplicaStatus(Ctx().get(), {}, &after).ok());
+  EXPECT_EQ(after.DebugString(), status.DebugString());
+}
+
 }  // namespace
 }  // namespace repvar
