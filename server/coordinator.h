@@ -11,7 +11,10 @@
 //      compute the new value once (AssignAdd: current + delta) and name it
 //      version n+1.
 //   4. replicate: the value goes to every live worker holding replicas,
-//      through WorkerClient, all workers in parallel.
+//      through WorkerClient: a large write to 3+ workers goes to one root
+//      worker, which broadcasts it over the data plane (gloo; this class
+//      keeps its rendezvous store and orders its collectives); otherwise the
+//      coordinator writes every worker itself, all in parallel.
 //   5. ack: only when every live replica holds version n+1 is it committed
 //      (version, checksum, value) and the caller answered; otherwise the
 //      caller gets UNAVAILABLE, the committed version stays n and the
