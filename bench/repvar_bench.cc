@@ -60,11 +60,16 @@ std::unique_ptr<repvar::Client> Connect(const repvar::testing::TestCluster& clus
   return *std::move(c);
 }
 
+// `workers` worker processes with one virtual TPU each, so replicas = workers.
+repvar::testing::ClusterOptions OneTpuPerWorker(int workers) {
+  return {.tpu_workers = workers,
+          .tpu_per_worker = 1,
+          .cpu_host = false,
+          .heartbeat_timeout = absl::Seconds(30)};
+}
+
 void Broadcasts(int workers, const std::vector<int>& mibs, int iters) {
-  repvar::testing::TestCluster cluster({.tpu_workers = workers,
-                                        .tpu_per_worker = 1,
-                                        .cpu_host = false,
-                                        .heartbeat_timeout = absl::Seconds(30)});
+  repvar::testing::TestCluster cluster(OneTpuPerWorker(workers));
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
   auto c = Connect(cluster);
   for (int mib : mibs) {
@@ -90,10 +95,7 @@ void Broadcasts(int workers, const std::vector<int>& mibs, int iters) {
 }
 
 void SmallOps(int ops, int workers) {
-  repvar::testing::TestCluster cluster({.tpu_workers = workers,
-                                        .tpu_per_worker = 1,
-                                        .cpu_host = false,
-                                        .heartbeat_timeout = absl::Seconds(30)});
+  repvar::testing::TestCluster cluster(OneTpuPerWorker(workers));
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
   auto c = Connect(cluster);
   auto v = c->CreateVariable(

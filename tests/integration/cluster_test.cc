@@ -37,8 +37,10 @@ v1::GetReplicaStatusResponse WorkerStatus(const std::string& address) {
   return resp;
 }
 
-class ClusterTest : public ::testing::Test {
+// A started cluster and a client that has seen it form.
+class StartedCluster : public ::testing::Test {
  protected:
+  explicit StartedCluster(testing::ClusterOptions options = {}) : cluster_(std::move(options)) {}
   void SetUp() override {
     ASSERT_OK(cluster_.Start());
     auto c = Client::Connect({.coordinator_address = cluster_.address()});
@@ -46,6 +48,13 @@ class ClusterTest : public ::testing::Test {
     client_ = *std::move(c);
     ASSERT_OK(client_->WaitForTopology(Scaled(absl::Seconds(20))));
   }
+
+  TestCluster cluster_;
+  std::unique_ptr<Client> client_;
+};
+
+class ClusterTest : public StartedCluster {
+ protected:
   VariableSpec Spec(const std::string& name, int replicas, std::vector<int64_t> shape = {4}) {
     VariableSpec s{.name = name, .dtype = DType::kFloat32, .shape = std::move(shape)};
     s.replica_count = replicas;
@@ -61,9 +70,6 @@ class ClusterTest : public ::testing::Test {
     }
     return pred();
   }
-
-  TestCluster cluster_;
-  std::unique_ptr<Client> client_;
 };
 
 TEST_F(ClusterTest, T3_InfeedHost_IsTheTpuJobTaskOwningOrdinalZero) {
@@ -250,15 +256,9 @@ namespace {
 
 // DESIGN.md §4: a large cross-replica write reaches one root worker, which
 // broadcasts it to the others over gloo; every worker verifies the checksum.
-class DataPlaneTest : public ::testing::Test {
+class DataPlaneTest : public StartedCluster {
  protected:
-  void SetUp() override {
-    ASSERT_OK(cluster_.Start());
-    auto c = Client::Connect({.coordinator_address = cluster_.address()});
-    ASSERT_OK(c);
-    client_ = *std::move(c);
-    ASSERT_OK(client_->WaitForTopology(Scaled(absl::Seconds(20))));
-  }
+  DataPlaneTest() : StartedCluster({.tpu_workers = 4, .tpu_per_worker = 1, .cpu_host = false}) {}
   void ExpectEveryWorkerHolds(uint64_t id, const WriteAck& ack, std::vector<int> workers) {
     for (int w : workers) {
       auto status = WorkerStatus(cluster_.worker_address(w));
@@ -272,8 +272,6 @@ class DataPlaneTest : public ::testing::Test {
       EXPECT_TRUE(found) << "worker " << w;
     }
   }
-  testing::TestCluster cluster_{{.tpu_workers = 4, .tpu_per_worker = 1, .cpu_host = false}};
-  std::unique_ptr<Client> client_;
 };
 
 TEST_F(DataPlaneTest, LargeAssign_RootBroadcastsOverGloo_EveryWorkerVerifies) {
