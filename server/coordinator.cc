@@ -47,6 +47,11 @@ absl::Status ValidateVariableDef(const VariableDef& def, uint64_t max_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("variable ", def.name, ": replica_count must be >= 1"));
   }
+  if (def.aggregation == Aggregation::kMean && !IsFloating(def.tensor.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variable ", def.name, ": MEAN aggregation needs a floating dtype; ",
+                     DTypeName(def.tensor.dtype), " would truncate (use SUM)"));
+  }
   for (const std::string& c : def.collections) {
     if (c.empty() || c.size() > 256) {
       return absl::InvalidArgumentError(
@@ -61,7 +66,10 @@ Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient*
       clock_(clock),
       workers_(workers),
       membership_(options_.membership, clock),
-      dedup_(options_.dedup_capacity, options_.dedup_window) {}
+      dedup_(options_.dedup_capacity, options_.dedup_window),
+      steps_([this](const std::vector<StepParticipant>& p, size_t n,
+                    bool fresh) { return StepGroup(p, n, fresh); },
+             [this](const StepRecord& r) { return ApplyStepRecord(r); }) {}
 
 absl::StatusOr<int64_t> Coordinator::RegisterWorker(const WorkerRegistration& reg) {
   REPVAR_ASSIGN_OR_RETURN(int64_t version, membership_.Register(reg));
@@ -73,7 +81,18 @@ absl::StatusOr<int64_t> Coordinator::Heartbeat(const TaskKey& key, uint64_t inca
   return membership_.Heartbeat(key, incarnation);
 }
 
-void Coordinator::Tick(absl::Time now) { membership_.CheckHeartbeats(now); }
+void Coordinator::Tick(absl::Time now) {
+  std::vector<LiveTask> dead = membership_.CheckHeartbeats(now);
+  absl::MutexLock lock(&step_mu_);
+  for (const LiveTask& t : dead) steps_.WorkerDied(t.key, t.incarnation, now);
+  steps_.Tick(now, [&](const TaskKey& task) -> std::string {
+    std::optional<LiveTask> live = membership_.Find(task);
+    if (!live) return "declared dead";
+    return absl::StrCat("last heartbeat ", absl::ToDoubleSeconds(now - live->last_heartbeat),
+                        " s ago");
+  });
+  step_cv_.SignalAll();
+}
 
 absl::StatusOr<std::shared_ptr<Coordinator::Variable>> Coordinator::Find(
     absl::string_view name) const {
@@ -199,6 +218,7 @@ absl::StatusOr<CreateResult> Coordinator::CreateVariables(const RequestKey& key,
       }
       result.variables.push_back(ViewLocked(*v, topo));
       result.created.push_back(true);
+      by_id_[v->id] = v;
       variables_.emplace(def.name, std::move(v));
     }
   }
@@ -235,6 +255,18 @@ absl::Status Coordinator::DeleteVariable(const RequestKey& key, absl::string_vie
   REPVAR_ASSIGN_OR_RETURN(auto cached, dedup_.Lookup(key, "delete", clock_->Now()));
   if (cached) return absl::OkStatus();
   REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<Variable> v, Find(name));
+  {
+    absl::MutexLock lock(&step_mu_);
+    if (const StepInfo* open = steps_.open()) {
+      for (const StepVariable& sv : open->variables) {
+        if (sv.id == v->id) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("variable ", name, " takes part in the open step ", open->step,
+                           "; delete it after the step resolves"));
+        }
+      }
+    }
+  }
   std::set<TaskKey> tasks;
   {
     absl::MutexLock write(&v->write_mu);  // waits for an in-flight write
@@ -244,6 +276,7 @@ absl::Status Coordinator::DeleteVariable(const RequestKey& key, absl::string_vie
     }
     v->deleted = true;
     variables_.erase(v->def.name);
+    by_id_.erase(v->id);
     for (const Placement& p : v->placement) tasks.insert(p.task);
   }
   dedup_.Record(key, "delete", true, clock_->Now());
@@ -343,10 +376,10 @@ absl::Status Coordinator::ValidateAssignLocked(const Variable& v, const AssignIt
 }
 
 absl::StatusOr<std::shared_ptr<const Tensor>> Coordinator::ComputeLocked(
-    const Variable& v, const AssignItem& item) const {
+    const Variable& v, const AssignItem& item, const Tensor* base) const {
   if (item.op == AssignOp::kAssign) return item.value;
   REPVAR_ASSIGN_OR_RETURN(Tensor sum,
-                          AddScaled(*v.value, *item.value, item.op == AssignOp::kAdd ? 1 : -1));
+                          AddScaled(*base, *item.value, item.op == AssignOp::kAdd ? 1 : -1));
   if (!v.def.allow_nonfinite) {
     if (int64_t bad = FirstNonFinite(sum); bad >= 0) {
       return absl::InvalidArgumentError(absl::StrCat("variable ", item.name,
@@ -365,6 +398,11 @@ absl::StatusOr<WriteResult> Coordinator::Assign(const RequestKey& key, const Ass
 absl::StatusOr<std::vector<WriteResult>> Coordinator::AssignBatch(
     const RequestKey& key, const std::vector<AssignItem>& items) {
   if (items.empty()) return absl::InvalidArgumentError("assign needs at least one variable");
+  REPVAR_RETURN_IF_ERROR(EnterWriteGate());
+  struct Leave {
+    Coordinator* c;
+    ~Leave() { c->LeaveWriteGate(); }
+  } leave{this};
   std::vector<std::shared_ptr<Variable>> vars;
   std::set<absl::string_view> names;
   for (const AssignItem& item : items) {
@@ -390,8 +428,19 @@ absl::StatusOr<std::vector<WriteResult>> Coordinator::AssignBatch(
     for (size_t i = 0; i < items.size(); ++i) {
       REPVAR_RETURN_IF_ERROR(ValidateAssignLocked(*vars[i], items[i]));
     }
+  }
+  // AssignAdd/Sub start from the committed value (fetched from a replica
+  // when a step changed it).
+  std::vector<std::shared_ptr<const Tensor>> bases(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].op == AssignOp::kAssign) continue;
+    REPVAR_ASSIGN_OR_RETURN(ReadResult base, CommittedValue(vars[i]));
+    bases[i] = std::move(base.value);
+  }
+  {
+    absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < items.size(); ++i) {
-      REPVAR_ASSIGN_OR_RETURN(auto value, ComputeLocked(*vars[i], items[i]));
+      REPVAR_ASSIGN_OR_RETURN(auto value, ComputeLocked(*vars[i], items[i], bases[i].get()));
       writes.push_back(PlannedWrite{vars[i].get(), vars[i]->version + 1, std::move(value)});
     }
   }
@@ -444,7 +493,14 @@ absl::Status Coordinator::Broadcast(std::vector<PlannedWrite>& writes) {
     if (!tasks.empty()) call(tasks.size() - 1);
     for (std::thread& t : threads) t.join();
   };
+  bool step_open;
   {
+    absl::MutexLock lock(&step_mu_);
+    step_open = steps_.open() != nullptr;
+  }
+  if (!step_open) {
+    // (During a step the workers' data plane belongs to the step's
+    // collectives, so writes of new variables go the plain way.)
     absl::MutexLock dp(&data_plane_mu_);
     if (PlanCollective(batches, tasks)) {
       run_all();
@@ -514,13 +570,7 @@ bool Coordinator::PlanCollective(std::vector<std::vector<ReplicaWrite>>& batches
   std::string members;
   for (const LiveTask* t : tasks)
     absl::StrAppend(&members, t->key.ToString(), "@", t->incarnation, ";");
-  std::string group =
-      absl::StrCat("g", group_generation_, "-",
-                   absl::Hex(Checksum(std::as_bytes(std::span(members.data(), members.size())))));
-  if (group != group_) {
-    if (!group_.empty()) store_.DeletePrefix(group_ + "/");
-    group_ = group;
-  }
+  std::string group = GroupLocked(members);
   uint32_t tag = next_tag_++;
   absl::Duration timeout =
       absl::Seconds(30) +
@@ -551,12 +601,27 @@ void Coordinator::ResyncTask(const TaskKey& task) {
   std::vector<Variable*> raw;
   for (auto& v : vars) raw.push_back(v.get());
   WriteLocks locks(raw);
-  std::vector<ReplicaWrite> writes;
+  // Committed values first (a step may have left only replicas holding them).
   std::vector<std::shared_ptr<const Tensor>> keep;
+  for (const auto& v : vars) {
+    bool initialized;
+    {
+      absl::MutexLock lock(&mu_);
+      initialized = !v->deleted && v->version > 0;
+    }
+    if (!initialized) continue;
+    absl::StatusOr<ReadResult> r = CommittedValue(v);
+    if (!r.ok()) {
+      spdlog::warn("resync of {} on {}: {}", v->def.name, task.ToString(), r.status().ToString());
+      continue;
+    }
+    keep.push_back(r->value);
+  }
+  std::vector<ReplicaWrite> writes;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& v : vars) {
-      if (v->deleted || v->version == 0) continue;
+      if (v->deleted || v->version == 0 || v->value == nullptr) continue;
       std::vector<int32_t> stale;
       for (size_t i = 0; i < v->placement.size(); ++i) {
         const ReplicaRecord& r = v->replicas[i];
@@ -567,7 +632,6 @@ void Coordinator::ResyncTask(const TaskKey& task) {
         }
       }
       if (stale.empty()) continue;
-      keep.push_back(v->value);
       writes.push_back(
           ReplicaWrite{v->id, v->def.name, v->version, std::move(stale), v->value.get()});
     }
@@ -592,14 +656,273 @@ void Coordinator::ResyncTask(const TaskKey& task) {
   spdlog::info("resynced {} variable(s) on {}", writes.size(), task.ToString());
 }
 
-absl::StatusOr<ReadResult> Coordinator::Read(absl::string_view name) const {
+absl::StatusOr<ReadResult> Coordinator::Read(absl::string_view name) {
   REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<Variable> v, Find(name));
-  absl::MutexLock lock(&mu_);
-  if (v->version == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("variable ", name, " is uninitialized; initialize or assign it first"));
+  return CommittedValue(v);
+}
+
+absl::StatusOr<ReadResult> Coordinator::CommittedValue(const std::shared_ptr<Variable>& v) {
+  // Right after a step commits, a worker may not have installed the new
+  // value yet: retry briefly when a replica answers with an older version.
+  std::string last_error = "no up-to-date replica is live";
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    int64_t version;
+    uint64_t checksum;
+    std::vector<std::pair<int32_t, TaskKey>> candidates;
+    {
+      absl::MutexLock lock(&mu_);
+      if (v->version == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "variable ", v->def.name, " is uninitialized; initialize or assign it first"));
+      }
+      if (v->value != nullptr) return ReadResult{v->version, v->value};
+      version = v->version;
+      checksum = v->checksum;
+      for (size_t i = 0; i < v->placement.size(); ++i) {  // primary first
+        const ReplicaRecord& r = v->replicas[i];
+        if (r.version == version && r.checksum == checksum) {
+          candidates.emplace_back(static_cast<int32_t>(i), v->placement[i].task);
+        }
+      }
+    }
+    for (const auto& [replica, task] : candidates) {
+      std::optional<LiveTask> live = membership_.Find(task);
+      if (!live) continue;
+      auto got = workers_->ReadReplica(WorkerTarget{task, live->address, live->incarnation}, v->id,
+                                       replica);
+      if (!got.ok()) {
+        last_error = absl::StrCat(task.ToString(), ": ", got.status().ToString());
+        continue;
+      }
+      if (got->version != version || got->value->checksum != checksum) {
+        last_error = absl::StrCat(task.ToString(), " still holds version ", got->version);
+        continue;
+      }
+      absl::MutexLock lock(&mu_);
+      if (v->version == version && v->value == nullptr) v->value = got->value;
+      return ReadResult{version, got->value};
+    }
+    if (candidates.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 + attempt));
   }
-  return ReadResult{v->version, v->value};
+  return absl::UnavailableError(absl::StrCat("variable ", v->def.name,
+                                             ": no up-to-date replica could be read (",
+                                             last_error, ")"));
+}
+
+std::string Coordinator::GroupLocked(const std::string& members) {
+  std::string group =
+      absl::StrCat("g", group_generation_, "-",
+                   absl::Hex(Checksum(std::as_bytes(std::span(members.data(), members.size())))));
+  if (group != group_) {
+    if (!group_.empty()) store_.DeletePrefix(group_ + "/");
+    group_ = group;
+  }
+  return group;
+}
+
+// ---- Replicated steps ----
+
+absl::Status Coordinator::EnterWriteGate() {
+  absl::MutexLock lock(&step_mu_);
+  if (const StepInfo* open = steps_.open()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", open->step, " is open: cross-replica writes are refused until it resolves (S5)"));
+  }
+  if (step_beginning_) {
+    return absl::FailedPreconditionError(
+        "a step is beginning: cross-replica writes are refused until it resolves (S5)");
+  }
+  ++writes_in_flight_;
+  return absl::OkStatus();
+}
+
+void Coordinator::LeaveWriteGate() {
+  absl::MutexLock lock(&step_mu_);
+  --writes_in_flight_;
+  step_cv_.SignalAll();
+}
+
+absl::StatusOr<StepInfo> Coordinator::BeginStep(int64_t step, absl::Duration barrier_timeout) {
+  if (barrier_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("a step needs a positive barrier timeout");
+  }
+  absl::MutexLock lock(&step_mu_);
+  while (step_beginning_) step_cv_.Wait(&step_mu_);
+  REPVAR_ASSIGN_OR_RETURN(std::optional<StepInfo> open, steps_.CheckBegin(step));
+  if (open) return *open;
+  // S1: no new cross-replica write may start; wait for those in flight.
+  step_beginning_ = true;
+  while (writes_in_flight_ > 0) step_cv_.Wait(&step_mu_);
+
+  TopologySnapshot topo = membership_.Snapshot();
+  std::map<TaskKey, const LiveTask*> live;
+  for (const LiveTask& t : topo.tasks) live[t.key] = &t;
+  StepInfo info;
+  info.step = step;
+  info.barrier_timeout = barrier_timeout;
+  std::vector<std::vector<const TaskKey*>> holders;  // per variable, per replica
+  std::set<TaskKey> tasks;
+  {
+    absl::MutexLock registry(&mu_);
+    std::vector<std::shared_ptr<Variable>> vars;
+    for (const auto& [id, v] : by_id_) {
+      if (!v->deleted && v->version > 0) vars.push_back(v);
+    }
+    std::sort(vars.begin(), vars.end(), [](const auto& a, const auto& b) { return a->id < b->id; });
+    for (const auto& v : vars) {
+      StepVariable sv;
+      sv.id = v->id;
+      sv.name = v->def.name;
+      sv.aggregation = v->def.aggregation;
+      sv.spec = v->def.tensor;
+      sv.begin_version = v->version;
+      sv.begin_checksum = v->checksum;
+      sv.allow_nonfinite = v->def.allow_nonfinite;
+      std::vector<const TaskKey*> h;
+      for (size_t i = 0; i < v->placement.size(); ++i) {
+        const Placement& p = v->placement[i];
+        const ReplicaRecord& r = v->replicas[i];
+        auto l = live.find(p.task);
+        bool up = l != live.end() && r.incarnation == l->second->incarnation &&
+                  r.version == v->version && r.checksum == v->checksum;
+        h.push_back(up ? &p.task : nullptr);
+        if (up) tasks.insert(p.task);
+      }
+      holders.push_back(std::move(h));
+      info.variables.push_back(std::move(sv));
+    }
+  }
+  for (const TaskKey& t : tasks) {
+    const LiveTask& l = *live[t];
+    info.participants.push_back(StepParticipant{t, l.incarnation, l.address});
+  }
+  for (size_t v = 0; v < info.variables.size(); ++v) {
+    for (const TaskKey* t : holders[v]) {
+      int32_t idx = -1;
+      if (t != nullptr) {
+        idx = static_cast<int32_t>(std::distance(tasks.begin(), tasks.find(*t)));
+      }
+      info.variables[v].replica_participant.push_back(idx);
+    }
+  }
+  step_beginning_ = false;
+  StepInfo opened = steps_.Open(std::move(info), clock_->Now());
+  spdlog::info("step {} (epoch {}) begun: {} participant(s), {} variable(s)", opened.step,
+               opened.epoch, opened.participants.size(), opened.variables.size());
+  step_cv_.SignalAll();
+  return opened;
+}
+
+absl::StatusOr<StepInfo> Coordinator::GetStep(uint64_t epoch) const {
+  absl::MutexLock lock(&step_mu_);
+  std::optional<StepInfo> info = steps_.info(epoch);
+  if (!info) return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+  return *info;
+}
+
+absl::Status Coordinator::AbortStep(uint64_t epoch, absl::string_view reason) {
+  absl::MutexLock lock(&step_mu_);
+  absl::Status s = steps_.Abort(epoch, reason, clock_->Now());
+  step_cv_.SignalAll();
+  return s;
+}
+
+absl::Status Coordinator::ReportStep(const WorkerReport& report) {
+  absl::MutexLock lock(&step_mu_);
+  absl::Status s = steps_.Report(report, clock_->Now());
+  step_cv_.SignalAll();
+  return s;
+}
+
+absl::Status Coordinator::FinishStep(const WorkerFinish& finish) {
+  absl::MutexLock lock(&step_mu_);
+  absl::Status s = steps_.Finish(finish, clock_->Now());
+  step_cv_.SignalAll();
+  return s;
+}
+
+absl::StatusOr<std::variant<StepPlan, StepResolution>> Coordinator::WaitStepPlan(
+    uint64_t epoch, absl::Duration max_wait) {
+  const absl::Time deadline = absl::Now() + max_wait;
+  absl::MutexLock lock(&step_mu_);
+  while (true) {
+    if (const StepPlan* p = steps_.plan(epoch)) return *p;
+    if (const StepResolution* r = steps_.resolution(epoch)) return *r;
+    if (!steps_.info(epoch)) {
+      return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+    }
+    if (step_cv_.WaitWithDeadline(&step_mu_, deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the barrier of epoch ", epoch, " has not resolved yet"));
+    }
+  }
+}
+
+absl::StatusOr<StepResolution> Coordinator::WaitStepResolution(uint64_t epoch,
+                                                               absl::Duration max_wait) {
+  const absl::Time deadline = absl::Now() + max_wait;
+  absl::MutexLock lock(&step_mu_);
+  while (true) {
+    if (const StepResolution* r = steps_.resolution(epoch)) return *r;
+    if (!steps_.info(epoch)) {
+      return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+    }
+    if (step_cv_.WaitWithDeadline(&step_mu_, deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the step of epoch ", epoch, " has not resolved yet"));
+    }
+  }
+}
+
+Coordinator::StepsStatus Coordinator::GetSteps() const {
+  absl::MutexLock lock(&step_mu_);
+  StepsStatus out;
+  if (const StepInfo* open = steps_.open()) out.open = *open;
+  out.progress = steps_.progress(clock_->Now());
+  out.recent.assign(steps_.recent().begin(), steps_.recent().end());
+  out.last_committed_step = steps_.last_committed_step();
+  return out;
+}
+
+std::vector<StepEvent> Coordinator::WaitStepEvents(int64_t after_seq, absl::Duration max_wait) {
+  const absl::Time deadline = absl::Now() + max_wait;
+  absl::MutexLock lock(&step_mu_);
+  while (steps_.next_event_seq() <= after_seq + 1) {
+    if (step_cv_.WaitWithDeadline(&step_mu_, deadline)) break;
+  }
+  return steps_.EventsAfter(after_seq);
+}
+
+std::pair<std::string, uint32_t> Coordinator::StepGroup(
+    const std::vector<StepParticipant>& participants, size_t tags, bool fresh) {
+  absl::MutexLock dp(&data_plane_mu_);
+  // A failed step may have left gloo contexts broken: start a new generation.
+  if (fresh) ++group_generation_;
+  std::string members;
+  for (const StepParticipant& p : participants) {
+    absl::StrAppend(&members, p.task.ToString(), "@", p.incarnation, ";");
+  }
+  std::string group = GroupLocked(members);
+  uint32_t first = next_tag_;
+  next_tag_ += static_cast<uint32_t>(tags);
+  return {group, first};
+}
+
+absl::Status Coordinator::ApplyStepRecord(const StepRecord& record) {
+  absl::MutexLock lock(&mu_);
+  for (const StepRecord::Variable& rv : record.variables) {
+    auto it = by_id_.find(rv.id);
+    if (it == by_id_.end()) continue;
+    Variable& v = *it->second;
+    v.version = rv.version;
+    v.checksum = rv.checksum;
+    if (rv.changed) v.value = nullptr;  // now held by the replicas only
+    for (const auto& [replica, incarnation] : rv.replicas) {
+      v.replicas[replica] = ReplicaRecord{rv.version, rv.checksum, incarnation};
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace repvar::server

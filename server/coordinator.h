@@ -19,7 +19,15 @@
 //      (version, checksum, value) and the caller answered; otherwise the
 //      caller gets UNAVAILABLE, the committed version stays n and the
 //      variable is marked for resync.
-//   6. serve: reads return the committed value and version.
+//   6. serve: reads return the committed value and version: the copy kept
+//      from the last cross-replica write, or, once a step has changed the
+//      variable, a copy fetched from an up-to-date replica (primary first).
+//
+// Replicated steps (S1-S5) run on the StepBarrier (see step_barrier.h): a
+// step is opened only when no cross-replica write is in flight, and while it
+// is open cross-replica writes are refused. Workers report to the barrier;
+// the bytes of step values never reach the coordinator except when a read
+// or a resync fetches a committed value from a replica.
 //
 // State changes happen only in the Commit* helpers, each taking a plain record
 // that a write-ahead log can store before it is applied.
@@ -30,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <variant>
 #include <string>
 #include <vector>
 
@@ -43,12 +52,11 @@
 #include "server/dedup.h"
 #include "server/membership.h"
 #include "server/rendezvous_store.h"
+#include "server/step_barrier.h"
 #include "server/worker_client.h"
 
 namespace repvar::server {
 
-// Numbers match repvar.v1.Aggregation.
-enum class Aggregation { kNone = 1, kSum = 2, kMean = 3, kOnlyFirstReplica = 4 };
 // Numbers match repvar.v1.ReplicaState.
 enum class ReplicaState { kUninitialized = 1, kUpToDate = 2, kStale = 3, kUnavailable = 4 };
 enum class AssignOp { kAssign = 1, kAdd = 2, kSub = 3 };
@@ -187,8 +195,37 @@ class Coordinator {
   absl::StatusOr<std::vector<WriteResult>> AssignBatch(const RequestKey& key,
                                                        const std::vector<AssignItem>& items);
 
-  // C1. Errors: NOT_FOUND, FAILED_PRECONDITION (uninitialized).
-  absl::StatusOr<ReadResult> Read(absl::string_view name) const;
+  // C1. Errors: NOT_FOUND, FAILED_PRECONDITION (uninitialized),
+  // UNAVAILABLE (a step changed it and no up-to-date replica answered).
+  absl::StatusOr<ReadResult> Read(absl::string_view name);
+
+  // ---- Replicated steps (S1-S5, F1); see step_barrier.h. ----
+  // S1. Waits for cross-replica writes in flight, then opens `step` with
+  // every up-to-date replica on a live worker taking part. Errors: as
+  // StepBarrier::CheckBegin, INVALID_ARGUMENT for a non-positive timeout.
+  absl::StatusOr<StepInfo> BeginStep(int64_t step, absl::Duration barrier_timeout);
+  // Errors: NOT_FOUND (unknown epoch).
+  absl::StatusOr<StepInfo> GetStep(uint64_t epoch) const;
+  absl::Status AbortStep(uint64_t epoch, absl::string_view reason);
+  // Errors: as StepBarrier::Report / Finish. Neither waits.
+  absl::Status ReportStep(const WorkerReport& report);
+  absl::Status FinishStep(const WorkerFinish& finish);
+  // Waits up to `max_wait` for the barrier of `epoch`: the plan (the step is
+  // aggregating) or its resolution. DEADLINE_EXCEEDED: still open.
+  absl::StatusOr<std::variant<StepPlan, StepResolution>> WaitStepPlan(uint64_t epoch,
+                                                                       absl::Duration max_wait);
+  // Waits up to `max_wait` for the resolution. DEADLINE_EXCEEDED: not yet;
+  // NOT_FOUND: unknown epoch.
+  absl::StatusOr<StepResolution> WaitStepResolution(uint64_t epoch, absl::Duration max_wait);
+  struct StepsStatus {
+    std::optional<StepInfo> open;
+    std::vector<ParticipantProgress> progress;
+    std::vector<StepResolution> recent;
+    int64_t last_committed_step = 0;
+  };
+  StepsStatus GetSteps() const;
+  // Events after `after_seq`, waiting up to `max_wait` for one.
+  std::vector<StepEvent> WaitStepEvents(int64_t after_seq, absl::Duration max_wait);
 
  private:
   struct Placement {
@@ -226,6 +263,21 @@ class Coordinator {
   // Sends every planned write to every live replica; records per-replica
   // results; commits all only when every live replica got its write.
   absl::Status Broadcast(std::vector<PlannedWrite>& writes) ABSL_LOCKS_EXCLUDED(mu_);
+  // The committed value of `v`: the kept copy, or one fetched from an
+  // up-to-date replica (primary first) after a step changed it.
+  absl::StatusOr<ReadResult> CommittedValue(const std::shared_ptr<Variable>& v)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Cross-replica writes (assign) enter the write gate: refused while a step
+  // is open or beginning; BeginStep waits for those inside to leave.
+  absl::Status EnterWriteGate() ABSL_LOCKS_EXCLUDED(step_mu_);
+  void LeaveWriteGate() ABSL_LOCKS_EXCLUDED(step_mu_);
+  absl::Status ApplyStepRecord(const StepRecord& record) ABSL_LOCKS_EXCLUDED(mu_);
+  std::pair<std::string, uint32_t> StepGroup(const std::vector<StepParticipant>& participants,
+                                             size_t tags, bool fresh)
+      ABSL_LOCKS_EXCLUDED(data_plane_mu_);
+  // The data-plane group name of a member set. A new group deletes the
+  // previous one's rendezvous keys.
+  std::string GroupLocked(const std::string& members) ABSL_EXCLUSIVE_LOCKS_REQUIRED(data_plane_mu_);
   void ResyncTask(const TaskKey& task) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::shared_ptr<Variable>> Find(absl::string_view name) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -234,7 +286,8 @@ class Coordinator {
   absl::Status ValidateAssignLocked(const Variable& v, const AssignItem& item) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<const Tensor>> ComputeLocked(const Variable& v,
-                                                              const AssignItem& item) const
+                                                              const AssignItem& item,
+                                                              const Tensor* base) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Assigns collective specs to `calls` when the data plane should carry
@@ -257,9 +310,17 @@ class Coordinator {
   uint64_t group_generation_ ABSL_GUARDED_BY(data_plane_mu_) = 0;
   uint32_t next_tag_ ABSL_GUARDED_BY(data_plane_mu_) = 0;
 
+  // Step state. Lock order: step_mu_, then data_plane_mu_ or mu_.
+  mutable absl::Mutex step_mu_;
+  StepBarrier steps_ ABSL_GUARDED_BY(step_mu_);
+  int writes_in_flight_ ABSL_GUARDED_BY(step_mu_) = 0;
+  bool step_beginning_ ABSL_GUARDED_BY(step_mu_) = false;
+  absl::CondVar step_cv_;  // any change of step state or of writes_in_flight_
+
   // State below is protected by mu_.
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Variable>, std::less<>> variables_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Variable>> by_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

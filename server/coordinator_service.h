@@ -55,6 +55,23 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status StoreGet(grpc::ServerContext*, const v1::StoreGetRequest*,
                         v1::StoreGetResponse*) override;
 
+  // Replicated steps (coordinator_step_service.cc).
+  grpc::Status BeginStep(grpc::ServerContext*, const v1::BeginStepRequest*,
+                         v1::StepInfo*) override;
+  grpc::Status GetStep(grpc::ServerContext*, const v1::GetStepRequest*, v1::StepInfo*) override;
+  grpc::Status AbortStep(grpc::ServerContext*, const v1::AbortStepRequest*,
+                         v1::AbortStepResponse*) override;
+  grpc::Status ReportStep(grpc::ServerContext*, const v1::ReportStepRequest*,
+                          v1::StepPlan*) override;
+  grpc::Status FinishStep(grpc::ServerContext*, const v1::FinishStepRequest*,
+                          v1::StepResolution*) override;
+  grpc::Status WaitStep(grpc::ServerContext*, const v1::WaitStepRequest*,
+                        v1::StepResolution*) override;
+  grpc::Status GetSteps(grpc::ServerContext*, const v1::GetStepsRequest*,
+                        v1::StepsStatus*) override;
+  grpc::Status WatchSteps(grpc::ServerContext*, const v1::WatchStepsRequest*,
+                          grpc::ServerWriter<v1::StepEvent>*) override;
+
  private:
   Coordinator* const core_;
   std::atomic<bool> shutting_down_{false};
@@ -64,6 +81,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
 absl::StatusOr<VariableDef> VariableDefFromProto(const v1::VariableSpec& proto);
 void VariableViewToProto(const VariableView& view, v1::VariableInfo* proto);
 void TopologyToProto(const TopologySnapshot& topo, v1::Topology* proto);
+void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto);
+void StepResolutionToProto(const StepResolution& r, v1::StepResolution* proto);
 
 }  // namespace repvar::server
 

@@ -27,6 +27,8 @@ class GrpcWorkerClient final : public WorkerClient {
 
   absl::Status WriteReplicas(const WorkerTarget& target,
                              std::span<const ReplicaWrite> writes) override;
+  absl::StatusOr<ReplicaValue> ReadReplica(const WorkerTarget& target, uint64_t variable_id,
+                                           int32_t replica) override;
   absl::Status DropVariable(const WorkerTarget& target, uint64_t variable_id) override;
 
  private:

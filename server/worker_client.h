@@ -3,12 +3,14 @@
 #define REPVAR_SERVER_WORKER_CLIENT_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/collective.h"
 #include "common/tensor.h"
@@ -48,6 +50,14 @@ class WorkerClient {
   // the worker says.
   virtual absl::Status WriteReplicas(const WorkerTarget& target,
                                      std::span<const ReplicaWrite> writes) = 0;
+  // One replica's value and version as the worker holds it (committed
+  // values only). Errors: NOT_FOUND, UNAVAILABLE, ABORTED.
+  struct ReplicaValue {
+    int64_t version = 0;
+    std::shared_ptr<const Tensor> value;
+  };
+  virtual absl::StatusOr<ReplicaValue> ReadReplica(const WorkerTarget& target,
+                                                   uint64_t variable_id, int32_t replica) = 0;
   // Forgets a deleted variable. Best effort.
   virtual absl::Status DropVariable(const WorkerTarget& target, uint64_t variable_id) = 0;
 };

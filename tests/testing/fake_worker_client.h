@@ -3,6 +3,7 @@
 #define REPVAR_TESTS_TESTING_FAKE_WORKER_CLIENT_H_
 
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 
@@ -19,6 +20,7 @@ class FakeWorkerClient final : public server::WorkerClient {
     int64_t version = 0;
     uint64_t checksum = 0;
     uint64_t incarnation = 0;
+    std::shared_ptr<const Tensor> value;
   };
 
   absl::Status WriteReplicas(const server::WorkerTarget& target,
@@ -30,11 +32,23 @@ class FakeWorkerClient final : public server::WorkerClient {
     for (const auto& w : writes) {
       if (w.collective) collectives_.push_back({target.task.ToString(), *w.collective});
       for (int32_t r : w.replicas) {
+        auto copy = Tensor::FromBytes(w.value->spec, w.value->bytes.span());
         held_[{target.task.ToString(), w.variable_id, r}] =
-            Held{w.version, w.value->checksum, target.incarnation};
+            Held{w.version, w.value->checksum, target.incarnation,
+                 std::make_shared<const Tensor>(*std::move(copy))};
       }
     }
     return absl::OkStatus();
+  }
+  absl::StatusOr<ReplicaValue> ReadReplica(const server::WorkerTarget& target,
+                                           uint64_t variable_id, int32_t replica) override {
+    absl::MutexLock lock(&mu_);
+    ++reads_;
+    auto f = failures_.find(target.task.ToString());
+    if (f != failures_.end()) return f->second;
+    auto it = held_.find({target.task.ToString(), variable_id, replica});
+    if (it == held_.end()) return absl::NotFoundError("no such replica");
+    return ReplicaValue{it->second.version, it->second.value};
   }
   absl::Status DropVariable(const server::WorkerTarget& target, uint64_t variable_id) override {
     absl::MutexLock lock(&mu_);
@@ -64,6 +78,19 @@ class FakeWorkerClient final : public server::WorkerClient {
     if (it == held_.end()) return std::nullopt;
     return it->second;
   }
+  // What a worker does when it installs a committed step value.
+  void Install(const std::string& task, uint64_t variable_id, int32_t replica, int64_t version,
+               const Tensor& value) {
+    absl::MutexLock lock(&mu_);
+    Held& h = held_[{task, variable_id, replica}];
+    h.version = version;
+    h.checksum = value.checksum;
+    h.value = std::make_shared<const Tensor>(*Tensor::FromBytes(value.spec, value.bytes.span()));
+  }
+  int reads() {
+    absl::MutexLock lock(&mu_);
+    return reads_;
+  }
   int calls() {
     absl::MutexLock lock(&mu_);
     return calls_;
@@ -79,6 +106,7 @@ class FakeWorkerClient final : public server::WorkerClient {
   std::map<std::tuple<std::string, uint64_t, int32_t>, Held> held_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  int reads_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<std::string, CollectiveSpec>> collectives_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,0 +1,518 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/step_barrier.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "spdlog/spdlog.h"
+
+namespace repvar::server {
+namespace {
+
+constexpr size_t kRecentSteps = 32;
+constexpr size_t kRecentEvents = 4096;
+
+std::string StepName(int64_t step, uint64_t epoch) {
+  return absl::StrCat("step ", step, " (epoch ", epoch, ")");
+}
+
+std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), " s"); }
+
+}  // namespace
+
+absl::StatusOr<std::optional<StepInfo>> StepBarrier::CheckBegin(int64_t step) const {
+  if (step < 1) return absl::InvalidArgumentError("step ids start at 1");
+  if (open_) {
+    if (open_->step == step) return std::optional<StepInfo>(*open_);
+    return absl::FailedPreconditionError(
+        absl::StrCat(StepName(open_->step, open_->epoch), " is open; commit or abort it before ",
+                     "beginning step ", step));
+  }
+  if (step <= last_committed_) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step, " is not above the last ",
+                                                      "committed step ", last_committed_));
+  }
+  return std::optional<StepInfo>();
+}
+
+StepInfo StepBarrier::Open(StepInfo info, absl::Time now) {
+  info.epoch = next_epoch_++;
+  info.state = StepState::kOpen;
+  info.begun = now;
+  open_ = std::move(info);
+  progress_.assign(open_->participants.size(), Progress{});
+  plan_.reset();
+  divergences_.clear();
+  warned_ = false;
+  Emit(NewEvent(StepEvent::Kind::kBegun, now));
+  StepInfo out = *open_;
+  if (progress_.empty()) ResolveBarrier(now);  // nobody to wait for
+  return out;
+}
+
+absl::StatusOr<size_t> StepBarrier::CheckCaller(int64_t step, uint64_t epoch, const TaskKey& task,
+                                                uint64_t incarnation,
+                                                absl::string_view what) const {
+  if (!open_ || open_->epoch != epoch || open_->step != step) {
+    bool closed = step <= last_committed_ || (open_ && step < open_->step) ||
+                  (epoch != 0 && epoch < next_epoch_ && (!open_ || open_->epoch != epoch));
+    if (closed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " for ", StepName(step, epoch), " from ", task.ToString(), ": that step is closed",
+          open_ ? absl::StrCat("; the open step is ", StepName(open_->step, open_->epoch)) : ""));
+    }
+    return absl::OutOfRangeError(absl::StrCat(what, " for ", StepName(step, epoch), " from ",
+                                              task.ToString(), ": that step has not begun"));
+  }
+  for (size_t i = 0; i < open_->participants.size(); ++i) {
+    const StepParticipant& p = open_->participants[i];
+    if (p.task != task) continue;
+    if (p.incarnation != incarnation) {
+      return absl::AbortedError(absl::StrCat(what, " from ", task.ToString(), " incarnation ",
+                                             incarnation, ": the step's participant is incarnation ",
+                                             p.incarnation));
+    }
+    return i;
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, " from ", task.ToString(), ": not a participant of ", StepName(step, epoch)));
+}
+
+absl::Status StepBarrier::Report(const WorkerReport& report, absl::Time now) {
+  auto who = CheckCaller(report.step, report.epoch, report.task, report.incarnation, "report");
+  if (!who.ok()) return who.status();
+  const size_t me = *who;
+  // Normalize (sorted by variable, replica) so that a retry in another order
+  // is recognised as identical.
+  WorkerReport r = report;
+  std::sort(r.replicas.begin(), r.replicas.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.variable_id, a.replica) < std::tie(b.variable_id, b.replica);
+  });
+  for (size_t i = 0; i < r.replicas.size(); ++i) {
+    const ReplicaReport& rr = r.replicas[i];
+    if (i > 0 && rr.variable_id == r.replicas[i - 1].variable_id &&
+        rr.replica == r.replicas[i - 1].replica) {
+      return absl::InvalidArgumentError(absl::StrCat("report from ", r.task.ToString(),
+                                                     " names variable ", rr.variable_id,
+                                                     " replica ", rr.replica, " twice"));
+    }
+    auto v = std::lower_bound(open_->variables.begin(), open_->variables.end(), rr.variable_id,
+                              [](const StepVariable& a, uint64_t id) { return a.id < id; });
+    if (v == open_->variables.end() || v->id != rr.variable_id) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "report from ", r.task.ToString(), " names variable id ", rr.variable_id,
+          ", which is not in ", StepName(open_->step, open_->epoch),
+          " (variables created or initialized during a step join the next one)"));
+    }
+    if (rr.replica < 0 || static_cast<size_t>(rr.replica) >= v->replica_participant.size() ||
+        v->replica_participant[rr.replica] != static_cast<int32_t>(me)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("report from ", r.task.ToString(), " names ", v->name, "/", rr.replica,
+                       ", a replica this worker does not hold in this step"));
+    }
+  }
+  Progress& p = progress_[me];
+  if (p.report) {
+    if (p.report->replicas == r.replicas) return absl::OkStatus();  // a retry
+    return absl::AlreadyExistsError(absl::StrCat(
+        r.task.ToString(), " already reported for ", StepName(open_->step, open_->epoch),
+        " with different contents; a worker sends one report per step"));
+  }
+  if (open_->state != StepState::kOpen) {
+    return absl::FailedPreconditionError("the step's barrier already resolved");
+  }
+  p.report = std::move(r);
+  p.reported_at = now;
+  StepEvent e = NewEvent(StepEvent::Kind::kReported, now);
+  e.task = report.task;
+  Emit(std::move(e));
+  for (const Progress& q : progress_) {
+    if (!q.report) return absl::OkStatus();
+  }
+  ResolveBarrier(now);
+  return absl::OkStatus();
+}
+
+void StepBarrier::ResolveBarrier(absl::Time now) {
+  StepPlan plan;
+  std::vector<Divergence> divergences;
+  std::map<AccumType, std::vector<uint64_t>> reduce;
+  std::vector<StepCollective> broadcasts;
+  for (const StepVariable& v : open_->variables) {
+    const size_t R = v.replica_participant.size();
+    std::vector<uint64_t> sums(R, v.begin_checksum);
+    bool changed = false;
+    for (const Progress& p : progress_) {
+      for (const ReplicaReport& rr : p.report->replicas) {
+        if (rr.variable_id != v.id) continue;
+        if (rr.first_nonfinite >= 0 && !v.allow_nonfinite) {
+          const TaskKey& t = open_->participants[v.replica_participant[rr.replica]].task;
+          Fail(absl::InvalidArgumentError(absl::StrCat(
+                   StepName(open_->step, open_->epoch), " failed: ", v.name, "/", rr.replica,
+                   " on ", t.ToString(), " has a non-finite value at element ",
+                   rr.first_nonfinite, " (allow_nonfinite is off); nothing changed")),
+               now);
+          return;
+        }
+        sums[rr.replica] = rr.checksum;
+        changed = changed || rr.checksum != v.begin_checksum;
+      }
+    }
+    if (!changed) continue;
+    std::vector<int32_t> voters;
+    for (size_t i = 0; i < R; ++i) {
+      if (v.replica_participant[i] >= 0) voters.push_back(static_cast<int32_t>(i));
+    }
+    if (v.aggregation == Aggregation::kSum || v.aggregation == Aggregation::kMean) {
+      reduce[AccumTypeFor(v.spec.dtype)].push_back(v.id);
+      plan.changed_ids.push_back(v.id);
+      plan.changed_checksums.push_back(0);
+      continue;
+    }
+    // NONE and ONLY_FIRST_REPLICA: pick the winning replica.
+    int32_t source = voters.front();
+    if (v.aggregation == Aggregation::kNone) {
+      std::map<uint64_t, int> count;
+      for (int32_t i : voters) ++count[sums[i]];
+      int best = 0;
+      for (int32_t i : voters) {  // in replica order: ties go to the lowest
+        if (count[sums[i]] > best) {
+          best = count[sums[i]];
+          source = i;
+        }
+      }
+    }
+    const uint64_t winner = sums[source];
+    StepCollective b;
+    b.kind = StepCollective::Kind::kBroadcast;
+    b.variable_ids = {v.id};
+    b.root = v.replica_participant[source];
+    b.source_replica = source;
+    b.checksum = winner;
+    for (int32_t i : voters) {
+      if (sums[i] != winner) b.targets.push_back(i);
+    }
+    if (!b.targets.empty()) {
+      if (v.aggregation == Aggregation::kNone) {
+        divergences.push_back(Divergence{v.id, v.name, sums, winner, b.targets});
+        spdlog::warn("{}: {} diverged ({} of {} replicas disagree); repairing from replica {}",
+                     StepName(open_->step, open_->epoch), v.name, b.targets.size(), voters.size(),
+                     source);
+      }
+      broadcasts.push_back(std::move(b));
+    }
+    plan.changed_ids.push_back(v.id);
+    plan.changed_checksums.push_back(winner);
+  }
+  // Fixed order: fused reductions by accumulator type, then repairs by id.
+  for (auto& [type, ids] : reduce) {
+    StepCollective c;
+    c.kind = StepCollective::Kind::kAllreduce;
+    c.variable_ids = std::move(ids);
+    plan.collectives.push_back(std::move(c));
+  }
+  for (StepCollective& b : broadcasts) plan.collectives.push_back(std::move(b));
+  divergences_ = std::move(divergences);
+  if (plan.collectives.empty()) {
+    plan_ = std::move(plan);
+    Commit(std::move(divergences_), now);
+    return;
+  }
+  auto [group, first_tag] =
+      group_(open_->participants, plan.collectives.size(), last_plan_failed_);
+  last_plan_failed_ = false;
+  plan.group = std::move(group);
+  for (size_t i = 0; i < plan.collectives.size(); ++i) {
+    plan.collectives[i].tag = first_tag + static_cast<uint32_t>(i);
+  }
+  // Reductions move every byte about twice; allow 50 MB/s.
+  uint64_t bytes = 0;
+  for (const StepVariable& v : open_->variables) bytes += static_cast<uint64_t>(*v.spec.ByteSize());
+  plan.timeout = absl::Seconds(30) + absl::Seconds(static_cast<double>(bytes) / 25e6);
+  plan_ = std::move(plan);
+  open_->state = StepState::kAggregating;
+  Emit(NewEvent(StepEvent::Kind::kAggregating, now));
+}
+
+absl::Status StepBarrier::Finish(const WorkerFinish& finish, absl::Time now) {
+  auto who = CheckCaller(finish.step, finish.epoch, finish.task, finish.incarnation, "finish");
+  if (!who.ok()) return who.status();
+  if (open_->state != StepState::kAggregating) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "finish from ", finish.task.ToString(), ": ", StepName(open_->step, open_->epoch),
+        " is not aggregating (report first)"));
+  }
+  Progress& p = progress_[*who];
+  if (p.finish) return absl::OkStatus();  // a retry
+  p.finish = finish;
+  if (!finish.error.empty()) {
+    Fail(absl::UnavailableError(absl::StrCat(StepName(open_->step, open_->epoch), " failed: ",
+                                             finish.task.ToString(),
+                                             " could not aggregate: ", finish.error)),
+         now);
+    return absl::OkStatus();
+  }
+  for (const Progress& q : progress_) {
+    if (!q.finish) return absl::OkStatus();
+  }
+  ResolveFinish(now);
+  return absl::OkStatus();
+}
+
+void StepBarrier::ResolveFinish(absl::Time now) {
+  // Every worker holding a replica of a changed variable must end with the
+  // same value (and the planned one when the plan named it).
+  for (size_t c = 0; c < plan_->changed_ids.size(); ++c) {
+    const uint64_t id = plan_->changed_ids[c];
+    auto v = std::find_if(open_->variables.begin(), open_->variables.end(),
+                          [&](const StepVariable& x) { return x.id == id; });
+    std::optional<uint64_t> agreed;
+    if (plan_->changed_checksums[c] != 0) agreed = plan_->changed_checksums[c];
+    for (size_t w = 0; w < progress_.size(); ++w) {
+      bool holds = std::find(v->replica_participant.begin(), v->replica_participant.end(),
+                             static_cast<int32_t>(w)) != v->replica_participant.end();
+      if (!holds) continue;
+      const PreparedVariable* pv = nullptr;
+      for (const PreparedVariable& x : progress_[w].finish->variables) {
+        if (x.variable_id == id) pv = &x;
+      }
+      const TaskKey& t = open_->participants[w].task;
+      if (pv == nullptr) {
+        Fail(absl::InternalError(absl::StrCat(StepName(open_->step, open_->epoch), " failed: ",
+                                              t.ToString(), " did not report its value of ",
+                                              v->name)),
+             now);
+        return;
+      }
+      if (pv->first_nonfinite >= 0 && !v->allow_nonfinite) {
+        Fail(absl::InvalidArgumentError(absl::StrCat(
+                 StepName(open_->step, open_->epoch), " failed: the aggregated value of ", v->name,
+                 " is non-finite at element ", pv->first_nonfinite, " (on ", t.ToString(),
+                 "; every replica's own value was finite, so the sum overflowed)")),
+             now);
+        return;
+      }
+      if (!agreed) agreed = pv->checksum;
+      if (pv->checksum != *agreed) {
+        Fail(absl::DataLossError(absl::StrCat(
+                 StepName(open_->step, open_->epoch), " failed: ", t.ToString(),
+                 " ended with a different value of ", v->name, " (checksum ",
+                 absl::Hex(pv->checksum), ", expected ", absl::Hex(*agreed), ")")),
+             now);
+        return;
+      }
+    }
+    plan_->changed_checksums[c] = agreed.value_or(v->begin_checksum);
+  }
+  Commit(std::move(divergences_), now);
+}
+
+void StepBarrier::Commit(std::vector<Divergence> divergences, absl::Time now) {
+  StepRecord record{open_->step, open_->epoch, {}};
+  StepResolution res;
+  res.step = open_->step;
+  res.epoch = open_->epoch;
+  res.state = StepState::kCommitted;
+  for (size_t c = 0; c < plan_->changed_ids.size(); ++c) {
+    const uint64_t id = plan_->changed_ids[c];
+    const StepVariable& v = *std::find_if(open_->variables.begin(), open_->variables.end(),
+                                          [&](const StepVariable& x) { return x.id == id; });
+    StepRecord::Variable rv;
+    rv.id = id;
+    rv.checksum = plan_->changed_checksums[c];
+    rv.changed = rv.checksum != v.begin_checksum;
+    rv.version = v.begin_version + (rv.changed ? 1 : 0);
+    for (size_t i = 0; i < v.replica_participant.size(); ++i) {
+      if (v.replica_participant[i] < 0) continue;
+      rv.replicas.emplace_back(static_cast<int32_t>(i),
+                               open_->participants[v.replica_participant[i]].incarnation);
+    }
+    if (rv.changed) res.changed.push_back(CommittedVariable{id, v.name, rv.version, rv.checksum});
+    record.variables.push_back(std::move(rv));
+  }
+  if (absl::Status s = commit_(record); !s.ok()) {
+    Fail(s, now);
+    return;
+  }
+  for (size_t i = 0; i < progress_.size(); ++i) {
+    res.latencies.emplace_back(open_->participants[i].task,
+                               progress_[i].reported_at - open_->begun);
+  }
+  res.divergences = std::move(divergences);
+  last_committed_ = open_->step;
+  open_->state = StepState::kCommitted;
+  recent_.push_back(res);
+  recent_info_.push_back(*open_);
+  StepEvent e = NewEvent(StepEvent::Kind::kResolved, now);
+  e.resolution = res;
+  Emit(std::move(e));
+  open_.reset();
+  if (recent_.size() > kRecentSteps) {
+    recent_.pop_front();
+    recent_info_.pop_front();
+  }
+}
+
+void StepBarrier::Fail(absl::Status status, absl::Time now) {
+  if (!open_) return;
+  spdlog::warn("{}", status.ToString());
+  StepResolution res;
+  res.step = open_->step;
+  res.epoch = open_->epoch;
+  res.state = StepState::kFailed;
+  res.status = std::move(status);
+  for (size_t i = 0; i < progress_.size(); ++i) {
+    if (progress_[i].report) {
+      res.latencies.emplace_back(open_->participants[i].task,
+                                 progress_[i].reported_at - open_->begun);
+    }
+  }
+  if (open_->state == StepState::kAggregating) last_plan_failed_ = true;
+  open_->state = StepState::kFailed;
+  recent_.push_back(res);
+  recent_info_.push_back(*open_);
+  StepEvent e = NewEvent(StepEvent::Kind::kResolved, now);
+  e.resolution = res;
+  Emit(std::move(e));
+  open_.reset();
+  if (recent_.size() > kRecentSteps) {
+    recent_.pop_front();
+    recent_info_.pop_front();
+  }
+}
+
+absl::Status StepBarrier::Abort(uint64_t epoch, absl::string_view reason, absl::Time now) {
+  if (open_ && open_->epoch == epoch) {
+    Fail(absl::AbortedError(absl::StrCat(StepName(open_->step, epoch), " was aborted",
+                                         reason.empty() ? "" : ": ", reason)),
+         now);
+    return absl::OkStatus();
+  }
+  if (const StepResolution* r = resolution(epoch); r && r->state == StepState::kCommitted) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(StepName(r->step, epoch), " already committed; it cannot be aborted"));
+  }
+  return absl::OkStatus();
+}
+
+void StepBarrier::WorkerDied(const TaskKey& task, uint64_t incarnation, absl::Time now) {
+  if (!open_) return;
+  for (const StepParticipant& p : open_->participants) {
+    if (p.task == task && p.incarnation == incarnation) {
+      Fail(absl::UnavailableError(absl::StrCat(
+               StepName(open_->step, open_->epoch), " failed: worker ", task.ToString(),
+               " (incarnation ", incarnation,
+               ") was declared dead (missed heartbeats); begin the step again")),
+           now);
+      return;
+    }
+  }
+}
+
+void StepBarrier::Tick(absl::Time now,
+                       const std::function<std::string(const TaskKey&)>& describe) {
+  if (!open_) return;
+  const absl::Duration elapsed = now - open_->begun;
+  const bool aggregating = open_->state == StepState::kAggregating;
+  const absl::Duration limit = open_->barrier_timeout + (aggregating ? plan_->timeout : absl::ZeroDuration());
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < progress_.size(); ++i) {
+    const Progress& p = progress_[i];
+    if (aggregating ? !p.finish : !p.report) {
+      missing.push_back(open_->participants[i].task.ToString());
+    }
+  }
+  if (!aggregating && !warned_ && elapsed >= open_->barrier_timeout / 2) {
+    warned_ = true;
+    spdlog::warn("{}: half the barrier timeout ({}) passed; still waiting for {}",
+                 StepName(open_->step, open_->epoch), Seconds(open_->barrier_timeout),
+                 absl::StrJoin(missing, ", "));
+    StepEvent e = NewEvent(StepEvent::Kind::kStragglers, now);
+    e.missing = missing;
+    Emit(std::move(e));
+  }
+  if (elapsed < limit) return;
+  std::vector<std::string> detail;
+  for (size_t i = 0; i < progress_.size(); ++i) {
+    const Progress& p = progress_[i];
+    const TaskKey& t = open_->participants[i].task;
+    if (aggregating ? p.finish.has_value() : p.report.has_value()) continue;
+    std::string last = aggregating ? absl::StrCat("reported after ", Seconds(p.reported_at - open_->begun),
+                                                  ", never finished aggregating")
+                                   : "sent no report";
+    detail.push_back(absl::StrCat(t.ToString(), " (", last, "; ", describe(t), ")"));
+  }
+  Fail(absl::DeadlineExceededError(absl::StrCat(
+           StepName(open_->step, open_->epoch), " failed: ",
+           aggregating ? "aggregation" : "the barrier", " timed out after ", Seconds(elapsed),
+           "; missing: ", absl::StrJoin(detail, ", "))),
+       now);
+}
+
+const StepPlan* StepBarrier::plan(uint64_t epoch) const {
+  if (open_ && open_->epoch == epoch && open_->state == StepState::kAggregating) return &*plan_;
+  return nullptr;
+}
+
+const StepResolution* StepBarrier::resolution(uint64_t epoch) const {
+  for (const StepResolution& r : recent_) {
+    if (r.epoch == epoch) return &r;
+  }
+  return nullptr;
+}
+
+std::optional<StepInfo> StepBarrier::info(uint64_t epoch) const {
+  if (open_ && open_->epoch == epoch) return *open_;
+  for (const StepInfo& i : recent_info_) {
+    if (i.epoch == epoch) return i;
+  }
+  return std::nullopt;
+}
+
+std::vector<ParticipantProgress> StepBarrier::progress(absl::Time now) const {
+  std::vector<ParticipantProgress> out;
+  if (!open_) return out;
+  for (size_t i = 0; i < progress_.size(); ++i) {
+    const Progress& p = progress_[i];
+    ParticipantProgress pp;
+    pp.task = open_->participants[i].task;
+    pp.reported = p.report.has_value();
+    pp.finished = p.finish.has_value();
+    if (pp.reported) {
+      pp.report_latency = p.reported_at - open_->begun;
+      pp.last_activity = absl::StrCat("reported after ", Seconds(pp.report_latency));
+    } else {
+      pp.last_activity = absl::StrCat("no report yet (", Seconds(now - open_->begun),
+                                      " since the step began)");
+    }
+    out.push_back(std::move(pp));
+  }
+  return out;
+}
+
+StepEvent StepBarrier::NewEvent(StepEvent::Kind kind, absl::Time now) const {
+  StepEvent e;
+  e.kind = kind;
+  e.step = open_->step;
+  e.epoch = open_->epoch;
+  e.at = now;
+  return e;
+}
+
+void StepBarrier::Emit(StepEvent e) {
+  e.seq = next_seq_++;
+  events_.push_back(std::move(e));
+  if (events_.size() > kRecentEvents) events_.pop_front();
+}
+
+std::vector<StepEvent> StepBarrier::EventsAfter(int64_t seq) const {
+  std::vector<StepEvent> out;
+  for (const StepEvent& e : events_) {
+    if (e.seq > seq) out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace repvar::server

@@ -1,0 +1,291 @@
+// SPDX-License-Identifier: Apache-2.0
+// The replicated-step state machine (DESIGN.md S1-S5, F1), with no network,
+// no threads and no clock of its own: every call takes `now`.
+//
+// One step is open at a time. Its life:
+//
+//          Begin(k)                  every participant
+//   (none) -------> OPEN -----------------reported-------------+
+//                    |  \                                      |
+//                    |   '-- at half the barrier timeout:      v
+//                    |       a STRAGGLERS event          plan needs collectives?
+//                    |                                    no /           \ yes
+//   barrier timeout, |                                      v             v
+//   a participant    |                              COMMITTED  <-- AGGREGATING
+//   died, Abort, a   |                                 ^   every participant finished
+//   bad report mix   v                                 |   with agreeing values
+//                 FAILED  <----------------------------+-- (else FAILED)
+//
+// COMMITTED and FAILED are final; the resolution is kept (the last few) so a
+// late worker or trainer gets the same answer. Committed step ids strictly
+// increase; a failed step's id may be opened again, under a new epoch.
+//
+// Aggregation (decided when the last report arrives):
+//   NONE               every participating replica must agree; otherwise the
+//                      majority value wins (ties: the lowest replica, so the
+//                      primary first), a Divergence is reported and the
+//                      winner is broadcast from its holder to the others.
+//   ONLY_FIRST_REPLICA replica 0's value is broadcast to the others.
+//   SUM / MEAN         if any replica changed, one fused ring allreduce per
+//                      accumulator type over all participants, in variable
+//                      id order; workers apply it to the begin value.
+// A changed variable gets version + 1; a repaired but unchanged one keeps its
+// version. The commit is handed to the owner as one StepRecord.
+//
+// Not thread-safe: the Coordinator holds a mutex around it.
+#ifndef REPVAR_SERVER_STEP_BARRIER_H_
+#define REPVAR_SERVER_STEP_BARRIER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/step_math.h"
+#include "common/tensor.h"
+#include "server/membership.h"
+
+namespace repvar::server {
+
+// Numbers match repvar.v1.Aggregation.
+enum class Aggregation { kNone = 1, kSum = 2, kMean = 3, kOnlyFirstReplica = 4 };
+// Numbers match repvar.v1.StepState.
+enum class StepState { kOpen = 1, kAggregating = 2, kCommitted = 3, kFailed = 4 };
+
+struct StepParticipant {
+  TaskKey task;
+  uint64_t incarnation = 0;
+  std::string address;
+};
+
+struct StepVariable {
+  uint64_t id = 0;
+  std::string name;
+  Aggregation aggregation = Aggregation::kNone;
+  TensorSpec spec;
+  int64_t begin_version = 0;
+  uint64_t begin_checksum = 0;
+  // Per replica: index into StepInfo::participants, or -1 when its worker is
+  // not live or its replica is not up to date (it sits the step out).
+  std::vector<int32_t> replica_participant;
+  bool allow_nonfinite = false;
+};
+
+struct StepInfo {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  StepState state = StepState::kOpen;
+  absl::Duration barrier_timeout;
+  absl::Time begun;
+  std::vector<StepParticipant> participants;  // sorted by task: the rank order
+  std::vector<StepVariable> variables;        // by id
+};
+
+struct ReplicaReport {
+  uint64_t variable_id = 0;
+  int32_t replica = 0;
+  uint64_t checksum = 0;
+  int64_t first_nonfinite = -1;
+  friend bool operator==(const ReplicaReport&, const ReplicaReport&) = default;
+};
+
+// A worker's one report for a step: its replicas whose value changed.
+struct WorkerReport {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  TaskKey task;
+  uint64_t incarnation = 0;
+  std::vector<ReplicaReport> replicas;
+};
+
+struct StepCollective {
+  enum class Kind { kAllreduce = 1, kBroadcast = 2 };
+  Kind kind = Kind::kAllreduce;
+  uint32_t tag = 0;
+  std::vector<uint64_t> variable_ids;
+  int32_t root = 0;  // broadcast: the rank holding the winning value
+  int32_t source_replica = 0;
+  uint64_t checksum = 0;
+  std::vector<int32_t> targets;  // broadcast: replicas to overwrite
+};
+
+// What every participant runs after the barrier (its own rank is its index).
+struct StepPlan {
+  std::string group;
+  absl::Duration timeout;
+  std::vector<StepCollective> collectives;
+  // Variables the step changes or repairs, with the value they end with when
+  // already known (0: the reduction decides).
+  std::vector<uint64_t> changed_ids;
+  std::vector<uint64_t> changed_checksums;
+};
+
+struct PreparedVariable {
+  uint64_t variable_id = 0;
+  uint64_t checksum = 0;
+  int64_t first_nonfinite = -1;
+};
+
+struct WorkerFinish {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  TaskKey task;
+  uint64_t incarnation = 0;
+  std::vector<PreparedVariable> variables;
+  std::string error;  // non-empty: the worker could not run the plan
+};
+
+struct Divergence {
+  uint64_t variable_id = 0;
+  std::string name;
+  std::vector<uint64_t> replica_checksums;  // per replica (begin value if unreported)
+  uint64_t chosen_checksum = 0;
+  std::vector<int32_t> repaired;
+};
+
+struct CommittedVariable {
+  uint64_t variable_id = 0;
+  std::string name;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+};
+
+struct StepResolution {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  StepState state = StepState::kFailed;
+  absl::Status status;
+  std::vector<std::pair<TaskKey, absl::Duration>> latencies;  // report time from begin
+  std::vector<Divergence> divergences;
+  std::vector<CommittedVariable> changed;
+};
+
+// The durable-ready record of one committed step: which replicas now hold
+// which (version, checksum). One per step (DESIGN.md §4: one fsync).
+struct StepRecord {
+  struct Variable {
+    uint64_t id = 0;
+    int64_t version = 0;
+    uint64_t checksum = 0;
+    bool changed = false;  // false: only repaired, version kept
+    std::vector<std::pair<int32_t, uint64_t>> replicas;  // (replica, incarnation)
+  };
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  std::vector<Variable> variables;
+};
+
+struct StepEvent {
+  enum class Kind { kBegun = 1, kReported = 2, kStragglers = 3, kAggregating = 4, kResolved = 5 };
+  int64_t seq = 0;
+  Kind kind = Kind::kBegun;
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  TaskKey task;                      // kReported
+  std::vector<std::string> missing;  // kStragglers
+  std::optional<StepResolution> resolution;
+  absl::Time at;
+};
+
+struct ParticipantProgress {
+  TaskKey task;
+  bool reported = false;
+  bool finished = false;
+  absl::Duration report_latency;
+  std::string last_activity;
+};
+
+class StepBarrier {
+ public:
+  // Hands out the data-plane group and `count` consecutive tags for a plan;
+  // `fresh`: the last step that ran collectives failed, so the group's gloo
+  // contexts may be broken and a new generation is needed.
+  using GroupFn = std::function<std::pair<std::string, uint32_t>(
+      const std::vector<StepParticipant>&, size_t count, bool fresh)>;
+  // Applies a commit (the owner's registry, and later its log). A failure
+  // fails the step instead.
+  using CommitFn = std::function<absl::Status(const StepRecord&)>;
+
+  StepBarrier(GroupFn group, CommitFn commit)
+      : group_(std::move(group)), commit_(std::move(commit)) {}
+
+  // The open step when it is `step` (BeginStep again: idempotent), nullopt
+  // when `step` may be opened. Errors: INVALID_ARGUMENT (step < 1),
+  // FAILED_PRECONDITION (another step is open, or `step` is not above the
+  // last committed one).
+  absl::StatusOr<std::optional<StepInfo>> CheckBegin(int64_t step) const;
+  // Opens a step (after CheckBegin said it may); assigns its epoch. A step
+  // without participants commits at once.
+  StepInfo Open(StepInfo info, absl::Time now);
+
+  // S3. Errors (nothing changes): FAILED_PRECONDITION (closed step),
+  // OUT_OF_RANGE (future step), PERMISSION_DENIED (not a participant, or a
+  // replica it does not hold), ABORTED (stale incarnation), ALREADY_EXISTS
+  // (a different report already received), INVALID_ARGUMENT (unknown
+  // variable or a duplicate entry).
+  absl::Status Report(const WorkerReport& report, absl::Time now);
+  // After the plan's collectives. Errors as Report.
+  absl::Status Finish(const WorkerFinish& finish, absl::Time now);
+
+  // Fails the open step `epoch` with ABORTED. FAILED_PRECONDITION: that
+  // step committed. Unknown or already failed epochs: OK.
+  absl::Status Abort(uint64_t epoch, absl::string_view reason, absl::Time now);
+  // F1: a participant declared dead fails the open step with UNAVAILABLE.
+  void WorkerDied(const TaskKey& task, uint64_t incarnation, absl::Time now);
+  // Barrier timeouts and straggler warnings. `describe(task)` says what the
+  // owner knows of a task (its last heartbeat), for the error message.
+  void Tick(absl::Time now, const std::function<std::string(const TaskKey&)>& describe);
+
+  const StepInfo* open() const { return open_ ? &*open_ : nullptr; }
+  // The plan of the open step once it is aggregating.
+  const StepPlan* plan(uint64_t epoch) const;
+  const StepResolution* resolution(uint64_t epoch) const;
+  std::optional<StepInfo> info(uint64_t epoch) const;
+  std::vector<ParticipantProgress> progress(absl::Time now) const;
+  const std::deque<StepResolution>& recent() const { return recent_; }
+  int64_t last_committed_step() const { return last_committed_; }
+  int64_t next_event_seq() const { return next_seq_; }
+  std::vector<StepEvent> EventsAfter(int64_t seq) const;
+
+ private:
+  struct Progress {
+    std::optional<WorkerReport> report;
+    std::optional<WorkerFinish> finish;
+    absl::Time reported_at;
+  };
+
+  // Validates step/epoch/task/incarnation; returns the participant index.
+  absl::StatusOr<size_t> CheckCaller(int64_t step, uint64_t epoch, const TaskKey& task,
+                                     uint64_t incarnation, absl::string_view what) const;
+  void ResolveBarrier(absl::Time now);
+  void ResolveFinish(absl::Time now);
+  void Fail(absl::Status status, absl::Time now);
+  void Commit(std::vector<Divergence> divergences, absl::Time now);
+  StepEvent NewEvent(StepEvent::Kind kind, absl::Time now) const;  // of the open step
+  void Emit(StepEvent e);
+
+  GroupFn group_;
+  CommitFn commit_;
+  std::optional<StepInfo> open_;
+  std::vector<Progress> progress_;
+  std::optional<StepPlan> plan_;
+  std::vector<Divergence> divergences_;  // found at the barrier
+  bool warned_ = false;
+  bool last_plan_failed_ = false;
+  uint64_t next_epoch_ = 1;
+  int64_t last_committed_ = 0;
+  // Recent resolutions and their steps' infos, newest last.
+  std::deque<StepResolution> recent_;
+  std::deque<StepInfo> recent_info_;
+  std::deque<StepEvent> events_;
+  int64_t next_seq_ = 1;
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_STEP_BARRIER_H_
