@@ -97,7 +97,9 @@ int main(int argc, char** argv) {
 
   absl::Notification stop;
   std::thread ticker([&] {
-    absl::Duration period = options.membership.heartbeat_timeout / 10;
+    // Often enough for heartbeats and step barrier timeouts alike.
+    absl::Duration period =
+        std::min(options.membership.heartbeat_timeout / 10, absl::Milliseconds(100));
     while (!stop.WaitForNotificationWithTimeout(period)) core.Tick(absl::Now());
   });
 

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "worker/data_plane.h"
 
+#include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
+#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
@@ -81,7 +83,7 @@ absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::by
   absl::MutexLock lock(&mu_);
   auto ctx = ContextFor(c);
   if (!ctx.ok()) return ctx.status();
-  if (bytes.empty()) return absl::OkStatus();
+  if (bytes.empty() || c.size == 1) return absl::OkStatus();
   try {
     gloo::BroadcastOptions opts(*ctx);
     opts.setOutput(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
@@ -95,6 +97,51 @@ absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::by
     group_.clear();
     return absl::UnavailableError(
         absl::StrCat("data plane: broadcast in group ", c.group, " failed: ", e.what()));
+  }
+}
+
+absl::Status GlooDataPlane::Allreduce(const CollectiveSpec& c, AccumType type,
+                                      std::span<std::byte> bytes) {
+  if (c.size < 1 || c.rank < 0 || c.rank >= c.size) {
+    return absl::InvalidArgumentError("malformed collective");
+  }
+  const size_t item = AccumSize(type);
+  if (bytes.size() % item != 0) return absl::InvalidArgumentError("ragged reduction buffer");
+  absl::MutexLock lock(&mu_);
+  auto ctx = ContextFor(c);
+  if (!ctx.ok()) return ctx.status();
+  if (bytes.empty() || c.size == 1) return absl::OkStatus();
+  using Fn = void (*)(void*, const void*, const void*, size_t);
+  try {
+    gloo::AllreduceOptions opts(*ctx);
+    const size_t n = bytes.size() / item;
+    // The ring: every element is summed in one fixed order (ranks are the
+    // step's participants in task order), so the result repeats run to run
+    // and is the same on every member.
+    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    switch (type) {
+      case AccumType::kFloat32:
+        opts.setOutput(reinterpret_cast<float*>(bytes.data()), n);
+        opts.setReduceFunction(static_cast<Fn>(&gloo::sum<float>));
+        break;
+      case AccumType::kFloat64:
+        opts.setOutput(reinterpret_cast<double*>(bytes.data()), n);
+        opts.setReduceFunction(static_cast<Fn>(&gloo::sum<double>));
+        break;
+      case AccumType::kInt64:
+        opts.setOutput(reinterpret_cast<int64_t*>(bytes.data()), n);
+        opts.setReduceFunction(static_cast<Fn>(&gloo::sum<int64_t>));
+        break;
+    }
+    opts.setTag(c.tag);
+    opts.setTimeout(absl::ToChronoMilliseconds(c.timeout));
+    gloo::allreduce(opts);
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    context_.reset();
+    group_.clear();
+    return absl::UnavailableError(
+        absl::StrCat("data plane: allreduce in group ", c.group, " failed: ", e.what()));
   }
 }
 

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/collective.h"
+#include "common/step_math.h"
 
 namespace gloo {
 class Context;
@@ -32,20 +33,33 @@ class RendezvousClient {
   virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
 };
 
+// The collectives a worker's step runs (the seam for tests).
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  // Broadcasts `bytes` from the root to every member; on the others, fills
+  // `bytes`. Errors: UNAVAILABLE (rendezvous or transfer failed, timed out).
+  virtual absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) = 0;
+  // Sums `bytes` (elements of `type`) across the members, in place.
+  virtual absl::Status Allreduce(const CollectiveSpec& c, AccumType type,
+                                 std::span<std::byte> bytes) = 0;
+};
+
 // Bulk bytes between workers over gloo (TCP transport). Holds one gloo
 // context, for the current group; a collective naming another group builds a
 // new one (rendezvous under "<group>/" in the coordinator's store), and any
 // gloo error drops the context, since gloo leaves it unusable. gloo throws:
 // this class is the only place that catches. Collectives run one at a time.
-class GlooDataPlane {
+class GlooDataPlane final : public Collectives {
  public:
   // `hostname`: the address other workers reach this one at.
   GlooDataPlane(std::string hostname, RendezvousClient* store);
   ~GlooDataPlane();
 
-  // Broadcasts `bytes` from the root to every member; on the others, fills
-  // `bytes`. Errors: UNAVAILABLE (rendezvous or transfer failed, or timed out).
-  absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes)
+  absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A ring allreduce (sum). A group of one is a no-op.
+  absl::Status Allreduce(const CollectiveSpec& c, AccumType type, std::span<std::byte> bytes) override
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

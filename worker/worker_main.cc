@@ -74,7 +74,15 @@ int main(int argc, char** argv) {
   repvar::worker::ReplicaStore store;
   repvar::worker::GrpcCoordinatorLink link(coordinator);
   repvar::worker::GlooDataPlane data_plane(absl::GetFlag(FLAGS_advertise_host), &link);
-  repvar::worker::WorkerService service(incarnation, &store, &data_plane);
+  repvar::worker::WorkerIdentity identity{job, task, incarnation, {}};
+  for (const std::string& d : devices) {
+    auto parsed = repvar::DeviceName::Parse(d);
+    if (parsed.ok() && parsed->IsAccelerator()) {
+      identity.accelerators.push_back(absl::StrCat(parsed->type, ":", parsed->id));
+    }
+  }
+  repvar::worker::LocalSteps steps(identity, &store, &link, &data_plane);
+  repvar::worker::WorkerService service(incarnation, &store, &data_plane, &steps);
   int port = 0;
   // The port file is written once the agent runs (below), so a waiter sees a
   // worker that serves and registers.

@@ -147,7 +147,8 @@ grpc::Status WorkerService::Apply(absl::StatusOr<std::vector<ReplicaWriteItem>> 
 
 grpc::Status WorkerService::ReadReplica(grpc::ServerContext* ctx, const v1::ReadReplicaRequest* req,
                                         grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
-  auto r = store_->Get(req->variable_id(), req->replica());
+  auto r = req->epoch() == 0 ? store_->Get(req->variable_id(), req->replica())
+                             : steps_->Read(req->epoch(), req->variable_id(), req->replica());
   if (!r.ok()) return ToGrpcStatus(r.status());
   v1::ReadVariableChunk head;
   HeaderToProto(*r->value, head.mutable_header());
@@ -190,6 +191,97 @@ grpc::Status WorkerService::GetReplicaStatus(grpc::ServerContext*,
     p->set_checksum(r.checksum);
     p->set_byte_size(r.value->bytes.size());
   }
+  return grpc::Status::OK;
+}
+
+namespace {
+
+// One trainer write inside a step: header then chunks, or inline.
+class StepWriteSession {
+ public:
+  explicit StepWriteSession(LocalSteps* steps) : steps_(steps) {}
+
+  absl::Status OnHeader(const v1::StepWriteHeader& h) {
+    REPVAR_RETURN_IF_ERROR(FinishCurrent());
+    REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(h.tensor().spec()));
+    REPVAR_ASSIGN_OR_RETURN(
+        ChunkAssembler a,
+        ChunkAssembler::Start(spec, h.tensor().byte_size(), h.tensor().checksum(), UINT64_MAX));
+    assembler_.emplace(std::move(a));
+    if (!h.inline_data().empty()) {
+      auto bytes = BytesOf(h.inline_data());
+      REPVAR_RETURN_IF_ERROR(assembler_->Add(0, bytes, Checksum(bytes)));
+    }
+    header_ = h;
+    return absl::OkStatus();
+  }
+  absl::Status OnChunk(const v1::TensorChunk& chunk) {
+    if (!assembler_) return absl::InvalidArgumentError("chunk before a header");
+    return AddChunk(*assembler_, chunk);
+  }
+  absl::Status FinishCurrent() {
+    if (!header_) return absl::OkStatus();
+    REPVAR_ASSIGN_OR_RETURN(Tensor t, assembler_->Finish());
+    absl::Status s =
+        steps_->Write(header_->step(), header_->epoch(), header_->variable_id(),
+                      header_->replica(), std::make_shared<const Tensor>(std::move(t)));
+    header_.reset();
+    assembler_.reset();
+    return s;
+  }
+
+ private:
+  LocalSteps* const steps_;
+  std::optional<ChunkAssembler> assembler_;
+  std::optional<v1::StepWriteHeader> header_;
+};
+
+}  // namespace
+
+grpc::Status WorkerService::StepWrite(grpc::ServerContext*,
+                                      grpc::ServerReader<v1::StepWriteRequest>* reader,
+                                      v1::StepWriteResponse*) {
+  StepWriteSession session(steps_);
+  v1::StepWriteRequest msg;
+  while (reader->Read(&msg)) {
+    absl::Status s = msg.has_header()  ? session.OnHeader(msg.header())
+                     : msg.has_chunk() ? session.OnChunk(msg.chunk())
+                                       : absl::OkStatus();
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
+  return ToGrpcStatus(session.FinishCurrent());
+}
+
+grpc::Status WorkerService::StepWriteSmall(grpc::ServerContext*,
+                                           const v1::StepWriteSmallRequest* req,
+                                           v1::StepWriteResponse*) {
+  StepWriteSession session(steps_);
+  for (const v1::StepWriteHeader& h : req->writes()) {
+    if (h.inline_data().size() != h.tensor().byte_size()) {
+      return ToGrpcStatus(
+          absl::InvalidArgumentError("StepWriteSmall carries whole tensors inline"));
+    }
+    absl::Status s = session.OnHeader(h);
+    if (s.ok()) s = session.FinishCurrent();
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::CommitStep(grpc::ServerContext* ctx, const v1::CommitStepRequest* req,
+                                       v1::StepResolution* resp) {
+  std::vector<std::string> devices(req->devices().begin(), req->devices().end());
+  absl::Duration timeout = req->timeout_ms() > 0 ? absl::Milliseconds(req->timeout_ms())
+                                                 : absl::FromChrono(ctx->deadline()) - absl::Now();
+  auto r = steps_->Commit(req->step(), req->epoch(), devices, timeout);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::DiscardStep(grpc::ServerContext*, const v1::DiscardStepRequest* req,
+                                        v1::DiscardStepResponse*) {
+  steps_->Discard(req->epoch());
   return grpc::Status::OK;
 }
 
@@ -246,6 +338,50 @@ absl::Status GrpcCoordinatorLink::Heartbeat(const std::string& job, int32_t task
   req.set_incarnation(incarnation);
   v1::HeartbeatResponse resp;
   return FromGrpcStatus(stub_->Heartbeat(&ctx, req, &resp));
+}
+
+absl::StatusOr<v1::StepInfo> GrpcCoordinatorLink::GetStep(uint64_t epoch) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::GetStepRequest req;
+  req.set_epoch(epoch);
+  v1::StepInfo resp;
+  absl::Status s = FromGrpcStatus(stub_->GetStep(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::StepPlan> GrpcCoordinatorLink::ReportStep(const v1::ReportStepRequest& req,
+                                                             absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::StepPlan resp;
+  absl::Status s = FromGrpcStatus(stub_->ReportStep(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::StepResolution> GrpcCoordinatorLink::FinishStep(
+    const v1::FinishStepRequest& req, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::StepResolution resp;
+  absl::Status s = FromGrpcStatus(stub_->FinishStep(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::StepResolution> GrpcCoordinatorLink::WaitStep(uint64_t epoch,
+                                                                 absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(5)));
+  v1::WaitStepRequest req;
+  req.set_epoch(epoch);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  v1::StepResolution resp;
+  absl::Status s = FromGrpcStatus(stub_->WaitStep(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return resp;
 }
 
 }  // namespace repvar::worker

@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+// A worker's side of replicated steps (DESIGN.md S2-S4): the step-local
+// copies trainers write, the one report per step, the plan's collectives and
+// the install of committed values. No gRPC here: the coordinator is reached
+// through StepLink and other workers through Collectives (the test seams).
+// Step descriptions, plans and resolutions are the API's messages, used as
+// plain data.
+//
+// Per step (by epoch), on this worker:
+//
+//   (unknown) --first trainer call: GetStep from the coordinator--> OPEN
+//   OPEN: trainers read (their own writes, else the committed value) and
+//         write step-local copies; committed replicas stay untouched
+//   OPEN --every local accelerator committed (one trainer per host, or one
+//          per device)--> RESOLVING: the committing thread sends the report,
+//          waits for the barrier, runs the plan's collectives, finishes
+//   RESOLVING --resolution--> DONE: COMMITTED installs the new values with
+//          their versions; FAILED drops the copies (replicas stay exactly as
+//          committed). Every trainer's Commit returns the same resolution.
+//   OPEN --Discard, or a newer epoch appears--> DONE (ABORTED locally)
+//
+// Thread-safe: trainers call from gRPC threads.
+#ifndef REPVAR_WORKER_LOCAL_STEPS_H_
+#define REPVAR_WORKER_LOCAL_STEPS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "repvar/v1/coordinator.pb.h"
+#include "worker/data_plane.h"
+#include "worker/replica_store.h"
+
+namespace repvar::worker {
+
+// What the worker's steps need from the coordinator. Calls block.
+class StepLink {
+ public:
+  virtual ~StepLink() = default;
+  // Errors: NOT_FOUND (unknown epoch), UNAVAILABLE.
+  virtual absl::StatusOr<v1::StepInfo> GetStep(uint64_t epoch) = 0;
+  // Sends the report; answers when the barrier resolves.
+  virtual absl::StatusOr<v1::StepPlan> ReportStep(const v1::ReportStepRequest& req,
+                                                  absl::Duration timeout) = 0;
+  virtual absl::StatusOr<v1::StepResolution> FinishStep(const v1::FinishStepRequest& req,
+                                                        absl::Duration timeout) = 0;
+  // DEADLINE_EXCEEDED when not resolved within `timeout`.
+  virtual absl::StatusOr<v1::StepResolution> WaitStep(uint64_t epoch, absl::Duration timeout) = 0;
+};
+
+struct WorkerIdentity {
+  std::string job;
+  int32_t task = 0;
+  uint64_t incarnation = 0;
+  std::vector<std::string> accelerators;  // this host's, as "TYPE:ID"
+};
+
+class LocalSteps {
+ public:
+  LocalSteps(WorkerIdentity me, ReplicaStore* store, StepLink* link, Collectives* collectives)
+      : me_(std::move(me)), store_(store), link_(link), collectives_(collectives) {}
+
+  // S2: a step-local write of one local replica. Errors: FAILED_PRECONDITION
+  // (step not open here, variable not in the step, replica sitting the step
+  // out), NOT_FOUND (no such local replica), INVALID_ARGUMENT (spec, epoch of
+  // another step).
+  absl::Status Write(int64_t step, uint64_t epoch, uint64_t variable_id, int32_t replica,
+                     std::shared_ptr<const Tensor> value) ABSL_LOCKS_EXCLUDED(mu_);
+  // The step's view of a local replica (epoch 0: the committed value).
+  absl::StatusOr<StoredReplica> Read(uint64_t epoch, uint64_t variable_id, int32_t replica)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // S3/S4: commits `devices` ("TPU:0" or full names; empty: all of this
+  // host's). The call that completes the host runs the report and the plan;
+  // every call answers with the resolution. A FAILED resolution is returned
+  // as a value, not an error. Errors: INVALID_ARGUMENT (unknown device),
+  // DEADLINE_EXCEEDED (other trainers of this host did not commit in time).
+  absl::StatusOr<v1::StepResolution> Commit(int64_t step, uint64_t epoch,
+                                            const std::vector<std::string>& devices,
+                                            absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops an open step's copies (the trainer aborted). Idempotent.
+  void Discard(uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  enum class Phase { kOpen, kResolving, kDone };
+  struct Step {
+    v1::StepInfo info;
+    int32_t me = -1;                         // participant index
+    std::map<uint64_t, int> vars;            // id -> index in info.variables
+    std::map<std::pair<uint64_t, int32_t>, std::shared_ptr<const Tensor>> written;
+    std::set<std::string> committed;         // devices
+    Phase phase = Phase::kOpen;
+    std::optional<v1::StepResolution> resolution;
+  };
+
+  absl::StatusOr<std::shared_ptr<Step>> Find(int64_t step, uint64_t epoch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs report, plan and install for `s`; returns the resolution.
+  v1::StepResolution Resolve(Step& s);
+  // The collectives of `plan`: the values this worker's replicas end with.
+  absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> RunPlan(
+      Step& s, const v1::StepPlan& plan);
+  // What every local participating replica of `var` ends with.
+  absl::StatusOr<std::shared_ptr<const Tensor>> FinalValue(
+      Step& s, const v1::StepVariable& var,
+      const std::map<uint64_t, std::shared_ptr<const Tensor>>& prepared);
+  void Install(Step& s, const v1::StepPlan& plan, const v1::StepResolution& res,
+               const std::map<uint64_t, std::shared_ptr<const Tensor>>& prepared);
+  std::vector<int32_t> LocalReplicas(const Step& s, const v1::StepVariable& var) const;
+  v1::StepResolution LocalFailure(const Step& s, const absl::Status& status) const;
+
+  const WorkerIdentity me_;
+  ReplicaStore* const store_;
+  StepLink* const link_;
+  Collectives* const collectives_;
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::map<uint64_t, std::shared_ptr<Step>> steps_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_LOCAL_STEPS_H_
