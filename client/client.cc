@@ -17,6 +17,7 @@
 #include "common/proto_convert.h"
 #include "common/status_util.h"
 #include "common/tensor.h"
+#include "client/client_impl.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 
 namespace repvar {
@@ -202,66 +203,6 @@ absl::StatusOr<TensorValue> TensorFromProto(const v1::Tensor& t, int64_t version
 
 // ---------------------------------------------------------------------------
 // Impl
-
-class Client::Impl {
- public:
-  explicit Impl(ClientOptions options) : options_(std::move(options)) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    args.SetMaxSendMessageSize(64 << 20);
-    stub_ = v1::Coordinator::NewStub(grpc::CreateCustomChannel(
-        options_.coordinator_address, grpc::InsecureChannelCredentials(), args));
-  }
-
-  const ClientOptions& options() const { return options_; }
-  v1::Coordinator::Stub* stub() { return stub_.get(); }
-
-  void SetDeadline(grpc::ClientContext* ctx, uint64_t bytes = 0) const {
-    absl::Duration d = options_.deadline + absl::Seconds(static_cast<double>(bytes) / 50e6);
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
-  }
-
-  // Runs `attempt` until it succeeds, fails with a code other than
-  // UNAVAILABLE, or runs out of attempts. Only call it for operations that
-  // are safe to repeat (reads, or writes carrying one request id).
-  template <typename F>
-  absl::Status Retry(F&& attempt) {
-    absl::Duration backoff = options_.initial_backoff;
-    absl::Status s;
-    for (int i = 0; i < std::max(1, options_.max_attempts); ++i) {
-      s = attempt();
-      if (!absl::IsUnavailable(s)) return s;
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, absl::Seconds(2));
-    }
-    return s;
-  }
-
-  struct CachedSpec {
-    DType dtype;
-    std::vector<int64_t> shape;
-  };
-  std::optional<CachedSpec> Spec(const std::string& name) {
-    absl::MutexLock lock(&mu_);
-    auto it = specs_.find(name);
-    if (it == specs_.end()) return std::nullopt;
-    return it->second;
-  }
-  void Remember(const VariableInfo& v) {
-    absl::MutexLock lock(&mu_);
-    specs_[v.spec.name] = CachedSpec{v.spec.dtype, v.spec.shape};
-  }
-  void Forget(const std::string& name) {
-    absl::MutexLock lock(&mu_);
-    specs_.erase(name);
-  }
-
- private:
-  const ClientOptions options_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, CachedSpec> specs_ ABSL_GUARDED_BY(mu_);
-};
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.coordinator_address.empty()) {

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -285,6 +286,9 @@ class Client {
   absl::StatusOr<std::vector<TensorValue>> ReadBatch(const std::vector<std::string>& names);
 
  private:
+  friend class StepScope;
+  friend absl::Status WatchSteps(Client&, int64_t, absl::Duration,
+                                 const std::function<bool(const struct StepEventInfo&)>&);
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   absl::StatusOr<WriteAck> Write(const std::string& name, AssignKind kind,

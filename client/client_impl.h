@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+// The client's internals, shared by client.cc and step_scope.cc. Not part of
+// the public API (gRPC types live here, never in client/include).
+#ifndef REPVAR_CLIENT_CLIENT_IMPL_H_
+#define REPVAR_CLIENT_CLIENT_IMPL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_status.h"
+#include "repvar/client.h"
+#include "repvar/v1/coordinator.grpc.pb.h"
+#include "repvar/v1/worker.grpc.pb.h"
+
+namespace repvar {
+
+class Client::Impl {
+ public:
+  explicit Impl(ClientOptions options) : options_(std::move(options)) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetMaxSendMessageSize(64 << 20);
+    stub_ = v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+        options_.coordinator_address, grpc::InsecureChannelCredentials(), args));
+  }
+
+  const ClientOptions& options() const { return options_; }
+  v1::Coordinator::Stub* stub() { return stub_.get(); }
+
+  void SetDeadline(grpc::ClientContext* ctx, uint64_t bytes = 0) const {
+    absl::Duration d = options_.deadline + absl::Seconds(static_cast<double>(bytes) / 50e6);
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + d));
+  }
+
+  // Runs `attempt` until it succeeds, fails with a code other than
+  // UNAVAILABLE, or runs out of attempts. Only call it for operations that
+  // are safe to repeat (reads, or writes carrying one request id).
+  template <typename F>
+  absl::Status Retry(F&& attempt) {
+    absl::Duration backoff = options_.initial_backoff;
+    absl::Status s;
+    for (int i = 0; i < std::max(1, options_.max_attempts); ++i) {
+      s = attempt();
+      if (!absl::IsUnavailable(s)) return s;
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+    }
+    return s;
+  }
+
+  struct CachedSpec {
+    DType dtype;
+    std::vector<int64_t> shape;
+  };
+  std::optional<CachedSpec> Spec(const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    auto it = specs_.find(name);
+    if (it == specs_.end()) return std::nullopt;
+    return it->second;
+  }
+  void Remember(const VariableInfo& v) {
+    absl::MutexLock lock(&mu_);
+    specs_[v.spec.name] = CachedSpec{v.spec.dtype, v.spec.shape};
+  }
+  // A stub for the worker at `address` (channels are kept and reused).
+  v1::Worker::Stub* WorkerStub(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    auto& stub = workers_[address];
+    if (stub == nullptr) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(64 << 20);
+      args.SetMaxSendMessageSize(64 << 20);
+      stub = v1::Worker::NewStub(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    }
+    return stub.get();
+  }
+  void Forget(const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    specs_.erase(name);
+  }
+
+ private:
+  const ClientOptions options_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, CachedSpec> specs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<v1::Worker::Stub>> workers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace repvar
+
+#endif  // REPVAR_CLIENT_CLIENT_IMPL_H_

@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+// Replicated steps from a trainer (DESIGN.md S1-S5): inside a StepScope the
+// trainer reads and writes its own host's replicas through the local worker
+// (no byte crosses hosts), then commits; the worker reports, the step's
+// barrier resolves, and the replicas are aggregated per variable.
+//
+//   auto scope = repvar::StepScope::Begin(*client, step, {.worker = "tpu_worker:0"});
+//   for (int32_t r : (*scope)->LocalReplicas("w"))  // this host's replicas of w
+//     (*scope)->Write<float>("w", r, new_value_of_replica_r);
+//   auto result = (*scope)->Commit();               // the same for every trainer
+//
+// A scope destroyed without a successful Commit aborts the step: every
+// replica stays exactly as committed.
+#ifndef REPVAR_STEP_H_
+#define REPVAR_STEP_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "repvar/client.h"
+
+namespace repvar {
+
+struct StepOptions {
+  // The trainer's host: the worker task "job:task" whose replicas it maps.
+  // Empty: $REPVAR_WORKER ("job:task").
+  std::string worker;
+  // The step's barrier timeout (the first step includes compilation).
+  absl::Duration barrier_timeout = absl::Seconds(60);
+  // Devices this trainer commits ("TPU:0"); empty: every device of its host
+  // (one trainer per host). With one trainer per device, each names its own.
+  std::vector<std::string> devices;
+};
+
+struct StepDivergence {
+  std::string variable;
+  std::vector<uint64_t> replica_checksums;
+  uint64_t chosen_checksum = 0;  // the majority; ties go to the primary
+  std::vector<int32_t> repaired;
+};
+
+struct StepWorkerLatency {
+  std::string job;
+  int32_t task = 0;
+  absl::Duration report;  // from BeginStep to its report
+};
+
+struct StepChange {
+  std::string variable;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+};
+
+// A committed step's resolution, the same for every trainer.
+struct StepResult {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  std::vector<StepChange> changed;
+  std::vector<StepDivergence> divergences;
+  std::vector<StepWorkerLatency> latencies;
+};
+
+class StepScope {
+ public:
+  // S1: begins `step` (idempotent for the open step: every trainer calls it).
+  // Errors: FAILED_PRECONDITION (another step open, or `step` not above the
+  // last committed), INVALID_ARGUMENT (no worker given), NOT_FOUND (the
+  // worker task is not live).
+  static absl::StatusOr<std::unique_ptr<StepScope>> Begin(Client& client, int64_t step,
+                                                          StepOptions options = {});
+  // Aborts the step unless it was committed.
+  ~StepScope();
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+
+  int64_t step() const;
+  uint64_t epoch() const;
+  // Variables in the step (created or initialized later join the next one).
+  std::vector<std::string> Variables() const;
+  // This host's replicas of `name` that take part in the step.
+  absl::StatusOr<std::vector<int32_t>> LocalReplicas(const std::string& name) const;
+
+  // S2: this step's view of a local replica: its own writes, else the
+  // committed value.
+  absl::StatusOr<TensorValue> Read(const std::string& name, int32_t replica);
+  // S2: writes a step-local copy (the committed replica is untouched until
+  // the step commits). Errors: FAILED_PRECONDITION (not in the step, or the
+  // step is no longer open), NOT_FOUND (not a local replica),
+  // INVALID_ARGUMENT (size or dtype).
+  absl::Status Write(const std::string& name, int32_t replica, std::span<const std::byte> bytes);
+  template <typename T>
+  absl::Status Write(const std::string& name, int32_t replica, std::span<const T> values) {
+    return Write(name, replica, std::as_bytes(values));
+  }
+  // Many small local writes in one call.
+  struct LocalWrite {
+    std::string name;
+    int32_t replica = 0;
+    std::span<const std::byte> bytes;
+  };
+  absl::Status WriteBatch(const std::vector<LocalWrite>& writes);
+
+  // S3/S4: commits this trainer's devices and waits for the resolution. A
+  // failed step is returned as its error (ABORTED, DEADLINE_EXCEEDED naming
+  // the missing workers, UNAVAILABLE naming a dead worker, INVALID_ARGUMENT
+  // for a non-finite result, ...); the scope is then closed either way.
+  absl::StatusOr<StepResult> Commit();
+  // Ends the step for everyone with ABORTED. Idempotent.
+  absl::Status Abort(const std::string& reason = "");
+
+ private:
+  class Impl;
+  explicit StepScope(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One step event as the coordinator's watch stream reports it.
+struct StepEventInfo {
+  enum class Kind { kBegun = 1, kReported = 2, kStragglers = 3, kAggregating = 4, kResolved = 5 };
+  int64_t seq = 0;
+  Kind kind = Kind::kBegun;
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  std::string task;                  // kReported: "job:task"
+  std::vector<std::string> missing;  // kStragglers
+  bool committed = false;            // kResolved
+  std::string error;                 // kResolved and failed
+};
+
+// Streams step events after `after_seq` to `fn` until it returns false or
+// `timeout` passes (F1: trainers learn of failures here).
+absl::Status WatchSteps(Client& client, int64_t after_seq, absl::Duration timeout,
+                        const std::function<bool(const StepEventInfo&)>& fn);
+
+}  // namespace repvar
+
+#endif  // REPVAR_STEP_H_

@@ -1,0 +1,313 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "client/client_impl.h"
+#include "common/proto_convert.h"
+#include "common/status_util.h"
+#include "common/tensor.h"
+#include "repvar/step.h"
+
+namespace repvar {
+namespace {
+
+constexpr size_t kInlineBytes = 64 << 10;
+
+absl::Status FailureOf(const v1::StepResolution& r) {
+  return absl::Status(static_cast<absl::StatusCode>(r.code() == 0 ? 2 : r.code()), r.message());
+}
+
+}  // namespace
+
+class StepScope::Impl {
+ public:
+  Client::Impl* client = nullptr;
+  StepOptions options;
+  std::string job;
+  int32_t task = 0;
+  int32_t me = -1;  // participant index
+  v1::StepInfo info;
+  std::map<std::string, int, std::less<>> vars;  // name -> index in info.variables
+  v1::Worker::Stub* worker = nullptr;
+  bool closed = false;
+
+  absl::StatusOr<const v1::StepVariable*> Var(const std::string& name) const {
+    auto it = vars.find(name);
+    if (it == vars.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("variable ", name, " is not in step ", info.step(),
+                       " (it does not exist, or was created or initialized after the step began)"));
+    }
+    return &info.variables(it->second);
+  }
+
+  void FillHeader(const v1::StepVariable& var, int32_t replica, std::span<const std::byte> bytes,
+                  v1::StepWriteHeader* h) const {
+    h->set_step(info.step());
+    h->set_epoch(info.epoch());
+    h->set_variable_id(var.id());
+    h->set_replica(replica);
+    *h->mutable_tensor()->mutable_spec() = var.spec();
+    h->mutable_tensor()->set_byte_size(bytes.size());
+    h->mutable_tensor()->set_checksum(Checksum(bytes));
+  }
+
+  void SetDeadline(grpc::ClientContext* ctx, uint64_t bytes = 0) const { client->SetDeadline(ctx, bytes); }
+};
+
+StepScope::StepScope(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+StepScope::~StepScope() {
+  if (!impl_->closed) {
+    (void)Abort("the trainer's StepScope ended without a Commit");
+  }
+}
+
+absl::StatusOr<std::unique_ptr<StepScope>> StepScope::Begin(Client& client, int64_t step,
+                                                            StepOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->client = client.impl_.get();
+  if (options.worker.empty()) {
+    const char* env = std::getenv("REPVAR_WORKER");
+    if (env != nullptr) options.worker = env;
+  }
+  auto colon = options.worker.rfind(':');
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(options.worker.substr(colon + 1), &impl->task)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StepOptions.worker must name this trainer's host as \"job:task\" (or set "
+        "REPVAR_WORKER); got \"",
+        options.worker, "\""));
+  }
+  impl->job = options.worker.substr(0, colon);
+  impl->options = options;
+
+  v1::BeginStepRequest req;
+  req.set_step(step);
+  req.set_barrier_timeout_ms(absl::ToInt64Milliseconds(options.barrier_timeout));
+  REPVAR_RETURN_IF_ERROR(impl->client->Retry([&] {
+    grpc::ClientContext ctx;
+    // BeginStep waits for cross-replica writes in flight.
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + impl->client->options().deadline +
+                                        options.barrier_timeout));
+    return FromGrpcStatus(impl->client->stub()->BeginStep(&ctx, req, &impl->info));
+  }));
+  for (int i = 0; i < impl->info.variables_size(); ++i) {
+    impl->vars[impl->info.variables(i).name()] = i;
+  }
+  std::string address;
+  for (int i = 0; i < impl->info.participants_size(); ++i) {
+    const v1::StepParticipant& p = impl->info.participants(i);
+    if (p.job() == impl->job && p.task() == impl->task) {
+      impl->me = i;
+      address = p.address();
+    }
+  }
+  if (address.empty()) {
+    // A host holding no replica of the step still commits through its worker.
+    REPVAR_ASSIGN_OR_RETURN(Topology topo, client.GetTopology());
+    for (const TaskInfo& t : topo.tasks) {
+      if (t.job == impl->job && t.task == impl->task) address = t.address;
+    }
+  }
+  if (address.empty()) {
+    return absl::NotFoundError(absl::StrCat("worker ", options.worker, " is not live"));
+  }
+  impl->worker = impl->client->WorkerStub(address);
+  return std::unique_ptr<StepScope>(new StepScope(std::move(impl)));
+}
+
+int64_t StepScope::step() const { return impl_->info.step(); }
+uint64_t StepScope::epoch() const { return impl_->info.epoch(); }
+
+std::vector<std::string> StepScope::Variables() const {
+  std::vector<std::string> out;
+  for (const v1::StepVariable& v : impl_->info.variables()) out.push_back(v.name());
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> StepScope::LocalReplicas(const std::string& name) const {
+  REPVAR_ASSIGN_OR_RETURN(const v1::StepVariable* var, impl_->Var(name));
+  std::vector<int32_t> out;
+  for (int i = 0; i < var->replica_participant_size(); ++i) {
+    if (impl_->me >= 0 && var->replica_participant(i) == impl_->me) out.push_back(i);
+  }
+  return out;
+}
+
+absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t replica) {
+  REPVAR_ASSIGN_OR_RETURN(const v1::StepVariable* var, impl_->Var(name));
+  v1::ReadReplicaRequest req;
+  req.set_variable_id(var->id());
+  req.set_replica(replica);
+  req.set_epoch(impl_->info.epoch());
+  req.set_chunk_bytes(static_cast<int64_t>(impl_->client->options().chunk_bytes));
+  grpc::ClientContext ctx;
+  REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(var->spec()));
+  impl_->SetDeadline(&ctx, static_cast<uint64_t>(spec.ByteSize().value_or(0)));
+  auto reader = impl_->worker->ReadReplica(&ctx, req);
+  v1::ReadVariableChunk msg;
+  std::optional<ChunkAssembler> assembler;
+  TensorValue out;
+  absl::Status s;
+  while (s.ok() && reader->Read(&msg)) {
+    if (msg.has_header()) {
+      auto a = ChunkAssembler::Start(spec, msg.header().byte_size(), msg.header().checksum(),
+                                     UINT64_MAX);
+      if (!a.ok()) {
+        s = a.status();
+        break;
+      }
+      assembler.emplace(*std::move(a));
+      out.version = msg.version();
+      out.checksum = msg.header().checksum();
+    } else if (msg.has_chunk() && assembler) {
+      s = AddChunk(*assembler, msg.chunk());
+    }
+  }
+  if (!s.ok()) {
+    ctx.TryCancel();
+    (void)reader->Finish();
+    return s;
+  }
+  REPVAR_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  if (!assembler) return absl::DataLossError("the worker sent no header");
+  REPVAR_ASSIGN_OR_RETURN(Tensor t, assembler->Finish());
+  out.dtype = spec.dtype;
+  out.shape = spec.dims;
+  out.bytes.assign(t.bytes.data(), t.bytes.data() + t.bytes.size());
+  return out;
+}
+
+absl::Status StepScope::Write(const std::string& name, int32_t replica,
+                              std::span<const std::byte> bytes) {
+  if (bytes.size() <= kInlineBytes) return WriteBatch({LocalWrite{name, replica, bytes}});
+  REPVAR_ASSIGN_OR_RETURN(const v1::StepVariable* var, impl_->Var(name));
+  grpc::ClientContext ctx;
+  impl_->SetDeadline(&ctx, bytes.size());
+  v1::StepWriteResponse resp;
+  auto writer = impl_->worker->StepWrite(&ctx, &resp);
+  v1::StepWriteRequest msg;
+  impl_->FillHeader(*var, replica, bytes, msg.mutable_header());
+  bool ok = writer->Write(msg);
+  ForEachChunk(bytes, impl_->client->options().chunk_bytes,
+               [&](uint64_t off, std::span<const std::byte> piece) {
+                 if (!ok) return;
+                 v1::StepWriteRequest m;
+                 ChunkToProto(off, piece, m.mutable_chunk());
+                 ok = writer->Write(m);
+               });
+  writer->WritesDone();
+  return FromGrpcStatus(writer->Finish());
+}
+
+absl::Status StepScope::WriteBatch(const std::vector<LocalWrite>& writes) {
+  v1::StepWriteSmallRequest req;
+  uint64_t total = 0;
+  for (const LocalWrite& w : writes) {
+    REPVAR_ASSIGN_OR_RETURN(const v1::StepVariable* var, impl_->Var(w.name));
+    if (w.bytes.size() > kInlineBytes) {
+      REPVAR_RETURN_IF_ERROR(Write(w.name, w.replica, w.bytes));
+      continue;
+    }
+    v1::StepWriteHeader* h = req.add_writes();
+    impl_->FillHeader(*var, w.replica, w.bytes, h);
+    h->set_inline_data(reinterpret_cast<const char*>(w.bytes.data()), w.bytes.size());
+    total += w.bytes.size();
+  }
+  if (req.writes_size() == 0) return absl::OkStatus();
+  grpc::ClientContext ctx;
+  impl_->SetDeadline(&ctx, total);
+  v1::StepWriteResponse resp;
+  return FromGrpcStatus(impl_->worker->StepWriteSmall(&ctx, req, &resp));
+}
+
+absl::StatusOr<StepResult> StepScope::Commit() {
+  if (impl_->closed) return absl::FailedPreconditionError("the step scope is already closed");
+  v1::CommitStepRequest req;
+  req.set_step(impl_->info.step());
+  req.set_epoch(impl_->info.epoch());
+  for (const std::string& d : impl_->options.devices) req.add_devices(d);
+  // The barrier timeout, then the aggregation, then slack.
+  absl::Duration wait = impl_->options.barrier_timeout * 2 + absl::Minutes(2);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + absl::Seconds(10)));
+  v1::StepResolution res;
+  absl::Status s = FromGrpcStatus(impl_->worker->CommitStep(&ctx, req, &res));
+  impl_->closed = true;
+  if (!s.ok()) {
+    // The outcome is unknown here; make sure the step does not stay open.
+    (void)Abort(absl::StrCat("commit failed: ", s.ToString()));
+    return s;
+  }
+  if (res.state() != v1::STEP_STATE_COMMITTED) return FailureOf(res);
+  StepResult out;
+  out.step = res.step();
+  out.epoch = res.epoch();
+  for (const v1::CommittedVariable& c : res.changed()) {
+    out.changed.push_back(StepChange{c.name(), c.version(), c.checksum()});
+  }
+  for (const v1::Divergence& d : res.divergences()) {
+    out.divergences.push_back(StepDivergence{
+        d.name(), {d.replica_checksums().begin(), d.replica_checksums().end()},
+        d.chosen_checksum(), {d.repaired().begin(), d.repaired().end()}});
+  }
+  for (const v1::WorkerStepLatency& l : res.latencies()) {
+    out.latencies.push_back(StepWorkerLatency{l.job(), l.task(), absl::Milliseconds(l.report_ms())});
+  }
+  return out;
+}
+
+absl::Status StepScope::Abort(const std::string& reason) {
+  impl_->closed = true;
+  v1::AbortStepRequest req;
+  req.set_epoch(impl_->info.epoch());
+  req.set_reason(reason);
+  absl::Status s = impl_->client->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx);
+    v1::AbortStepResponse resp;
+    return FromGrpcStatus(impl_->client->stub()->AbortStep(&ctx, req, &resp));
+  });
+  grpc::ClientContext ctx;
+  impl_->SetDeadline(&ctx);
+  v1::DiscardStepRequest dreq;
+  dreq.set_epoch(impl_->info.epoch());
+  v1::DiscardStepResponse dresp;
+  (void)impl_->worker->DiscardStep(&ctx, dreq, &dresp);
+  return s;
+}
+
+absl::Status WatchSteps(Client& client, int64_t after_seq, absl::Duration timeout,
+                        const std::function<bool(const StepEventInfo&)>& fn) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::WatchStepsRequest req;
+  req.set_after_seq(after_seq);
+  auto reader = client.impl_->stub()->WatchSteps(&ctx, req);
+  v1::StepEvent e;
+  while (reader->Read(&e)) {
+    StepEventInfo info;
+    info.seq = e.seq();
+    info.kind = static_cast<StepEventInfo::Kind>(e.kind());
+    info.step = e.step();
+    info.epoch = e.epoch();
+    if (!e.job().empty()) info.task = absl::StrCat(e.job(), ":", e.task());
+    info.missing.assign(e.missing().begin(), e.missing().end());
+    if (e.has_resolution()) {
+      info.committed = e.resolution().state() == v1::STEP_STATE_COMMITTED;
+      if (!info.committed) info.error = FailureOf(e.resolution()).ToString();
+    }
+    if (!fn(info)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  absl::Status s = FromGrpcStatus(reader->Finish());
+  if (absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)) return absl::OkStatus();
+  return s;
+}
+
+}  // namespace repvar
