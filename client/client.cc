@@ -12,12 +12,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "client/client_impl.h"
 #include "common/daemon.h"
 #include "common/grpc_status.h"
 #include "common/proto_convert.h"
 #include "common/status_util.h"
 #include "common/tensor.h"
-#include "client/client_impl.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 
 namespace repvar {

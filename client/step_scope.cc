@@ -53,7 +53,9 @@ class StepScope::Impl {
     h->mutable_tensor()->set_checksum(Checksum(bytes));
   }
 
-  void SetDeadline(grpc::ClientContext* ctx, uint64_t bytes = 0) const { client->SetDeadline(ctx, bytes); }
+  void SetDeadline(grpc::ClientContext* ctx, uint64_t bytes = 0) const {
+    client->SetDeadline(ctx, bytes);
+  }
 };
 
 StepScope::StepScope(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -75,10 +77,10 @@ absl::StatusOr<std::unique_ptr<StepScope>> StepScope::Begin(Client& client, int6
   auto colon = options.worker.rfind(':');
   if (colon == std::string::npos || colon == 0 ||
       !absl::SimpleAtoi(options.worker.substr(colon + 1), &impl->task)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "StepOptions.worker must name this trainer's host as \"job:task\" (or set "
-        "REPVAR_WORKER); got \"",
-        options.worker, "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("StepOptions.worker must name this trainer's host as \"job:task\" (or set "
+                     "REPVAR_WORKER); got \"",
+                     options.worker, "\""));
   }
   impl->job = options.worker.substr(0, colon);
   impl->options = options;
@@ -250,12 +252,15 @@ absl::StatusOr<StepResult> StepScope::Commit() {
     out.changed.push_back(StepChange{c.name(), c.version(), c.checksum()});
   }
   for (const v1::Divergence& d : res.divergences()) {
-    out.divergences.push_back(StepDivergence{
-        d.name(), {d.replica_checksums().begin(), d.replica_checksums().end()},
-        d.chosen_checksum(), {d.repaired().begin(), d.repaired().end()}});
+    out.divergences.push_back(
+        StepDivergence{d.name(),
+                       {d.replica_checksums().begin(), d.replica_checksums().end()},
+                       d.chosen_checksum(),
+                       {d.repaired().begin(), d.repaired().end()}});
   }
   for (const v1::WorkerStepLatency& l : res.latencies()) {
-    out.latencies.push_back(StepWorkerLatency{l.job(), l.task(), absl::Milliseconds(l.report_ms())});
+    out.latencies.push_back(
+        StepWorkerLatency{l.job(), l.task(), absl::Milliseconds(l.report_ms())});
   }
   return out;
 }

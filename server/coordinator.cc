@@ -375,8 +375,9 @@ absl::Status Coordinator::ValidateAssignLocked(const Variable& v, const AssignIt
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<const Tensor>> Coordinator::ComputeLocked(
-    const Variable& v, const AssignItem& item, const Tensor* base) const {
+absl::StatusOr<std::shared_ptr<const Tensor>> Coordinator::ComputeLocked(const Variable& v,
+                                                                         const AssignItem& item,
+                                                                         const Tensor* base) const {
   if (item.op == AssignOp::kAssign) return item.value;
   REPVAR_ASSIGN_OR_RETURN(Tensor sum,
                           AddScaled(*base, *item.value, item.op == AssignOp::kAdd ? 1 : -1));
@@ -705,9 +706,8 @@ absl::StatusOr<ReadResult> Coordinator::CommittedValue(const std::shared_ptr<Var
     if (candidates.empty()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(2 + attempt));
   }
-  return absl::UnavailableError(absl::StrCat("variable ", v->def.name,
-                                             ": no up-to-date replica could be read (",
-                                             last_error, ")"));
+  return absl::UnavailableError(absl::StrCat(
+      "variable ", v->def.name, ": no up-to-date replica could be read (", last_error, ")"));
 }
 
 std::string Coordinator::GroupLocked(const std::string& members) {

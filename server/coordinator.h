@@ -38,8 +38,8 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <variant>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -213,7 +213,7 @@ class Coordinator {
   // Waits up to `max_wait` for the barrier of `epoch`: the plan (the step is
   // aggregating) or its resolution. DEADLINE_EXCEEDED: still open.
   absl::StatusOr<std::variant<StepPlan, StepResolution>> WaitStepPlan(uint64_t epoch,
-                                                                       absl::Duration max_wait);
+                                                                      absl::Duration max_wait);
   // Waits up to `max_wait` for the resolution. DEADLINE_EXCEEDED: not yet;
   // NOT_FOUND: unknown epoch.
   absl::StatusOr<StepResolution> WaitStepResolution(uint64_t epoch, absl::Duration max_wait);

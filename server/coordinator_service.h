@@ -56,8 +56,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
                         v1::StoreGetResponse*) override;
 
   // Replicated steps (coordinator_step_service.cc).
-  grpc::Status BeginStep(grpc::ServerContext*, const v1::BeginStepRequest*,
-                         v1::StepInfo*) override;
+  grpc::Status BeginStep(grpc::ServerContext*, const v1::BeginStepRequest*, v1::StepInfo*) override;
   grpc::Status GetStep(grpc::ServerContext*, const v1::GetStepRequest*, v1::StepInfo*) override;
   grpc::Status AbortStep(grpc::ServerContext*, const v1::AbortStepRequest*,
                          v1::AbortStepResponse*) override;

@@ -167,8 +167,7 @@ grpc::Status CoordinatorService::AbortStep(grpc::ServerContext*, const v1::Abort
 }
 
 grpc::Status CoordinatorService::ReportStep(grpc::ServerContext* ctx,
-                                            const v1::ReportStepRequest* req,
-                                            v1::StepPlan* resp) {
+                                            const v1::ReportStepRequest* req, v1::StepPlan* resp) {
   WorkerReport report = ReportFromProto(*req);
   if (absl::Status s = core_->ReportStep(report); !s.ok()) {
     spdlog::debug("ReportStep from {} refused: {}", report.task.ToString(), s.ToString());

@@ -103,8 +103,9 @@ absl::Status GrpcWorkerClient::WriteReplicas(const WorkerTarget& target,
   return Named(target, FromGrpcStatus(stream->Finish()));
 }
 
-absl::StatusOr<WorkerClient::ReplicaValue> GrpcWorkerClient::ReadReplica(
-    const WorkerTarget& target, uint64_t variable_id, int32_t replica) {
+absl::StatusOr<WorkerClient::ReplicaValue> GrpcWorkerClient::ReadReplica(const WorkerTarget& target,
+                                                                         uint64_t variable_id,
+                                                                         int32_t replica) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.base_deadline));
   v1::ReadReplicaRequest req;

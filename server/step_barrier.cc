@@ -26,13 +26,13 @@ absl::StatusOr<std::optional<StepInfo>> StepBarrier::CheckBegin(int64_t step) co
   if (step < 1) return absl::InvalidArgumentError("step ids start at 1");
   if (open_) {
     if (open_->step == step) return std::optional<StepInfo>(*open_);
-    return absl::FailedPreconditionError(
-        absl::StrCat(StepName(open_->step, open_->epoch), " is open; commit or abort it before ",
-                     "beginning step ", step));
+    return absl::FailedPreconditionError(absl::StrCat(StepName(open_->step, open_->epoch),
+                                                      " is open; commit or abort it before ",
+                                                      "beginning step ", step));
   }
   if (step <= last_committed_) {
-    return absl::FailedPreconditionError(absl::StrCat("step ", step, " is not above the last ",
-                                                      "committed step ", last_committed_));
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " is not above the last ", "committed step ", last_committed_));
   }
   return std::optional<StepInfo>();
 }
@@ -70,9 +70,9 @@ absl::StatusOr<size_t> StepBarrier::CheckCaller(int64_t step, uint64_t epoch, co
     const StepParticipant& p = open_->participants[i];
     if (p.task != task) continue;
     if (p.incarnation != incarnation) {
-      return absl::AbortedError(absl::StrCat(what, " from ", task.ToString(), " incarnation ",
-                                             incarnation, ": the step's participant is incarnation ",
-                                             p.incarnation));
+      return absl::AbortedError(
+          absl::StrCat(what, " from ", task.ToString(), " incarnation ", incarnation,
+                       ": the step's participant is incarnation ", p.incarnation));
     }
     return i;
   }
@@ -101,10 +101,10 @@ absl::Status StepBarrier::Report(const WorkerReport& report, absl::Time now) {
     auto v = std::lower_bound(open_->variables.begin(), open_->variables.end(), rr.variable_id,
                               [](const StepVariable& a, uint64_t id) { return a.id < id; });
     if (v == open_->variables.end() || v->id != rr.variable_id) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "report from ", r.task.ToString(), " names variable id ", rr.variable_id,
-          ", which is not in ", StepName(open_->step, open_->epoch),
-          " (variables created or initialized during a step join the next one)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("report from ", r.task.ToString(), " names variable id ", rr.variable_id,
+                       ", which is not in ", StepName(open_->step, open_->epoch),
+                       " (variables created or initialized during a step join the next one)"));
     }
     if (rr.replica < 0 || static_cast<size_t>(rr.replica) >= v->replica_participant.size() ||
         v->replica_participant[rr.replica] != static_cast<int32_t>(me)) {
@@ -151,8 +151,8 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
           const TaskKey& t = open_->participants[v.replica_participant[rr.replica]].task;
           Fail(absl::InvalidArgumentError(absl::StrCat(
                    StepName(open_->step, open_->epoch), " failed: ", v.name, "/", rr.replica,
-                   " on ", t.ToString(), " has a non-finite value at element ",
-                   rr.first_nonfinite, " (allow_nonfinite is off); nothing changed")),
+                   " on ", t.ToString(), " has a non-finite value at element ", rr.first_nonfinite,
+                   " (allow_nonfinite is off); nothing changed")),
                now);
           return;
         }
@@ -220,8 +220,7 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
     Commit(std::move(divergences_), now);
     return;
   }
-  auto [group, first_tag] =
-      group_(open_->participants, plan.collectives.size(), last_plan_failed_);
+  auto [group, first_tag] = group_(open_->participants, plan.collectives.size(), last_plan_failed_);
   last_plan_failed_ = false;
   plan.group = std::move(group);
   for (size_t i = 0; i < plan.collectives.size(); ++i) {
@@ -240,16 +239,16 @@ absl::Status StepBarrier::Finish(const WorkerFinish& finish, absl::Time now) {
   auto who = CheckCaller(finish.step, finish.epoch, finish.task, finish.incarnation, "finish");
   if (!who.ok()) return who.status();
   if (open_->state != StepState::kAggregating) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "finish from ", finish.task.ToString(), ": ", StepName(open_->step, open_->epoch),
-        " is not aggregating (report first)"));
+    return absl::FailedPreconditionError(absl::StrCat("finish from ", finish.task.ToString(), ": ",
+                                                      StepName(open_->step, open_->epoch),
+                                                      " is not aggregating (report first)"));
   }
   Progress& p = progress_[*who];
   if (p.finish) return absl::OkStatus();  // a retry
   p.finish = finish;
   if (!finish.error.empty()) {
-    Fail(absl::UnavailableError(absl::StrCat(StepName(open_->step, open_->epoch), " failed: ",
-                                             finish.task.ToString(),
+    Fail(absl::UnavailableError(absl::StrCat(StepName(open_->step, open_->epoch),
+                                             " failed: ", finish.task.ToString(),
                                              " could not aggregate: ", finish.error)),
          now);
     return absl::OkStatus();
@@ -280,9 +279,9 @@ void StepBarrier::ResolveFinish(absl::Time now) {
       }
       const TaskKey& t = open_->participants[w].task;
       if (pv == nullptr) {
-        Fail(absl::InternalError(absl::StrCat(StepName(open_->step, open_->epoch), " failed: ",
-                                              t.ToString(), " did not report its value of ",
-                                              v->name)),
+        Fail(absl::InternalError(absl::StrCat(StepName(open_->step, open_->epoch),
+                                              " failed: ", t.ToString(),
+                                              " did not report its value of ", v->name)),
              now);
         return;
       }
@@ -296,10 +295,10 @@ void StepBarrier::ResolveFinish(absl::Time now) {
       }
       if (!agreed) agreed = pv->checksum;
       if (pv->checksum != *agreed) {
-        Fail(absl::DataLossError(absl::StrCat(
-                 StepName(open_->step, open_->epoch), " failed: ", t.ToString(),
-                 " ended with a different value of ", v->name, " (checksum ",
-                 absl::Hex(pv->checksum), ", expected ", absl::Hex(*agreed), ")")),
+        Fail(absl::DataLossError(
+                 absl::StrCat(StepName(open_->step, open_->epoch), " failed: ", t.ToString(),
+                              " ended with a different value of ", v->name, " (checksum ",
+                              absl::Hex(pv->checksum), ", expected ", absl::Hex(*agreed), ")")),
              now);
         return;
       }
@@ -401,22 +400,22 @@ void StepBarrier::WorkerDied(const TaskKey& task, uint64_t incarnation, absl::Ti
   if (!open_) return;
   for (const StepParticipant& p : open_->participants) {
     if (p.task == task && p.incarnation == incarnation) {
-      Fail(absl::UnavailableError(absl::StrCat(
-               StepName(open_->step, open_->epoch), " failed: worker ", task.ToString(),
-               " (incarnation ", incarnation,
-               ") was declared dead (missed heartbeats); begin the step again")),
+      Fail(absl::UnavailableError(
+               absl::StrCat(StepName(open_->step, open_->epoch), " failed: worker ",
+                            task.ToString(), " (incarnation ", incarnation,
+                            ") was declared dead (missed heartbeats); begin the step again")),
            now);
       return;
     }
   }
 }
 
-void StepBarrier::Tick(absl::Time now,
-                       const std::function<std::string(const TaskKey&)>& describe) {
+void StepBarrier::Tick(absl::Time now, const std::function<std::string(const TaskKey&)>& describe) {
   if (!open_) return;
   const absl::Duration elapsed = now - open_->begun;
   const bool aggregating = open_->state == StepState::kAggregating;
-  const absl::Duration limit = open_->barrier_timeout + (aggregating ? plan_->timeout : absl::ZeroDuration());
+  const absl::Duration limit =
+      open_->barrier_timeout + (aggregating ? plan_->timeout : absl::ZeroDuration());
   std::vector<std::string> missing;
   for (size_t i = 0; i < progress_.size(); ++i) {
     const Progress& p = progress_[i];
@@ -439,15 +438,16 @@ void StepBarrier::Tick(absl::Time now,
     const Progress& p = progress_[i];
     const TaskKey& t = open_->participants[i].task;
     if (aggregating ? p.finish.has_value() : p.report.has_value()) continue;
-    std::string last = aggregating ? absl::StrCat("reported after ", Seconds(p.reported_at - open_->begun),
-                                                  ", never finished aggregating")
-                                   : "sent no report";
+    std::string last = aggregating
+                           ? absl::StrCat("reported after ", Seconds(p.reported_at - open_->begun),
+                                          ", never finished aggregating")
+                           : "sent no report";
     detail.push_back(absl::StrCat(t.ToString(), " (", last, "; ", describe(t), ")"));
   }
   Fail(absl::DeadlineExceededError(absl::StrCat(
-           StepName(open_->step, open_->epoch), " failed: ",
-           aggregating ? "aggregation" : "the barrier", " timed out after ", Seconds(elapsed),
-           "; missing: ", absl::StrJoin(detail, ", "))),
+           StepName(open_->step, open_->epoch),
+           " failed: ", aggregating ? "aggregation" : "the barrier", " timed out after ",
+           Seconds(elapsed), "; missing: ", absl::StrJoin(detail, ", "))),
        now);
 }
 
@@ -484,8 +484,8 @@ std::vector<ParticipantProgress> StepBarrier::progress(absl::Time now) const {
       pp.report_latency = p.reported_at - open_->begun;
       pp.last_activity = absl::StrCat("reported after ", Seconds(pp.report_latency));
     } else {
-      pp.last_activity = absl::StrCat("no report yet (", Seconds(now - open_->begun),
-                                      " since the step began)");
+      pp.last_activity =
+          absl::StrCat("no report yet (", Seconds(now - open_->begun), " since the step began)");
     }
     out.push_back(std::move(pp));
   }

@@ -172,7 +172,7 @@ struct StepRecord {
     uint64_t id = 0;
     int64_t version = 0;
     uint64_t checksum = 0;
-    bool changed = false;  // false: only repaired, version kept
+    bool changed = false;                                // false: only repaired, version kept
     std::vector<std::pair<int32_t, uint64_t>> replicas;  // (replica, incarnation)
   };
   int64_t step = 0;

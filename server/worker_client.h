@@ -56,8 +56,8 @@ class WorkerClient {
     int64_t version = 0;
     std::shared_ptr<const Tensor> value;
   };
-  virtual absl::StatusOr<ReplicaValue> ReadReplica(const WorkerTarget& target,
-                                                   uint64_t variable_id, int32_t replica) = 0;
+  virtual absl::StatusOr<ReplicaValue> ReadReplica(const WorkerTarget& target, uint64_t variable_id,
+                                                   int32_t replica) = 0;
   // Forgets a deleted variable. Best effort.
   virtual absl::Status DropVariable(const WorkerTarget& target, uint64_t variable_id) = 0;
 };

@@ -59,8 +59,8 @@ class GlooDataPlane final : public Collectives {
   absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) override
       ABSL_LOCKS_EXCLUDED(mu_);
   // A ring allreduce (sum). A group of one is a no-op.
-  absl::Status Allreduce(const CollectiveSpec& c, AccumType type, std::span<std::byte> bytes) override
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Allreduce(const CollectiveSpec& c, AccumType type,
+                         std::span<std::byte> bytes) override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::StatusOr<std::shared_ptr<gloo::Context>> ContextFor(const CollectiveSpec& c)

@@ -75,8 +75,8 @@ absl::StatusOr<std::shared_ptr<LocalSteps::Step>> LocalSteps::Find(int64_t step,
     if (e < epoch && other->phase == Phase::kOpen) {
       other->written.clear();
       other->phase = Phase::kDone;
-      other->resolution = LocalFailure(
-          *other, absl::AbortedError(absl::StrCat("superseded by epoch ", epoch)));
+      other->resolution =
+          LocalFailure(*other, absl::AbortedError(absl::StrCat("superseded by epoch ", epoch)));
     }
   }
   while (steps_.size() > kKeepDoneSteps && steps_.begin()->second->phase == Phase::kDone) {
@@ -158,8 +158,8 @@ absl::StatusOr<v1::StepResolution> LocalSteps::Commit(int64_t step, uint64_t epo
     std::string shortname = ShortDevice(d);
     if (std::find(me_.accelerators.begin(), me_.accelerators.end(), shortname) ==
         me_.accelerators.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("device ", d, " is not an accelerator of ",
-                                                     me_.job, ":", me_.task));
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ", d, " is not an accelerator of ", me_.job, ":", me_.task));
     }
     mine.push_back(shortname);
   }
@@ -192,10 +192,10 @@ absl::StatusOr<v1::StepResolution> LocalSteps::Commit(int64_t step, uint64_t epo
       for (const std::string& a : me_.accelerators) {
         if (!s->committed.contains(a)) waiting.push_back(a);
       }
-      return absl::DeadlineExceededError(absl::StrCat(
-          StepName(s->info), ": no resolution after ", absl::FormatDuration(timeout),
-          waiting.empty() ? "" : "; devices of this host not committed yet: ",
-          absl::StrJoin(waiting, ", ")));
+      return absl::DeadlineExceededError(
+          absl::StrCat(StepName(s->info), ": no resolution after ", absl::FormatDuration(timeout),
+                       waiting.empty() ? "" : "; devices of this host not committed yet: ",
+                       absl::StrJoin(waiting, ", ")));
     }
   }
   if (s->resolution) return *s->resolution;
@@ -314,16 +314,17 @@ absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> LocalSteps::Ru
                          int32_t replica) -> absl::StatusOr<std::shared_ptr<const Tensor>> {
     REPVAR_ASSIGN_OR_RETURN(StoredReplica r, store_->Get(var.id(), replica));
     if (r.version != var.begin_version() || r.checksum != var.begin_checksum()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          var.name(), "/", replica, " here is at version ", r.version, ", not the step's ",
-          var.begin_version()));
+      return absl::FailedPreconditionError(absl::StrCat(var.name(), "/", replica,
+                                                        " here is at version ", r.version,
+                                                        ", not the step's ", var.begin_version()));
     }
     return r.value;
   };
   for (const v1::StepCollective& c : plan.collectives()) {
-    CollectiveSpec spec{plan.group(), plan.rank(), plan.size(), c.root(), c.tag(),
-                        absl::Milliseconds(plan.timeout_ms())};
-    if (c.variable_ids().empty()) return absl::InvalidArgumentError("a collective without variables");
+    CollectiveSpec spec{plan.group(), plan.rank(), plan.size(),
+                        c.root(),     c.tag(),     absl::Milliseconds(plan.timeout_ms())};
+    if (c.variable_ids().empty())
+      return absl::InvalidArgumentError("a collective without variables");
     if (c.kind() == v1::StepCollective::ALLREDUCE) {
       // One fused buffer for all the collective's variables, in order.
       std::vector<const v1::StepVariable*> vars;
@@ -359,8 +360,9 @@ absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> LocalSteps::Ru
       for (size_t i = 0; i < vars.size(); ++i) {
         if (begins[i] == nullptr) continue;  // no local replica
         size_t len = (i + 1 < vars.size() ? offsets[i + 1] : total) - offsets[i];
-        int64_t divisor =
-            vars[i]->aggregation() == v1::AGGREGATION_MEAN ? vars[i]->replica_participant_size() : 1;
+        int64_t divisor = vars[i]->aggregation() == v1::AGGREGATION_MEAN
+                              ? vars[i]->replica_participant_size()
+                              : 1;
         auto out = ApplyReduced(*begins[i], acc.span().subspan(offsets[i], len), divisor);
         if (!out.ok()) {
           return absl::Status(out.status().code(),
@@ -389,8 +391,8 @@ absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> LocalSteps::Ru
       REPVAR_RETURN_IF_ERROR(collectives_->Broadcast(spec, t.bytes.span()));
       t.UpdateChecksum();
       if (t.checksum != c.checksum()) {
-        return absl::DataLossError(absl::StrCat("the repair value of ", var.name(),
-                                                " arrived with a bad checksum"));
+        return absl::DataLossError(
+            absl::StrCat("the repair value of ", var.name(), " arrived with a bad checksum"));
       }
       if (!LocalReplicas(s, var).empty()) {
         prepared[var.id()] = std::make_shared<const Tensor>(std::move(t));

@@ -91,16 +91,15 @@ class LocalSteps {
   enum class Phase { kOpen, kResolving, kDone };
   struct Step {
     v1::StepInfo info;
-    int32_t me = -1;                         // participant index
-    std::map<uint64_t, int> vars;            // id -> index in info.variables
+    int32_t me = -1;               // participant index
+    std::map<uint64_t, int> vars;  // id -> index in info.variables
     std::map<std::pair<uint64_t, int32_t>, std::shared_ptr<const Tensor>> written;
-    std::set<std::string> committed;         // devices
+    std::set<std::string> committed;  // devices
     Phase phase = Phase::kOpen;
     std::optional<v1::StepResolution> resolution;
   };
 
-  absl::StatusOr<std::shared_ptr<Step>> Find(int64_t step, uint64_t epoch)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<Step>> Find(int64_t step, uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs report, plan and install for `s`; returns the resolution.
   v1::StepResolution Resolve(Step& s);
   // The collectives of `plan`: the values this worker's replicas end with.

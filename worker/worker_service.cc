@@ -223,8 +223,8 @@ class StepWriteSession {
     if (!header_) return absl::OkStatus();
     REPVAR_ASSIGN_OR_RETURN(Tensor t, assembler_->Finish());
     absl::Status s =
-        steps_->Write(header_->step(), header_->epoch(), header_->variable_id(),
-                      header_->replica(), std::make_shared<const Tensor>(std::move(t)));
+        steps_->Write(header_->step(), header_->epoch(), header_->variable_id(), header_->replica(),
+                      std::make_shared<const Tensor>(std::move(t)));
     header_.reset();
     assembler_.reset();
     return s;
@@ -361,8 +361,8 @@ absl::StatusOr<v1::StepPlan> GrpcCoordinatorLink::ReportStep(const v1::ReportSte
   return resp;
 }
 
-absl::StatusOr<v1::StepResolution> GrpcCoordinatorLink::FinishStep(
-    const v1::FinishStepRequest& req, absl::Duration timeout) {
+absl::StatusOr<v1::StepResolution> GrpcCoordinatorLink::FinishStep(const v1::FinishStepRequest& req,
+                                                                   absl::Duration timeout) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   v1::StepResolution resp;

@@ -53,9 +53,7 @@ class WorkerService final : public v1::Worker::Service {
 };
 
 // CoordinatorLink and the data plane's RendezvousClient over a gRPC stub.
-class GrpcCoordinatorLink final : public CoordinatorLink,
-                                  public RendezvousClient,
-                                  public StepLink {
+class GrpcCoordinatorLink final : public CoordinatorLink, public RendezvousClient, public StepLink {
  public:
   explicit GrpcCoordinatorLink(const std::string& address);
   absl::StatusOr<absl::Duration> Register(const Registration& reg) override;

@@ -16,42 +16,18 @@
 #include "repvar/client.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "repvar/v1/worker.grpc.pb.h"
+#include "tests/testing/started_cluster.h"
 #include "tests/testing/status_matchers.h"
 
 namespace repvar {
 namespace {
 
 using ::repvar::testing::Scaled;
+using ::repvar::testing::StartedCluster;
 using ::repvar::testing::StatusIs;
 using ::repvar::testing::TestCluster;
-
-std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address) {
-  return v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-}
-
-v1::GetReplicaStatusResponse WorkerStatus(const std::string& address) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  v1::GetReplicaStatusResponse resp;
-  EXPECT_TRUE(WorkerStub(address)->GetReplicaStatus(&ctx, {}, &resp).ok());
-  return resp;
-}
-
-// A started cluster and a client that has seen it form.
-class StartedCluster : public ::testing::Test {
- protected:
-  explicit StartedCluster(testing::ClusterOptions options = {}) : cluster_(std::move(options)) {}
-  void SetUp() override {
-    ASSERT_OK(cluster_.Start());
-    auto c = Client::Connect({.coordinator_address = cluster_.address()});
-    ASSERT_OK(c);
-    client_ = *std::move(c);
-    ASSERT_OK(client_->WaitForTopology(Scaled(absl::Seconds(20))));
-  }
-
-  TestCluster cluster_;
-  std::unique_ptr<Client> client_;
-};
+using ::repvar::testing::WorkerStatus;
+using ::repvar::testing::WorkerStub;
 
 class ClusterTest : public StartedCluster {
  protected:

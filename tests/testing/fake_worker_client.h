@@ -40,8 +40,8 @@ class FakeWorkerClient final : public server::WorkerClient {
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<ReplicaValue> ReadReplica(const server::WorkerTarget& target,
-                                           uint64_t variable_id, int32_t replica) override {
+  absl::StatusOr<ReplicaValue> ReadReplica(const server::WorkerTarget& target, uint64_t variable_id,
+                                           int32_t replica) override {
     absl::MutexLock lock(&mu_);
     ++reads_;
     auto f = failures_.find(target.task.ToString());
