@@ -1,0 +1,333 @@
+// SPDX-License-Identifier: Apache-2.0
+// Replicated steps (S1-S5, F1) against the coordinator core, with a fake
+// clock and fake workers: no sockets, no sleeps. Workers' reports and
+// finishes are made by hand, as a worker would send them.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "server/coordinator.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_worker_client.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar::server {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+std::shared_ptr<const Tensor> F32(std::vector<float> v) {
+  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
+                             std::as_bytes(std::span(v)));
+  return std::make_shared<const Tensor>(*std::move(t));
+}
+
+constexpr uint64_t kA = 0xA, kB = 0xB;  // stand-in checksums of local values
+
+class StepCoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Three hosts with two TPUs each (6 replicas: 0,1 | 2,3 | 4,5), plus a
+    // CPU-only host that holds nothing.
+    for (int t = 0; t < 3; ++t) {
+      WorkerRegistration r{"tpu_worker", t, absl::StrCat("h", t, ":1"), Inc(t), {}};
+      for (int i = 0; i < 2; ++i) {
+        r.devices.push_back(absl::StrCat("/job:tpu_worker/replica:0/task:", t, "/device:TPU:", i));
+      }
+      ASSERT_OK(core_.RegisterWorker(r));
+    }
+    ASSERT_OK(core_.RegisterWorker(
+        {"worker", 0, "cpu:1", 5, {"/job:worker/replica:0/task:0/device:CPU:0"}}));
+  }
+  static uint64_t Inc(int task) { return 100 + static_cast<uint64_t>(task); }
+
+  uint64_t Create(const std::string& name, Aggregation agg, DType dtype = DType::kFloat32) {
+    VariableDef d;
+    d.name = name;
+    d.tensor = TensorSpec{dtype, {2}};
+    d.replica_count = 6;
+    d.aggregation = agg;
+    Initializer init;
+    init.kind = Initializer::Kind::kZeros;
+    auto created = core_.CreateVariables({}, {{d, init}});
+    EXPECT_OK(created);
+    EXPECT_OK(core_.Initialize({}, {{name, std::nullopt}}));
+    return created.ok() ? created->variables[0].id : 0;
+  }
+
+  WorkerReport Report(const StepInfo& s, int task, std::vector<ReplicaReport> rr = {}) {
+    return WorkerReport{s.step, s.epoch, TaskKey{"tpu_worker", task}, Inc(task), std::move(rr)};
+  }
+  WorkerFinish Finish(const StepInfo& s, int task, std::vector<PreparedVariable> pv) {
+    return WorkerFinish{s.step, s.epoch, TaskKey{"tpu_worker", task}, Inc(task), std::move(pv), ""};
+  }
+  StepResolution Resolution(uint64_t epoch) {
+    auto r = core_.WaitStepResolution(epoch, absl::ZeroDuration());
+    EXPECT_OK(r);
+    return r.ok() ? *r : StepResolution{};
+  }
+  StepPlan Plan(uint64_t epoch) {
+    auto p = core_.WaitStepPlan(epoch, absl::ZeroDuration());
+    EXPECT_OK(p);
+    EXPECT_TRUE(p.ok() && std::holds_alternative<StepPlan>(*p));
+    return p.ok() && std::holds_alternative<StepPlan>(*p) ? std::get<StepPlan>(*p) : StepPlan{};
+  }
+  void HeartbeatAll(std::initializer_list<int> tasks) {
+    for (int t : tasks) ASSERT_OK(core_.Heartbeat(TaskKey{"tpu_worker", t}, Inc(t)));
+  }
+
+  repvar::testing::FakeClock clock_;
+  repvar::testing::FakeWorkerClient workers_;
+  Coordinator core_{CoordinatorOptions{}, &clock_, &workers_};
+};
+
+TEST_F(StepCoreTest, S1_BeginStep_IdempotentFixesParticipantsAndIdsIncrease) {
+  uint64_t w = Create("w", Aggregation::kMean);
+  auto s1 = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s1);
+  ASSERT_EQ(s1->participants.size(), 3u);  // the CPU host holds no replica
+  EXPECT_EQ(s1->participants[2].task.ToString(), "tpu_worker:2");
+  ASSERT_EQ(s1->variables.size(), 1u);
+  EXPECT_EQ(s1->variables[0].id, w);
+  EXPECT_EQ(s1->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, 2, 2}));
+  auto again = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(again);
+  EXPECT_EQ(again->epoch, s1->epoch);
+  EXPECT_THAT(core_.BeginStep(2, absl::Seconds(10)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "step 1 (epoch"));
+  EXPECT_THAT(core_.BeginStep(3, absl::ZeroDuration()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+
+  ASSERT_OK(core_.AbortStep(s1->epoch, "test"));
+  auto reopened = core_.BeginStep(1, absl::Seconds(10));  // an aborted id may be reused
+  ASSERT_OK(reopened);
+  EXPECT_GT(reopened->epoch, s1->epoch);
+  for (int t = 0; t < 3; ++t) ASSERT_OK(core_.ReportStep(Report(*reopened, t)));
+  EXPECT_EQ(Resolution(reopened->epoch).state, StepState::kCommitted);
+  EXPECT_THAT(core_.BeginStep(1, absl::Seconds(10)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "not above"));
+  EXPECT_OK(core_.BeginStep(7, absl::Seconds(10)));
+}
+
+TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {
+  Create("w", Aggregation::kMean);
+  clock_.Advance(absl::Seconds(30));
+  HeartbeatAll({0, 1});
+  ASSERT_OK(core_.Heartbeat(TaskKey{"worker", 0}, 5));
+  core_.Tick(clock_.Now());  // tpu_worker:2 is declared dead
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  EXPECT_EQ(s->participants.size(), 2u);
+  EXPECT_EQ(s->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, -1, -1}));
+}
+
+TEST_F(StepCoreTest, S3_OneReportPerWorker_RefusalsHaveDistinctStatuses) {
+  uint64_t w = Create("w", Aggregation::kNone);
+  auto s = core_.BeginStep(4, absl::Seconds(10));
+  ASSERT_OK(s);
+  WorkerReport good = Report(*s, 0, {{w, 0, kA, -1}, {w, 1, kA, -1}});
+
+  WorkerReport stale = good;
+  stale.incarnation = 999;
+  EXPECT_THAT(core_.ReportStep(stale), StatusIs(absl::StatusCode::kAborted));
+  WorkerReport not_owner = Report(*s, 0, {{w, 2, kA, -1}});
+  EXPECT_THAT(core_.ReportStep(not_owner), StatusIs(absl::StatusCode::kPermissionDenied));
+  WorkerReport stranger = good;
+  stranger.task = TaskKey{"worker", 0};
+  stranger.incarnation = 5;
+  EXPECT_THAT(core_.ReportStep(stranger), StatusIs(absl::StatusCode::kPermissionDenied));
+  WorkerReport future = good;
+  future.step = 5;
+  future.epoch = s->epoch + 1;
+  EXPECT_THAT(core_.ReportStep(future), StatusIs(absl::StatusCode::kOutOfRange));
+  WorkerReport closed = good;
+  closed.step = 3;
+  closed.epoch = s->epoch - 1;
+  EXPECT_THAT(core_.ReportStep(closed), StatusIs(absl::StatusCode::kFailedPrecondition));
+  WorkerReport unknown = Report(*s, 0, {{w + 100, 0, kA, -1}});
+  EXPECT_THAT(core_.ReportStep(unknown), StatusIs(absl::StatusCode::kInvalidArgument));
+  WorkerReport twice = Report(*s, 0, {{w, 0, kA, -1}, {w, 0, kA, -1}});
+  EXPECT_THAT(core_.ReportStep(twice), StatusIs(absl::StatusCode::kInvalidArgument));
+
+  ASSERT_OK(core_.ReportStep(good));
+  WorkerReport reordered = Report(*s, 0, {{w, 1, kA, -1}, {w, 0, kA, -1}});
+  EXPECT_OK(core_.ReportStep(reordered));  // identical: idempotent
+  WorkerReport different = Report(*s, 0, {{w, 0, kB, -1}, {w, 1, kA, -1}});
+  EXPECT_THAT(core_.ReportStep(different), StatusIs(absl::StatusCode::kAlreadyExists));
+  // Once the step resolved, its reports are refused as closed.
+  for (int t = 1; t < 3; ++t) {
+    ASSERT_OK(core_.ReportStep(Report(*s, t, {{w, 2 * t, kA, -1}, {w, 2 * t + 1, kA, -1}})));
+  }
+  EXPECT_EQ(Resolution(s->epoch).state, StepState::kCommitted);
+  EXPECT_THAT(core_.ReportStep(good), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(StepCoreTest, S4_Resolution_NoneAgreement_VersionPlusOne_ReadFromPrimary) {
+  uint64_t w = Create("w", Aggregation::kNone);
+  uint64_t u = Create("untouched", Aggregation::kNone);
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  auto value = F32({5, 6});
+  for (int t = 0; t < 3; ++t) {
+    ASSERT_OK(core_.ReportStep(
+        Report(*s, t, {{w, 2 * t, value->checksum, -1}, {w, 2 * t + 1, value->checksum, -1}})));
+  }
+  StepResolution r = Resolution(s->epoch);
+  ASSERT_EQ(r.state, StepState::kCommitted);
+  ASSERT_EQ(r.changed.size(), 1u);  // "untouched" keeps its version
+  EXPECT_EQ(r.changed[0].variable_id, w);
+  EXPECT_EQ(r.changed[0].version, 2);
+  EXPECT_EQ(r.latencies.size(), 3u);
+  EXPECT_EQ(core_.GetVariable("untouched")->version, 1);
+  (void)u;
+  // The value now lives on the replicas only: a read fetches it, primary first.
+  for (int i = 0; i < 6; ++i) workers_.Install(absl::StrCat("tpu_worker:", i / 2), w, i, 2, *value);
+  auto read = core_.Read("w");
+  ASSERT_OK(read);
+  EXPECT_EQ(read->version, 2);
+  EXPECT_EQ(read->value->checksum, value->checksum);
+  auto view = core_.GetVariable("w");
+  for (const ReplicaView& rv : view->replicas) EXPECT_EQ(rv.state, ReplicaState::kUpToDate);
+}
+
+TEST_F(StepCoreTest, S4_NoneDivergence_TieGoesToPrimary_RepairPlanned) {
+  uint64_t w = Create("w", Aggregation::kNone);
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  // 3 replicas say A (0, 1, 2), 3 say B (3, 4, 5): a tie, so the primary's A.
+  ASSERT_OK(core_.ReportStep(Report(*s, 0, {{w, 0, kA, -1}, {w, 1, kA, -1}})));
+  ASSERT_OK(core_.ReportStep(Report(*s, 1, {{w, 2, kA, -1}, {w, 3, kB, -1}})));
+  ASSERT_OK(core_.ReportStep(Report(*s, 2, {{w, 4, kB, -1}, {w, 5, kB, -1}})));
+  StepPlan plan = Plan(s->epoch);
+  ASSERT_EQ(plan.collectives.size(), 1u);
+  const StepCollective& c = plan.collectives[0];
+  EXPECT_EQ(c.kind, StepCollective::Kind::kBroadcast);
+  EXPECT_EQ(c.root, 0);  // tpu_worker:0 holds the primary
+  EXPECT_EQ(c.checksum, kA);
+  EXPECT_EQ(c.targets, (std::vector<int32_t>{3, 4, 5}));
+  for (int t = 0; t < 3; ++t) ASSERT_OK(core_.FinishStep(Finish(*s, t, {{w, kA, -1}})));
+  StepResolution r = Resolution(s->epoch);
+  ASSERT_EQ(r.state, StepState::kCommitted);
+  ASSERT_EQ(r.divergences.size(), 1u);
+  EXPECT_EQ(r.divergences[0].chosen_checksum, kA);
+  EXPECT_EQ(r.divergences[0].repaired, (std::vector<int32_t>{3, 4, 5}));
+  EXPECT_EQ(r.divergences[0].replica_checksums, (std::vector<uint64_t>{kA, kA, kA, kB, kB, kB}));
+}
+
+TEST_F(StepCoreTest, S4_Mean_FusedAllreducePlanned_WorkersMustAgree) {
+  uint64_t a = Create("a", Aggregation::kMean);
+  uint64_t b = Create("b", Aggregation::kSum);
+  uint64_t c = Create("c", Aggregation::kSum, DType::kFloat64);
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  ASSERT_OK(core_.ReportStep(Report(*s, 0, {{a, 0, kA, -1}, {b, 1, kA, -1}, {c, 0, kA, -1}})));
+  ASSERT_OK(core_.ReportStep(Report(*s, 1)));  // nothing changed there
+  ASSERT_OK(core_.ReportStep(Report(*s, 2)));
+  StepPlan plan = Plan(s->epoch);
+  // One fused reduction per accumulator type, variables in id order.
+  ASSERT_EQ(plan.collectives.size(), 2u);
+  EXPECT_EQ(plan.collectives[0].variable_ids, (std::vector<uint64_t>{a, b}));
+  EXPECT_EQ(plan.collectives[1].variable_ids, (std::vector<uint64_t>{c}));
+  EXPECT_NE(plan.collectives[0].tag, plan.collectives[1].tag);
+  ASSERT_OK(core_.FinishStep(Finish(*s, 0, {{a, 1, -1}, {b, 2, -1}, {c, 3, -1}})));
+  ASSERT_OK(core_.FinishStep(Finish(*s, 1, {{a, 1, -1}, {b, 2, -1}, {c, 3, -1}})));
+  ASSERT_OK(core_.FinishStep(Finish(*s, 2, {{a, 1, -1}, {b, 9, -1}, {c, 3, -1}})));
+  StepResolution r = Resolution(s->epoch);
+  EXPECT_EQ(r.state, StepState::kFailed);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kDataLoss, "tpu_worker:2"));
+  EXPECT_EQ(core_.GetVariable("b")->version, 1);  // nothing changed
+}
+
+TEST_F(StepCoreTest, S4_NonFinite_LocalValueNamesReplica_ResultNamesVariable) {
+  uint64_t w = Create("w", Aggregation::kMean);
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  ASSERT_OK(core_.ReportStep(Report(*s, 0)));
+  ASSERT_OK(core_.ReportStep(Report(*s, 1, {{w, 3, kA, 1}})));
+  ASSERT_OK(core_.ReportStep(Report(*s, 2)));
+  EXPECT_THAT(Resolution(s->epoch).status,
+              StatusIs(absl::StatusCode::kInvalidArgument, "w/3 on tpu_worker:1"));
+
+  auto s2 = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s2);
+  for (int t = 0; t < 3; ++t) ASSERT_OK(core_.ReportStep(Report(*s2, t, {{w, 2 * t, kA, -1}})));
+  for (int t = 0; t < 3; ++t) ASSERT_OK(core_.FinishStep(Finish(*s2, t, {{w, kB, 0}})));
+  EXPECT_THAT(Resolution(s2->epoch).status,
+              StatusIs(absl::StatusCode::kInvalidArgument, "aggregated value of w"));
+}
+
+TEST_F(StepCoreTest, S4_MeanOfIntegerDtype_RefusedAtCreate) {
+  VariableDef d;
+  d.name = "counts";
+  d.tensor = TensorSpec{DType::kInt32, {2}};
+  d.aggregation = Aggregation::kMean;
+  EXPECT_THAT(core_.CreateVariables({}, {{d, {}}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "MEAN aggregation needs a floating"));
+}
+
+TEST_F(StepCoreTest, S4_BarrierTimeout_NamesMissingWorkers_WarnsAtHalf) {
+  Create("w", Aggregation::kMean);
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  ASSERT_OK(core_.ReportStep(Report(*s, 0)));
+  clock_.Advance(absl::Seconds(5));
+  HeartbeatAll({0, 1, 2});
+  core_.Tick(clock_.Now());
+  std::vector<StepEvent> events = core_.WaitStepEvents(0, absl::ZeroDuration());
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().kind, StepEvent::Kind::kStragglers);
+  EXPECT_EQ(events.back().missing, (std::vector<std::string>{"tpu_worker:1", "tpu_worker:2"}));
+  EXPECT_THAT(core_.WaitStepResolution(s->epoch, absl::ZeroDuration()).status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));  // still open
+  clock_.Advance(absl::Seconds(5));
+  HeartbeatAll({0, 1, 2});
+  core_.Tick(clock_.Now());
+  StepResolution r = Resolution(s->epoch);
+  EXPECT_EQ(r.state, StepState::kFailed);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                 "missing: tpu_worker:1 (sent no report; last heartbeat 0 s ago)"));
+  EXPECT_NE(r.status.message().find("tpu_worker:2"), std::string::npos);
+}
+
+TEST_F(StepCoreTest, S5_CrossReplicaWritesRefusedDuringStep_ReadsCommitted_NewVariablesWait) {
+  uint64_t w = Create("w", Aggregation::kMean);
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  EXPECT_THAT(core_.Assign({}, {"w", AssignOp::kAssign, F32({1, 1})}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "step 1 is open"));
+  EXPECT_THAT(core_.DeleteVariable({}, "w"), StatusIs(absl::StatusCode::kFailedPrecondition));
+  auto read = core_.Read("w");
+  ASSERT_OK(read);
+  EXPECT_EQ(read->version, 1);
+  // Created and initialized during the step: allowed, and not in this step.
+  uint64_t slot = Create("slot", Aggregation::kMean);
+  EXPECT_THAT(core_.ReportStep(Report(*s, 0, {{slot, 0, kA, -1}})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "join the next one"));
+  for (int t = 0; t < 3; ++t) ASSERT_OK(core_.ReportStep(Report(*s, t)));
+  ASSERT_EQ(Resolution(s->epoch).state, StepState::kCommitted);
+  EXPECT_OK(core_.Assign({}, {"w", AssignOp::kAssign, F32({1, 1})}));
+  auto next = core_.BeginStep(2, absl::Seconds(10));
+  ASSERT_OK(next);
+  EXPECT_EQ(next->variables.size(), 2u);  // the slot joined
+  (void)w;
+}
+
+TEST_F(StepCoreTest, F1_DeadWorker_FailsOpenStepWithUnavailableNamingIt) {
+  Create("w", Aggregation::kMean);
+  auto s = core_.BeginStep(1, absl::Seconds(600));
+  ASSERT_OK(s);
+  ASSERT_OK(core_.ReportStep(Report(*s, 0)));
+  clock_.Advance(absl::Seconds(30));
+  HeartbeatAll({0, 2});
+  core_.Tick(clock_.Now());
+  StepResolution r = Resolution(s->epoch);
+  EXPECT_EQ(r.state, StepState::kFailed);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kUnavailable, "worker tpu_worker:1"));
+  std::vector<StepEvent> events = core_.WaitStepEvents(0, absl::ZeroDuration());
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().kind, StepEvent::Kind::kResolved);  // the watch stream tells
+}
+
+}  // namespace
+}  // namespace repvar::server
