@@ -94,6 +94,12 @@ class Client::Impl {
   std::map<std::string, std::unique_ptr<v1::Worker::Stub>> workers_ ABSL_GUARDED_BY(mu_);
 };
 
+// How the library's step code (step_scope.cc) reaches a Client's internals.
+struct ClientAccess {
+  using Impl = Client::Impl;
+  static Impl& Of(Client& c) { return *c.impl_; }
+};
+
 }  // namespace repvar
 
 #endif  // REPVAR_CLIENT_CLIENT_IMPL_H_

@@ -3,6 +3,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/client_impl.h"
 #include "common/proto_convert.h"
 #include "common/status_util.h"
@@ -22,7 +23,7 @@ absl::Status FailureOf(const v1::StepResolution& r) {
 
 class StepScope::Impl {
  public:
-  Client::Impl* client = nullptr;
+  ClientAccess::Impl* client = nullptr;
   StepOptions options;
   std::string job;
   int32_t task = 0;
@@ -69,7 +70,7 @@ StepScope::~StepScope() {
 absl::StatusOr<std::unique_ptr<StepScope>> StepScope::Begin(Client& client, int64_t step,
                                                             StepOptions options) {
   auto impl = std::make_unique<Impl>();
-  impl->client = client.impl_.get();
+  impl->client = &ClientAccess::Of(client);
   if (options.worker.empty()) {
     const char* env = std::getenv("REPVAR_WORKER");
     if (env != nullptr) options.worker = env;
@@ -285,13 +286,72 @@ absl::Status StepScope::Abort(const std::string& reason) {
   return s;
 }
 
+namespace {
+
+std::string ResolutionLine(const v1::StepResolution& r) {
+  std::string line = absl::StrCat("step ", r.step(), " (epoch ", r.epoch(), "): ");
+  if (r.state() == v1::STEP_STATE_COMMITTED) {
+    absl::StrAppend(&line, "committed, ", r.changed_size(), " variable(s) changed");
+    if (r.divergences_size() > 0) {
+      absl::StrAppend(&line, ", ", r.divergences_size(), " divergence(s) repaired");
+    }
+  } else {
+    absl::StrAppend(&line, "FAILED: ", FailureOf(r).ToString());
+  }
+  std::vector<std::string> lat;
+  for (const v1::WorkerStepLatency& l : r.latencies()) {
+    lat.push_back(absl::StrCat(l.job(), ":", l.task(), " ", l.report_ms(), " ms"));
+  }
+  if (!lat.empty()) absl::StrAppend(&line, "; reports: ", absl::StrJoin(lat, ", "));
+  return line;
+}
+}  // namespace
+
+namespace {
+absl::StatusOr<v1::StepsStatus> GetSteps(Client& client) {
+  ClientAccess::Impl& c = ClientAccess::Of(client);
+  v1::StepsStatus st;
+  REPVAR_RETURN_IF_ERROR(c.Retry([&] {
+    grpc::ClientContext ctx;
+    c.SetDeadline(&ctx);
+    return FromGrpcStatus(c.stub()->GetSteps(&ctx, v1::GetStepsRequest(), &st));
+  }));
+  return st;
+}
+}  // namespace
+
+absl::StatusOr<int64_t> LastCommittedStep(Client& client) {
+  REPVAR_ASSIGN_OR_RETURN(v1::StepsStatus st, GetSteps(client));
+  return st.last_committed_step();
+}
+
+absl::StatusOr<std::vector<std::string>> DescribeSteps(Client& client) {
+  REPVAR_ASSIGN_OR_RETURN(v1::StepsStatus st, GetSteps(client));
+  std::vector<std::string> out;
+  out.push_back(absl::StrCat("last committed step: ", st.last_committed_step()));
+  if (st.has_open()) {
+    out.push_back(absl::StrCat("open: step ", st.open().step(), " (epoch ", st.open().epoch(),
+                               "), barrier timeout ", st.open().barrier_timeout_ms(), " ms, ",
+                               st.open().participants_size(), " participant(s), ",
+                               st.open().variables_size(), " variable(s)"));
+    for (const v1::ParticipantProgress& p : st.progress()) {
+      out.push_back(absl::StrCat("  ", p.job(), ":", p.task(), "  ",
+                                 p.reported() ? "reported" : "WAITING", "  ", p.last_activity()));
+    }
+  } else {
+    out.push_back("no step is open");
+  }
+  for (const v1::StepResolution& r : st.recent()) out.push_back(ResolutionLine(r));
+  return out;
+}
+
 absl::Status WatchSteps(Client& client, int64_t after_seq, absl::Duration timeout,
                         const std::function<bool(const StepEventInfo&)>& fn) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   v1::WatchStepsRequest req;
   req.set_after_seq(after_seq);
-  auto reader = client.impl_->stub()->WatchSteps(&ctx, req);
+  auto reader = ClientAccess::Of(client).stub()->WatchSteps(&ctx, req);
   v1::StepEvent e;
   while (reader->Read(&e)) {
     StepEventInfo info;

@@ -22,7 +22,7 @@ done
 deploy/bootstrap.sh
 build=${REPVAR_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j "$(nproc)" --target repvar-coordinator repvar-worker repvar-example repvarctl repvar_python
+cmake --build "$build" -j "$(nproc)" --target repvar-coordinator repvar-worker repvar-example repvar-train repvarctl repvar_python
 
 data=${REPVAR_DATA_DIR:-$root/local-cluster}
 mkdir -p "$data"
@@ -61,6 +61,11 @@ pids+=($!)
 
 rc=0
 "$build/client/repvar-example" || rc=$?
+if [ $rc -eq 0 ]; then
+  echo
+  echo "== data-parallel training in replicated steps (repvar-train; --inject_divergence shows repair)"
+  "$build/client/repvar-train" --steps="${REPVAR_TRAIN_STEPS:-200}" --inject_divergence=50 || rc=$?
+fi
 if [ $rc -eq 0 ]; then
   echo
   echo "== the same cluster from Python (generated stubs + numpy helper)"

@@ -24,7 +24,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -286,9 +285,7 @@ class Client {
   absl::StatusOr<std::vector<TensorValue>> ReadBatch(const std::vector<std::string>& names);
 
  private:
-  friend class StepScope;
-  friend absl::Status WatchSteps(Client&, int64_t, absl::Duration,
-                                 const std::function<bool(const struct StepEventInfo&)>&);
+  friend struct ClientAccess;  // the library's own step code (client_impl.h)
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   absl::StatusOr<WriteAck> Write(const std::string& name, AssignKind kind,

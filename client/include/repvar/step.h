@@ -133,10 +133,17 @@ struct StepEventInfo {
   std::string error;                 // kResolved and failed
 };
 
+// The last committed step id (0 before the first): training resumes above it.
+absl::StatusOr<int64_t> LastCommittedStep(Client& client);
+
 // Streams step events after `after_seq` to `fn` until it returns false or
 // `timeout` passes (F1: trainers learn of failures here).
 absl::Status WatchSteps(Client& client, int64_t after_seq, absl::Duration timeout,
                         const std::function<bool(const StepEventInfo&)>& fn);
+
+// The open step's progress per participant and the last resolutions, as
+// text lines (repvarctl steps).
+absl::StatusOr<std::vector<std::string>> DescribeSteps(Client& client);
 
 }  // namespace repvar
 
