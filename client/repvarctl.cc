@@ -18,9 +18,11 @@
 #include "absl/strings/str_split.h"
 #include "common/tensor.h"
 #include "repvar/client.h"
+#include "repvar/step.h"
 
 ABSL_FLAG(std::string, coordinator, "", "host:port (default: $REPVAR_COORDINATOR_ADDRESS)");
 ABSL_FLAG(bool, json, false, "print JSON for scripts");
+ABSL_FLAG(absl::Duration, watch_for, absl::Hours(24), "how long `watch` streams");
 ABSL_FLAG(std::string, value, "", "comma-separated values for assign, row-major");
 ABSL_FLAG(int32_t, max_elements, 16, "elements printed by read (text mode)");
 
@@ -216,12 +218,42 @@ int Assign(repvar::Client& c, const std::string& verb, const std::string& name, 
   return 0;
 }
 
+// The open step's progress per participant and the last resolutions.
+int Steps(repvar::Client& c) {
+  auto lines = repvar::DescribeSteps(c);
+  if (!lines.ok()) return Fail(lines.status());
+  for (const std::string& l : *lines) std::printf("%s\n", l.c_str());
+  return 0;
+}
+
+// Step events as they happen (stragglers, failures), until --watch_for ends.
+int Watch(repvar::Client& c) {
+  absl::Status s = repvar::WatchSteps(
+      c, 0, absl::GetFlag(FLAGS_watch_for), [](const repvar::StepEventInfo& e) {
+        static const char* kKinds[] = {"?", "BEGUN", "REPORTED", "STRAGGLERS", "AGGREGATING",
+                                       "RESOLVED"};
+        std::printf("%s step %lld (epoch %llu) %s", absl::FormatTime(absl::Now()).c_str(),
+                    static_cast<long long>(e.step), static_cast<unsigned long long>(e.epoch),
+                    kKinds[static_cast<int>(e.kind)]);
+        if (!e.task.empty()) std::printf(" %s", e.task.c_str());
+        if (!e.missing.empty()) std::printf(" waiting for: %s", absl::StrJoin(e.missing, ", ").c_str());
+        if (e.kind == repvar::StepEventInfo::Kind::kResolved) {
+          std::printf(" %s", e.committed ? "committed" : e.error.c_str());
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+        return true;
+      });
+  if (!s.ok()) return Fail(s);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "repvarctl [--coordinator=H:P] [--json] topology | vars [COLLECTION] | read NAME | "
-      "assign|assign_add|assign_sub NAME --value=v1,v2,...");
+      "assign|assign_add|assign_sub NAME --value=v1,v2,... | steps | watch [--watch_for=D]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
@@ -235,6 +267,8 @@ int main(int argc, char** argv) {
   if (cmd == "topology") return Topology(**client, json);
   if (cmd == "vars") return Vars(**client, args.size() > 2 ? args[2] : "", json);
   if (cmd == "read" && args.size() == 3) return Read(**client, args[2], json);
+  if (cmd == "steps") return Steps(**client);
+  if (cmd == "watch") return Watch(**client);
   if ((cmd == "assign" || cmd == "assign_add" || cmd == "assign_sub") && args.size() == 3) {
     return Assign(**client, cmd, args[2], json);
   }

@@ -9,17 +9,21 @@
     c.initialize(["model/w"])
     c.assign("model/w", np.ones((4, 3), np.float32))
     value, version = c.read("model/w")
+    with c.step(1, worker="tpu_worker:0") as s:   # a replicated step
+        for r in s.local_replicas("model/w"):
+            s.write("model/w", r, s.read("model/w", r) * 0.5)
+        resolution = s.commit()
 
 bfloat16 travels as uint16 bit patterns (numpy 1.24 has no bfloat16).
 """
 
 from repvar.tensors import (DTYPES, checksum, from_chunks, to_chunks, to_tensor,
                             from_tensor, numpy_dtype)
-from repvar.client import (Client, replicated_scope, zeros, ones, constant,
+from repvar.client import (Client, Step, StepFailed, replicated_scope, zeros, ones, constant,
                            random_normal, random_uniform, value)
 
 __all__ = [
     "DTYPES", "checksum", "from_chunks", "to_chunks", "to_tensor", "from_tensor",
     "numpy_dtype", "Client", "replicated_scope", "zeros", "ones", "constant",
-    "random_normal", "random_uniform", "value",
+    "random_normal", "random_uniform", "value", "Step", "StepFailed",
 ]

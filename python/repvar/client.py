@@ -165,3 +165,129 @@ class Client:
         first = next(responses)
         arr = tensors.from_chunks(first.header.tensor, (r.chunk for r in responses))
         return arr, first.header.version
+
+    def step(self, step, worker, barrier_timeout=60.0, devices=()):
+        """Begins replicated step `step` for the trainer on host `worker`
+        ("job:task"); use it as a context manager (see Step)."""
+        return Step(self, step, worker, barrier_timeout, devices)
+
+    def last_committed_step(self):
+        return self.stub.GetSteps(cpb.GetStepsRequest(), timeout=self.timeout).last_committed_step
+
+    def _worker_channel(self, address):
+        cache = self.__dict__.setdefault("_workers", {})
+        if address not in cache:
+            cache[address] = grpc.insecure_channel(address, options=[
+                ("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20)])
+        return cache[address]
+
+
+class StepFailed(RuntimeError):
+    """A replicated step resolved as FAILED; `code` is the grpc.StatusCode."""
+
+    def __init__(self, code, message, resolution):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.resolution = resolution
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class Step:
+    """A replicated step as a trainer sees it (DESIGN.md S1-S5); use
+    `client.step(k, worker="tpu_worker:0")` as a context manager. Inside it the
+    trainer reads and writes its own host's replicas through the local worker;
+    `commit()` returns the step's resolution (the same for every trainer) or
+    raises StepFailed. Leaving the block without a commit aborts the step."""
+
+    def __init__(self, client, step, worker, barrier_timeout=60.0, devices=()):
+        from repvar.v1 import worker_pb2 as wpb
+        from repvar.v1 import worker_pb2_grpc as wgrpc
+        self._wpb = wpb
+        self.client = client
+        self.barrier_timeout = barrier_timeout
+        self.devices = list(devices)
+        job, _, task = worker.rpartition(":")
+        self.info = client.stub.BeginStep(
+            cpb.BeginStepRequest(step=step, barrier_timeout_ms=int(barrier_timeout * 1000)),
+            timeout=client.timeout + barrier_timeout)
+        self._vars = {v.name: v for v in self.info.variables}
+        self._me = -1
+        address = None
+        for i, p in enumerate(self.info.participants):
+            if p.job == job and p.task == int(task):
+                self._me, address = i, p.address
+        if address is None:
+            for t in client.topology().tasks:
+                if t.job == job and t.task == int(task):
+                    address = t.address
+        if address is None:
+            raise ValueError(f"worker {worker} is not live")
+        self.worker = wgrpc.WorkerStub(client._worker_channel(address))
+        self.closed = False
+
+    @property
+    def epoch(self):
+        return self.info.epoch
+
+    def _var(self, name):
+        if name not in self._vars:
+            raise KeyError(f"{name} is not in step {self.info.step} (created or initialized "
+                           "after it began, or unknown)")
+        return self._vars[name]
+
+    def local_replicas(self, name):
+        v = self._var(name)
+        return [i for i, p in enumerate(v.replica_participant) if self._me >= 0 and p == self._me]
+
+    def read(self, name, replica):
+        """This step's view of a local replica: its own write, else the committed value."""
+        v = self._var(name)
+        responses = self.worker.ReadReplica(self._wpb.ReadReplicaRequest(
+            variable_id=v.id, replica=replica, epoch=self.info.epoch), timeout=self.client.timeout)
+        first = next(responses)
+        return tensors.from_chunks(first.header, (r.chunk for r in responses))
+
+    def write(self, name, replica, array):
+        """Writes the replica's step-local copy (small tensors inline, large as chunks)."""
+        v = self._var(name)
+        dtype = next(k for k, (e, _) in tensors.DTYPES.items() if e == v.spec.dtype)
+        pieces = tensors.to_chunks(array, dtype)
+        h = next(pieces)
+        hdr = dict(step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica,
+                   tensor=h)
+
+        def stream():
+            yield self._wpb.StepWriteRequest(header=self._wpb.StepWriteHeader(**hdr))
+            for c in pieces:
+                yield self._wpb.StepWriteRequest(chunk=c)
+
+        self.worker.StepWrite(stream(), timeout=self.client.timeout + h.byte_size / 50e6)
+
+    def commit(self):
+        self.closed = True
+        wait = self.barrier_timeout * 2 + 120
+        res = self.worker.CommitStep(self._wpb.CommitStepRequest(
+            step=self.info.step, epoch=self.info.epoch, devices=self.devices,
+            timeout_ms=int(wait * 1000)), timeout=wait + 10)
+        if res.state != cpb.STEP_STATE_COMMITTED:
+            raise StepFailed(_CODES.get(res.code, grpc.StatusCode.UNKNOWN), res.message, res)
+        return res
+
+    def abort(self, reason=""):
+        self.closed = True
+        self.client.stub.AbortStep(cpb.AbortStepRequest(epoch=self.info.epoch, reason=reason),
+                                   timeout=self.client.timeout)
+        self.worker.DiscardStep(self._wpb.DiscardStepRequest(epoch=self.info.epoch),
+                                timeout=self.client.timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if not self.closed:
+            self.abort("the trainer left the step without a commit")
+        return False
+

@@ -1,0 +1,110 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Replicated steps from Python: the Step context manager over the stubs."""
+
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+import repvar
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    c = repvar.Client(cluster)
+    c.wait_for_topology(20)
+    yield c
+    c.close()
+
+
+def _run_step(client, step, body, timeout=20.0):
+    """One trainer thread per host (tpu_worker:0..2); returns each commit's
+    resolution or exception."""
+    out = [None] * 3
+
+    def trainer(h):
+        try:
+            with client.step(step, worker=f"tpu_worker:{h}", barrier_timeout=timeout) as s:
+                body(h, s)
+                out[h] = s.commit()
+        except Exception as e:  # noqa: BLE001 - returned to the test
+            out[h] = e
+
+    threads = [threading.Thread(target=trainer, args=(h,)) for h in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_mean_step_from_python_exact_and_bit_identical(client):
+    with repvar.replicated_scope(6, "pysteps"):
+        client.create("w", "float32", (3,), aggregation="MEAN",
+                      initializer=repvar.value(np.array([1, 2, 3], np.float32), "float32"))
+    client.initialize(["pysteps/w"])
+    first = client.last_committed_step() + 1
+
+    def body(h, s):
+        for r in s.local_replicas("pysteps/w"):
+            s.write("pysteps/w", r, s.read("pysteps/w", r) + np.float32(6 * (r + 1)))
+
+    results = _run_step(client, first, body)
+    for r in results:
+        assert not isinstance(r, Exception), r
+        assert r.step == first and [c.name for c in r.changed] == ["pysteps/w"]
+    value, version = client.read("pysteps/w")
+    np.testing.assert_array_equal(value, np.array([22, 23, 24], np.float32))  # + mean(6..36)
+    assert version == 2
+    info = client.variable("pysteps/w")
+    assert len({rep.checksum for rep in info.replicas}) == 1
+
+
+def test_leaving_the_block_without_commit_aborts_and_changes_nothing(client):
+    with repvar.replicated_scope(6, "pysteps"):
+        client.create("n", "float32", (2,), initializer=repvar.zeros())
+    client.initialize(["pysteps/n"])
+    step = client.last_committed_step() + 1
+    with client.step(step, worker="tpu_worker:1") as s:
+        s.write("pysteps/n", 2, np.array([5, 5], np.float32))
+        np.testing.assert_array_equal(s.read("pysteps/n", 2), [5, 5])
+    value, version = client.read("pysteps/n")
+    np.testing.assert_array_equal(value, [0, 0])
+    assert version == 1
+    # the id of an aborted step may be used again
+    results = _run_step(client, step, lambda h, s: None)
+    assert all(not isinstance(r, Exception) for r in results), results
+
+
+def test_cross_replica_assign_during_a_step_is_refused(client):
+    with repvar.replicated_scope(6, "pysteps"):
+        client.create("g", "float32", (2,), initializer=repvar.zeros())
+    client.initialize(["pysteps/g"])
+    with client.step(client.last_committed_step() + 1, worker="tpu_worker:0"):
+        with pytest.raises(grpc.RpcError) as e:
+            client.assign("pysteps/g", np.ones(2, np.float32))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_barrier_timeout_raises_step_failed_naming_the_missing_worker(client):
+    step = client.last_committed_step() + 1
+    # only two of the three hosts take part
+    out = [None] * 2
+
+    def trainer(h):
+        try:
+            with client.step(step, worker=f"tpu_worker:{h}", barrier_timeout=1.5) as s:
+                out[h] = s.commit()
+        except repvar.StepFailed as e:
+            out[h] = e
+
+    threads = [threading.Thread(target=trainer, args=(h,)) for h in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in out:
+        assert isinstance(r, repvar.StepFailed), r
+        assert r.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "tpu_worker:2" in str(r)
