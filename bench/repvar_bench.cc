@@ -6,12 +6,16 @@
 //   - batched create/initialize/read of 1,000 small variables against one
 //     single-variable call.
 // Prints one `key=value` line per figure for bench/run.sh to compare.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -19,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "repvar/client.h"
+#include "repvar/step.h"
 #include "tests/testing/cluster.h"
 
 ABSL_FLAG(std::string, workers, "2,4,8", "worker process counts for the broadcast figures");
@@ -26,6 +31,12 @@ ABSL_FLAG(std::string, mib, "1,64,256", "tensor sizes in MiB");
 ABSL_FLAG(int32_t, iters, 5, "timed repetitions per size (median reported)");
 ABSL_FLAG(int32_t, small_ops, 2000, "operations for the small-op latency figures");
 ABSL_FLAG(int32_t, small_workers, 8, "worker processes (= replicas) for the small-op figures");
+ABSL_FLAG(int32_t, step_workers, 32, "worker processes for the steps-per-second figure");
+ABSL_FLAG(int32_t, step_vars, 1000, "small variables in the steps-per-second figure");
+ABSL_FLAG(int32_t, steps, 20, "timed steps for the steps-per-second figure");
+ABSL_FLAG(int32_t, mean_mib, 64, "size of the MEAN step variable");
+ABSL_FLAG(int32_t, mean_replicas, 8, "replicas (= workers) of the MEAN step variable");
+ABSL_FLAG(bool, only_steps, false, "run only the step figures");
 
 namespace {
 
@@ -161,10 +172,125 @@ void SmallOps(int ops, int workers) {
       Percentile(single, 0.5), Ms(t0, t1), Ms(t1, t2), Ms(t2, t3));
 }
 
+// CPU seconds (user + system) a process has used, from /proc.
+double CpuSeconds(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  std::getline(f, line);
+  // Fields after the command name (which ends with ')'): utime is 14th, stime 15th overall.
+  std::vector<std::string> fields = absl::StrSplit(line.substr(line.rfind(')') + 2), ' ');
+  return (std::stod(fields[11]) + std::stod(fields[12])) /
+         static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// One step with a trainer thread per worker: `write` fills each trainer's
+// local replicas, then every trainer commits. Returns the commit time (from
+// the first commit to the last answer), in ms.
+template <typename Write>
+double TimedStep(repvar::Client& c, int64_t step, int workers, Write write) {
+  std::vector<std::unique_ptr<repvar::StepScope>> scopes(workers);
+  for (int w = 0; w < workers; ++w) {
+    auto s = repvar::StepScope::Begin(
+        c, step, {.worker = absl::StrCat("tpu_worker:", w), .barrier_timeout = absl::Seconds(300)});
+    if (!s.ok()) Die("begin step", s.status());
+    scopes[w] = *std::move(s);
+  }
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      if (absl::Status st = write(w, *scopes[w]); !st.ok()) Die("step write", st);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  threads.clear();
+  auto t0 = Clock::now();
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      auto r = scopes[w]->Commit();
+      if (!r.ok()) Die("commit", r.status());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return Ms(t0, Clock::now());
+}
+
+// The resolution time of a MEAN step over one large variable, every replica
+// changed (the reduction is a gloo ring allreduce among the workers).
+void MeanStep(int mib, int workers, int iters) {
+  repvar::testing::TestCluster cluster(OneTpuPerWorker(workers));
+  if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
+  auto c = Connect(cluster);
+  int64_t n = int64_t{mib} << 18;
+  repvar::VariableSpec spec{
+      .name = "mean", .dtype = repvar::DType::kFloat32, .shape = {n}, .replica_count = workers};
+  spec.aggregation = repvar::Aggregation::kMean;
+  spec.initializer = repvar::InitializerSpec::Zeros();
+  if (auto v = c->CreateVariable(spec); !v.ok()) Die("create", v.status());
+  if (auto v = c->Initialize({"mean"}); !v.ok()) Die("initialize", v.status());
+  std::vector<std::vector<float>> local(workers, std::vector<float>(n));
+  for (int w = 0; w < workers; ++w) std::fill(local[w].begin(), local[w].end(), float(w));
+  std::vector<double> t;
+  for (int i = 0; i < iters + 1; ++i) {
+    double ms = TimedStep(*c, i + 1, workers, [&](int w, repvar::StepScope& s) {
+      local[w][0] = static_cast<float>(i);
+      return s.Write<float>("mean", w, std::span<const float>(local[w]));
+    });
+    if (i > 0) t.push_back(ms);  // the first step builds the gloo group
+  }
+  std::printf("repvar_mean_step workers=%d mib=%d commit_ms=%.2f\n", workers, mib,
+              Percentile(t, 0.5));
+  std::fflush(stdout);
+}
+
+// Steps per second: `workers` workers, `vars` small MEAN variables (16
+// floats) with a replica on every worker, every replica written every step;
+// plus the coordinator's CPU share over the timed steps.
+void StepsPerSecond(int workers, int vars, int steps) {
+  repvar::testing::TestCluster cluster(OneTpuPerWorker(workers));
+  if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
+  auto c = Connect(cluster);
+  std::vector<repvar::VariableSpec> specs;
+  std::vector<std::string> names;
+  for (int i = 0; i < vars; ++i) {
+    names.push_back(absl::StrCat("v", i));
+    repvar::VariableSpec s{.name = names.back(), .dtype = repvar::DType::kFloat32, .shape = {16}};
+    s.replica_count = workers;
+    s.aggregation = repvar::Aggregation::kMean;
+    s.initializer = repvar::InitializerSpec::Zeros();
+    specs.push_back(std::move(s));
+  }
+  if (auto v = c->CreateVariables(specs); !v.ok()) Die("create", v.status());
+  if (auto v = c->Initialize(names); !v.ok()) Die("initialize", v.status());
+  std::vector<float> value(16, 1.0f);
+  auto write = [&](int w, repvar::StepScope& s) {
+    std::vector<repvar::StepScope::LocalWrite> batch;
+    for (const std::string& n : names) {
+      batch.push_back({n, w, std::as_bytes(std::span<const float>(value))});
+    }
+    return s.WriteBatch(batch);
+  };
+  TimedStep(*c, 1, workers, write);  // warm-up: builds the gloo group
+  const double cpu0 = CpuSeconds(cluster.coordinator().pid());
+  auto t0 = Clock::now();
+  for (int i = 0; i < steps; ++i) TimedStep(*c, i + 2, workers, write);
+  const double wall = Ms(t0, Clock::now()) / 1000;
+  const double cpu = CpuSeconds(cluster.coordinator().pid()) - cpu0;
+  std::printf(
+      "repvar_steps workers=%d vars=%d steps_per_s=%.2f coordinator_cpu_ms_per_step=%.2f "
+      "coordinator_cpu_share=%.3f\n",
+      workers, vars, steps / wall, cpu * 1000 / steps, cpu / wall);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  MeanStep(absl::GetFlag(FLAGS_mean_mib), absl::GetFlag(FLAGS_mean_replicas),
+           absl::GetFlag(FLAGS_iters));
+  StepsPerSecond(absl::GetFlag(FLAGS_step_workers), absl::GetFlag(FLAGS_step_vars),
+                 absl::GetFlag(FLAGS_steps));
+  if (absl::GetFlag(FLAGS_only_steps)) return 0;
   auto mibs = Ints(absl::GetFlag(FLAGS_mib));
   if (!absl::GetFlag(FLAGS_workers).empty()) {
     for (int w : Ints(absl::GetFlag(FLAGS_workers)))

@@ -228,15 +228,16 @@ int Steps(repvar::Client& c) {
 
 // Step events as they happen (stragglers, failures), until --watch_for ends.
 int Watch(repvar::Client& c) {
-  absl::Status s = repvar::WatchSteps(
-      c, 0, absl::GetFlag(FLAGS_watch_for), [](const repvar::StepEventInfo& e) {
-        static const char* kKinds[] = {"?", "BEGUN", "REPORTED", "STRAGGLERS", "AGGREGATING",
-                                       "RESOLVED"};
+  absl::Status s =
+      repvar::WatchSteps(c, 0, absl::GetFlag(FLAGS_watch_for), [](const repvar::StepEventInfo& e) {
+        static const char* kKinds[] = {"?",          "BEGUN",       "REPORTED",
+                                       "STRAGGLERS", "AGGREGATING", "RESOLVED"};
         std::printf("%s step %lld (epoch %llu) %s", absl::FormatTime(absl::Now()).c_str(),
                     static_cast<long long>(e.step), static_cast<unsigned long long>(e.epoch),
                     kKinds[static_cast<int>(e.kind)]);
         if (!e.task.empty()) std::printf(" %s", e.task.c_str());
-        if (!e.missing.empty()) std::printf(" waiting for: %s", absl::StrJoin(e.missing, ", ").c_str());
+        if (!e.missing.empty())
+          std::printf(" waiting for: %s", absl::StrJoin(e.missing, ", ").c_str());
         if (e.kind == repvar::StepEventInfo::Kind::kResolved) {
           std::printf(" %s", e.committed ? "committed" : e.error.c_str());
         }
