@@ -72,6 +72,7 @@ python3 - "$results" <<'PY'
 import re, sys
 kv = lambda line: dict(re.findall(r"(\w+)=([\w.]+)", line))
 mpi, gloo, rv, redis, small, batch = {}, {}, {}, {}, {}, {}
+mean, steps = None, {}
 for line in open(sys.argv[1]):
     d = kv(line)
     if line.startswith("mpi "): mpi[(int(d["size"]), int(d["mib"]))] = float(d["bcast_ms"])
@@ -80,6 +81,8 @@ for line in open(sys.argv[1]):
     elif line.startswith("redis "): redis[d["test"]] = (float(d["p50_us"]), float(d["p99_us"]))
     elif line.startswith("repvar_small"): small = {k: float(v) for k, v in d.items()}
     elif line.startswith("repvar_batch"): batch = {k: float(v) for k, v in d.items()}
+    elif line.startswith("repvar_mean_step"): mean = (int(d["workers"]), int(d["mib"]), float(d["commit_ms"]))
+    elif line.startswith("repvar_steps"): steps = {k: float(v) for k, v in d.items()}
 print(f"{'broadcast':<22}{'repvar ms':>11}{'MPI tcp ms':>12}{'gloo ms':>10}{'/MPI':>8}{'/gloo':>8}")
 for (w, m), t in sorted(rv.items()):
     p, g = mpi.get((w, m)), gloo.get((w, m), (None,))[0]
@@ -89,6 +92,12 @@ if small and redis:
     g, i = redis.get("GET"), redis.get("INCR")
     print(f"read 16 floats p50 {small['read_p50_us']:.0f} us (p99 {small['read_p99_us']:.0f}) vs Redis GET p50 {g[0]:.0f} us: {small['read_p50_us']/g[0]:.2f}x")
     print(f"assign_add 16 floats x8 replicas p50 {small['assign_add_p50_us']:.0f} us (p99 {small['assign_add_p99_us']:.0f}) vs Redis INCR p50 {i[0]:.0f} us: {small['assign_add_p50_us']/i[0]:.2f}x")
+if mean:
+    w, m, t = mean
+    g = gloo.get((w, m), (None, None))[1]
+    print(f"MEAN step over {m} MiB x {w} replicas: commit-to-resolution {t:.1f} ms vs bare gloo ring allreduce {g or float('nan'):.1f} ms: {(t / g) if g else float('nan'):.2f}x")
+if steps:
+    print(f"steps/s with {int(steps['workers'])} workers x {int(steps['vars'])} variables: {steps['steps_per_s']:.2f}; coordinator CPU {steps['coordinator_cpu_ms_per_step']:.1f} ms/step ({steps['coordinator_cpu_share']*100:.0f}% of a core)")
 if batch:
     s = batch["single_create_ms"]
     for k in ("create1000_ms", "initialize1000_ms", "read1000_ms"):
