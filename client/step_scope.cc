@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client_impl.h"
 #include "common/proto_convert.h"
+#include "common/replica_stream.h"
 #include "common/status_util.h"
 #include "common/tensor.h"
 #include "repvar/step.h"
@@ -150,36 +151,14 @@ absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t rep
   REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(var->spec()));
   impl_->SetDeadline(&ctx, static_cast<uint64_t>(spec.ByteSize().value_or(0)));
   auto reader = impl_->worker->ReadReplica(&ctx, req);
-  v1::ReadVariableChunk msg;
-  std::optional<ChunkAssembler> assembler;
+  REPVAR_ASSIGN_OR_RETURN(ReceivedReplica got, ReceiveReplica(ctx, *reader));
+  if (!(got.value.spec == spec)) return absl::DataLossError("the worker sent another shape");
   TensorValue out;
-  absl::Status s;
-  while (s.ok() && reader->Read(&msg)) {
-    if (msg.has_header()) {
-      auto a = ChunkAssembler::Start(spec, msg.header().byte_size(), msg.header().checksum(),
-                                     UINT64_MAX);
-      if (!a.ok()) {
-        s = a.status();
-        break;
-      }
-      assembler.emplace(*std::move(a));
-      out.version = msg.version();
-      out.checksum = msg.header().checksum();
-    } else if (msg.has_chunk() && assembler) {
-      s = AddChunk(*assembler, msg.chunk());
-    }
-  }
-  if (!s.ok()) {
-    ctx.TryCancel();
-    (void)reader->Finish();
-    return s;
-  }
-  REPVAR_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
-  if (!assembler) return absl::DataLossError("the worker sent no header");
-  REPVAR_ASSIGN_OR_RETURN(Tensor t, assembler->Finish());
+  out.version = got.version;
+  out.checksum = got.value.checksum;
   out.dtype = spec.dtype;
   out.shape = spec.dims;
-  out.bytes.assign(t.bytes.data(), t.bytes.data() + t.bytes.size());
+  out.bytes.assign(got.value.bytes.data(), got.value.bytes.data() + got.value.bytes.size());
   return out;
 }
 

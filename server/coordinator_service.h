@@ -72,6 +72,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
                           grpc::ServerWriter<v1::StepEvent>*) override;
 
  private:
+  // Long-polls the resolution of `epoch` until `deadline`.
+  grpc::Status AwaitResolution(grpc::ServerContext* ctx, uint64_t epoch, absl::Time deadline,
+                               v1::StepResolution* resp);
+
   Coordinator* const core_;
   std::atomic<bool> shutting_down_{false};
 };

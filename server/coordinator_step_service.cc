@@ -203,9 +203,13 @@ grpc::Status CoordinatorService::FinishStep(grpc::ServerContext* ctx,
   if (absl::Status s = core_->FinishStep(FinishFromProto(*req)); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  const absl::Time deadline = PollDeadline(ctx, absl::Hours(1));
+  return AwaitResolution(ctx, req->epoch(), PollDeadline(ctx, absl::Hours(1)), resp);
+}
+
+grpc::Status CoordinatorService::AwaitResolution(grpc::ServerContext* ctx, uint64_t epoch,
+                                                 absl::Time deadline, v1::StepResolution* resp) {
   while (!ctx->IsCancelled() && !shutting_down_) {
-    auto r = core_->WaitStepResolution(req->epoch(), std::min(kPollSlice, deadline - absl::Now()));
+    auto r = core_->WaitStepResolution(epoch, std::min(kPollSlice, deadline - absl::Now()));
     if (r.ok()) {
       StepResolutionToProto(*r, resp);
       return grpc::Status::OK;
@@ -219,19 +223,9 @@ grpc::Status CoordinatorService::FinishStep(grpc::ServerContext* ctx,
 
 grpc::Status CoordinatorService::WaitStep(grpc::ServerContext* ctx, const v1::WaitStepRequest* req,
                                           v1::StepResolution* resp) {
-  const absl::Time deadline =
-      PollDeadline(ctx, absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms())));
-  while (!ctx->IsCancelled() && !shutting_down_) {
-    auto r = core_->WaitStepResolution(req->epoch(), std::min(kPollSlice, deadline - absl::Now()));
-    if (r.ok()) {
-      StepResolutionToProto(*r, resp);
-      return grpc::Status::OK;
-    }
-    if (r.status().code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= deadline) {
-      return ToGrpcStatus(r.status());
-    }
-  }
-  return grpc::Status(grpc::StatusCode::CANCELLED, "the call or the server ended");
+  return AwaitResolution(
+      ctx, req->epoch(),
+      PollDeadline(ctx, absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms()))), resp);
 }
 
 grpc::Status CoordinatorService::GetSteps(grpc::ServerContext*, const v1::GetStepsRequest*,

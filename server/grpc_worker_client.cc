@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/proto_convert.h"
+#include "common/replica_stream.h"
 #include "common/status_util.h"
 
 namespace repvar::server {
@@ -113,39 +114,8 @@ absl::StatusOr<WorkerClient::ReplicaValue> GrpcWorkerClient::ReadReplica(const W
   req.set_replica(replica);
   req.set_chunk_bytes(static_cast<int64_t>(options_.chunk_bytes));
   auto reader = StubFor(target.address)->ReadReplica(&ctx, req);
-  v1::ReadVariableChunk msg;
-  std::optional<ChunkAssembler> assembler;
-  ReplicaValue out;
-  absl::Status s;
-  while (s.ok() && reader->Read(&msg)) {
-    if (msg.has_header()) {
-      auto spec = SpecFromProto(msg.header().spec());
-      if (!spec.ok()) {
-        s = spec.status();
-        break;
-      }
-      auto a = ChunkAssembler::Start(*spec, msg.header().byte_size(), msg.header().checksum(),
-                                     UINT64_MAX);
-      if (!a.ok()) {
-        s = a.status();
-        break;
-      }
-      assembler.emplace(*std::move(a));
-      out.version = msg.version();
-    } else if (msg.has_chunk() && assembler) {
-      s = AddChunk(*assembler, msg.chunk());
-    }
-  }
-  if (!s.ok()) {
-    ctx.TryCancel();
-    reader->Finish().ok();
-    return s;
-  }
-  REPVAR_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
-  if (!assembler) return absl::DataLossError("replica read ended without a header");
-  REPVAR_ASSIGN_OR_RETURN(Tensor t, assembler->Finish());
-  out.value = std::make_shared<const Tensor>(std::move(t));
-  return out;
+  REPVAR_ASSIGN_OR_RETURN(ReceivedReplica got, ReceiveReplica(ctx, *reader));
+  return ReplicaValue{got.version, std::make_shared<const Tensor>(std::move(got.value))};
 }
 
 absl::Status GrpcWorkerClient::DropVariable(const WorkerTarget& target, uint64_t variable_id) {

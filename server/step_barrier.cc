@@ -341,12 +341,16 @@ void StepBarrier::Commit(std::vector<Divergence> divergences, absl::Time now) {
   }
   res.divergences = std::move(divergences);
   last_committed_ = open_->step;
-  open_->state = StepState::kCommitted;
-  recent_.push_back(res);
-  recent_info_.push_back(*open_);
+  Close(std::move(res), now);
+}
+
+void StepBarrier::Close(StepResolution res, absl::Time now) {
+  open_->state = res.state;
   StepEvent e = NewEvent(StepEvent::Kind::kResolved, now);
   e.resolution = res;
   Emit(std::move(e));
+  recent_.push_back(std::move(res));
+  recent_info_.push_back(*std::move(open_));
   open_.reset();
   if (recent_.size() > kRecentSteps) {
     recent_.pop_front();
@@ -369,17 +373,7 @@ void StepBarrier::Fail(absl::Status status, absl::Time now) {
     }
   }
   if (open_->state == StepState::kAggregating) last_plan_failed_ = true;
-  open_->state = StepState::kFailed;
-  recent_.push_back(res);
-  recent_info_.push_back(*open_);
-  StepEvent e = NewEvent(StepEvent::Kind::kResolved, now);
-  e.resolution = res;
-  Emit(std::move(e));
-  open_.reset();
-  if (recent_.size() > kRecentSteps) {
-    recent_.pop_front();
-    recent_info_.pop_front();
-  }
+  Close(std::move(res), now);
 }
 
 absl::Status StepBarrier::Abort(uint64_t epoch, absl::string_view reason, absl::Time now) {

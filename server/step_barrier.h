@@ -266,6 +266,8 @@ class StepBarrier {
   void ResolveFinish(absl::Time now);
   void Fail(absl::Status status, absl::Time now);
   void Commit(std::vector<Divergence> divergences, absl::Time now);
+  // Records the open step's resolution and closes it.
+  void Close(StepResolution res, absl::Time now);
   StepEvent NewEvent(StepEvent::Kind kind, absl::Time now) const;  // of the open step
   void Emit(StepEvent e);
 
