@@ -43,15 +43,14 @@ WorkerFinish FinishFromProto(const v1::FinishStepRequest& req) {
   return f;
 }
 
-void PlanToProto(const StepPlan& plan, const StepInfo& info, const TaskKey& me,
-                 v1::StepPlan* proto) {
-  proto->set_step(info.step);
-  proto->set_epoch(info.epoch);
+void PlanToProto(const StepPlan& plan, const TaskKey& me, v1::StepPlan* proto) {
+  proto->set_step(plan.step);
+  proto->set_epoch(plan.epoch);
   proto->set_group(plan.group);
-  for (size_t i = 0; i < info.participants.size(); ++i) {
-    if (info.participants[i].task == me) proto->set_rank(static_cast<int32_t>(i));
+  for (size_t i = 0; i < plan.members.size(); ++i) {
+    if (plan.members[i] == me) proto->set_rank(static_cast<int32_t>(i));
   }
-  proto->set_size(static_cast<int32_t>(info.participants.size()));
+  proto->set_size(static_cast<int32_t>(plan.members.size()));
   proto->set_timeout_ms(absl::ToInt64Milliseconds(plan.timeout));
   for (const StepCollective& c : plan.collectives) {
     v1::StepCollective* pc = proto->add_collectives();
@@ -173,18 +172,17 @@ grpc::Status CoordinatorService::ReportStep(grpc::ServerContext* ctx,
     spdlog::debug("ReportStep from {} refused: {}", report.task.ToString(), s.ToString());
     return ToGrpcStatus(s);
   }
-  auto info = core_->GetStep(req->epoch());
-  if (!info.ok()) return ToGrpcStatus(info.status());
-  // The barrier's own timeout ends the wait; the cap is a backstop.
-  const absl::Time deadline = PollDeadline(ctx, info->barrier_timeout + absl::Minutes(1));
+  // The barrier's own timeout ends the wait (the coordinator's ticker fails
+  // the step); the cap is a backstop.
+  const absl::Time deadline = PollDeadline(ctx, absl::Hours(1));
   while (!ctx->IsCancelled() && !shutting_down_) {
     auto got = core_->WaitStepPlan(req->epoch(), std::min(kPollSlice, deadline - absl::Now()));
     if (got.ok()) {
       if (auto* plan = std::get_if<StepPlan>(&*got)) {
-        PlanToProto(*plan, *info, report.task, resp);
+        PlanToProto(*plan, report.task, resp);
       } else {
-        resp->set_step(info->step);
-        resp->set_epoch(info->epoch);
+        resp->set_step(req->step());
+        resp->set_epoch(req->epoch());
         StepResolutionToProto(std::get<StepResolution>(*got), resp->mutable_resolution());
       }
       return grpc::Status::OK;

@@ -98,9 +98,8 @@ absl::Status StepBarrier::Report(const WorkerReport& report, absl::Time now) {
                                                      " names variable ", rr.variable_id,
                                                      " replica ", rr.replica, " twice"));
     }
-    auto v = std::lower_bound(open_->variables.begin(), open_->variables.end(), rr.variable_id,
-                              [](const StepVariable& a, uint64_t id) { return a.id < id; });
-    if (v == open_->variables.end() || v->id != rr.variable_id) {
+    const StepVariable* v = FindVariable(rr.variable_id);
+    if (v == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("report from ", r.task.ToString(), " names variable id ", rr.variable_id,
                        ", which is not in ", StepName(open_->step, open_->epoch),
@@ -137,16 +136,23 @@ absl::Status StepBarrier::Report(const WorkerReport& report, absl::Time now) {
 
 void StepBarrier::ResolveBarrier(absl::Time now) {
   StepPlan plan;
+  plan.step = open_->step;
+  plan.epoch = open_->epoch;
+  for (const StepParticipant& p : open_->participants) plan.members.push_back(p.task);
   std::vector<Divergence> divergences;
   std::map<AccumType, std::vector<uint64_t>> reduce;
   std::vector<StepCollective> broadcasts;
+  // Reports are sorted by (variable, replica) and variables by id: one merge
+  // walk over all of them.
+  std::vector<size_t> cursor(progress_.size(), 0);
   for (const StepVariable& v : open_->variables) {
     const size_t R = v.replica_participant.size();
     std::vector<uint64_t> sums(R, v.begin_checksum);
     bool changed = false;
-    for (const Progress& p : progress_) {
-      for (const ReplicaReport& rr : p.report->replicas) {
-        if (rr.variable_id != v.id) continue;
+    for (size_t w = 0; w < progress_.size(); ++w) {
+      const std::vector<ReplicaReport>& reports = progress_[w].report->replicas;
+      for (; cursor[w] < reports.size() && reports[cursor[w]].variable_id == v.id; ++cursor[w]) {
+        const ReplicaReport& rr = reports[cursor[w]];
         if (rr.first_nonfinite >= 0 && !v.allow_nonfinite) {
           const TaskKey& t = open_->participants[v.replica_participant[rr.replica]].task;
           Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -246,6 +252,8 @@ absl::Status StepBarrier::Finish(const WorkerFinish& finish, absl::Time now) {
   Progress& p = progress_[*who];
   if (p.finish) return absl::OkStatus();  // a retry
   p.finish = finish;
+  std::sort(p.finish->variables.begin(), p.finish->variables.end(),
+            [](const auto& a, const auto& b) { return a.variable_id < b.variable_id; });
   if (!finish.error.empty()) {
     Fail(absl::UnavailableError(absl::StrCat(StepName(open_->step, open_->epoch),
                                              " failed: ", finish.task.ToString(),
@@ -265,18 +273,18 @@ void StepBarrier::ResolveFinish(absl::Time now) {
   // same value (and the planned one when the plan named it).
   for (size_t c = 0; c < plan_->changed_ids.size(); ++c) {
     const uint64_t id = plan_->changed_ids[c];
-    auto v = std::find_if(open_->variables.begin(), open_->variables.end(),
-                          [&](const StepVariable& x) { return x.id == id; });
+    const StepVariable* v = FindVariable(id);
     std::optional<uint64_t> agreed;
     if (plan_->changed_checksums[c] != 0) agreed = plan_->changed_checksums[c];
     for (size_t w = 0; w < progress_.size(); ++w) {
       bool holds = std::find(v->replica_participant.begin(), v->replica_participant.end(),
                              static_cast<int32_t>(w)) != v->replica_participant.end();
       if (!holds) continue;
-      const PreparedVariable* pv = nullptr;
-      for (const PreparedVariable& x : progress_[w].finish->variables) {
-        if (x.variable_id == id) pv = &x;
-      }
+      const std::vector<PreparedVariable>& prepared = progress_[w].finish->variables;
+      auto it = std::lower_bound(
+          prepared.begin(), prepared.end(), id,
+          [](const PreparedVariable& x, uint64_t want) { return x.variable_id < want; });
+      const PreparedVariable* pv = it != prepared.end() && it->variable_id == id ? &*it : nullptr;
       const TaskKey& t = open_->participants[w].task;
       if (pv == nullptr) {
         Fail(absl::InternalError(absl::StrCat(StepName(open_->step, open_->epoch),
@@ -316,8 +324,7 @@ void StepBarrier::Commit(std::vector<Divergence> divergences, absl::Time now) {
   res.state = StepState::kCommitted;
   for (size_t c = 0; c < plan_->changed_ids.size(); ++c) {
     const uint64_t id = plan_->changed_ids[c];
-    const StepVariable& v = *std::find_if(open_->variables.begin(), open_->variables.end(),
-                                          [&](const StepVariable& x) { return x.id == id; });
+    const StepVariable& v = *FindVariable(id);
     StepRecord::Variable rv;
     rv.id = id;
     rv.checksum = plan_->changed_checksums[c];
@@ -443,6 +450,12 @@ void StepBarrier::Tick(absl::Time now, const std::function<std::string(const Tas
            " failed: ", aggregating ? "aggregation" : "the barrier", " timed out after ",
            Seconds(elapsed), "; missing: ", absl::StrJoin(detail, ", "))),
        now);
+}
+
+const StepVariable* StepBarrier::FindVariable(uint64_t id) const {
+  auto v = std::lower_bound(open_->variables.begin(), open_->variables.end(), id,
+                            [](const StepVariable& a, uint64_t want) { return a.id < want; });
+  return v != open_->variables.end() && v->id == id ? &*v : nullptr;
 }
 
 const StepPlan* StepBarrier::plan(uint64_t epoch) const {

@@ -116,6 +116,9 @@ struct StepCollective {
 
 // What every participant runs after the barrier (its own rank is its index).
 struct StepPlan {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  std::vector<TaskKey> members;  // the participants, in rank order
   std::string group;
   absl::Duration timeout;
   std::vector<StepCollective> collectives;
@@ -262,6 +265,8 @@ class StepBarrier {
   // Validates step/epoch/task/incarnation; returns the participant index.
   absl::StatusOr<size_t> CheckCaller(int64_t step, uint64_t epoch, const TaskKey& task,
                                      uint64_t incarnation, absl::string_view what) const;
+  // The open step's variable `id` (they are sorted by id), or null.
+  const StepVariable* FindVariable(uint64_t id) const;
   void ResolveBarrier(absl::Time now);
   void ResolveFinish(absl::Time now);
   void Fail(absl::Status status, absl::Time now);

@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: Apache-2.0
+// The worker's side of steps (S2-S4) with a fake coordinator link and fake
+// collectives: no sockets, no sleeps (trainers are threads).
+#include "worker/local_steps.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "common/proto_convert.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar::worker {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+constexpr uint64_t kInc = 7;
+constexpr uint64_t kW = 1;  // variable id
+
+std::shared_ptr<const Tensor> F32(std::vector<float> v) {
+  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
+                             std::as_bytes(std::span(v)));
+  return std::make_shared<const Tensor>(*std::move(t));
+}
+
+std::vector<float> Floats(const Tensor& t) {
+  std::vector<float> out(t.bytes.size() / 4);
+  std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
+  return out;
+}
+
+// The coordinator as the worker sees it: answers from the test's script.
+class FakeLink final : public StepLink {
+ public:
+  absl::StatusOr<v1::StepInfo> GetStep(uint64_t) override { return info; }
+  absl::StatusOr<v1::StepPlan> ReportStep(const v1::ReportStepRequest& req,
+                                          absl::Duration) override {
+    reports.push_back(req);
+    return plan;
+  }
+  absl::StatusOr<v1::StepResolution> FinishStep(const v1::FinishStepRequest& req,
+                                                absl::Duration) override {
+    finishes.push_back(req);
+    return resolution;
+  }
+  absl::StatusOr<v1::StepResolution> WaitStep(uint64_t, absl::Duration) override {
+    return resolution;
+  }
+
+  v1::StepInfo info;
+  v1::StepPlan plan;
+  v1::StepResolution resolution;
+  std::vector<v1::ReportStepRequest> reports;
+  std::vector<v1::FinishStepRequest> finishes;
+};
+
+// Collectives of a group where the other members contribute `others`.
+class FakeCollectives final : public Collectives {
+ public:
+  absl::Status Broadcast(const CollectiveSpec&, std::span<std::byte>) override {
+    return absl::OkStatus();
+  }
+  absl::Status Allreduce(const CollectiveSpec&, AccumType, std::span<std::byte> bytes) override {
+    auto* f = reinterpret_cast<float*>(bytes.data());
+    for (size_t i = 0; i < bytes.size() / 4; ++i) f[i] += others;
+    return absl::OkStatus();
+  }
+  float others = 0;
+};
+
+class LocalStepsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Step 3: this worker (participant 0) holds replicas 0 and 1 of w (of 4).
+    v1::StepInfo& info = link_.info;
+    info.set_step(3);
+    info.set_epoch(11);
+    info.set_state(v1::STEP_STATE_OPEN);
+    info.set_barrier_timeout_ms(1000);
+    auto* me = info.add_participants();
+    me->set_job("tpu_worker");
+    me->set_task(0);
+    me->set_incarnation(kInc);
+    auto* other = info.add_participants();
+    other->set_job("tpu_worker");
+    other->set_task(1);
+    other->set_incarnation(8);
+    auto* w = info.add_variables();
+    w->set_id(kW);
+    w->set_name("w");
+    w->set_aggregation(v1::AGGREGATION_MEAN);
+    SpecToProto(TensorSpec{DType::kFloat32, {2}}, w->mutable_spec());
+    w->set_begin_version(5);
+    auto begin = F32({1, 2});
+    w->set_begin_checksum(begin->checksum);
+    for (int p : {0, 0, 1, 1}) w->add_replica_participant(p);
+    store_.Apply({ReplicaWriteItem{kW, "w", 5, {0, 1}, begin}});
+  }
+
+  FakeLink link_;
+  FakeCollectives collectives_;
+  ReplicaStore store_;
+  LocalSteps steps_{WorkerIdentity{"tpu_worker", 0, kInc, {"TPU:0", "TPU:1"}}, &store_, &link_,
+                    &collectives_};
+};
+
+TEST_F(LocalStepsTest, S2_WritesAreStepLocalCopies_DiscardLeavesReplicasAsCommitted) {
+  ASSERT_OK(steps_.Write(3, 11, kW, 0, F32({9, 9})));
+  auto in_step = steps_.Read(11, kW, 0);
+  ASSERT_OK(in_step);
+  EXPECT_EQ(Floats(*in_step->value), (std::vector<float>{9, 9}));
+  auto committed = steps_.Read(0, kW, 0);
+  ASSERT_OK(committed);
+  EXPECT_EQ(Floats(*committed->value), (std::vector<float>{1, 2}));
+  steps_.Discard(11);
+  EXPECT_EQ(Floats(*steps_.Read(11, kW, 0)->value), (std::vector<float>{1, 2}));
+  EXPECT_THAT(steps_.Write(3, 11, kW, 0, F32({9, 9})),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no longer open"));
+  EXPECT_TRUE(link_.reports.empty());
+}
+
+TEST_F(LocalStepsTest, S2_WriteRefusals) {
+  EXPECT_THAT(steps_.Write(3, 11, kW + 1, 0, F32({1, 1})),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "join the next one"));
+  EXPECT_THAT(steps_.Write(3, 11, kW, 2, F32({1, 1})),
+              StatusIs(absl::StatusCode::kNotFound, "not held by this worker"));
+  EXPECT_THAT(steps_.Write(3, 11, kW, 0, F32({1, 1, 1})),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(steps_.Write(4, 11, kW, 0, F32({1, 1})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "belongs to step 3"));
+}
+
+TEST_F(LocalStepsTest, S3_TwoTrainersPerHost_OneReportOnceEveryDeviceCommitted) {
+  link_.plan.mutable_resolution()->set_state(v1::STEP_STATE_COMMITTED);
+  link_.plan.mutable_resolution()->set_step(3);
+  ASSERT_OK(steps_.Write(3, 11, kW, 0, F32({1, 2})));  // unchanged: not reported
+  ASSERT_OK(steps_.Write(3, 11, kW, 1, F32({3, 4})));
+  absl::StatusOr<v1::StepResolution> first;
+  std::thread t0([&] { first = steps_.Commit(3, 11, {"TPU:0"}, absl::Seconds(30)); });
+  auto second =
+      steps_.Commit(3, 11, {"/job:tpu_worker/replica:0/task:0/device:TPU:1"}, absl::Seconds(30));
+  t0.join();
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  EXPECT_EQ(first->SerializeAsString(), second->SerializeAsString());
+  ASSERT_EQ(link_.reports.size(), 1u);
+  const v1::ReportStepRequest& r = link_.reports[0];
+  EXPECT_EQ(r.incarnation(), kInc);
+  ASSERT_EQ(r.replicas_size(), 1);
+  EXPECT_EQ(r.replicas(0).replica(), 1);
+  EXPECT_EQ(r.replicas(0).checksum(), F32({3, 4})->checksum);
+  EXPECT_THAT(steps_.Commit(3, 11, {"GPU:0"}, absl::Seconds(1)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(LocalStepsTest, S4_MeanPlan_BeginPlusMeanOfDeltas_InstalledWithNewVersion) {
+  v1::StepPlan& plan = link_.plan;
+  plan.set_group("g");
+  plan.set_rank(0);
+  plan.set_size(2);
+  plan.set_timeout_ms(1000);
+  auto* c = plan.add_collectives();
+  c->set_kind(v1::StepCollective::ALLREDUCE);
+  c->add_variable_ids(kW);
+  plan.add_changed_ids(kW);
+  plan.add_changed_checksums(0);
+  // Local deltas: +4 (replica 0) and +8 (replica 1); the other host adds 12.
+  ASSERT_OK(steps_.Write(3, 11, kW, 0, F32({5, 6})));
+  ASSERT_OK(steps_.Write(3, 11, kW, 1, F32({9, 10})));
+  collectives_.others = 12;
+  auto expected = F32({7, 8});  // 1,2 + (4 + 8 + 12) / 4
+  link_.resolution.set_state(v1::STEP_STATE_COMMITTED);
+  auto* changed = link_.resolution.add_changed();
+  changed->set_variable_id(kW);
+  changed->set_version(6);
+  changed->set_checksum(expected->checksum);
+  auto r = steps_.Commit(3, 11, {}, absl::Seconds(30));
+  ASSERT_OK(r);
+  ASSERT_EQ(link_.finishes.size(), 1u);
+  ASSERT_EQ(link_.finishes[0].variables_size(), 1);
+  EXPECT_EQ(link_.finishes[0].variables(0).checksum(), expected->checksum);
+  for (int32_t replica : {0, 1}) {
+    auto got = store_.Get(kW, replica);
+    ASSERT_OK(got);
+    EXPECT_EQ(got->version, 6);
+    EXPECT_EQ(Floats(*got->value), (std::vector<float>{7, 8}));
+  }
+}
+
+TEST_F(LocalStepsTest, S4_FailedResolution_DropsCopiesReplicasUntouched) {
+  link_.plan.mutable_resolution()->set_state(v1::STEP_STATE_FAILED);
+  link_.plan.mutable_resolution()->set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_OK(steps_.Write(3, 11, kW, 0, F32({5, 6})));
+  auto r = steps_.Commit(3, 11, {}, absl::Seconds(30));
+  ASSERT_OK(r);
+  EXPECT_EQ(r->state(), v1::STEP_STATE_FAILED);
+  auto got = store_.Get(kW, 0);
+  EXPECT_EQ(got->version, 5);
+  EXPECT_EQ(Floats(*got->value), (std::vector<float>{1, 2}));
+}
+
+}  // namespace
+}  // namespace repvar::worker
