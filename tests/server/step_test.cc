@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 
 #include "absl/strings/str_cat.h"
 #include "server/coordinator.h"
@@ -108,6 +111,35 @@ TEST_F(StepCoreTest, S1_BeginStep_IdempotentFixesParticipantsAndIdsIncrease) {
   EXPECT_THAT(core_.BeginStep(1, absl::Seconds(10)).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "not above"));
   EXPECT_OK(core_.BeginStep(7, absl::Seconds(10)));
+}
+
+TEST_F(StepCoreTest, S1_BeginStep_WaitsForCrossReplicaWritesInFlight) {
+  uint64_t w = Create("w", Aggregation::kMean);
+  Create("probe", Aggregation::kMean);
+  workers_.HoldWritesOf(w);
+  absl::StatusOr<WriteResult> assigned;
+  std::thread writer([&] { assigned = core_.Assign({}, {"w", AssignOp::kAssign, F32({3, 4})}); });
+  while (workers_.parked() == 0) std::this_thread::yield();  // the write is in flight
+  absl::Notification begun;
+  absl::StatusOr<StepInfo> step;
+  std::thread beginner([&] {
+    step = core_.BeginStep(1, absl::Seconds(10));
+    begun.Notify();
+  });
+  // Once BeginStep waits, new cross-replica writes are refused.
+  while (true) {
+    absl::Status s = core_.Assign({}, {"probe", AssignOp::kAssign, F32({5, 6})}).status();
+    if (absl::IsFailedPrecondition(s)) break;
+    std::this_thread::yield();
+  }
+  EXPECT_FALSE(begun.HasBeenNotified());  // still waiting for the write in flight
+  workers_.ReleaseWrites();
+  writer.join();
+  beginner.join();
+  ASSERT_OK(assigned);
+  ASSERT_OK(step);
+  EXPECT_EQ(step->variables[0].begin_version, 2);  // the step starts after the write
+  EXPECT_EQ(step->variables[0].begin_checksum, F32({3, 4})->checksum);
 }
 
 TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {

@@ -26,6 +26,13 @@ class FakeWorkerClient final : public server::WorkerClient {
   absl::Status WriteReplicas(const server::WorkerTarget& target,
                              std::span<const server::ReplicaWrite> writes) override {
     absl::MutexLock lock(&mu_);
+    bool held = false;
+    for (const auto& w : writes) held = held || w.variable_id == hold_;
+    if (held) {  // HoldWritesOf() parks these writes here
+      ++waiting_;
+      mu_.Await(absl::Condition(+[](uint64_t* hold) { return *hold == 0; }, &hold_));
+      --waiting_;
+    }
     ++calls_;
     auto f = failures_.find(target.task.ToString());
     if (f != failures_.end()) return f->second;
@@ -61,6 +68,22 @@ class FakeWorkerClient final : public server::WorkerClient {
       }
     }
     return absl::OkStatus();
+  }
+
+  // Parks every write of `variable_id` until ReleaseWrites() (a write in
+  // flight).
+  void HoldWritesOf(uint64_t variable_id) {
+    absl::MutexLock lock(&mu_);
+    hold_ = variable_id;
+  }
+  void ReleaseWrites() {
+    absl::MutexLock lock(&mu_);
+    hold_ = 0;
+  }
+  // Writes parked by HoldWritesOf().
+  int parked() {
+    absl::MutexLock lock(&mu_);
+    return waiting_;
   }
 
   // Every call to `task` ("job:task") fails with `status` until cleared.
@@ -107,6 +130,8 @@ class FakeWorkerClient final : public server::WorkerClient {
   std::map<std::string, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int reads_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t hold_ ABSL_GUARDED_BY(mu_) = 0;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<std::string, CollectiveSpec>> collectives_ ABSL_GUARDED_BY(mu_);
 };
 
