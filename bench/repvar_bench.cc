@@ -286,8 +286,10 @@ void StepsPerSecond(int workers, int vars, int steps) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  MeanStep(absl::GetFlag(FLAGS_mean_mib), absl::GetFlag(FLAGS_mean_replicas),
-           absl::GetFlag(FLAGS_iters));
+  if (absl::GetFlag(FLAGS_mean_mib) > 0) {
+    MeanStep(absl::GetFlag(FLAGS_mean_mib), absl::GetFlag(FLAGS_mean_replicas),
+             absl::GetFlag(FLAGS_iters));
+  }
   StepsPerSecond(absl::GetFlag(FLAGS_step_workers), absl::GetFlag(FLAGS_step_vars),
                  absl::GetFlag(FLAGS_steps));
   if (absl::GetFlag(FLAGS_only_steps)) return 0;

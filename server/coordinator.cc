@@ -32,6 +32,30 @@ std::string ReplicaName(const std::string& var, int32_t i) { return absl::StrCat
 
 }  // namespace
 
+// Wakes the waiters a change concerns, and only those: long polls of reports
+// and finishes wait on step_cv_, which moves only when a step opens, starts
+// aggregating or resolves (not on each of 32 reports); watchers of events
+// wait on events_cv_.
+class Coordinator::StepChangeNotifier {
+ public:
+  explicit StepChangeNotifier(Coordinator* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->step_mu_)
+      : c_(c), seq_(c->steps_.next_event_seq()), state_(State()) {}
+  ~StepChangeNotifier() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (c_->steps_.next_event_seq() != seq_) c_->events_cv_.SignalAll();
+    if (State() != state_) c_->step_cv_.SignalAll();
+  }
+
+ private:
+  std::pair<uint64_t, int> State() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const StepInfo* open = c_->steps_.open();
+    return open ? std::pair<uint64_t, int>{open->epoch, static_cast<int>(open->state)}
+                : std::pair<uint64_t, int>{0, 0};
+  }
+  Coordinator* const c_;
+  const int64_t seq_;
+  const std::pair<uint64_t, int> state_;
+};
+
 absl::Status ValidateVariableDef(const VariableDef& def, uint64_t max_bytes) {
   REPVAR_RETURN_IF_ERROR(ValidateVariableName(def.name));
   auto bytes = def.tensor.ByteSize();
@@ -84,6 +108,7 @@ absl::StatusOr<int64_t> Coordinator::Heartbeat(const TaskKey& key, uint64_t inca
 void Coordinator::Tick(absl::Time now) {
   std::vector<LiveTask> dead = membership_.CheckHeartbeats(now);
   absl::MutexLock lock(&step_mu_);
+  StepChangeNotifier notify(this);
   for (const LiveTask& t : dead) steps_.WorkerDied(t.key, t.incarnation, now);
   steps_.Tick(now, [&](const TaskKey& task) -> std::string {
     std::optional<LiveTask> live = membership_.Find(task);
@@ -91,7 +116,6 @@ void Coordinator::Tick(absl::Time now) {
     return absl::StrCat("last heartbeat ", absl::ToDoubleSeconds(now - live->last_heartbeat),
                         " s ago");
   });
-  step_cv_.SignalAll();
 }
 
 absl::StatusOr<std::shared_ptr<Coordinator::Variable>> Coordinator::Find(
@@ -807,10 +831,10 @@ absl::StatusOr<StepInfo> Coordinator::BeginStep(int64_t step, absl::Duration bar
     }
   }
   step_beginning_ = false;
+  StepChangeNotifier notify(this);
   StepInfo opened = steps_.Open(std::move(info), clock_->Now());
   spdlog::info("step {} (epoch {}) begun: {} participant(s), {} variable(s)", opened.step,
                opened.epoch, opened.participants.size(), opened.variables.size());
-  step_cv_.SignalAll();
   return opened;
 }
 
@@ -823,23 +847,20 @@ absl::StatusOr<StepInfo> Coordinator::GetStep(uint64_t epoch) const {
 
 absl::Status Coordinator::AbortStep(uint64_t epoch, absl::string_view reason) {
   absl::MutexLock lock(&step_mu_);
-  absl::Status s = steps_.Abort(epoch, reason, clock_->Now());
-  step_cv_.SignalAll();
-  return s;
+  StepChangeNotifier notify(this);
+  return steps_.Abort(epoch, reason, clock_->Now());
 }
 
 absl::Status Coordinator::ReportStep(const WorkerReport& report) {
   absl::MutexLock lock(&step_mu_);
-  absl::Status s = steps_.Report(report, clock_->Now());
-  step_cv_.SignalAll();
-  return s;
+  StepChangeNotifier notify(this);
+  return steps_.Report(report, clock_->Now());
 }
 
 absl::Status Coordinator::FinishStep(const WorkerFinish& finish) {
   absl::MutexLock lock(&step_mu_);
-  absl::Status s = steps_.Finish(finish, clock_->Now());
-  step_cv_.SignalAll();
-  return s;
+  StepChangeNotifier notify(this);
+  return steps_.Finish(finish, clock_->Now());
 }
 
 absl::StatusOr<std::variant<StepPlan, StepResolution>> Coordinator::WaitStepPlan(
@@ -889,7 +910,7 @@ std::vector<StepEvent> Coordinator::WaitStepEvents(int64_t after_seq, absl::Dura
   const absl::Time deadline = absl::Now() + max_wait;
   absl::MutexLock lock(&step_mu_);
   while (steps_.next_event_seq() <= after_seq + 1) {
-    if (step_cv_.WaitWithDeadline(&step_mu_, deadline)) break;
+    if (events_cv_.WaitWithDeadline(&step_mu_, deadline)) break;
   }
   return steps_.EventsAfter(after_seq);
 }

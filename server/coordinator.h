@@ -315,7 +315,11 @@ class Coordinator {
   StepBarrier steps_ ABSL_GUARDED_BY(step_mu_);
   int writes_in_flight_ ABSL_GUARDED_BY(step_mu_) = 0;
   bool step_beginning_ ABSL_GUARDED_BY(step_mu_) = false;
-  absl::CondVar step_cv_;  // any change of step state or of writes_in_flight_
+  // step_cv_: a step opened, started aggregating or resolved, or
+  // writes_in_flight_ moved. events_cv_: a step event was recorded.
+  absl::CondVar step_cv_;
+  absl::CondVar events_cv_;
+  class StepChangeNotifier;
 
   // State below is protected by mu_.
   mutable absl::Mutex mu_;
