@@ -183,19 +183,32 @@ double CpuSeconds(pid_t pid) {
          static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+struct StepPhases {
+  double begin_ms = 0, write_ms = 0, commit_ms = 0;
+};
+
 // One step with a trainer thread per worker: `write` fills each trainer's
-// local replicas, then every trainer commits. Returns the commit time (from
-// the first commit to the last answer), in ms.
+// local replicas, then every trainer commits. Returns the time of each phase
+// (commit: from the first commit to the last answer), in ms.
 template <typename Write>
-double TimedStep(repvar::Client& c, int64_t step, int workers, Write write) {
+StepPhases TimedStep(repvar::Client& c, int64_t step, int workers, Write write) {
+  StepPhases phases;
+  auto b0 = Clock::now();
   std::vector<std::unique_ptr<repvar::StepScope>> scopes(workers);
-  for (int w = 0; w < workers; ++w) {
-    auto s = repvar::StepScope::Begin(
-        c, step, {.worker = absl::StrCat("tpu_worker:", w), .barrier_timeout = absl::Seconds(300)});
-    if (!s.ok()) Die("begin step", s.status());
-    scopes[w] = *std::move(s);
-  }
   std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {  // every trainer begins, as trainers do: concurrently
+    threads.emplace_back([&, w] {
+      auto s = repvar::StepScope::Begin(
+          c, step,
+          {.worker = absl::StrCat("tpu_worker:", w), .barrier_timeout = absl::Seconds(300)});
+      if (!s.ok()) Die("begin step", s.status());
+      scopes[w] = *std::move(s);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  threads.clear();
+  phases.begin_ms = Ms(b0, Clock::now());
+  auto w0 = Clock::now();
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       if (absl::Status st = write(w, *scopes[w]); !st.ok()) Die("step write", st);
@@ -203,6 +216,7 @@ double TimedStep(repvar::Client& c, int64_t step, int workers, Write write) {
   }
   for (std::thread& t : threads) t.join();
   threads.clear();
+  phases.write_ms = Ms(w0, Clock::now());
   auto t0 = Clock::now();
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
@@ -211,7 +225,8 @@ double TimedStep(repvar::Client& c, int64_t step, int workers, Write write) {
     });
   }
   for (std::thread& t : threads) t.join();
-  return Ms(t0, Clock::now());
+  phases.commit_ms = Ms(t0, Clock::now());
+  return phases;
 }
 
 // The resolution time of a MEAN step over one large variable, every replica
@@ -232,9 +247,9 @@ void MeanStep(int mib, int workers, int iters) {
   std::vector<double> t;
   for (int i = 0; i < iters + 1; ++i) {
     double ms = TimedStep(*c, i + 1, workers, [&](int w, repvar::StepScope& s) {
-      local[w][0] = static_cast<float>(i);
-      return s.Write<float>("mean", w, std::span<const float>(local[w]));
-    });
+                  local[w][0] = static_cast<float>(i);
+                  return s.Write<float>("mean", w, std::span<const float>(local[w]));
+                }).commit_ms;
     if (i > 0) t.push_back(ms);  // the first step builds the gloo group
   }
   std::printf("repvar_mean_step workers=%d mib=%d commit_ms=%.2f\n", workers, mib,
@@ -270,15 +285,31 @@ void StepsPerSecond(int workers, int vars, int steps) {
     return s.WriteBatch(batch);
   };
   TimedStep(*c, 1, workers, write);  // warm-up: builds the gloo group
-  const double cpu0 = CpuSeconds(cluster.coordinator().pid());
-  auto t0 = Clock::now();
-  for (int i = 0; i < steps; ++i) TimedStep(*c, i + 2, workers, write);
-  const double wall = Ms(t0, Clock::now()) / 1000;
-  const double cpu = CpuSeconds(cluster.coordinator().pid()) - cpu0;
-  std::printf(
-      "repvar_steps workers=%d vars=%d steps_per_s=%.2f coordinator_cpu_ms_per_step=%.2f "
-      "coordinator_cpu_share=%.3f\n",
-      workers, vars, steps / wall, cpu * 1000 / steps, cpu / wall);
+  int64_t next = 2;
+  // Two figures: every replica of every variable written (fused MEAN
+  // allreduce of 1,000 variables), and the bare step path (begin, one report
+  // per worker, resolution) with nothing written.
+  for (bool writes : {true, false}) {
+    const double cpu0 = CpuSeconds(cluster.coordinator().pid());
+    auto t0 = Clock::now();
+    std::vector<double> begin, wrote, commit;
+    for (int i = 0; i < steps; ++i) {
+      StepPhases p = writes ? TimedStep(*c, next++, workers, write)
+                            : TimedStep(*c, next++, workers,
+                                        [](int, repvar::StepScope&) { return absl::OkStatus(); });
+      begin.push_back(p.begin_ms);
+      wrote.push_back(p.write_ms);
+      commit.push_back(p.commit_ms);
+    }
+    const double wall = Ms(t0, Clock::now()) / 1000;
+    const double cpu = CpuSeconds(cluster.coordinator().pid()) - cpu0;
+    std::printf(
+        "repvar_steps workers=%d vars=%d writes=%d steps_per_s=%.2f "
+        "coordinator_cpu_ms_per_step=%.2f coordinator_cpu_share=%.3f begin_ms=%.1f write_ms=%.1f "
+        "commit_ms=%.1f\n",
+        workers, vars, writes ? 1 : 0, steps / wall, cpu * 1000 / steps, cpu / wall,
+        Percentile(begin, 0.5), Percentile(wrote, 0.5), Percentile(commit, 0.5));
+  }
   std::fflush(stdout);
 }
 

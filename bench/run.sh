@@ -82,7 +82,7 @@ for line in open(sys.argv[1]):
     elif line.startswith("repvar_small"): small = {k: float(v) for k, v in d.items()}
     elif line.startswith("repvar_batch"): batch = {k: float(v) for k, v in d.items()}
     elif line.startswith("repvar_mean_step"): mean = (int(d["workers"]), int(d["mib"]), float(d["commit_ms"]))
-    elif line.startswith("repvar_steps"): steps = {k: float(v) for k, v in d.items()}
+    elif line.startswith("repvar_steps"): steps[int(d["writes"])] = {k: float(v) for k, v in d.items()}
 print(f"{'broadcast':<22}{'repvar ms':>11}{'MPI tcp ms':>12}{'gloo ms':>10}{'/MPI':>8}{'/gloo':>8}")
 for (w, m), t in sorted(rv.items()):
     p, g = mpi.get((w, m)), gloo.get((w, m), (None,))[0]
@@ -96,8 +96,9 @@ if mean:
     w, m, t = mean
     g = gloo.get((w, m), (None, None))[1]
     print(f"MEAN step over {m} MiB x {w} replicas: commit-to-resolution {t:.1f} ms vs bare gloo ring allreduce {g or float('nan'):.1f} ms: {(t / g) if g else float('nan'):.2f}x")
-if steps:
-    print(f"steps/s with {int(steps['workers'])} workers x {int(steps['vars'])} variables: {steps['steps_per_s']:.2f}; coordinator CPU {steps['coordinator_cpu_ms_per_step']:.1f} ms/step ({steps['coordinator_cpu_share']*100:.0f}% of a core)")
+for w, st in sorted(steps.items(), reverse=True):
+    what = "every replica written" if w else "nothing written (report path only)"
+    print(f"steps/s with {int(st['workers'])} workers x {int(st['vars'])} variables, {what}: {st['steps_per_s']:.2f}; coordinator CPU {st['coordinator_cpu_ms_per_step']:.1f} ms/step ({st['coordinator_cpu_share']*100:.0f}% of a core)")
 if batch:
     s = batch["single_create_ms"]
     for k in ("create1000_ms", "initialize1000_ms", "read1000_ms"):

@@ -767,14 +767,33 @@ void Coordinator::LeaveWriteGate() {
   step_cv_.SignalAll();
 }
 
+namespace {
+StepInfo Copy(const Coordinator::SharedStep& s) {
+  StepInfo info = *s.info;
+  info.state = s.state;
+  return info;
+}
+}  // namespace
+
 absl::StatusOr<StepInfo> Coordinator::BeginStep(int64_t step, absl::Duration barrier_timeout) {
+  REPVAR_ASSIGN_OR_RETURN(SharedStep s, BeginStepShared(step, barrier_timeout));
+  return Copy(s);
+}
+
+absl::StatusOr<StepInfo> Coordinator::GetStep(uint64_t epoch) const {
+  REPVAR_ASSIGN_OR_RETURN(SharedStep s, GetStepShared(epoch));
+  return Copy(s);
+}
+
+absl::StatusOr<Coordinator::SharedStep> Coordinator::BeginStepShared(
+    int64_t step, absl::Duration barrier_timeout) {
   if (barrier_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("a step needs a positive barrier timeout");
   }
   absl::MutexLock lock(&step_mu_);
   while (step_beginning_) step_cv_.Wait(&step_mu_);
-  REPVAR_ASSIGN_OR_RETURN(std::optional<StepInfo> open, steps_.CheckBegin(step));
-  if (open) return *open;
+  REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<const StepInfo> open, steps_.CheckBegin(step));
+  if (open) return SharedStep{open, *steps_.state(open->epoch)};
   // S1: no new cross-replica write may start; wait for those in flight.
   step_beginning_ = true;
   while (writes_in_flight_ > 0) step_cv_.Wait(&step_mu_);
@@ -832,17 +851,18 @@ absl::StatusOr<StepInfo> Coordinator::BeginStep(int64_t step, absl::Duration bar
   }
   step_beginning_ = false;
   StepChangeNotifier notify(this);
-  StepInfo opened = steps_.Open(std::move(info), clock_->Now());
-  spdlog::info("step {} (epoch {}) begun: {} participant(s), {} variable(s)", opened.step,
-               opened.epoch, opened.participants.size(), opened.variables.size());
+  const uint64_t epoch = steps_.Open(std::move(info), clock_->Now());
+  SharedStep opened{steps_.shared_info(epoch), *steps_.state(epoch)};
+  spdlog::info("step {} (epoch {}) begun: {} participant(s), {} variable(s)", step, epoch,
+               opened.info->participants.size(), opened.info->variables.size());
   return opened;
 }
 
-absl::StatusOr<StepInfo> Coordinator::GetStep(uint64_t epoch) const {
+absl::StatusOr<Coordinator::SharedStep> Coordinator::GetStepShared(uint64_t epoch) const {
   absl::MutexLock lock(&step_mu_);
-  std::optional<StepInfo> info = steps_.info(epoch);
+  std::shared_ptr<const StepInfo> info = steps_.shared_info(epoch);
   if (!info) return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
-  return *info;
+  return SharedStep{std::move(info), *steps_.state(epoch)};
 }
 
 absl::Status Coordinator::AbortStep(uint64_t epoch, absl::string_view reason) {
@@ -870,7 +890,7 @@ absl::StatusOr<std::variant<StepPlan, StepResolution>> Coordinator::WaitStepPlan
   while (true) {
     if (const StepPlan* p = steps_.plan(epoch)) return *p;
     if (const StepResolution* r = steps_.resolution(epoch)) return *r;
-    if (!steps_.info(epoch)) {
+    if (!steps_.state(epoch)) {
       return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
     }
     if (step_cv_.WaitWithDeadline(&step_mu_, deadline)) {
@@ -886,7 +906,7 @@ absl::StatusOr<StepResolution> Coordinator::WaitStepResolution(uint64_t epoch,
   absl::MutexLock lock(&step_mu_);
   while (true) {
     if (const StepResolution* r = steps_.resolution(epoch)) return *r;
-    if (!steps_.info(epoch)) {
+    if (!steps_.state(epoch)) {
       return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
     }
     if (step_cv_.WaitWithDeadline(&step_mu_, deadline)) {

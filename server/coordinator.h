@@ -206,6 +206,14 @@ class Coordinator {
   absl::StatusOr<StepInfo> BeginStep(int64_t step, absl::Duration barrier_timeout);
   // Errors: NOT_FOUND (unknown epoch).
   absl::StatusOr<StepInfo> GetStep(uint64_t epoch) const;
+  // The same without copying the step's description (1,000s of variables):
+  // shared, as opened, with the current state beside it.
+  struct SharedStep {
+    std::shared_ptr<const StepInfo> info;
+    StepState state = StepState::kOpen;
+  };
+  absl::StatusOr<SharedStep> BeginStepShared(int64_t step, absl::Duration barrier_timeout);
+  absl::StatusOr<SharedStep> GetStepShared(uint64_t epoch) const;
   absl::Status AbortStep(uint64_t epoch, absl::string_view reason);
   // Errors: as StepBarrier::Report / Finish. Neither waits.
   absl::Status ReportStep(const WorkerReport& report);

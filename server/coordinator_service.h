@@ -76,8 +76,15 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status AwaitResolution(grpc::ServerContext* ctx, uint64_t epoch, absl::Time deadline,
                                v1::StepResolution* resp);
 
+  // The step description as a message, built once per step and copied into
+  // each BeginStep/GetStep answer (32 trainers and 32 workers ask per step).
+  void StepInfoAnswer(const Coordinator::SharedStep& step, v1::StepInfo* resp);
+
   Coordinator* const core_;
   std::atomic<bool> shutting_down_{false};
+  absl::Mutex info_mu_;
+  std::shared_ptr<const StepInfo> info_source_ ABSL_GUARDED_BY(info_mu_);
+  v1::StepInfo info_proto_ ABSL_GUARDED_BY(info_mu_);
 };
 
 // Conversions shared with tests.

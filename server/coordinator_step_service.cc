@@ -144,19 +144,32 @@ void StepResolutionToProto(const StepResolution& r, v1::StepResolution* proto) {
   }
 }
 
+void CoordinatorService::StepInfoAnswer(const Coordinator::SharedStep& step, v1::StepInfo* resp) {
+  {
+    absl::MutexLock lock(&info_mu_);
+    if (info_source_ != step.info) {
+      info_proto_.Clear();
+      StepInfoToProto(*step.info, &info_proto_);
+      info_source_ = step.info;
+    }
+    *resp = info_proto_;
+  }
+  resp->set_state(static_cast<v1::StepState>(step.state));
+}
+
 grpc::Status CoordinatorService::BeginStep(grpc::ServerContext*, const v1::BeginStepRequest* req,
                                            v1::StepInfo* resp) {
-  auto info = core_->BeginStep(req->step(), absl::Milliseconds(req->barrier_timeout_ms()));
-  if (!info.ok()) return ToGrpcStatus(info.status());
-  StepInfoToProto(*info, resp);
+  auto step = core_->BeginStepShared(req->step(), absl::Milliseconds(req->barrier_timeout_ms()));
+  if (!step.ok()) return ToGrpcStatus(step.status());
+  StepInfoAnswer(*step, resp);
   return grpc::Status::OK;
 }
 
 grpc::Status CoordinatorService::GetStep(grpc::ServerContext*, const v1::GetStepRequest* req,
                                          v1::StepInfo* resp) {
-  auto info = core_->GetStep(req->epoch());
-  if (!info.ok()) return ToGrpcStatus(info.status());
-  StepInfoToProto(*info, resp);
+  auto step = core_->GetStepShared(req->epoch());
+  if (!step.ok()) return ToGrpcStatus(step.status());
+  StepInfoAnswer(*step, resp);
   return grpc::Status::OK;
 }
 

@@ -22,10 +22,10 @@ std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSecond
 
 }  // namespace
 
-absl::StatusOr<std::optional<StepInfo>> StepBarrier::CheckBegin(int64_t step) const {
+absl::StatusOr<std::shared_ptr<const StepInfo>> StepBarrier::CheckBegin(int64_t step) const {
   if (step < 1) return absl::InvalidArgumentError("step ids start at 1");
   if (open_) {
-    if (open_->step == step) return std::optional<StepInfo>(*open_);
+    if (open_->step == step) return snapshot_;
     return absl::FailedPreconditionError(absl::StrCat(StepName(open_->step, open_->epoch),
                                                       " is open; commit or abort it before ",
                                                       "beginning step ", step));
@@ -34,22 +34,23 @@ absl::StatusOr<std::optional<StepInfo>> StepBarrier::CheckBegin(int64_t step) co
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step, " is not above the last ", "committed step ", last_committed_));
   }
-  return std::optional<StepInfo>();
+  return std::shared_ptr<const StepInfo>();
 }
 
-StepInfo StepBarrier::Open(StepInfo info, absl::Time now) {
+uint64_t StepBarrier::Open(StepInfo info, absl::Time now) {
   info.epoch = next_epoch_++;
   info.state = StepState::kOpen;
   info.begun = now;
   open_ = std::move(info);
+  snapshot_ = std::make_shared<const StepInfo>(*open_);
   progress_.assign(open_->participants.size(), Progress{});
   plan_.reset();
   divergences_.clear();
   warned_ = false;
   Emit(NewEvent(StepEvent::Kind::kBegun, now));
-  StepInfo out = *open_;
+  const uint64_t epoch = open_->epoch;
   if (progress_.empty()) ResolveBarrier(now);  // nobody to wait for
-  return out;
+  return epoch;
 }
 
 absl::StatusOr<size_t> StepBarrier::CheckCaller(int64_t step, uint64_t epoch, const TaskKey& task,
@@ -357,7 +358,7 @@ void StepBarrier::Close(StepResolution res, absl::Time now) {
   e.resolution = res;
   Emit(std::move(e));
   recent_.push_back(std::move(res));
-  recent_info_.push_back(*std::move(open_));
+  recent_info_.push_back(std::move(snapshot_));
   open_.reset();
   if (recent_.size() > kRecentSteps) {
     recent_.pop_front();
@@ -470,11 +471,17 @@ const StepResolution* StepBarrier::resolution(uint64_t epoch) const {
   return nullptr;
 }
 
-std::optional<StepInfo> StepBarrier::info(uint64_t epoch) const {
-  if (open_ && open_->epoch == epoch) return *open_;
-  for (const StepInfo& i : recent_info_) {
-    if (i.epoch == epoch) return i;
+std::shared_ptr<const StepInfo> StepBarrier::shared_info(uint64_t epoch) const {
+  if (open_ && open_->epoch == epoch) return snapshot_;
+  for (const auto& i : recent_info_) {
+    if (i->epoch == epoch) return i;
   }
+  return nullptr;
+}
+
+std::optional<StepState> StepBarrier::state(uint64_t epoch) const {
+  if (open_ && open_->epoch == epoch) return open_->state;
+  if (const StepResolution* r = resolution(epoch)) return r->state;
   return std::nullopt;
 }
 

@@ -40,6 +40,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -217,14 +218,14 @@ class StepBarrier {
   StepBarrier(GroupFn group, CommitFn commit)
       : group_(std::move(group)), commit_(std::move(commit)) {}
 
-  // The open step when it is `step` (BeginStep again: idempotent), nullopt
+  // The open step when it is `step` (BeginStep again: idempotent), null
   // when `step` may be opened. Errors: INVALID_ARGUMENT (step < 1),
   // FAILED_PRECONDITION (another step is open, or `step` is not above the
   // last committed one).
-  absl::StatusOr<std::optional<StepInfo>> CheckBegin(int64_t step) const;
-  // Opens a step (after CheckBegin said it may); assigns its epoch. A step
-  // without participants commits at once.
-  StepInfo Open(StepInfo info, absl::Time now);
+  absl::StatusOr<std::shared_ptr<const StepInfo>> CheckBegin(int64_t step) const;
+  // Opens a step (after CheckBegin said it may); returns its new epoch. A
+  // step without participants commits at once.
+  uint64_t Open(StepInfo info, absl::Time now);
 
   // S3. Errors (nothing changes): FAILED_PRECONDITION (closed step),
   // OUT_OF_RANGE (future step), PERMISSION_DENIED (not a participant, or a
@@ -248,7 +249,10 @@ class StepBarrier {
   // The plan of the open step once it is aggregating.
   const StepPlan* plan(uint64_t epoch) const;
   const StepResolution* resolution(uint64_t epoch) const;
-  std::optional<StepInfo> info(uint64_t epoch) const;
+  // The open or a recent step as it was opened (its `state` field says
+  // OPEN; state() has the current one). Null for an unknown epoch.
+  std::shared_ptr<const StepInfo> shared_info(uint64_t epoch) const;
+  std::optional<StepState> state(uint64_t epoch) const;
   std::vector<ParticipantProgress> progress(absl::Time now) const;
   const std::deque<StepResolution>& recent() const { return recent_; }
   int64_t last_committed_step() const { return last_committed_; }
@@ -288,7 +292,8 @@ class StepBarrier {
   int64_t last_committed_ = 0;
   // Recent resolutions and their steps' infos, newest last.
   std::deque<StepResolution> recent_;
-  std::deque<StepInfo> recent_info_;
+  std::deque<std::shared_ptr<const StepInfo>> recent_info_;
+  std::shared_ptr<const StepInfo> snapshot_;  // of the open step, shared with readers
   std::deque<StepEvent> events_;
   int64_t next_seq_ = 1;
 };

@@ -61,7 +61,11 @@ absl::StatusOr<std::shared_ptr<LocalSteps::Step>> LocalSteps::Find(int64_t step,
       s->me = i;
     }
   }
-  for (int i = 0; i < info.variables_size(); ++i) s->vars[info.variables(i).id()] = i;
+  for (int i = 0; i < info.variables_size(); ++i) {
+    s->vars[info.variables(i).id()] = i;
+    REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(info.variables(i).spec()));
+    s->specs.push_back(std::move(spec));
+  }
   if (info.state() == v1::STEP_STATE_COMMITTED || info.state() == v1::STEP_STATE_FAILED) {
     s->phase = Phase::kDone;  // a late trainer: it gets the resolution
   }
@@ -97,37 +101,49 @@ std::vector<int32_t> LocalSteps::LocalReplicas(const Step& s, const v1::StepVari
 
 absl::Status LocalSteps::Write(int64_t step, uint64_t epoch, uint64_t variable_id, int32_t replica,
                                std::shared_ptr<const Tensor> value) {
+  return WriteMany(step, epoch, {WriteItem{variable_id, replica, std::move(value)}});
+}
+
+absl::Status LocalSteps::CheckWrite(const Step& s, const WriteItem& item) const {
+  auto v = s.vars.find(item.variable_id);
+  if (v == s.vars.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("variable id ", item.variable_id, " is not in ", StepName(s.info),
+                     " (variables created or initialized during a step join the next one)"));
+  }
+  const v1::StepVariable& var = s.info.variables(v->second);
+  if (item.replica < 0 || item.replica >= var.replica_participant_size()) {
+    return absl::NotFoundError(absl::StrCat(var.name(), " has no replica ", item.replica));
+  }
+  if (var.replica_participant(item.replica) != s.me || s.me < 0) {
+    if (store_->Get(item.variable_id, item.replica).ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(var.name(), "/", item.replica, " sits ", StepName(s.info),
+                       " out (it was not up to date when the step began)"));
+    }
+    return absl::NotFoundError(
+        absl::StrCat(var.name(), "/", item.replica, " is not held by this worker"));
+  }
+  const TensorSpec& spec = s.specs[v->second];
+  if (item.value == nullptr || !(item.value->spec == spec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(var.name(), " is ", spec.ToString(), "; the value is ",
+                     item.value == nullptr ? std::string("missing") : item.value->spec.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalSteps::WriteMany(int64_t step, uint64_t epoch, std::vector<WriteItem> items) {
   REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<Step> s, Find(step, epoch));
   absl::MutexLock lock(&mu_);
   if (s->phase != Phase::kOpen) {
     return absl::FailedPreconditionError(absl::StrCat(
         StepName(s->info), " is no longer open on this worker (committed or aborted)"));
   }
-  auto v = s->vars.find(variable_id);
-  if (v == s->vars.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("variable id ", variable_id, " is not in ", StepName(s->info),
-                     " (variables created or initialized during a step join the next one)"));
+  for (const WriteItem& item : items) REPVAR_RETURN_IF_ERROR(CheckWrite(*s, item));
+  for (WriteItem& item : items) {
+    s->written[{item.variable_id, item.replica}] = std::move(item.value);
   }
-  const v1::StepVariable& var = s->info.variables(v->second);
-  if (replica < 0 || replica >= var.replica_participant_size()) {
-    return absl::NotFoundError(absl::StrCat(var.name(), " has no replica ", replica));
-  }
-  if (var.replica_participant(replica) != s->me || s->me < 0) {
-    if (store_->Get(variable_id, replica).ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(var.name(), "/", replica, " sits ", StepName(s->info),
-                       " out (it was not up to date when the step began)"));
-    }
-    return absl::NotFoundError(
-        absl::StrCat(var.name(), "/", replica, " is not held by this worker"));
-  }
-  REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(var.spec()));
-  if (!(value->spec == spec)) {
-    return absl::InvalidArgumentError(absl::StrCat(var.name(), " is ", spec.ToString(),
-                                                   "; the value is ", value->spec.ToString()));
-  }
-  s->written[{variable_id, replica}] = std::move(value);
   return absl::OkStatus();
 }
 
@@ -335,7 +351,7 @@ absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> LocalSteps::Ru
         auto it = s.vars.find(id);
         if (it == s.vars.end()) return absl::InvalidArgumentError("plan names an unknown variable");
         const v1::StepVariable* var = &s.info.variables(it->second);
-        REPVAR_ASSIGN_OR_RETURN(TensorSpec ts, SpecFromProto(var->spec()));
+        const TensorSpec& ts = s.specs[it->second];
         REPVAR_ASSIGN_OR_RETURN(int64_t n, ts.NumElements());
         type = AccumTypeFor(ts.dtype);
         vars.push_back(var);
@@ -374,7 +390,7 @@ absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> LocalSteps::Ru
       auto it = s.vars.find(c.variable_ids(0));
       if (it == s.vars.end()) return absl::InvalidArgumentError("plan names an unknown variable");
       const v1::StepVariable& var = s.info.variables(it->second);
-      REPVAR_ASSIGN_OR_RETURN(TensorSpec ts, SpecFromProto(var.spec()));
+      const TensorSpec& ts = s.specs[it->second];
       Tensor t;
       if (plan.rank() == c.root()) {
         std::shared_ptr<const Tensor> src;

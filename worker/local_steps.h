@@ -73,6 +73,14 @@ class LocalSteps {
   // another step).
   absl::Status Write(int64_t step, uint64_t epoch, uint64_t variable_id, int32_t replica,
                      std::shared_ptr<const Tensor> value) ABSL_LOCKS_EXCLUDED(mu_);
+  // Many writes of one step, all or none (the first refusal is returned).
+  struct WriteItem {
+    uint64_t variable_id = 0;
+    int32_t replica = 0;
+    std::shared_ptr<const Tensor> value;
+  };
+  absl::Status WriteMany(int64_t step, uint64_t epoch, std::vector<WriteItem> items)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The step's view of a local replica (epoch 0: the committed value).
   absl::StatusOr<StoredReplica> Read(uint64_t epoch, uint64_t variable_id, int32_t replica)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -91,8 +99,9 @@ class LocalSteps {
   enum class Phase { kOpen, kResolving, kDone };
   struct Step {
     v1::StepInfo info;
-    int32_t me = -1;               // participant index
-    std::map<uint64_t, int> vars;  // id -> index in info.variables
+    int32_t me = -1;                // participant index
+    std::map<uint64_t, int> vars;   // id -> index in info.variables
+    std::vector<TensorSpec> specs;  // parsed, per info.variables
     std::map<std::pair<uint64_t, int32_t>, std::shared_ptr<const Tensor>> written;
     std::set<std::string> committed;  // devices
     Phase phase = Phase::kOpen;
@@ -112,6 +121,7 @@ class LocalSteps {
   void Install(Step& s, const v1::StepPlan& plan, const v1::StepResolution& res,
                const std::map<uint64_t, std::shared_ptr<const Tensor>>& prepared);
   std::vector<int32_t> LocalReplicas(const Step& s, const v1::StepVariable& var) const;
+  absl::Status CheckWrite(const Step& s, const WriteItem& item) const;
   v1::StepResolution LocalFailure(const Step& s, const absl::Status& status) const;
 
   const WorkerIdentity me_;

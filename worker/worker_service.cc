@@ -255,17 +255,28 @@ grpc::Status WorkerService::StepWrite(grpc::ServerContext*,
 grpc::Status WorkerService::StepWriteSmall(grpc::ServerContext*,
                                            const v1::StepWriteSmallRequest* req,
                                            v1::StepWriteResponse*) {
-  StepWriteSession session(steps_);
+  // Whole tensors inline: one copy each into a resident tensor, checked
+  // against the header's checksum; applied together.
+  if (req->writes().empty()) return grpc::Status::OK;
+  const v1::StepWriteHeader& first = req->writes(0);
+  std::vector<LocalSteps::WriteItem> items;
+  items.reserve(req->writes_size());
   for (const v1::StepWriteHeader& h : req->writes()) {
-    if (h.inline_data().size() != h.tensor().byte_size()) {
-      return ToGrpcStatus(
-          absl::InvalidArgumentError("StepWriteSmall carries whole tensors inline"));
+    if (h.step() != first.step() || h.epoch() != first.epoch()) {
+      return ToGrpcStatus(absl::InvalidArgumentError("StepWriteSmall writes one step"));
     }
-    absl::Status s = session.OnHeader(h);
-    if (s.ok()) s = session.FinishCurrent();
-    if (!s.ok()) return ToGrpcStatus(s);
+    auto spec = SpecFromProto(h.tensor().spec());
+    if (!spec.ok()) return ToGrpcStatus(spec.status());
+    auto t = Tensor::FromBytes(*spec, BytesOf(h.inline_data()));
+    if (!t.ok()) return ToGrpcStatus(t.status());
+    if (t->checksum != h.tensor().checksum() || h.tensor().byte_size() != t->bytes.size()) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("StepWriteSmall: variable id ", h.variable_id(), " replica ", h.replica(),
+                       " fails its size or checksum")));
+    }
+    items.push_back({h.variable_id(), h.replica(), std::make_shared<const Tensor>(*std::move(t))});
   }
-  return grpc::Status::OK;
+  return ToGrpcStatus(steps_->WriteMany(first.step(), first.epoch(), std::move(items)));
 }
 
 grpc::Status WorkerService::CommitStep(grpc::ServerContext* ctx, const v1::CommitStepRequest* req,

@@ -7,9 +7,8 @@
 #include <cstring>
 #include <thread>
 
-#include "absl/synchronization/notification.h"
-
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "server/coordinator.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_client.h"

@@ -30,7 +30,8 @@ class FakeWorkerClient final : public server::WorkerClient {
     for (const auto& w : writes) held = held || w.variable_id == hold_;
     if (held) {  // HoldWritesOf() parks these writes here
       ++waiting_;
-      mu_.Await(absl::Condition(+[](uint64_t* hold) { return *hold == 0; }, &hold_));
+      mu_.Await(absl::Condition(
+          +[](uint64_t* hold) { return *hold == 0; }, &hold_));
       --waiting_;
     }
     ++calls_;
