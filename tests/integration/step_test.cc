@@ -365,6 +365,144 @@ TEST_F(StepTest, F1_DeadWorker_AbortsStepWithUnavailableNamingIt) {
   }
 }
 
+TEST_F(StepTest, S3_OneTrainerPerDevice_HostReportsWhenBothDevicesCommitted) {
+  Create("w", Aggregation::kSum, {0, 0, 0, 0});
+  // Six trainers: one per device, each writing only its own replica.
+  std::vector<absl::StatusOr<StepResult>> out(6, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 6; ++r) {
+    threads.emplace_back([&, r] {
+      StepOptions o = Options(r / 2);
+      o.devices = {absl::StrCat("TPU:", r % 2)};
+      auto scope = StepScope::Begin(*client_, 1, o);
+      if (!scope.ok()) {
+        out[r] = scope.status();
+        return;
+      }
+      Vec x{1, 1, 1, 1};
+      if (absl::Status st = (*scope)->Write<float>("w", r, std::span<const float>(x)); !st.ok()) {
+        out[r] = st;
+        return;
+      }
+      out[r] = (*scope)->Commit();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (auto& r : out) {
+    ASSERT_OK(r);
+    EXPECT_EQ(r->epoch, out[0]->epoch);
+    EXPECT_EQ(r->latencies.size(), 3u);  // one report per host, not per trainer
+  }
+  EXPECT_EQ(ReadVec("w"), (Vec{6, 6, 6, 6}));
+}
+
+TEST_F(StepTest, S3_TrainerOnAHostWithoutReplicas_GetsTheSameResolution) {
+  Create("w", Aggregation::kMean);
+  absl::StatusOr<StepResult> cpu_host = absl::UnknownError("not run");
+  std::thread cpu([&] {
+    auto scope = StepScope::Begin(*client_, 1, {.worker = "worker:0"});
+    if (!scope.ok()) {
+      cpu_host = scope.status();
+      return;
+    }
+    auto local = (*scope)->LocalReplicas("w");
+    EXPECT_TRUE(local.ok() && local->empty());
+    cpu_host = (*scope)->Commit();
+  });
+  auto results = RunStep(1, [](int, StepScope& s) {
+    return WriteAll(s, "w", [](int32_t) { return Vec{2, 3, 4, 5}; });
+  });
+  cpu.join();
+  for (auto& r : results) ASSERT_OK(r);
+  ASSERT_OK(cpu_host);
+  EXPECT_EQ(cpu_host->epoch, results[0]->epoch);
+  ASSERT_EQ(cpu_host->changed.size(), 1u);
+  EXPECT_EQ(cpu_host->changed[0].checksum, results[0]->changed[0].checksum);
+}
+
+TEST_F(StepTest, F2_WorkerRestartedAfterSteps_ResyncedFromAnUpToDateReplica) {
+  Create("w", Aggregation::kMean);
+  for (int step = 1; step <= 2; ++step) {
+    auto results = RunStep(step, [step](int, StepScope& s) {
+      return WriteAll(s, "w", [step](int32_t r) {
+        float x = static_cast<float>(step * 10 + r);
+        return Vec{x, x, x, x};
+      });
+    });
+    for (auto& r : results) ASSERT_OK(r);
+  }
+  // The committed value now exists only on the replicas (nothing has read
+  // it through the coordinator yet): the resync must fetch it from one.
+  auto info = client_->GetVariable("w");
+  ASSERT_OK(info);
+  auto incarnation = [&]() -> uint64_t {
+    auto topo = client_->GetTopology();
+    if (!topo.ok()) return 0;
+    for (const TaskInfo& t : topo->tasks) {
+      if (t.job == "tpu_worker" && t.task == 2) return t.incarnation;
+    }
+    return 0;
+  };
+  const uint64_t old_incarnation = incarnation();
+  cluster_.worker(2).Kill(SIGKILL);
+  ASSERT_OK(cluster_.RestartWorker(2));
+  ASSERT_TRUE([&] {
+    absl::Time deadline = absl::Now() + Scaled(absl::Seconds(20));
+    while (absl::Now() < deadline) {
+      uint64_t now = incarnation();
+      auto v = client_->GetVariable("w");
+      if (now != 0 && now != old_incarnation && v.ok() &&
+          v->replicas[4].state == ReplicaState::kUpToDate &&
+          v->replicas[5].state == ReplicaState::kUpToDate) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  }());
+  auto r = Replicas("w");
+  EXPECT_EQ(r[4], (std::pair<int64_t, uint64_t>{info->version, info->checksum}));
+  EXPECT_EQ(r[5], (std::pair<int64_t, uint64_t>{info->version, info->checksum}));
+  EXPECT_EQ(ReadVec("w"), (Vec{22.5f, 22.5f, 22.5f, 22.5f}));
+  // And the restarted worker takes part in the next step.
+  auto next = RunStep(3, [](int, StepScope& s) {
+    return WriteAll(s, "w", [](int32_t) { return Vec{1, 1, 1, 1}; });
+  });
+  for (auto& res : next) ASSERT_OK(res);
+  EXPECT_EQ(ReadVec("w"), (Vec{1, 1, 1, 1}));
+}
+
+TEST_F(StepTest, X2_BadInStepWrites_RefusedAndNothingChanges) {
+  Create("w", Aggregation::kMean);
+  auto scope = StepScope::Begin(*client_, 1, Options(0));
+  ASSERT_OK(scope);
+  float three[3] = {1, 2, 3};
+  EXPECT_THAT((*scope)->Write("w", 0, std::as_bytes(std::span(three))),
+              StatusIs(absl::StatusCode::kInvalidArgument));  // 3 floats for a float32[4]
+  // A header whose checksum does not match its bytes.
+  auto stub = testing::WorkerStub(cluster_.worker_address(0));
+  v1::StepWriteSmallRequest req;
+  v1::StepWriteHeader* h = req.add_writes();
+  h->set_step(1);
+  h->set_epoch((*scope)->epoch());
+  auto var = client_->GetVariable("w");
+  ASSERT_OK(var);
+  h->set_variable_id(var->id);
+  h->set_replica(0);
+  h->mutable_tensor()->mutable_spec()->set_dtype(v1::DTYPE_FLOAT32);
+  h->mutable_tensor()->mutable_spec()->add_dims(4);
+  h->mutable_tensor()->set_byte_size(16);
+  h->mutable_tensor()->set_checksum(12345);
+  h->set_inline_data(std::string(16, '\0'));
+  grpc::ClientContext ctx;
+  v1::StepWriteResponse resp;
+  EXPECT_EQ(stub->StepWriteSmall(&ctx, req, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  auto seen = (*scope)->Read("w", 0);
+  ASSERT_OK(seen);
+  EXPECT_EQ(seen->as<float>()[0], 1.0f);  // still the committed value
+}
+
 TEST_F(StepTest, RunToRun_SameStepsGiveBitIdenticalValues) {
   // The same five steps from the same start, run twice (the variable is reset
   // by a cross-replica assign in between), end bit-identical: the reduction
