@@ -108,3 +108,51 @@ def test_barrier_timeout_raises_step_failed_naming_the_missing_worker(client):
         assert isinstance(r, repvar.StepFailed), r
         assert r.code == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "tpu_worker:2" in str(r)
+
+
+def test_repvarctl_steps_and_watch_show_progress_and_resolution(client, cluster):
+    import os
+    import subprocess
+    from conftest import BUILD
+    ctl = os.path.join(BUILD, "client/repvarctl")
+    env = dict(os.environ, REPVAR_COORDINATOR_ADDRESS=cluster)
+    with repvar.replicated_scope(6, "ctl"):
+        client.create("v", "float32", (2,), initializer=repvar.zeros())
+    client.initialize(["ctl/v"])
+    watch = subprocess.Popen([ctl, "watch", "--watch_for=20s"], env=env, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        step = client.last_committed_step() + 1
+        # one host reports; the others are still missing
+        scope = client.step(step, worker="tpu_worker:0", barrier_timeout=20)
+        done = threading.Thread(target=lambda: _ignore(scope.commit))
+        done.start()
+        lines = []
+        for _ in range(200):
+            out = subprocess.run([ctl, "steps"], env=env, capture_output=True, text=True,
+                                 check=True).stdout
+            lines = out.splitlines()
+            if any("tpu_worker:0  reported" in l for l in lines):
+                break
+        assert any(f"open: step {step}" in l for l in lines), lines
+        assert any("tpu_worker:0  reported" in l for l in lines), lines
+        assert any("tpu_worker:2  WAITING" in l for l in lines), lines
+        results = _run_step(client, step, lambda h, s: None)
+        done.join()
+        assert all(not isinstance(r, Exception) for r in results), results
+        out = subprocess.run([ctl, "steps"], env=env, capture_output=True, text=True,
+                             check=True).stdout
+        assert f"last committed step: {step}" in out
+        assert f"step {step} (epoch" in out and "committed" in out
+    finally:
+        watch.terminate()
+        events = watch.communicate(timeout=10)[0]
+    assert f"step {step} " in events and "BEGUN" in events and "RESOLVED" in events, events
+    assert "REPORTED tpu_worker:0" in events, events
+
+
+def _ignore(fn):
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - the commit's outcome is checked elsewhere
+        pass
