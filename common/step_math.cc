@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/step_math.h"
 
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -45,18 +47,28 @@ A Widen(DType dtype, const std::byte* p, int64_t i) {
 
 template <typename A>
 void AddDeltaTyped(DType dtype, const std::byte* begin, const std::byte* local, std::byte* acc,
-                   int64_t n) {
+                   int64_t n, bool overwrite) {
   if (dtype == DType::kFloat32 && std::is_same_v<A, float>) {
     // The hot case, without per-element dispatch.
-    for (int64_t i = 0; i < n; ++i) {
-      Put<float>(acc, i, Get<float>(acc, i) + (Get<float>(local, i) - Get<float>(begin, i)));
+    if (overwrite) {
+      for (int64_t i = 0; i < n; ++i) {
+        Put<float>(acc, i, Get<float>(local, i) - Get<float>(begin, i));
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        Put<float>(acc, i, Get<float>(acc, i) + (Get<float>(local, i) - Get<float>(begin, i)));
+      }
     }
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
-    Put<A>(acc, i, Get<A>(acc, i) + (Widen<A>(dtype, local, i) - Widen<A>(dtype, begin, i)));
+    A base = overwrite ? A{} : Get<A>(acc, i);
+    Put<A>(acc, i, base + (Widen<A>(dtype, local, i) - Widen<A>(dtype, begin, i)));
   }
 }
+
+// Elements per block of the fused apply/checksum/scan pass (64 KiB of f32).
+constexpr int64_t kBlock = 16384;
 
 }  // namespace
 
@@ -86,7 +98,8 @@ const char* AccumTypeName(AccumType type) {
   return "?";
 }
 
-absl::Status AddDelta(const Tensor& begin, const Tensor& local, std::span<std::byte> acc) {
+absl::Status AddDelta(const Tensor& begin, const Tensor& local, std::span<std::byte> acc,
+                      bool overwrite) {
   if (!(begin.spec == local.spec)) {
     return absl::FailedPreconditionError(absl::StrCat("local value is ", local.spec.ToString(),
                                                       "; the variable is ", begin.spec.ToString()));
@@ -100,83 +113,105 @@ absl::Status AddDelta(const Tensor& begin, const Tensor& local, std::span<std::b
   const std::byte* l = local.bytes.data();
   switch (type) {
     case AccumType::kFloat32:
-      AddDeltaTyped<float>(begin.spec.dtype, b, l, acc.data(), n);
+      AddDeltaTyped<float>(begin.spec.dtype, b, l, acc.data(), n, overwrite);
       break;
     case AccumType::kFloat64:
-      AddDeltaTyped<double>(begin.spec.dtype, b, l, acc.data(), n);
+      AddDeltaTyped<double>(begin.spec.dtype, b, l, acc.data(), n, overwrite);
       break;
     case AccumType::kInt64:
-      AddDeltaTyped<int64_t>(begin.spec.dtype, b, l, acc.data(), n);
+      AddDeltaTyped<int64_t>(begin.spec.dtype, b, l, acc.data(), n, overwrite);
       break;
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> ApplyReduced(const Tensor& begin, std::span<const std::byte> acc,
-                                    int64_t divisor) {
+absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::byte> acc,
+                                     int64_t divisor) {
   const DType dtype = begin.spec.dtype;
   const int64_t n = static_cast<int64_t>(begin.bytes.size() / ItemSize(dtype));
+  const size_t item = ItemSize(dtype);
   AccumType type = AccumTypeFor(dtype);
   if (acc.size() != static_cast<size_t>(n) * AccumSize(type) || divisor < 1) {
     return absl::FailedPreconditionError("reduced buffer does not match the variable");
   }
-  absl::StatusOr<Tensor> out_or = Tensor::Zeros(begin.spec);
+  absl::StatusOr<Tensor> out_or = Tensor::ForOverwrite(begin.spec);
   if (!out_or.ok()) return out_or.status();
-  Tensor out = *std::move(out_or);
+  Reduced r{*std::move(out_or), -1};
   const std::byte* b = begin.bytes.data();
   const std::byte* a = acc.data();
-  std::byte* o = out.bytes.data();
-  switch (dtype) {
-    case DType::kFloat32: {
-      const float d = static_cast<float>(divisor);
-      for (int64_t i = 0; i < n; ++i) {
-        float sum = Get<float>(a, i);
-        Put<float>(o, i, Get<float>(b, i) + (divisor == 1 ? sum : sum / d));
-      }
-      break;
-    }
-    case DType::kFloat64: {
-      const double d = static_cast<double>(divisor);
-      for (int64_t i = 0; i < n; ++i) {
-        double sum = Get<double>(a, i);
-        Put<double>(o, i, Get<double>(b, i) + (divisor == 1 ? sum : sum / d));
-      }
-      break;
-    }
-    case DType::kFloat16:
-    case DType::kBFloat16: {
-      const float d = static_cast<float>(divisor);
-      const bool half = dtype == DType::kFloat16;
-      for (int64_t i = 0; i < n; ++i) {
-        float sum = Get<float>(a, i);
-        float v = Widen<float>(dtype, b, i) + (divisor == 1 ? sum : sum / d);
-        Put<uint16_t>(o, i, half ? FloatToHalf(v) : FloatToBFloat16(v));
-      }
-      break;
-    }
-    case DType::kInt32:
-    case DType::kInt64: {
-      for (int64_t i = 0; i < n; ++i) {
-        int64_t base = Widen<int64_t>(dtype, b, i);
-        int64_t sum = Get<int64_t>(a, i) / divisor;
-        int64_t v = 0;
-        if (__builtin_add_overflow(base, sum, &v) ||
-            (dtype == DType::kInt32 && (v < std::numeric_limits<int32_t>::min() ||
-                                        v > std::numeric_limits<int32_t>::max()))) {
-          return absl::OutOfRangeError(
-              absl::StrCat("the reduced value overflows ", DTypeName(dtype), " at element ", i));
+  std::byte* o = r.value.bytes.data();
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
+                                                                 &XXH3_freeState);
+  XXH3_64bits_reset(state.get());
+  auto nonfinite = [&](int64_t i, double v) {
+    if (r.first_nonfinite < 0 && !std::isfinite(v)) r.first_nonfinite = i;
+  };
+  for (int64_t lo = 0; lo < n; lo += kBlock) {
+    const int64_t hi = std::min(n, lo + kBlock);
+    switch (dtype) {
+      case DType::kFloat32: {
+        const float d = static_cast<float>(divisor);
+        bool finite = true;
+        for (int64_t i = lo; i < hi; ++i) {
+          float sum = Get<float>(a, i);
+          float v = Get<float>(b, i) + (divisor == 1 ? sum : sum / d);
+          finite &= std::isfinite(v);
+          Put<float>(o, i, v);
         }
-        if (dtype == DType::kInt32) {
-          Put<int32_t>(o, i, static_cast<int32_t>(v));
-        } else {
-          Put<int64_t>(o, i, v);
+        if (!finite) {
+          for (int64_t i = lo; i < hi; ++i) nonfinite(i, Get<float>(o, i));
         }
+        break;
       }
-      break;
+      case DType::kFloat64: {
+        const double d = static_cast<double>(divisor);
+        for (int64_t i = lo; i < hi; ++i) {
+          double sum = Get<double>(a, i);
+          double v = Get<double>(b, i) + (divisor == 1 ? sum : sum / d);
+          nonfinite(i, v);
+          Put<double>(o, i, v);
+        }
+        break;
+      }
+      case DType::kFloat16:
+      case DType::kBFloat16: {
+        const float d = static_cast<float>(divisor);
+        const bool half = dtype == DType::kFloat16;
+        for (int64_t i = lo; i < hi; ++i) {
+          float sum = Get<float>(a, i);
+          float v = Widen<float>(dtype, b, i) + (divisor == 1 ? sum : sum / d);
+          uint16_t bits = half ? FloatToHalf(v) : FloatToBFloat16(v);
+          Put<uint16_t>(o, i, bits);
+          nonfinite(i, half ? HalfToFloat(bits) : BFloat16ToFloat(bits));
+        }
+        break;
+      }
+      case DType::kInt32:
+      case DType::kInt64: {
+        for (int64_t i = lo; i < hi; ++i) {
+          int64_t base = Widen<int64_t>(dtype, b, i);
+          int64_t sum = Get<int64_t>(a, i) / divisor;
+          int64_t v = 0;
+          if (__builtin_add_overflow(base, sum, &v) ||
+              (dtype == DType::kInt32 && (v < std::numeric_limits<int32_t>::min() ||
+                                          v > std::numeric_limits<int32_t>::max()))) {
+            return absl::OutOfRangeError(
+                absl::StrCat("the reduced value overflows ", DTypeName(dtype), " at element ", i));
+          }
+          if (dtype == DType::kInt32) {
+            Put<int32_t>(o, i, static_cast<int32_t>(v));
+          } else {
+            Put<int64_t>(o, i, v);
+          }
+        }
+        break;
+      }
     }
+    XXH3_64bits_update(state.get(), o + lo * static_cast<int64_t>(item),
+                       static_cast<size_t>(hi - lo) * item);
   }
-  out.UpdateChecksum();
-  return out;
+  r.value.checksum = XXH3_64bits_digest(state.get());
+  return r;
 }
 
 }  // namespace repvar

@@ -28,16 +28,25 @@ AccumType AccumTypeFor(DType dtype);
 size_t AccumSize(AccumType type);
 const char* AccumTypeName(AccumType type);
 
-// acc[i] += local[i] - begin[i], in the accumulator type of begin's dtype.
-// `acc` holds NumElements() accumulator elements. Errors: FAILED_PRECONDITION
-// when the specs differ or `acc` has the wrong size.
-absl::Status AddDelta(const Tensor& begin, const Tensor& local, std::span<std::byte> acc);
+// acc[i] += local[i] - begin[i] in the accumulator type of begin's dtype
+// (`overwrite`: acc[i] = local[i] - begin[i], for the first local replica,
+// so the buffer needs no clearing pass). `acc` holds NumElements()
+// accumulator elements. Errors: FAILED_PRECONDITION when the specs differ or
+// `acc` has the wrong size.
+absl::Status AddDelta(const Tensor& begin, const Tensor& local, std::span<std::byte> acc,
+                      bool overwrite = false);
 
-// begin + acc / divisor (divisor 1 for SUM), rounded to begin's dtype, with
-// its checksum. Errors: OUT_OF_RANGE when an integer result overflows its
-// dtype; FAILED_PRECONDITION for a size mismatch or divisor < 1.
-absl::StatusOr<Tensor> ApplyReduced(const Tensor& begin, std::span<const std::byte> acc,
-                                    int64_t divisor);
+struct Reduced {
+  Tensor value;                  // with its checksum
+  int64_t first_nonfinite = -1;  // index of the first NaN/Inf in value
+};
+// begin + acc / divisor (divisor 1 for SUM), rounded to begin's dtype. The
+// checksum and the non-finite scan are taken in the same pass, block by
+// block while the bytes are in cache. Errors: OUT_OF_RANGE when an integer
+// result overflows its dtype; FAILED_PRECONDITION for a size mismatch or
+// divisor < 1.
+absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::byte> acc,
+                                     int64_t divisor);
 
 }  // namespace repvar
 

@@ -228,6 +228,17 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
   return *this;
 }
 
+absl::StatusOr<Tensor> Tensor::ForOverwrite(const TensorSpec& spec) {
+  auto size = spec.ByteSize();
+  if (!size.ok()) return size.status();
+  auto buf = Buffer::Allocate(static_cast<size_t>(*size));
+  if (!buf.ok()) return buf.status();
+  Tensor t;
+  t.spec = spec;
+  t.bytes = *std::move(buf);
+  return t;
+}
+
 absl::StatusOr<Tensor> Tensor::Zeros(const TensorSpec& spec) {
   auto size = spec.ByteSize();
   if (!size.ok()) return size.status();

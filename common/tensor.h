@@ -89,6 +89,9 @@ struct Tensor {
   // A zero-filled tensor of `spec`. Errors: as TensorSpec::ByteSize, plus
   // RESOURCE_EXHAUSTED.
   static absl::StatusOr<Tensor> Zeros(const TensorSpec& spec);
+  // A tensor of `spec` whose bytes the caller is about to overwrite
+  // entirely (no clearing pass; checksum left 0). Errors: as Zeros.
+  static absl::StatusOr<Tensor> ForOverwrite(const TensorSpec& spec);
   // Copies `data`; checks its length. Computes the checksum.
   static absl::StatusOr<Tensor> FromBytes(const TensorSpec& spec, std::span<const std::byte> data);
   void UpdateChecksum() { checksum = Checksum(bytes.span()); }

@@ -38,7 +38,8 @@ WorkerFinish FinishFromProto(const v1::FinishStepRequest& req) {
   f.incarnation = req.incarnation();
   f.error = req.error();
   for (const v1::PreparedVariable& p : req.variables()) {
-    f.variables.push_back(PreparedVariable{p.variable_id(), p.checksum(), p.first_nonfinite()});
+    f.variables.push_back(PreparedVariable{p.variable_id(), p.checksum(), p.first_nonfinite(),
+                                           p.has_nonfinite_replica() ? p.nonfinite_replica() : -1});
   }
   return f;
 }

@@ -295,6 +295,20 @@ void StepBarrier::ResolveFinish(absl::Time now) {
         return;
       }
       if (pv->first_nonfinite >= 0 && !v->allow_nonfinite) {
+        // Name the replica whose own value was non-finite, if any worker
+        // found one; otherwise the sum itself overflowed.
+        for (size_t x = 0; x < progress_.size(); ++x) {
+          for (const PreparedVariable& other : progress_[x].finish->variables) {
+            if (other.variable_id != id || other.nonfinite_replica < 0) continue;
+            Fail(absl::InvalidArgumentError(absl::StrCat(
+                     StepName(open_->step, open_->epoch), " failed: ", v->name, "/",
+                     other.nonfinite_replica, " on ", open_->participants[x].task.ToString(),
+                     " has a non-finite value at element ", other.first_nonfinite,
+                     " (allow_nonfinite is off); nothing changed")),
+                 now);
+            return;
+          }
+        }
         Fail(absl::InvalidArgumentError(absl::StrCat(
                  StepName(open_->step, open_->epoch), " failed: the aggregated value of ", v->name,
                  " is non-finite at element ", pv->first_nonfinite, " (on ", t.ToString(),

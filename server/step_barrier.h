@@ -133,6 +133,7 @@ struct PreparedVariable {
   uint64_t variable_id = 0;
   uint64_t checksum = 0;
   int64_t first_nonfinite = -1;
+  int32_t nonfinite_replica = -1;  // a local replica whose own value was non-finite
 };
 
 struct WorkerFinish {

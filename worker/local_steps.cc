@@ -264,7 +264,11 @@ v1::StepResolution LocalSteps::Resolve(Step& s) {
     rr->set_variable_id(key.first);
     rr->set_replica(key.second);
     rr->set_checksum(value->checksum);
-    rr->set_first_nonfinite(NonFinite(*value));
+    const bool reduced =
+        var.aggregation() == v1::AGGREGATION_SUM || var.aggregation() == v1::AGGREGATION_MEAN;
+    // SUM/MEAN values are scanned once reduced (a non-finite local value
+    // makes the result non-finite), in the pass that applies the reduction.
+    rr->set_first_nonfinite(reduced ? -1 : NonFinite(*value));
   }
   auto plan = link_->ReportStep(report, barrier + kLinkSlack);
   if (!plan.ok()) {
@@ -297,7 +301,21 @@ v1::StepResolution LocalSteps::Resolve(Step& s) {
         v1::PreparedVariable* pv = finish.add_variables();
         pv->set_variable_id(id);
         pv->set_checksum((*value)->checksum);
-        pv->set_first_nonfinite(NonFinite(**value));
+        auto scanned = s.reduced_nonfinite.find(id);
+        pv->set_first_nonfinite(scanned != s.reduced_nonfinite.end() ? scanned->second
+                                                                     : NonFinite(**value));
+        if (pv->first_nonfinite() >= 0 && scanned != s.reduced_nonfinite.end()) {
+          // Which local replica brought it in, if one did.
+          for (int32_t r : LocalReplicas(s, var)) {
+            auto w = s.written.find({id, r});
+            if (w == s.written.end()) continue;
+            if (int64_t bad = NonFinite(*w->second); bad >= 0) {
+              pv->set_nonfinite_replica(r);
+              pv->set_first_nonfinite(bad);
+              break;
+            }
+          }
+        }
       }
     } else {
       finish.set_error(got.status().ToString());
@@ -359,18 +377,21 @@ absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> LocalSteps::Ru
         total += static_cast<size_t>(n) * AccumSize(type);
       }
       REPVAR_ASSIGN_OR_RETURN(Buffer acc, Buffer::Allocate(total));
-      std::memset(acc.data(), 0, total);
       std::vector<std::shared_ptr<const Tensor>> begins(vars.size());
       for (size_t i = 0; i < vars.size(); ++i) {
         std::vector<int32_t> local = LocalReplicas(s, *vars[i]);
         size_t len = (i + 1 < vars.size() ? offsets[i + 1] : total) - offsets[i];
+        std::span<std::byte> region = acc.span().subspan(offsets[i], len);
+        bool filled = false;       // the first delta overwrites: no clearing pass
         for (int32_t r : local) {  // replica order
           REPVAR_ASSIGN_OR_RETURN(auto b, begin_value(*vars[i], r));
           begins[i] = b;
           auto w = s.written.find({vars[i]->id(), r});
           if (w == s.written.end()) continue;  // untouched: contributes zero
-          REPVAR_RETURN_IF_ERROR(AddDelta(*b, *w->second, acc.span().subspan(offsets[i], len)));
+          REPVAR_RETURN_IF_ERROR(AddDelta(*b, *w->second, region, /*overwrite=*/!filled));
+          filled = true;
         }
+        if (!filled) std::memset(region.data(), 0, region.size());
       }
       REPVAR_RETURN_IF_ERROR(collectives_->Allreduce(spec, type, acc.span()));
       for (size_t i = 0; i < vars.size(); ++i) {
@@ -384,7 +405,8 @@ absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> LocalSteps::Ru
           return absl::Status(out.status().code(),
                               absl::StrCat(vars[i]->name(), ": ", out.status().message()));
         }
-        prepared[vars[i]->id()] = std::make_shared<const Tensor>(*std::move(out));
+        s.reduced_nonfinite[vars[i]->id()] = out->first_nonfinite;
+        prepared[vars[i]->id()] = std::make_shared<const Tensor>(std::move(out->value));
       }
     } else {
       auto it = s.vars.find(c.variable_ids(0));
@@ -402,7 +424,7 @@ absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> LocalSteps::Ru
         }
         REPVAR_ASSIGN_OR_RETURN(t, Tensor::FromBytes(src->spec, src->bytes.span()));
       } else {
-        REPVAR_ASSIGN_OR_RETURN(t, Tensor::Zeros(ts));
+        REPVAR_ASSIGN_OR_RETURN(t, Tensor::ForOverwrite(ts));  // the broadcast fills it
       }
       REPVAR_RETURN_IF_ERROR(collectives_->Broadcast(spec, t.bytes.span()));
       t.UpdateChecksum();

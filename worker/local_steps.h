@@ -106,6 +106,8 @@ class LocalSteps {
     std::set<std::string> committed;  // devices
     Phase phase = Phase::kOpen;
     std::optional<v1::StepResolution> resolution;
+    // Filled by the resolving thread: first non-finite element of reduced values.
+    std::map<uint64_t, int64_t> reduced_nonfinite;
   };
 
   absl::StatusOr<std::shared_ptr<Step>> Find(int64_t step, uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);

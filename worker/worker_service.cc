@@ -74,7 +74,7 @@ class WriteSession {
         t = assembler_->Finish();
       } else {
         REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(header_->tensor().spec()));
-        t = Tensor::Zeros(spec);
+        t = Tensor::ForOverwrite(spec);  // the broadcast fills it
       }
       if (!t.ok()) return t.status();
       REPVAR_RETURN_IF_ERROR(data_plane_->Broadcast(params, t->bytes.span()));

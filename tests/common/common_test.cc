@@ -206,9 +206,10 @@ TEST(StepMathTest, S4_Mean_BeginPlusMeanOfDeltas_Float32Exact) {
   }
   auto out = ApplyReduced(begin, acc, 4);
   ASSERT_TRUE(out.ok());
-  EXPECT_EQ(LoadElement(*out, 0), 12.5);
-  EXPECT_EQ(LoadElement(*out, 1), 17.5);
-  EXPECT_EQ(out->checksum, Checksum(out->bytes.span()));
+  EXPECT_EQ(LoadElement(out->value, 0), 12.5);
+  EXPECT_EQ(LoadElement(out->value, 1), 17.5);
+  EXPECT_EQ(out->value.checksum, Checksum(out->value.bytes.span()));
+  EXPECT_EQ(out->first_nonfinite, -1);
 }
 
 TEST(StepMathTest, S4_BFloat16AccumulatesInFloat32) {
@@ -222,7 +223,20 @@ TEST(StepMathTest, S4_BFloat16AccumulatesInFloat32) {
   std::memcpy(acc.data(), &one, 4);  // two replicas each adding 1, as the ring delivers
   auto out = ApplyReduced(begin, acc, 1);
   ASSERT_TRUE(out.ok());
-  EXPECT_EQ(LoadElement(*out, 0), 258);
+  EXPECT_EQ(LoadElement(out->value, 0), 258);
+}
+
+TEST(StepMathTest, S4_FusedPass_ChecksumAndFirstNonFiniteOverManyBlocks) {
+  std::vector<double> zeros(100000, 0.0);
+  Tensor begin = Make(DType::kFloat32, zeros);
+  std::vector<double> local = zeros;
+  local[70000] = std::numeric_limits<double>::infinity();
+  std::vector<std::byte> acc(zeros.size() * 4);
+  ASSERT_TRUE(AddDelta(begin, Make(DType::kFloat32, local), acc, /*overwrite=*/true).ok());
+  auto out = ApplyReduced(begin, acc, 2);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->first_nonfinite, 70000);
+  EXPECT_EQ(out->value.checksum, Checksum(out->value.bytes.span()));
 }
 
 TEST(StepMathTest, S4_IntegerSumOverflow_OutOfRange) {
