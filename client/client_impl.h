@@ -68,6 +68,21 @@ class Client::Impl {
     absl::MutexLock lock(&mu_);
     specs_[v.spec.name] = CachedSpec{v.spec.dtype, v.spec.shape};
   }
+  // The last step layout seen (participants, variables and the lookup by
+  // name), reused while the coordinator says it is unchanged.
+  struct StepLayout {
+    v1::StepInfo info;                             // participants, variables, layout_id
+    std::map<std::string, int, std::less<>> vars;  // name -> index in info.variables
+  };
+  std::shared_ptr<const StepLayout> step_layout() {
+    absl::MutexLock lock(&mu_);
+    return step_layout_;
+  }
+  void set_step_layout(std::shared_ptr<const StepLayout> layout) {
+    absl::MutexLock lock(&mu_);
+    step_layout_ = std::move(layout);
+  }
+
   // A stub for the worker at `address` (channels are kept and reused).
   v1::Worker::Stub* WorkerStub(const std::string& address) {
     absl::MutexLock lock(&mu_);
@@ -92,6 +107,7 @@ class Client::Impl {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, CachedSpec> specs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<v1::Worker::Stub>> workers_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const StepLayout> step_layout_ ABSL_GUARDED_BY(mu_);
 };
 
 // How the library's step code (step_scope.cc) reaches a Client's internals.

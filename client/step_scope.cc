@@ -30,18 +30,18 @@ class StepScope::Impl {
   int32_t task = 0;
   int32_t me = -1;  // participant index
   v1::StepInfo info;
-  std::map<std::string, int, std::less<>> vars;  // name -> index in info.variables
+  std::shared_ptr<const ClientAccess::Impl::StepLayout> layout;
   v1::Worker::Stub* worker = nullptr;
   bool closed = false;
 
   absl::StatusOr<const v1::StepVariable*> Var(const std::string& name) const {
-    auto it = vars.find(name);
-    if (it == vars.end()) {
+    auto it = layout->vars.find(name);
+    if (it == layout->vars.end()) {
       return absl::FailedPreconditionError(
           absl::StrCat("variable ", name, " is not in step ", info.step(),
                        " (it does not exist, or was created or initialized after the step began)"));
     }
-    return &info.variables(it->second);
+    return &layout->info.variables(it->second);
   }
 
   void FillHeader(const v1::StepVariable& var, int32_t replica, std::span<const std::byte> bytes,
@@ -87,22 +87,42 @@ absl::StatusOr<std::unique_ptr<StepScope>> StepScope::Begin(Client& client, int6
   impl->job = options.worker.substr(0, colon);
   impl->options = options;
 
+  std::shared_ptr<const ClientAccess::Impl::StepLayout> known = impl->client->step_layout();
   v1::BeginStepRequest req;
   req.set_step(step);
   req.set_barrier_timeout_ms(absl::ToInt64Milliseconds(options.barrier_timeout));
-  REPVAR_RETURN_IF_ERROR(impl->client->Retry([&] {
-    grpc::ClientContext ctx;
-    // BeginStep waits for cross-replica writes in flight.
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + impl->client->options().deadline +
-                                        options.barrier_timeout));
-    return FromGrpcStatus(impl->client->stub()->BeginStep(&ctx, req, &impl->info));
-  }));
-  for (int i = 0; i < impl->info.variables_size(); ++i) {
-    impl->vars[impl->info.variables(i).name()] = i;
+  req.set_known_layout(known ? known->info.layout_id() : 0);
+  auto begin = [&] {
+    return impl->client->Retry([&] {
+      grpc::ClientContext ctx;
+      // BeginStep waits for cross-replica writes in flight.
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + impl->client->options().deadline +
+                                          options.barrier_timeout));
+      return FromGrpcStatus(impl->client->stub()->BeginStep(&ctx, req, &impl->info));
+    });
+  };
+  REPVAR_RETURN_IF_ERROR(begin());
+  if (impl->info.layout_omitted() &&
+      (!known || known->info.layout_id() != impl->info.layout_id())) {
+    req.set_known_layout(0);  // another thread moved the cache on: ask for it whole
+    REPVAR_RETURN_IF_ERROR(begin());
+  }
+  if (impl->info.layout_omitted()) {
+    impl->layout = known;
+  } else {
+    auto layout = std::make_shared<ClientAccess::Impl::StepLayout>();
+    layout->info.set_layout_id(impl->info.layout_id());
+    layout->info.mutable_participants()->Swap(impl->info.mutable_participants());
+    layout->info.mutable_variables()->Swap(impl->info.mutable_variables());
+    for (int i = 0; i < layout->info.variables_size(); ++i) {
+      layout->vars[layout->info.variables(i).name()] = i;
+    }
+    impl->layout = layout;
+    impl->client->set_step_layout(layout);
   }
   std::string address;
-  for (int i = 0; i < impl->info.participants_size(); ++i) {
-    const v1::StepParticipant& p = impl->info.participants(i);
+  for (int i = 0; i < impl->layout->info.participants_size(); ++i) {
+    const v1::StepParticipant& p = impl->layout->info.participants(i);
     if (p.job() == impl->job && p.task() == impl->task) {
       impl->me = i;
       address = p.address();
@@ -127,7 +147,7 @@ uint64_t StepScope::epoch() const { return impl_->info.epoch(); }
 
 std::vector<std::string> StepScope::Variables() const {
   std::vector<std::string> out;
-  for (const v1::StepVariable& v : impl_->info.variables()) out.push_back(v.name());
+  for (const v1::StepVariable& v : impl_->layout->info.variables()) out.push_back(v.name());
   return out;
 }
 

@@ -849,6 +849,7 @@ absl::StatusOr<Coordinator::SharedStep> Coordinator::BeginStepShared(
       info.variables[v].replica_participant.push_back(idx);
     }
   }
+  info.layout_id = LayoutId(info);
   step_beginning_ = false;
   StepChangeNotifier notify(this);
   const uint64_t epoch = steps_.Open(std::move(info), clock_->Now());

@@ -77,8 +77,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
                                v1::StepResolution* resp);
 
   // The step description as a message, built once per step and copied into
-  // each BeginStep/GetStep answer (32 trainers and 32 workers ask per step).
-  void StepInfoAnswer(const Coordinator::SharedStep& step, v1::StepInfo* resp);
+  // each BeginStep/GetStep answer (32 trainers and 32 workers ask per step);
+  // without its layout when the caller already holds `known_layout`.
+  void StepInfoAnswer(const Coordinator::SharedStep& step, uint64_t known_layout,
+                      v1::StepInfo* resp);
 
   Coordinator* const core_;
   std::atomic<bool> shutting_down_{false};

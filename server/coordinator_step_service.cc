@@ -96,6 +96,7 @@ void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto) {
   proto->set_state(static_cast<v1::StepState>(info.state));
   proto->set_barrier_timeout_ms(absl::ToInt64Milliseconds(info.barrier_timeout));
   proto->set_begun_unix_ms(UnixMillis(info.begun));
+  proto->set_layout_id(info.layout_id);
   for (const StepParticipant& p : info.participants) {
     v1::StepParticipant* pp = proto->add_participants();
     pp->set_job(p.task.job);
@@ -109,8 +110,6 @@ void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto) {
     pv->set_name(v.name);
     pv->set_aggregation(static_cast<v1::Aggregation>(v.aggregation));
     SpecToProto(v.spec, pv->mutable_spec());
-    pv->set_begin_version(v.begin_version);
-    pv->set_begin_checksum(v.begin_checksum);
     for (int32_t p : v.replica_participant) pv->add_replica_participant(p);
     pv->set_allow_nonfinite(v.allow_nonfinite);
   }
@@ -145,12 +144,22 @@ void StepResolutionToProto(const StepResolution& r, v1::StepResolution* proto) {
   }
 }
 
-void CoordinatorService::StepInfoAnswer(const Coordinator::SharedStep& step, v1::StepInfo* resp) {
-  {
+void CoordinatorService::StepInfoAnswer(const Coordinator::SharedStep& step, uint64_t known_layout,
+                                        v1::StepInfo* resp) {
+  const StepInfo& info = *step.info;
+  if (known_layout != 0 && known_layout == info.layout_id) {
+    // The caller holds the layout: the step's header only.
+    resp->set_step(info.step);
+    resp->set_epoch(info.epoch);
+    resp->set_barrier_timeout_ms(absl::ToInt64Milliseconds(info.barrier_timeout));
+    resp->set_begun_unix_ms(UnixMillis(info.begun));
+    resp->set_layout_id(info.layout_id);
+    resp->set_layout_omitted(true);
+  } else {
     absl::MutexLock lock(&info_mu_);
     if (info_source_ != step.info) {
       info_proto_.Clear();
-      StepInfoToProto(*step.info, &info_proto_);
+      StepInfoToProto(info, &info_proto_);
       info_source_ = step.info;
     }
     *resp = info_proto_;
@@ -162,7 +171,7 @@ grpc::Status CoordinatorService::BeginStep(grpc::ServerContext*, const v1::Begin
                                            v1::StepInfo* resp) {
   auto step = core_->BeginStepShared(req->step(), absl::Milliseconds(req->barrier_timeout_ms()));
   if (!step.ok()) return ToGrpcStatus(step.status());
-  StepInfoAnswer(*step, resp);
+  StepInfoAnswer(*step, req->known_layout(), resp);
   return grpc::Status::OK;
 }
 
@@ -170,7 +179,7 @@ grpc::Status CoordinatorService::GetStep(grpc::ServerContext*, const v1::GetStep
                                          v1::StepInfo* resp) {
   auto step = core_->GetStepShared(req->epoch());
   if (!step.ok()) return ToGrpcStatus(step.status());
-  StepInfoAnswer(*step, resp);
+  StepInfoAnswer(*step, req->known_layout(), resp);
   return grpc::Status::OK;
 }
 

@@ -85,7 +85,14 @@ struct StepInfo {
   absl::Time begun;
   std::vector<StepParticipant> participants;  // sorted by task: the rank order
   std::vector<StepVariable> variables;        // by id
+  // Names participants + variables without the begin versions (see
+  // repvar.v1.StepInfo): equal ids, equal layouts.
+  uint64_t layout_id = 0;
 };
+
+// The layout id of `info` (participants and variables, begin versions and
+// checksums left out).
+uint64_t LayoutId(const StepInfo& info);
 
 struct ReplicaReport {
   uint64_t variable_id = 0;

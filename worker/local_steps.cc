@@ -44,27 +44,25 @@ absl::StatusOr<std::shared_ptr<LocalSteps::Step>> LocalSteps::Find(int64_t step,
       return it->second;
     }
   }
-  REPVAR_ASSIGN_OR_RETURN(v1::StepInfo info, link_->GetStep(epoch));
+  std::shared_ptr<const Layout> known;
+  {
+    absl::MutexLock lock(&mu_);
+    known = layout_;
+  }
+  REPVAR_ASSIGN_OR_RETURN(v1::StepInfo info,
+                          link_->GetStep(epoch, known ? known->info.layout_id() : 0));
+  if (info.layout_omitted() && (known == nullptr || known->info.layout_id() != info.layout_id())) {
+    REPVAR_ASSIGN_OR_RETURN(info, link_->GetStep(epoch, 0));  // raced with another layout
+  }
   if (info.step() != step) {
     return absl::InvalidArgumentError(
         absl::StrCat("epoch ", epoch, " belongs to step ", info.step(), ", not ", step));
   }
   auto s = std::make_shared<Step>();
-  for (int i = 0; i < info.participants_size(); ++i) {
-    const v1::StepParticipant& p = info.participants(i);
-    if (p.job() == me_.job && p.task() == me_.task) {
-      if (p.incarnation() != me_.incarnation) {
-        return absl::AbortedError(absl::StrCat(StepName(info), " counts incarnation ",
-                                               p.incarnation(), " of this worker, not ",
-                                               me_.incarnation));
-      }
-      s->me = i;
-    }
-  }
-  for (int i = 0; i < info.variables_size(); ++i) {
-    s->vars[info.variables(i).id()] = i;
-    REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(info.variables(i).spec()));
-    s->specs.push_back(std::move(spec));
+  if (info.layout_omitted()) {
+    s->layout = known;
+  } else {
+    REPVAR_ASSIGN_OR_RETURN(s->layout, ParseLayout(info));
   }
   if (info.state() == v1::STEP_STATE_COMMITTED || info.state() == v1::STEP_STATE_FAILED) {
     s->phase = Phase::kDone;  // a late trainer: it gets the resolution
@@ -74,6 +72,7 @@ absl::StatusOr<std::shared_ptr<LocalSteps::Step>> LocalSteps::Find(int64_t step,
   absl::MutexLock lock(&mu_);
   auto [it, fresh] = steps_.emplace(epoch, s);
   if (!fresh) return it->second;  // another trainer fetched it first
+  layout_ = s->layout;
   // One step is open at a time: an older open one was aborted or failed.
   for (auto& [e, other] : steps_) {
     if (e < epoch && other->phase == Phase::kOpen) {
@@ -90,11 +89,37 @@ absl::StatusOr<std::shared_ptr<LocalSteps::Step>> LocalSteps::Find(int64_t step,
   return s;
 }
 
+absl::StatusOr<std::shared_ptr<const LocalSteps::Layout>> LocalSteps::ParseLayout(
+    v1::StepInfo& info) const {
+  auto layout = std::make_shared<Layout>();
+  layout->info.set_layout_id(info.layout_id());
+  layout->info.mutable_participants()->Swap(info.mutable_participants());
+  layout->info.mutable_variables()->Swap(info.mutable_variables());
+  const v1::StepInfo& l = layout->info;
+  for (int i = 0; i < l.participants_size(); ++i) {
+    const v1::StepParticipant& p = l.participants(i);
+    if (p.job() == me_.job && p.task() == me_.task) {
+      if (p.incarnation() != me_.incarnation) {
+        return absl::AbortedError(absl::StrCat(StepName(info), " counts incarnation ",
+                                               p.incarnation(), " of this worker, not ",
+                                               me_.incarnation));
+      }
+      layout->me = i;
+    }
+  }
+  for (int i = 0; i < l.variables_size(); ++i) {
+    layout->vars[l.variables(i).id()] = i;
+    REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(l.variables(i).spec()));
+    layout->specs.push_back(std::move(spec));
+  }
+  return std::shared_ptr<const Layout>(std::move(layout));
+}
+
 std::vector<int32_t> LocalSteps::LocalReplicas(const Step& s, const v1::StepVariable& var) const {
   std::vector<int32_t> out;
-  if (s.me < 0) return out;
+  if (s.layout->me < 0) return out;
   for (int i = 0; i < var.replica_participant_size(); ++i) {
-    if (var.replica_participant(i) == s.me) out.push_back(i);
+    if (var.replica_participant(i) == s.layout->me) out.push_back(i);
   }
   return out;
 }
@@ -105,17 +130,17 @@ absl::Status LocalSteps::Write(int64_t step, uint64_t epoch, uint64_t variable_i
 }
 
 absl::Status LocalSteps::CheckWrite(const Step& s, const WriteItem& item) const {
-  auto v = s.vars.find(item.variable_id);
-  if (v == s.vars.end()) {
+  auto v = s.layout->vars.find(item.variable_id);
+  if (v == s.layout->vars.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat("variable id ", item.variable_id, " is not in ", StepName(s.info),
                      " (variables created or initialized during a step join the next one)"));
   }
-  const v1::StepVariable& var = s.info.variables(v->second);
+  const v1::StepVariable& var = s.layout->info.variables(v->second);
   if (item.replica < 0 || item.replica >= var.replica_participant_size()) {
     return absl::NotFoundError(absl::StrCat(var.name(), " has no replica ", item.replica));
   }
-  if (var.replica_participant(item.replica) != s.me || s.me < 0) {
+  if (var.replica_participant(item.replica) != s.layout->me || s.layout->me < 0) {
     if (store_->Get(item.variable_id, item.replica).ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat(var.name(), "/", item.replica, " sits ", StepName(s.info),
@@ -124,7 +149,7 @@ absl::Status LocalSteps::CheckWrite(const Step& s, const WriteItem& item) const 
     return absl::NotFoundError(
         absl::StrCat(var.name(), "/", item.replica, " is not held by this worker"));
   }
-  const TensorSpec& spec = s.specs[v->second];
+  const TensorSpec& spec = s.layout->specs[v->second];
   if (item.value == nullptr || !(item.value->spec == spec)) {
     return absl::InvalidArgumentError(
         absl::StrCat(var.name(), " is ", spec.ToString(), "; the value is ",
@@ -247,7 +272,7 @@ v1::StepResolution LocalSteps::Resolve(Step& s) {
     if (r.ok()) return *r;
     return LocalFailure(s, why);
   };
-  if (s.me < 0) {
+  if (s.layout->me < 0) {
     // No replica of this host takes part: nothing to report.
     return ask(absl::UnavailableError("the coordinator did not say how the step ended"));
   }
@@ -258,8 +283,9 @@ v1::StepResolution LocalSteps::Resolve(Step& s) {
   report.set_task(me_.task);
   report.set_incarnation(me_.incarnation);
   for (const auto& [key, value] : s.written) {
-    const v1::StepVariable& var = s.info.variables(s.vars.at(key.first));
-    if (value->checksum == var.begin_checksum()) continue;  // unchanged
+    const v1::StepVariable& var = s.layout->info.variables(s.layout->vars.at(key.first));
+    auto stored = store_->Get(key.first, key.second);
+    if (stored.ok() && value->checksum == stored->checksum) continue;  // unchanged
     v1::ReplicaReport* rr = report.add_replicas();
     rr->set_variable_id(key.first);
     rr->set_replica(key.second);
@@ -290,7 +316,7 @@ v1::StepResolution LocalSteps::Resolve(Step& s) {
     if (got.ok()) {
       prepared = *std::move(got);
       for (uint64_t id : plan->changed_ids()) {
-        const v1::StepVariable& var = s.info.variables(s.vars.at(id));
+        const v1::StepVariable& var = s.layout->info.variables(s.layout->vars.at(id));
         if (LocalReplicas(s, var).empty()) continue;
         auto value = FinalValue(s, var, prepared);
         if (!value.ok()) {
@@ -344,14 +370,11 @@ absl::StatusOr<std::shared_ptr<const Tensor>> LocalSteps::FinalValue(
 absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> LocalSteps::RunPlan(
     Step& s, const v1::StepPlan& plan) {
   std::map<uint64_t, std::shared_ptr<const Tensor>> prepared;
+  // The step's begin value of a participating replica is its committed
+  // value here (the coordinator lets only up-to-date replicas take part).
   auto begin_value = [&](const v1::StepVariable& var,
                          int32_t replica) -> absl::StatusOr<std::shared_ptr<const Tensor>> {
     REPVAR_ASSIGN_OR_RETURN(StoredReplica r, store_->Get(var.id(), replica));
-    if (r.version != var.begin_version() || r.checksum != var.begin_checksum()) {
-      return absl::FailedPreconditionError(absl::StrCat(var.name(), "/", replica,
-                                                        " here is at version ", r.version,
-                                                        ", not the step's ", var.begin_version()));
-    }
     return r.value;
   };
   for (const v1::StepCollective& c : plan.collectives()) {
@@ -366,10 +389,11 @@ absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> LocalSteps::Ru
       size_t total = 0;
       AccumType type = AccumType::kFloat32;
       for (uint64_t id : c.variable_ids()) {
-        auto it = s.vars.find(id);
-        if (it == s.vars.end()) return absl::InvalidArgumentError("plan names an unknown variable");
-        const v1::StepVariable* var = &s.info.variables(it->second);
-        const TensorSpec& ts = s.specs[it->second];
+        auto it = s.layout->vars.find(id);
+        if (it == s.layout->vars.end())
+          return absl::InvalidArgumentError("plan names an unknown variable");
+        const v1::StepVariable* var = &s.layout->info.variables(it->second);
+        const TensorSpec& ts = s.layout->specs[it->second];
         REPVAR_ASSIGN_OR_RETURN(int64_t n, ts.NumElements());
         type = AccumTypeFor(ts.dtype);
         vars.push_back(var);
@@ -409,10 +433,11 @@ absl::StatusOr<std::map<uint64_t, std::shared_ptr<const Tensor>>> LocalSteps::Ru
         prepared[vars[i]->id()] = std::make_shared<const Tensor>(std::move(out->value));
       }
     } else {
-      auto it = s.vars.find(c.variable_ids(0));
-      if (it == s.vars.end()) return absl::InvalidArgumentError("plan names an unknown variable");
-      const v1::StepVariable& var = s.info.variables(it->second);
-      const TensorSpec& ts = s.specs[it->second];
+      auto it = s.layout->vars.find(c.variable_ids(0));
+      if (it == s.layout->vars.end())
+        return absl::InvalidArgumentError("plan names an unknown variable");
+      const v1::StepVariable& var = s.layout->info.variables(it->second);
+      const TensorSpec& ts = s.layout->specs[it->second];
       Tensor t;
       if (plan.rank() == c.root()) {
         std::shared_ptr<const Tensor> src;
@@ -444,17 +469,21 @@ void LocalSteps::Install(Step& s, const v1::StepPlan& plan, const v1::StepResolu
                          const std::map<uint64_t, std::shared_ptr<const Tensor>>& prepared) {
   std::map<uint64_t, std::pair<int64_t, uint64_t>> target;  // id -> (version, checksum)
   for (int i = 0; i < plan.changed_ids_size(); ++i) {
-    const v1::StepVariable& var = s.info.variables(s.vars.at(plan.changed_ids(i)));
-    target[var.id()] = {var.begin_version(), var.begin_checksum()};
+    // Repaired but unchanged: the replicas keep their version and value.
+    const v1::StepVariable& var = s.layout->info.variables(s.layout->vars.at(plan.changed_ids(i)));
+    std::vector<int32_t> local = LocalReplicas(s, var);
+    if (local.empty()) continue;
+    auto stored = store_->Get(var.id(), local.front());
+    if (stored.ok()) target[var.id()] = {stored->version, stored->checksum};
   }
   for (const v1::CommittedVariable& c : res.changed()) {
     target[c.variable_id()] = {c.version(), c.checksum()};
   }
   std::vector<ReplicaWriteItem> items;
   for (const auto& [id, vc] : target) {
-    auto it = s.vars.find(id);
-    if (it == s.vars.end()) continue;
-    const v1::StepVariable& var = s.info.variables(it->second);
+    auto it = s.layout->vars.find(id);
+    if (it == s.layout->vars.end()) continue;
+    const v1::StepVariable& var = s.layout->info.variables(it->second);
     std::vector<int32_t> local = LocalReplicas(s, var);
     if (local.empty()) continue;
     auto value = FinalValue(s, var, prepared);

@@ -45,7 +45,9 @@ class StepLink {
  public:
   virtual ~StepLink() = default;
   // Errors: NOT_FOUND (unknown epoch), UNAVAILABLE.
-  virtual absl::StatusOr<v1::StepInfo> GetStep(uint64_t epoch) = 0;
+  // `known_layout`: the layout this worker holds (0: none); the answer then
+  // omits it when unchanged (see repvar.v1.StepInfo).
+  virtual absl::StatusOr<v1::StepInfo> GetStep(uint64_t epoch, uint64_t known_layout) = 0;
   // Sends the report; answers when the barrier resolves.
   virtual absl::StatusOr<v1::StepPlan> ReportStep(const v1::ReportStepRequest& req,
                                                   absl::Duration timeout) = 0;
@@ -97,11 +99,17 @@ class LocalSteps {
 
  private:
   enum class Phase { kOpen, kResolving, kDone };
-  struct Step {
-    v1::StepInfo info;
+  // Participants and variables of a step, parsed once and kept while
+  // membership and the variable set stay the same.
+  struct Layout {
+    v1::StepInfo info;              // participants and variables only
     int32_t me = -1;                // participant index
     std::map<uint64_t, int> vars;   // id -> index in info.variables
     std::vector<TensorSpec> specs;  // parsed, per info.variables
+  };
+  struct Step {
+    v1::StepInfo info;  // step, epoch, state, timeout (no layout)
+    std::shared_ptr<const Layout> layout;
     std::map<std::pair<uint64_t, int32_t>, std::shared_ptr<const Tensor>> written;
     std::set<std::string> committed;  // devices
     Phase phase = Phase::kOpen;
@@ -111,6 +119,7 @@ class LocalSteps {
   };
 
   absl::StatusOr<std::shared_ptr<Step>> Find(int64_t step, uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<const Layout>> ParseLayout(v1::StepInfo& info) const;
   // Runs report, plan and install for `s`; returns the resolution.
   v1::StepResolution Resolve(Step& s);
   // The collectives of `plan`: the values this worker's replicas end with.
@@ -134,6 +143,7 @@ class LocalSteps {
   absl::Mutex mu_;
   absl::CondVar cv_;
   std::map<uint64_t, std::shared_ptr<Step>> steps_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Layout> layout_ ABSL_GUARDED_BY(mu_);  // the last one seen
 };
 
 }  // namespace repvar::worker

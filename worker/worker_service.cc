@@ -351,11 +351,12 @@ absl::Status GrpcCoordinatorLink::Heartbeat(const std::string& job, int32_t task
   return FromGrpcStatus(stub_->Heartbeat(&ctx, req, &resp));
 }
 
-absl::StatusOr<v1::StepInfo> GrpcCoordinatorLink::GetStep(uint64_t epoch) {
+absl::StatusOr<v1::StepInfo> GrpcCoordinatorLink::GetStep(uint64_t epoch, uint64_t known_layout) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   v1::GetStepRequest req;
   req.set_epoch(epoch);
+  req.set_known_layout(known_layout);
   v1::StepInfo resp;
   absl::Status s = FromGrpcStatus(stub_->GetStep(&ctx, req, &resp));
   if (!s.ok()) return s;

@@ -60,7 +60,7 @@ class GrpcCoordinatorLink final : public CoordinatorLink, public RendezvousClien
   absl::Status Heartbeat(const std::string& job, int32_t task, uint64_t incarnation) override;
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
-  absl::StatusOr<v1::StepInfo> GetStep(uint64_t epoch) override;
+  absl::StatusOr<v1::StepInfo> GetStep(uint64_t epoch, uint64_t known_layout) override;
   absl::StatusOr<v1::StepPlan> ReportStep(const v1::ReportStepRequest& req,
                                           absl::Duration timeout) override;
   absl::StatusOr<v1::StepResolution> FinishStep(const v1::FinishStepRequest& req,

@@ -34,7 +34,17 @@ std::vector<float> Floats(const Tensor& t) {
 // The coordinator as the worker sees it: answers from the test's script.
 class FakeLink final : public StepLink {
  public:
-  absl::StatusOr<v1::StepInfo> GetStep(uint64_t) override { return info; }
+  absl::StatusOr<v1::StepInfo> GetStep(uint64_t, uint64_t known_layout) override {
+    known_layouts.push_back(known_layout);
+    if (known_layout != 0 && known_layout == info.layout_id()) {
+      v1::StepInfo header = info;
+      header.clear_participants();
+      header.clear_variables();
+      header.set_layout_omitted(true);
+      return header;
+    }
+    return info;
+  }
   absl::StatusOr<v1::StepPlan> ReportStep(const v1::ReportStepRequest& req,
                                           absl::Duration) override {
     reports.push_back(req);
@@ -54,6 +64,7 @@ class FakeLink final : public StepLink {
   v1::StepResolution resolution;
   std::vector<v1::ReportStepRequest> reports;
   std::vector<v1::FinishStepRequest> finishes;
+  std::vector<uint64_t> known_layouts;
 };
 
 // Collectives of a group where the other members contribute `others`.
@@ -92,9 +103,8 @@ class LocalStepsTest : public ::testing::Test {
     w->set_name("w");
     w->set_aggregation(v1::AGGREGATION_MEAN);
     SpecToProto(TensorSpec{DType::kFloat32, {2}}, w->mutable_spec());
-    w->set_begin_version(5);
+    info.set_layout_id(77);
     auto begin = F32({1, 2});
-    w->set_begin_checksum(begin->checksum);
     for (int p : {0, 0, 1, 1}) w->add_replica_participant(p);
     store_.Apply({ReplicaWriteItem{kW, "w", 5, {0, 1}, begin}});
   }
@@ -119,6 +129,24 @@ TEST_F(LocalStepsTest, S2_WritesAreStepLocalCopies_DiscardLeavesReplicasAsCommit
   EXPECT_THAT(steps_.Write(3, 11, kW, 0, F32({9, 9})),
               StatusIs(absl::StatusCode::kFailedPrecondition, "no longer open"));
   EXPECT_TRUE(link_.reports.empty());
+}
+
+TEST_F(LocalStepsTest, S1_LayoutKeptAcrossSteps_OnlyTheHeaderIsFetchedAgain) {
+  ASSERT_OK(steps_.Write(3, 11, kW, 0, F32({9, 9})));
+  steps_.Discard(11);
+  link_.info.set_step(4);
+  link_.info.set_epoch(12);
+  ASSERT_OK(steps_.Write(4, 12, kW, 1, F32({8, 8})));  // the cached layout serves
+  EXPECT_EQ(link_.known_layouts, (std::vector<uint64_t>{0, 77}));
+  link_.info.set_layout_id(78);  // membership changed: a new layout comes whole
+  link_.info.set_step(5);
+  link_.info.set_epoch(13);
+  ASSERT_OK(steps_.Write(5, 13, kW, 1, F32({8, 8})));
+  EXPECT_EQ(link_.known_layouts.back(), 77u);
+  link_.info.set_step(6);
+  link_.info.set_epoch(14);
+  ASSERT_OK(steps_.Write(6, 14, kW, 1, F32({8, 8})));
+  EXPECT_EQ(link_.known_layouts.back(), 78u);
 }
 
 TEST_F(LocalStepsTest, S2_WriteRefusals) {
