@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <numeric>
@@ -257,6 +258,48 @@ void MeanStep(int mib, int workers, int iters) {
   std::fflush(stdout);
 }
 
+// In-step local access (S2): a trainer reads and writes its host's replica of
+// a `mib` MiB variable through the local worker, against a warm memcpy of
+// the same bytes in this process.
+void LocalAccess(int mib, int iters) {
+  repvar::testing::TestCluster cluster(OneTpuPerWorker(1));
+  if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
+  auto c = Connect(cluster);
+  int64_t n = int64_t{mib} << 18;
+  repvar::VariableSpec spec{
+      .name = "local", .dtype = repvar::DType::kFloat32, .shape = {n}, .replica_count = 1};
+  spec.aggregation = repvar::Aggregation::kMean;
+  spec.initializer = repvar::InitializerSpec::Ones();
+  if (auto v = c->CreateVariable(spec); !v.ok()) Die("create", v.status());
+  if (auto v = c->Initialize({"local"}); !v.ok()) Die("initialize", v.status());
+  std::vector<float> src(n, 2.0f), dst(n);
+  std::vector<double> copy, reads, writes;
+  for (int i = 0; i < iters + 1; ++i) {
+    auto t0 = Clock::now();
+    std::memcpy(dst.data(), src.data(), n * sizeof(float));
+    copy.push_back(Ms(t0, Clock::now()));
+    auto scope = repvar::StepScope::Begin(*c, i + 1, {.worker = "tpu_worker:0"});
+    if (!scope.ok()) Die("begin", scope.status());
+    src[0] = static_cast<float>(i);
+    auto t1 = Clock::now();
+    if (auto st = (*scope)->Write<float>("local", 0, std::span<const float>(src)); !st.ok()) {
+      Die("write", st);
+    }
+    auto t2 = Clock::now();
+    auto r = (*scope)->Read("local", 0);
+    auto t3 = Clock::now();
+    if (!r.ok()) Die("read", r.status());
+    if (auto res = (*scope)->Commit(); !res.ok()) Die("commit", res.status());
+    if (i > 0) {
+      writes.push_back(Ms(t1, t2));
+      reads.push_back(Ms(t2, t3));
+    }
+  }
+  std::printf("repvar_local mib=%d write_ms=%.2f read_ms=%.2f memcpy_ms=%.2f\n", mib,
+              Percentile(writes, 0.5), Percentile(reads, 0.5), Percentile(copy, 0.5));
+  std::fflush(stdout);
+}
+
 // Steps per second: `workers` workers, `vars` small MEAN variables (16
 // floats) with a replica on every worker, every replica written every step;
 // plus the coordinator's CPU share over the timed steps.
@@ -318,6 +361,7 @@ void StepsPerSecond(int workers, int vars, int steps) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_mean_mib) > 0) {
+    LocalAccess(absl::GetFlag(FLAGS_mean_mib), absl::GetFlag(FLAGS_iters));
     MeanStep(absl::GetFlag(FLAGS_mean_mib), absl::GetFlag(FLAGS_mean_replicas),
              absl::GetFlag(FLAGS_iters));
   }

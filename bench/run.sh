@@ -72,7 +72,7 @@ python3 - "$results" <<'PY'
 import re, sys
 kv = lambda line: dict(re.findall(r"(\w+)=([\w.]+)", line))
 mpi, gloo, rv, redis, small, batch = {}, {}, {}, {}, {}, {}
-mean, steps = None, {}
+mean, steps, local = None, {}, {}
 for line in open(sys.argv[1]):
     d = kv(line)
     if line.startswith("mpi "): mpi[(int(d["size"]), int(d["mib"]))] = float(d["bcast_ms"])
@@ -82,6 +82,7 @@ for line in open(sys.argv[1]):
     elif line.startswith("repvar_small"): small = {k: float(v) for k, v in d.items()}
     elif line.startswith("repvar_batch"): batch = {k: float(v) for k, v in d.items()}
     elif line.startswith("repvar_mean_step"): mean = (int(d["workers"]), int(d["mib"]), float(d["commit_ms"]))
+    elif line.startswith("repvar_local"): local = {k: float(v) for k, v in d.items()}
     elif line.startswith("repvar_steps"): steps[int(d["writes"])] = {k: float(v) for k, v in d.items()}
 print(f"{'broadcast':<22}{'repvar ms':>11}{'MPI tcp ms':>12}{'gloo ms':>10}{'/MPI':>8}{'/gloo':>8}")
 for (w, m), t in sorted(rv.items()):
@@ -96,6 +97,9 @@ if mean:
     w, m, t = mean
     g = gloo.get((w, m), (None, None))[1]
     print(f"MEAN step over {m} MiB x {w} replicas: commit-to-resolution {t:.1f} ms vs bare gloo ring allreduce {g or float('nan'):.1f} ms: {(t / g) if g else float('nan'):.2f}x")
+if local:
+    m = local["memcpy_ms"]
+    print(f"in-step local write / read of {int(local['mib'])} MiB: {local['write_ms']:.1f} / {local['read_ms']:.1f} ms vs warm memcpy {m:.1f} ms: {m / local['write_ms']:.2f}x / {m / local['read_ms']:.2f}x memcpy speed")
 for w, st in sorted(steps.items(), reverse=True):
     what = "every replica written" if w else "nothing written (report path only)"
     print(f"steps/s with {int(st['workers'])} workers x {int(st['vars'])} variables, {what}: {st['steps_per_s']:.2f}; coordinator CPU {st['coordinator_cpu_ms_per_step']:.1f} ms/step ({st['coordinator_cpu_share']*100:.0f}% of a core)")
