@@ -240,15 +240,10 @@ absl::StatusOr<Tensor> Tensor::ForOverwrite(const TensorSpec& spec) {
 }
 
 absl::StatusOr<Tensor> Tensor::Zeros(const TensorSpec& spec) {
-  auto size = spec.ByteSize();
-  if (!size.ok()) return size.status();
-  auto buf = Buffer::Allocate(static_cast<size_t>(*size));
-  if (!buf.ok()) return buf.status();
-  Tensor t;
-  t.spec = spec;
-  t.bytes = *std::move(buf);
-  if (t.bytes.size() > 0) std::memset(t.bytes.data(), 0, t.bytes.size());
-  t.UpdateChecksum();
+  auto t = ForOverwrite(spec);
+  if (!t.ok()) return t.status();
+  if (t->bytes.size() > 0) std::memset(t->bytes.data(), 0, t->bytes.size());
+  t->UpdateChecksum();
   return t;
 }
 

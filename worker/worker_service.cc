@@ -351,49 +351,46 @@ absl::Status GrpcCoordinatorLink::Heartbeat(const std::string& job, int32_t task
   return FromGrpcStatus(stub_->Heartbeat(&ctx, req, &resp));
 }
 
-absl::StatusOr<v1::StepInfo> GrpcCoordinatorLink::GetStep(uint64_t epoch, uint64_t known_layout) {
+namespace {
+
+// One unary call to the coordinator with a deadline `timeout` from now.
+template <typename Resp, typename Req, typename Method>
+absl::StatusOr<Resp> Unary(v1::Coordinator::Stub* stub, Method method, const Req& req,
+                           absl::Duration timeout) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  Resp resp;
+  absl::Status s = FromGrpcStatus((stub->*method)(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::StepInfo> GrpcCoordinatorLink::GetStep(uint64_t epoch, uint64_t known_layout) {
   v1::GetStepRequest req;
   req.set_epoch(epoch);
   req.set_known_layout(known_layout);
-  v1::StepInfo resp;
-  absl::Status s = FromGrpcStatus(stub_->GetStep(&ctx, req, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return Unary<v1::StepInfo>(stub_.get(), &v1::Coordinator::Stub::GetStep, req, absl::Seconds(30));
 }
 
 absl::StatusOr<v1::StepPlan> GrpcCoordinatorLink::ReportStep(const v1::ReportStepRequest& req,
                                                              absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  v1::StepPlan resp;
-  absl::Status s = FromGrpcStatus(stub_->ReportStep(&ctx, req, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return Unary<v1::StepPlan>(stub_.get(), &v1::Coordinator::Stub::ReportStep, req, timeout);
 }
 
 absl::StatusOr<v1::StepResolution> GrpcCoordinatorLink::FinishStep(const v1::FinishStepRequest& req,
                                                                    absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  v1::StepResolution resp;
-  absl::Status s = FromGrpcStatus(stub_->FinishStep(&ctx, req, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return Unary<v1::StepResolution>(stub_.get(), &v1::Coordinator::Stub::FinishStep, req, timeout);
 }
 
 absl::StatusOr<v1::StepResolution> GrpcCoordinatorLink::WaitStep(uint64_t epoch,
                                                                  absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(5)));
   v1::WaitStepRequest req;
   req.set_epoch(epoch);
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
-  v1::StepResolution resp;
-  absl::Status s = FromGrpcStatus(stub_->WaitStep(&ctx, req, &resp));
-  if (!s.ok()) return s;
-  return resp;
+  return Unary<v1::StepResolution>(stub_.get(), &v1::Coordinator::Stub::WaitStep, req,
+                                   timeout + absl::Seconds(5));
 }
 
 }  // namespace repvar::worker
