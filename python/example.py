@@ -2,6 +2,7 @@
 """The Python half of the local-cluster demo: numpy in, numpy out."""
 
 import sys
+import threading
 
 import numpy as np
 
@@ -28,7 +29,42 @@ def main():
     info = c.variable("pymodel/embedding")
     for r in info.replicas:
         print(f"python:   {r.name} on {r.device}")
+    ok = replicated_step(c, topo) and ok
     return 0 if ok else 1
+
+
+def replicated_step(c, topo):
+    """One replicated step from Python: a trainer thread per host scales its
+    own replicas of pymodel/bias by (replica + 1); MEAN aggregation."""
+    hosts = sorted({(a.job, a.task) for a in topo.accelerators})
+    with repvar.replicated_scope(len(topo.accelerators), "pymodel"):
+        c.create("bias", "float32", (4,), aggregation="MEAN", initializer=repvar.ones())
+    c.initialize(["pymodel/bias"])
+    step = c.last_committed_step() + 1
+    results = {}
+
+    def trainer(job, task):
+        try:
+            with c.step(step, worker=f"{job}:{task}") as s:
+                for r in s.local_replicas("pymodel/bias"):
+                    s.write("pymodel/bias", r, s.read("pymodel/bias", r) * np.float32(r + 1))
+                results[task] = s.commit()
+        except repvar.StepFailed as e:
+            results[task] = e
+
+    threads = [threading.Thread(target=trainer, args=h) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bias, version = c.read("pymodel/bias")
+    n = len(topo.accelerators)
+    expected = np.float32(1 + sum(range(n)) / n)  # 1 + mean(r) over the replicas
+    ok = all(not isinstance(r, Exception) for r in results.values()) and bool(
+        np.all(bias == expected))
+    print(f"python: step {step} from {len(hosts)} trainer threads: pymodel/bias v{version} = "
+          f"{bias.tolist()} (expected {float(expected)}), ok={ok}")
+    return ok
 
 
 if __name__ == "__main__":
