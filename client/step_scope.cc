@@ -1,5 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +21,9 @@ namespace repvar {
 namespace {
 
 constexpr size_t kInlineBytes = 64 << 10;
+// From this size on, in-step reads and writes go through a shared mapping of
+// the worker's buffer (one copy) rather than its socket (three).
+constexpr size_t kMapBytes = 1 << 20;
 
 absl::Status FailureOf(const v1::StepResolution& r) {
   return absl::Status(static_cast<absl::StatusCode>(r.code() == 0 ? 2 : r.code()), r.message());
@@ -33,6 +42,7 @@ class StepScope::Impl {
   std::shared_ptr<const ClientAccess::Impl::StepLayout> layout;
   v1::Worker::Stub* worker = nullptr;
   bool closed = false;
+  bool map_failed = false;  // the worker's memory cannot be mapped from here
 
   absl::StatusOr<const v1::StepVariable*> Var(const std::string& name) const {
     auto it = layout->vars.find(name);
@@ -59,6 +69,40 @@ class StepScope::Impl {
     client->SetDeadline(ctx, bytes);
   }
 };
+
+class LocalMapping::Impl {
+ public:
+  ~Impl() {
+    if (data != nullptr) munmap(data, size);
+    if (lease != 0 && worker != nullptr) {  // not published: give the buffer back
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      v1::StepUnmapRequest req;
+      req.set_lease(lease);
+      v1::StepUnmapResponse resp;
+      (void)worker->StepUnmap(&ctx, req, &resp);
+    }
+  }
+  v1::Worker::Stub* worker = nullptr;
+  uint64_t lease = 0;
+  std::string variable;
+  int32_t replica = 0;
+  bool writable = false;
+  uint64_t checksum = 0;
+  int64_t version = 0;
+  std::byte* data = nullptr;
+  size_t size = 0;
+};
+
+LocalMapping::LocalMapping(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LocalMapping::~LocalMapping() = default;
+const std::string& LocalMapping::variable() const { return impl_->variable; }
+int32_t LocalMapping::replica() const { return impl_->replica; }
+bool LocalMapping::writable() const { return impl_->writable; }
+uint64_t LocalMapping::checksum() const { return impl_->checksum; }
+int64_t LocalMapping::version() const { return impl_->version; }
+std::span<std::byte> LocalMapping::bytes() { return {impl_->data, impl_->size}; }
+std::span<const std::byte> LocalMapping::bytes() const { return {impl_->data, impl_->size}; }
 
 StepScope::StepScope(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -162,14 +206,28 @@ absl::StatusOr<std::vector<int32_t>> StepScope::LocalReplicas(const std::string&
 
 absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t replica) {
   REPVAR_ASSIGN_OR_RETURN(const v1::StepVariable* var, impl_->Var(name));
+  REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(var->spec()));
+  const uint64_t size = static_cast<uint64_t>(spec.ByteSize().value_or(0));
+  if (size >= kMapBytes && !impl_->map_failed) {
+    auto m = Map(name, replica, MapMode::kRead);
+    if (m.ok()) {
+      TensorValue out;
+      out.dtype = spec.dtype;
+      out.shape = spec.dims;
+      out.bytes.assign((*m)->bytes().begin(), (*m)->bytes().end());
+      out.checksum = (*m)->checksum();
+      out.version = (*m)->version();
+      return out;
+    }
+    if (!impl_->map_failed) return m.status();
+  }
   v1::ReadReplicaRequest req;
   req.set_variable_id(var->id());
   req.set_replica(replica);
   req.set_epoch(impl_->info.epoch());
   req.set_chunk_bytes(static_cast<int64_t>(impl_->client->options().chunk_bytes));
   grpc::ClientContext ctx;
-  REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(var->spec()));
-  impl_->SetDeadline(&ctx, static_cast<uint64_t>(spec.ByteSize().value_or(0)));
+  impl_->SetDeadline(&ctx, size);
   auto reader = impl_->worker->ReadReplica(&ctx, req);
   REPVAR_ASSIGN_OR_RETURN(ReceivedReplica got, ReceiveReplica(ctx, *reader));
   if (!(got.value.spec == spec)) return absl::DataLossError("the worker sent another shape");
@@ -185,6 +243,18 @@ absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t rep
 absl::Status StepScope::Write(const std::string& name, int32_t replica,
                               std::span<const std::byte> bytes) {
   if (bytes.size() <= kInlineBytes) return WriteBatch({LocalWrite{name, replica, bytes}});
+  if (bytes.size() >= kMapBytes && !impl_->map_failed) {
+    auto m = Map(name, replica, MapMode::kWrite);
+    if (m.ok()) {
+      if ((*m)->bytes().size() != bytes.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(name, " has ", (*m)->bytes().size(),
+                                                       " bytes; the value has ", bytes.size()));
+      }
+      std::memcpy((*m)->bytes().data(), bytes.data(), bytes.size());
+      return Publish(*std::move(m));
+    }
+    if (!impl_->map_failed) return m.status();  // the worker refused
+  }
   REPVAR_ASSIGN_OR_RETURN(const v1::StepVariable* var, impl_->Var(name));
   grpc::ClientContext ctx;
   impl_->SetDeadline(&ctx, bytes.size());
@@ -223,6 +293,71 @@ absl::Status StepScope::WriteBatch(const std::vector<LocalWrite>& writes) {
   impl_->SetDeadline(&ctx, total);
   v1::StepWriteResponse resp;
   return FromGrpcStatus(impl_->worker->StepWriteSmall(&ctx, req, &resp));
+}
+
+absl::StatusOr<std::unique_ptr<LocalMapping>> StepScope::Map(const std::string& name,
+                                                             int32_t replica, MapMode mode) {
+  REPVAR_ASSIGN_OR_RETURN(const v1::StepVariable* var, impl_->Var(name));
+  v1::StepMapRequest req;
+  req.set_step(impl_->info.step());
+  req.set_epoch(impl_->info.epoch());
+  req.set_variable_id(var->id());
+  req.set_replica(replica);
+  req.set_write(mode != MapMode::kRead);
+  req.set_initialize(mode == MapMode::kUpdate);
+  v1::StepMapResponse resp;
+  {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx);
+    REPVAR_RETURN_IF_ERROR(FromGrpcStatus(impl_->worker->StepMap(&ctx, req, &resp)));
+  }
+  auto m = std::make_unique<LocalMapping::Impl>();
+  m->worker = impl_->worker;
+  m->lease = resp.lease();
+  m->variable = name;
+  m->replica = replica;
+  m->writable = mode != MapMode::kRead;
+  m->size = resp.byte_size();
+  m->checksum = resp.checksum();
+  m->version = resp.version();
+  // The worker's memfd, opened through /proc: works on the worker's host for
+  // the same user.
+  std::string path = absl::StrCat("/proc/", resp.pid(), "/fd/", resp.fd());
+  int fd = open(path.c_str(), m->writable ? O_RDWR : O_RDONLY);
+  if (fd < 0) {
+    impl_->map_failed = true;
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot map ", name, "/", replica, " from the worker's memory (", path, ": ",
+                     std::strerror(errno), "); is this trainer on the worker's host?"));
+  }
+  if (m->size > 0) {
+    void* p = mmap(nullptr, m->size, m->writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                   MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+      close(fd);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot map ", m->size, " bytes: ", std::strerror(errno)));
+    }
+    m->data = static_cast<std::byte*>(p);
+  }
+  close(fd);
+  return std::unique_ptr<LocalMapping>(new LocalMapping(std::move(m)));
+}
+
+absl::Status StepScope::Publish(std::unique_ptr<LocalMapping> mapping) {
+  if (mapping == nullptr || !mapping->writable()) {
+    return absl::InvalidArgumentError("only a kWrite or kUpdate mapping can be published");
+  }
+  LocalMapping::Impl& m = *mapping->impl_;
+  v1::StepUnmapRequest req;
+  req.set_lease(m.lease);
+  req.set_publish(true);
+  v1::StepUnmapResponse resp;
+  grpc::ClientContext ctx;
+  impl_->SetDeadline(&ctx, m.size);
+  absl::Status s = FromGrpcStatus(m.worker->StepUnmap(&ctx, req, &resp));
+  m.lease = 0;  // published or refused: the worker has ended the lease either way
+  return s;
 }
 
 absl::StatusOr<StepResult> StepScope::Commit() {

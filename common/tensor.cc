@@ -3,6 +3,7 @@
 
 #include <malloc.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cmath>
@@ -124,31 +125,40 @@ class MappingPool {
     static MappingPool* pool = new MappingPool();
     return *pool;
   }
-  void* Take(size_t mapped) {
+  struct Mapping {
+    void* p = nullptr;
+    size_t mapped = 0;
+    int fd = -1;  // a memfd for shared mappings, else -1
+  };
+  // A released mapping of `mapped` bytes of the same kind, or p == nullptr.
+  Mapping Take(size_t mapped, bool shared) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second == mapped) {
-        void* p = it->first;
+      if (it->mapped == mapped && (it->fd >= 0) == shared) {
+        Mapping m = *it;
         free_.erase(it);
         held_ -= mapped;
-        return p;
+        return m;
       }
     }
-    return nullptr;
+    return Mapping{};
   }
-  void Give(void* p, size_t mapped) {
-    std::vector<std::pair<void*, size_t>> evict;
+  void Give(Mapping m) {
+    std::vector<Mapping> evict;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      free_.emplace_back(p, mapped);
-      held_ += mapped;
+      free_.push_back(m);
+      held_ += m.mapped;
       while (held_ > cap_ && !free_.empty()) {
         evict.push_back(free_.front());
-        held_ -= free_.front().second;
+        held_ -= free_.front().mapped;
         free_.erase(free_.begin());
       }
     }
-    for (auto& [q, n] : evict) munmap(q, n);
+    for (const Mapping& e : evict) {
+      munmap(e.p, e.mapped);
+      if (e.fd >= 0) close(e.fd);
+    }
   }
   void SetCap(size_t cap) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -157,7 +167,7 @@ class MappingPool {
 
  private:
   std::mutex mu_;
-  std::vector<std::pair<void*, size_t>> free_;
+  std::vector<Mapping> free_;
   size_t held_ = 0;
   size_t cap_ = size_t{1} << 30;
 };
@@ -175,7 +185,7 @@ absl::StatusOr<Buffer> Buffer::Allocate(size_t size) {
   if (size == 0) return b;
   if (size >= kMmapThreshold) {
     size_t mapped = RoundToHugePage(size);
-    void* p = MappingPool::Get().Take(mapped);
+    void* p = MappingPool::Get().Take(mapped, /*shared=*/false).p;
     if (p == nullptr) {
       p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) {
@@ -199,16 +209,43 @@ absl::StatusOr<Buffer> Buffer::Allocate(size_t size) {
   return b;
 }
 
+absl::StatusOr<Buffer> Buffer::AllocateShared(size_t size) {
+  Buffer b;
+  const size_t mapped = RoundToHugePage(std::max<size_t>(size, 1));
+  MappingPool::Mapping m = MappingPool::Get().Take(mapped, /*shared=*/true);
+  if (m.p == nullptr) {
+    m.fd = memfd_create("repvar-tensor", MFD_CLOEXEC);
+    if (m.fd < 0) return absl::ResourceExhaustedError("memfd_create failed");
+    if (ftruncate(m.fd, static_cast<off_t>(mapped)) != 0) {
+      close(m.fd);
+      return absl::ResourceExhaustedError(absl::StrCat("cannot size a ", mapped, "-byte memfd"));
+    }
+    // MAP_POPULATE: the pages exist (and are resident) before anyone writes.
+    m.p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, m.fd, 0);
+    if (m.p == MAP_FAILED) {
+      close(m.fd);
+      return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " shared bytes"));
+    }
+    m.mapped = mapped;
+  }
+  b.data_ = static_cast<std::byte*>(m.p);
+  b.mapped_ = m.mapped;
+  b.fd_ = m.fd;
+  b.size_ = size;
+  return b;
+}
+
 void Buffer::Release() {
   if (data_ == nullptr) return;
   if (mapped_ > 0) {
-    MappingPool::Get().Give(data_, mapped_);
+    MappingPool::Get().Give({data_, mapped_, fd_});
   } else {
     ::operator delete(data_, std::align_val_t(kAlign));
   }
   data_ = nullptr;
   size_ = 0;
   mapped_ = 0;
+  fd_ = -1;
 }
 
 Buffer::~Buffer() { Release(); }
@@ -216,7 +253,8 @@ Buffer::~Buffer() { Release(); }
 Buffer::Buffer(Buffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      mapped_(std::exchange(other.mapped_, 0)) {}
+      mapped_(std::exchange(other.mapped_, 0)),
+      fd_(std::exchange(other.fd_, -1)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -224,6 +262,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     mapped_ = std::exchange(other.mapped_, 0);
+    fd_ = std::exchange(other.fd_, -1);
   }
   return *this;
 }

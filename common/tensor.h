@@ -60,6 +60,11 @@ class Buffer {
   Buffer() = default;
   // Errors: RESOURCE_EXHAUSTED when memory cannot be had.
   static absl::StatusOr<Buffer> Allocate(size_t size);
+  // The same in a shared mapping of a memfd (shared_fd()), which another
+  // process on the host can map through /proc/<pid>/fd/<fd>: how trainers
+  // reach a worker's replicas without copying through a socket. Pre-faulted
+  // and pooled like large buffers.
+  static absl::StatusOr<Buffer> AllocateShared(size_t size);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -71,12 +76,14 @@ class Buffer {
   size_t size() const { return size_; }
   std::span<std::byte> span() { return {data_, size_}; }
   std::span<const std::byte> span() const { return {data_, size_}; }
+  int shared_fd() const { return fd_; }  // -1 unless from AllocateShared
 
  private:
   void Release();
   std::byte* data_ = nullptr;
   size_t size_ = 0;
   size_t mapped_ = 0;  // > 0 when mmap'ed
+  int fd_ = -1;        // the memfd of a shared buffer
 };
 
 // An immutable-once-built tensor value with its checksum. Shared between

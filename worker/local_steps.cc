@@ -172,6 +172,87 @@ absl::Status LocalSteps::WriteMany(int64_t step, uint64_t epoch, std::vector<Wri
   return absl::OkStatus();
 }
 
+absl::StatusOr<LocalSteps::Lease> LocalSteps::Map(int64_t step, uint64_t epoch,
+                                                  uint64_t variable_id, int32_t replica, bool write,
+                                                  bool initialize) {
+  REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<Step> s, Find(step, epoch));
+  auto it = s->layout->vars.find(variable_id);
+  if (it == s->layout->vars.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("variable id ", variable_id, " is not in ", StepName(s->info),
+                     " (variables created or initialized during a step join the next one)"));
+  }
+  Lent lent{step, epoch, variable_id, replica, write, nullptr, nullptr};
+  int64_t version = 0;
+  if (!write) {
+    REPVAR_ASSIGN_OR_RETURN(StoredReplica view, Read(epoch, variable_id, replica));
+    version = view.version;
+    if (view.value->bytes.shared_fd() >= 0) {
+      lent.value = std::move(view.value);  // already shared: lent as it is, no copy
+    } else {
+      REPVAR_ASSIGN_OR_RETURN(Buffer buf, Buffer::AllocateShared(view.value->bytes.size()));
+      auto copy = std::make_shared<Tensor>();
+      copy->spec = view.value->spec;
+      copy->bytes = std::move(buf);
+      std::memcpy(copy->bytes.data(), view.value->bytes.data(), copy->bytes.size());
+      copy->checksum = view.checksum;
+      lent.value = std::move(copy);
+    }
+  } else {
+    const TensorSpec& spec = s->layout->specs[it->second];
+    REPVAR_ASSIGN_OR_RETURN(int64_t bytes, spec.ByteSize());
+    REPVAR_ASSIGN_OR_RETURN(Buffer buf, Buffer::AllocateShared(static_cast<size_t>(bytes)));
+    lent.writable = std::make_shared<Tensor>();
+    lent.writable->spec = spec;
+    lent.writable->bytes = std::move(buf);
+    {
+      // A write lease must name a replica this trainer may write in this step.
+      absl::MutexLock lock(&mu_);
+      if (s->phase != Phase::kOpen) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            StepName(s->info), " is no longer open on this worker (committed or aborted)"));
+      }
+      REPVAR_RETURN_IF_ERROR(CheckWrite(*s, WriteItem{variable_id, replica, lent.writable}));
+    }
+    if (initialize) {
+      REPVAR_ASSIGN_OR_RETURN(StoredReplica view, Read(epoch, variable_id, replica));
+      std::memcpy(lent.writable->bytes.data(), view.value->bytes.data(),
+                  lent.writable->bytes.size());
+      lent.writable->checksum = view.checksum;
+      version = view.version;
+    }
+  }
+  const Tensor& t = write ? *lent.writable : *lent.value;
+  absl::MutexLock lock(&mu_);
+  Lease lease{next_lease_++, t.bytes.shared_fd(), t.bytes.size(), t.checksum, version};
+  leases_[lease.id] = std::move(lent);
+  return lease;
+}
+
+void LocalSteps::DropLeasesLocked(uint64_t epoch) {
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    it = it->second.epoch == epoch ? leases_.erase(it) : std::next(it);
+  }
+}
+
+absl::StatusOr<uint64_t> LocalSteps::Unmap(uint64_t lease, bool publish) {
+  Lent lent;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = leases_.find(lease);
+    if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("no lease ", lease));
+    lent = std::move(it->second);
+    leases_.erase(it);
+  }
+  if (!publish) return lent.write ? lent.writable->checksum : lent.value->checksum;
+  if (!lent.write) return absl::InvalidArgumentError("only a write lease can be published");
+  lent.writable->UpdateChecksum();  // the trainer wrote the bytes in place
+  const uint64_t checksum = lent.writable->checksum;
+  REPVAR_RETURN_IF_ERROR(
+      Write(lent.step, lent.epoch, lent.variable_id, lent.replica, std::move(lent.writable)));
+  return checksum;
+}
+
 absl::StatusOr<StoredReplica> LocalSteps::Read(uint64_t epoch, uint64_t variable_id,
                                                int32_t replica) {
   REPVAR_ASSIGN_OR_RETURN(StoredReplica r, store_->Get(variable_id, replica));
@@ -219,6 +300,7 @@ absl::StatusOr<v1::StepResolution> LocalSteps::Commit(int64_t step, uint64_t epo
   if (run) {
     v1::StepResolution res = Resolve(*s);
     absl::MutexLock lock(&mu_);
+    DropLeasesLocked(epoch);
     s->written.clear();
     s->resolution = std::move(res);
     s->phase = Phase::kDone;
@@ -248,6 +330,7 @@ void LocalSteps::Discard(uint64_t epoch) {
   auto it = steps_.find(epoch);
   if (it == steps_.end() || it->second->phase != Phase::kOpen) return;
   Step& s = *it->second;
+  DropLeasesLocked(epoch);
   s.written.clear();
   s.phase = Phase::kDone;
   s.resolution = LocalFailure(s, absl::AbortedError("a trainer aborted the step"));

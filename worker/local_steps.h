@@ -97,6 +97,25 @@ class LocalSteps {
   // Drops an open step's copies (the trainer aborted). Idempotent.
   void Discard(uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // In-place access for a trainer on this host: lends a shared buffer
+  // (Buffer::AllocateShared) holding the step's view of a local replica
+  // (read), or one to fill (write; `initialize` copies the current view in
+  // first). A write lease becomes the step-local copy on Unmap(publish).
+  // Errors: as Write (the replica must be writable in this step for write
+  // leases), RESOURCE_EXHAUSTED.
+  struct Lease {
+    uint64_t id = 0;
+    int fd = -1;
+    uint64_t byte_size = 0;
+    uint64_t checksum = 0;
+    int64_t version = 0;
+  };
+  absl::StatusOr<Lease> Map(int64_t step, uint64_t epoch, uint64_t variable_id, int32_t replica,
+                            bool write, bool initialize) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns the checksum of a published write. Errors: NOT_FOUND (no such
+  // lease), others as Write.
+  absl::StatusOr<uint64_t> Unmap(uint64_t lease, bool publish) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   enum class Phase { kOpen, kResolving, kDone };
   // Participants and variables of a step, parsed once and kept while
@@ -133,6 +152,8 @@ class LocalSteps {
                const std::map<uint64_t, std::shared_ptr<const Tensor>>& prepared);
   std::vector<int32_t> LocalReplicas(const Step& s, const v1::StepVariable& var) const;
   absl::Status CheckWrite(const Step& s, const WriteItem& item) const;
+  // Ends the leases of a step that is over (their buffers return to the pool).
+  void DropLeasesLocked(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::StepResolution LocalFailure(const Step& s, const absl::Status& status) const;
 
   const WorkerIdentity me_;
@@ -144,6 +165,17 @@ class LocalSteps {
   absl::CondVar cv_;
   std::map<uint64_t, std::shared_ptr<Step>> steps_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const Layout> layout_ ABSL_GUARDED_BY(mu_);  // the last one seen
+  struct Lent {
+    int64_t step = 0;
+    uint64_t epoch = 0;
+    uint64_t variable_id = 0;
+    int32_t replica = 0;
+    bool write = false;
+    std::shared_ptr<Tensor> writable;     // write leases: the buffer being filled
+    std::shared_ptr<const Tensor> value;  // read leases: held so the bytes stay put
+  };
+  std::map<uint64_t, Lent> leases_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace repvar::worker

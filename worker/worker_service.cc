@@ -2,6 +2,7 @@
 #include "worker/worker_service.h"
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <optional>
 
@@ -293,6 +294,28 @@ grpc::Status WorkerService::CommitStep(grpc::ServerContext* ctx, const v1::Commi
 grpc::Status WorkerService::DiscardStep(grpc::ServerContext*, const v1::DiscardStepRequest* req,
                                         v1::DiscardStepResponse*) {
   steps_->Discard(req->epoch());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::StepMap(grpc::ServerContext*, const v1::StepMapRequest* req,
+                                    v1::StepMapResponse* resp) {
+  auto lease = steps_->Map(req->step(), req->epoch(), req->variable_id(), req->replica(),
+                           req->write(), req->initialize());
+  if (!lease.ok()) return ToGrpcStatus(lease.status());
+  resp->set_lease(lease->id);
+  resp->set_pid(static_cast<int32_t>(getpid()));
+  resp->set_fd(lease->fd);
+  resp->set_byte_size(lease->byte_size);
+  resp->set_checksum(lease->checksum);
+  resp->set_version(lease->version);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::StepUnmap(grpc::ServerContext*, const v1::StepUnmapRequest* req,
+                                      v1::StepUnmapResponse* resp) {
+  auto checksum = steps_->Unmap(req->lease(), req->publish());
+  if (!checksum.ok()) return ToGrpcStatus(checksum.status());
+  resp->set_checksum(*checksum);
   return grpc::Status::OK;
 }
 

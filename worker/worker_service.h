@@ -41,6 +41,10 @@ class WorkerService final : public v1::Worker::Service {
                           v1::StepResolution*) override;
   grpc::Status DiscardStep(grpc::ServerContext*, const v1::DiscardStepRequest*,
                            v1::DiscardStepResponse*) override;
+  grpc::Status StepMap(grpc::ServerContext*, const v1::StepMapRequest*,
+                       v1::StepMapResponse*) override;
+  grpc::Status StepUnmap(grpc::ServerContext*, const v1::StepUnmapRequest*,
+                         v1::StepUnmapResponse*) override;
 
  private:
   grpc::Status Apply(absl::StatusOr<std::vector<ReplicaWriteItem>> items,

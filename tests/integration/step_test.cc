@@ -133,6 +133,51 @@ TEST_F(StepTest, S1_BeginStep_IdempotentFixesParticipants_CommittedIdsIncrease) 
   for (auto& r : RunStep(5, [](int, StepScope&) { return absl::OkStatus(); })) ASSERT_OK(r);
 }
 
+TEST_F(StepTest, S2_MappedInPlace_ReadUpdateWrite_OnlyPublishedWritesCount) {
+  Create("w", Aggregation::kMean, {4, 4, 4, 4});
+  auto before = Replicas("w");
+  auto scope = StepScope::Begin(*client_, 1, Options(0));
+  ASSERT_OK(scope);
+  StepScope& s = **scope;
+  // Read: the worker's view, mapped read-only.
+  auto r0 = s.Map("w", 0, MapMode::kRead);
+  ASSERT_OK(r0);
+  EXPECT_EQ((*r0)->as<float>()[0], 4.0f);
+  EXPECT_EQ((*r0)->version(), 1);
+  // Update in place and publish: replica 0 becomes 8.
+  auto u0 = s.Map("w", 0, MapMode::kUpdate);
+  ASSERT_OK(u0);
+  for (float& x : (*u0)->as<float>()) x *= 2;
+  ASSERT_OK(s.Publish(*std::move(u0)));
+  EXPECT_EQ((*r0)->as<float>()[0], 4.0f);  // an earlier read lease is a snapshot
+  auto seen = s.Read("w", 0);
+  ASSERT_OK(seen);
+  EXPECT_EQ(seen->as<float>()[0], 8.0f);
+  // A write mapping that is never published changes nothing.
+  {
+    auto w1 = s.Map("w", 1, MapMode::kWrite);
+    ASSERT_OK(w1);
+    for (float& x : (*w1)->as<float>()) x = 100;
+  }
+  EXPECT_EQ(s.Read("w", 1)->as<float>()[0], 4.0f);
+  EXPECT_THAT(s.Map("w", 2, MapMode::kWrite).status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(Replicas("w"), before);  // nothing committed yet
+  r0->reset();
+  // The other hosts write nothing; the mean of deltas is (8 - 4) / 6.
+  std::vector<std::thread> others;
+  for (int h : {1, 2}) {
+    others.emplace_back([&, h] {
+      auto other = StepScope::Begin(*client_, 1, Options(h));
+      ASSERT_OK(other);
+      EXPECT_OK((*other)->Commit());
+    });
+  }
+  auto result = s.Commit();
+  for (std::thread& t : others) t.join();
+  ASSERT_OK(result);
+  EXPECT_EQ(ReadVec("w")[0], 4.0f + 4.0f / 6.0f);
+}
+
 TEST_F(StepTest, S2_InStepWritesAreLocalCopies_AbortLeavesReplicasAsCommitted) {
   Create("w", Aggregation::kNone);
   auto before = Replicas("w");

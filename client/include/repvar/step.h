@@ -66,6 +66,42 @@ struct StepResult {
   std::vector<StepWorkerLatency> latencies;
 };
 
+// A local replica mapped into this process: the worker's own shared buffer,
+// read or written in place (no copy through a socket). Unmapped on
+// destruction; a write mapping counts only once published (StepScope::Publish).
+class LocalMapping {
+ public:
+  ~LocalMapping();
+  LocalMapping(const LocalMapping&) = delete;
+  LocalMapping& operator=(const LocalMapping&) = delete;
+
+  const std::string& variable() const;
+  int32_t replica() const;
+  bool writable() const;
+  // Of the bytes as lent (kRead, kUpdate) and the replica's committed version.
+  uint64_t checksum() const;
+  int64_t version() const;
+  std::span<std::byte> bytes();  // read-only memory unless writable()
+  std::span<const std::byte> bytes() const;
+  template <typename T>
+  std::span<T> as() {
+    auto b = bytes();
+    return {reinterpret_cast<T*>(b.data()), b.size() / sizeof(T)};
+  }
+
+ private:
+  friend class StepScope;
+  class Impl;
+  explicit LocalMapping(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+enum class MapMode {
+  kRead,    // the step's view of the replica, read-only
+  kWrite,   // a buffer to fill entirely, then Publish
+  kUpdate,  // the step's view, writable in place, then Publish
+};
+
 class StepScope {
  public:
   // S1: begins `step` (idempotent for the open step: every trainer calls it).
@@ -98,6 +134,15 @@ class StepScope {
   absl::Status Write(const std::string& name, int32_t replica, std::span<const T> values) {
     return Write(name, replica, std::as_bytes(values));
   }
+  // S2 in place: maps the worker's buffer of a local replica into this
+  // process (same host only: FAILED_PRECONDITION when the worker's memory
+  // cannot be mapped from here, e.g. another container; Read/Write then
+  // still work through the worker's socket).
+  absl::StatusOr<std::unique_ptr<LocalMapping>> Map(const std::string& name, int32_t replica,
+                                                    MapMode mode);
+  // Makes a kWrite/kUpdate mapping the replica's step-local copy.
+  absl::Status Publish(std::unique_ptr<LocalMapping> mapping);
+
   // Many small local writes in one call.
   struct LocalWrite {
     std::string name;
