@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,36 @@ constexpr size_t kMapBytes = 1 << 20;
 
 absl::Status FailureOf(const v1::StepResolution& r) {
   return absl::Status(static_cast<absl::StatusCode>(r.code() == 0 ? 2 : r.code()), r.message());
+}
+
+// Streams step events after `after_seq` to `fn` until it returns false or the
+// call ends (its deadline, or ctx.TryCancel()).
+absl::Status StreamStepEvents(ClientAccess::Impl& c, grpc::ClientContext& ctx, int64_t after_seq,
+                              const std::function<bool(const StepEventInfo&)>& fn) {
+  v1::WatchStepsRequest req;
+  req.set_after_seq(after_seq);
+  auto reader = c.stub()->WatchSteps(&ctx, req);
+  v1::StepEvent e;
+  while (reader->Read(&e)) {
+    StepEventInfo info;
+    info.seq = e.seq();
+    info.kind = static_cast<StepEventInfo::Kind>(e.kind());
+    info.step = e.step();
+    info.epoch = e.epoch();
+    if (!e.job().empty()) info.task = absl::StrCat(e.job(), ":", e.task());
+    info.missing.assign(e.missing().begin(), e.missing().end());
+    if (e.has_resolution()) {
+      info.committed = e.resolution().state() == v1::STEP_STATE_COMMITTED;
+      if (!info.committed) info.error = FailureOf(e.resolution()).ToString();
+    }
+    if (!fn(info)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  absl::Status s = FromGrpcStatus(reader->Finish());
+  if (absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)) return absl::OkStatus();
+  return s;
 }
 
 }  // namespace
@@ -369,10 +400,29 @@ absl::StatusOr<StepResult> StepScope::Commit() {
   // The barrier timeout, then the aggregation, then slack.
   absl::Duration wait = impl_->options.barrier_timeout * 2 + absl::Minutes(2);
   req.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+  // The trainer's view of its step while it waits: stragglers, resolution.
+  grpc::ClientContext watch_ctx;
+  std::thread watcher;
+  if (impl_->options.on_event) {
+    const uint64_t epoch = impl_->info.epoch();
+    watcher = std::thread([this, &watch_ctx, epoch] {
+      (void)StreamStepEvents(*impl_->client, watch_ctx, 0, [&](const StepEventInfo& e) {
+        if (e.epoch == epoch && (e.kind == StepEventInfo::Kind::kStragglers ||
+                                 e.kind == StepEventInfo::Kind::kResolved)) {
+          impl_->options.on_event(e);
+        }
+        return !(e.epoch == epoch && e.kind == StepEventInfo::Kind::kResolved);
+      });
+    });
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + absl::Seconds(10)));
   v1::StepResolution res;
   absl::Status s = FromGrpcStatus(impl_->worker->CommitStep(&ctx, req, &res));
+  if (watcher.joinable()) {
+    watch_ctx.TryCancel();
+    watcher.join();
+  }
   impl_->closed = true;
   if (!s.ok()) {
     // The outcome is unknown here; make sure the step does not stay open.
@@ -483,30 +533,7 @@ absl::Status WatchSteps(Client& client, int64_t after_seq, absl::Duration timeou
                         const std::function<bool(const StepEventInfo&)>& fn) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  v1::WatchStepsRequest req;
-  req.set_after_seq(after_seq);
-  auto reader = ClientAccess::Of(client).stub()->WatchSteps(&ctx, req);
-  v1::StepEvent e;
-  while (reader->Read(&e)) {
-    StepEventInfo info;
-    info.seq = e.seq();
-    info.kind = static_cast<StepEventInfo::Kind>(e.kind());
-    info.step = e.step();
-    info.epoch = e.epoch();
-    if (!e.job().empty()) info.task = absl::StrCat(e.job(), ":", e.task());
-    info.missing.assign(e.missing().begin(), e.missing().end());
-    if (e.has_resolution()) {
-      info.committed = e.resolution().state() == v1::STEP_STATE_COMMITTED;
-      if (!info.committed) info.error = FailureOf(e.resolution()).ToString();
-    }
-    if (!fn(info)) {
-      ctx.TryCancel();
-      break;
-    }
-  }
-  absl::Status s = FromGrpcStatus(reader->Finish());
-  if (absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)) return absl::OkStatus();
-  return s;
+  return StreamStepEvents(ClientAccess::Of(client), ctx, after_seq, fn);
 }
 
 }  // namespace repvar

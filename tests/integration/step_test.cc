@@ -361,9 +361,38 @@ TEST_F(StepTest, S4_BarrierTimeout_NamesMissingWorker_EveryCommitGetsIt) {
       return e.kind != StepEventInfo::Kind::kResolved;
     });
   });
-  auto results = RunStep(
-      1, [](int, StepScope&) { return absl::OkStatus(); }, absl::Seconds(2), 2);
+  // The trainers hear of the stragglers while they wait in Commit.
+  absl::Mutex mu;
+  std::vector<StepEventInfo> heard;
+  std::vector<std::thread> trainers;
+  std::vector<absl::StatusOr<StepResult>> results(2, absl::UnknownError("not run"));
+  for (int h = 0; h < 2; ++h) {
+    trainers.emplace_back([&, h] {
+      StepOptions o = Options(h, absl::Seconds(2));
+      o.on_event = [&](const StepEventInfo& e) {
+        absl::MutexLock lock(&mu);
+        heard.push_back(e);
+      };
+      auto scope = StepScope::Begin(*client_, 1, o);
+      if (!scope.ok()) {
+        results[h] = scope.status();
+        return;
+      }
+      results[h] = (*scope)->Commit();
+    });
+  }
+  for (std::thread& t : trainers) t.join();
   watch.join();
+  {
+    absl::MutexLock lock(&mu);
+    int stragglers = 0;
+    for (const StepEventInfo& e : heard) {
+      if (e.kind != StepEventInfo::Kind::kStragglers) continue;
+      ++stragglers;
+      EXPECT_EQ(e.missing, (std::vector<std::string>{"tpu_worker:2"}));
+    }
+    EXPECT_EQ(stragglers, 2) << "each waiting trainer is warned at half the timeout";
+  }
   for (auto& r : results) {
     EXPECT_THAT(r.status(), StatusIs(absl::StatusCode::kDeadlineExceeded,
                                      "missing: tpu_worker:2 (sent no report"));

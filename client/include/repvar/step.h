@@ -27,6 +27,19 @@
 
 namespace repvar {
 
+// One step event as the coordinator's watch stream reports it.
+struct StepEventInfo {
+  enum class Kind { kBegun = 1, kReported = 2, kStragglers = 3, kAggregating = 4, kResolved = 5 };
+  int64_t seq = 0;
+  Kind kind = Kind::kBegun;
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  std::string task;                  // kReported: "job:task"
+  std::vector<std::string> missing;  // kStragglers
+  bool committed = false;            // kResolved
+  std::string error;                 // kResolved and failed
+};
+
 struct StepOptions {
   // The trainer's host: the worker task "job:task" whose replicas it maps.
   // Empty: $REPVAR_WORKER ("job:task").
@@ -36,6 +49,9 @@ struct StepOptions {
   // Devices this trainer commits ("TPU:0"); empty: every device of its host
   // (one trainer per host). With one trainer per device, each names its own.
   std::vector<std::string> devices;
+  // Called, from another thread, with this step's events while Commit waits:
+  // STRAGGLERS at half the barrier timeout (who is missing), RESOLVED.
+  std::function<void(const StepEventInfo&)> on_event;
 };
 
 struct StepDivergence {
@@ -163,19 +179,6 @@ class StepScope {
   class Impl;
   explicit StepScope(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
-};
-
-// One step event as the coordinator's watch stream reports it.
-struct StepEventInfo {
-  enum class Kind { kBegun = 1, kReported = 2, kStragglers = 3, kAggregating = 4, kResolved = 5 };
-  int64_t seq = 0;
-  Kind kind = Kind::kBegun;
-  int64_t step = 0;
-  uint64_t epoch = 0;
-  std::string task;                  // kReported: "job:task"
-  std::vector<std::string> missing;  // kStragglers
-  bool committed = false;            // kResolved
-  std::string error;                 // kResolved and failed
 };
 
 // The last committed step id (0 before the first): training resumes above it.
