@@ -307,21 +307,27 @@ absl::StatusOr<v1::StepResolution> LocalSteps::Commit(int64_t step, uint64_t epo
     cv_.SignalAll();
     return *s->resolution;
   }
-  absl::MutexLock lock(&mu_);
-  const absl::Time deadline = absl::Now() + timeout;
-  while (s->phase != Phase::kDone) {
-    if (cv_.WaitWithDeadline(&mu_, deadline)) {
-      std::vector<std::string> waiting;
-      for (const std::string& a : me_.accelerators) {
-        if (!s->committed.contains(a)) waiting.push_back(a);
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + timeout;
+    while (s->phase != Phase::kDone) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) {
+        std::vector<std::string> waiting;
+        for (const std::string& a : me_.accelerators) {
+          if (!s->committed.contains(a)) waiting.push_back(a);
+        }
+        return absl::DeadlineExceededError(
+            absl::StrCat(StepName(s->info), ": no resolution after ", absl::FormatDuration(timeout),
+                         waiting.empty() ? "" : "; devices of this host not committed yet: ",
+                         absl::StrJoin(waiting, ", ")));
       }
-      return absl::DeadlineExceededError(
-          absl::StrCat(StepName(s->info), ": no resolution after ", absl::FormatDuration(timeout),
-                       waiting.empty() ? "" : "; devices of this host not committed yet: ",
-                       absl::StrJoin(waiting, ", ")));
     }
+    if (s->resolution) return *s->resolution;
   }
-  if (s->resolution) return *s->resolution;
+  // The step was already over when this worker first heard of it (a late
+  // trainer): the coordinator has its resolution.
+  auto r = link_->WaitStep(epoch, absl::Seconds(5));
+  if (r.ok()) return *std::move(r);
   return LocalFailure(*s, absl::AbortedError("the step was discarded on this worker"));
 }
 

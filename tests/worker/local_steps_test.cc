@@ -149,6 +149,17 @@ TEST_F(LocalStepsTest, S1_LayoutKeptAcrossSteps_OnlyTheHeaderIsFetchedAgain) {
   EXPECT_EQ(link_.known_layouts.back(), 78u);
 }
 
+TEST_F(LocalStepsTest, S4_LateTrainer_GetsTheResolutionOfAStepAlreadyOver) {
+  link_.info.set_state(v1::STEP_STATE_FAILED);
+  link_.resolution.set_state(v1::STEP_STATE_FAILED);
+  link_.resolution.set_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  link_.resolution.set_message("missing: tpu_worker:1");
+  auto r = steps_.Commit(3, 11, {}, absl::Seconds(5));
+  ASSERT_OK(r);
+  EXPECT_EQ(r->message(), "missing: tpu_worker:1");
+  EXPECT_TRUE(link_.reports.empty());
+}
+
 TEST_F(LocalStepsTest, S2_WriteRefusals) {
   EXPECT_THAT(steps_.Write(3, 11, kW + 1, 0, F32({1, 1})),
               StatusIs(absl::StatusCode::kFailedPrecondition, "join the next one"));
