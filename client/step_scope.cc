@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -25,6 +26,7 @@ constexpr size_t kInlineBytes = 64 << 10;
 // From this size on, in-step reads and writes go through a shared mapping of
 // the worker's buffer (one copy) rather than its socket (three).
 constexpr size_t kMapBytes = 1 << 20;
+constexpr size_t kCopyBlock = 256 << 10;
 
 absl::Status FailureOf(const v1::StepResolution& r) {
   return absl::Status(static_cast<absl::StatusCode>(r.code() == 0 ? 2 : r.code()), r.message());
@@ -281,8 +283,17 @@ absl::Status StepScope::Write(const std::string& name, int32_t replica,
         return absl::InvalidArgumentError(absl::StrCat(name, " has ", (*m)->bytes().size(),
                                                        " bytes; the value has ", bytes.size()));
       }
-      std::memcpy((*m)->bytes().data(), bytes.data(), bytes.size());
-      return Publish(*std::move(m));
+      // Copy and hash block by block: each block is hashed while in cache.
+      std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> h(XXH3_createState(),
+                                                                 &XXH3_freeState);
+      XXH3_64bits_reset(h.get());
+      std::byte* dst = (*m)->bytes().data();
+      for (size_t off = 0; off < bytes.size(); off += kCopyBlock) {
+        const size_t n = std::min(kCopyBlock, bytes.size() - off);
+        std::memcpy(dst + off, bytes.data() + off, n);
+        XXH3_64bits_update(h.get(), dst + off, n);
+      }
+      return PublishMapping(*std::move(m), XXH3_64bits_digest(h.get()));
     }
     if (!impl_->map_failed) return m.status();  // the worker refused
   }
@@ -376,6 +387,11 @@ absl::StatusOr<std::unique_ptr<LocalMapping>> StepScope::Map(const std::string& 
 }
 
 absl::Status StepScope::Publish(std::unique_ptr<LocalMapping> mapping) {
+  return PublishMapping(std::move(mapping), std::nullopt);
+}
+
+absl::Status StepScope::PublishMapping(std::unique_ptr<LocalMapping> mapping,
+                                       std::optional<uint64_t> checksum) {
   if (mapping == nullptr || !mapping->writable()) {
     return absl::InvalidArgumentError("only a kWrite or kUpdate mapping can be published");
   }
@@ -383,6 +399,7 @@ absl::Status StepScope::Publish(std::unique_ptr<LocalMapping> mapping) {
   v1::StepUnmapRequest req;
   req.set_lease(m.lease);
   req.set_publish(true);
+  if (checksum) req.set_checksum(*checksum);
   v1::StepUnmapResponse resp;
   grpc::ClientContext ctx;
   impl_->SetDeadline(&ctx, m.size);

@@ -235,7 +235,8 @@ void LocalSteps::DropLeasesLocked(uint64_t epoch) {
   }
 }
 
-absl::StatusOr<uint64_t> LocalSteps::Unmap(uint64_t lease, bool publish) {
+absl::StatusOr<uint64_t> LocalSteps::Unmap(uint64_t lease, bool publish,
+                                           std::optional<uint64_t> checksum) {
   Lent lent;
   {
     absl::MutexLock lock(&mu_);
@@ -246,11 +247,15 @@ absl::StatusOr<uint64_t> LocalSteps::Unmap(uint64_t lease, bool publish) {
   }
   if (!publish) return lent.write ? lent.writable->checksum : lent.value->checksum;
   if (!lent.write) return absl::InvalidArgumentError("only a write lease can be published");
-  lent.writable->UpdateChecksum();  // the trainer wrote the bytes in place
-  const uint64_t checksum = lent.writable->checksum;
+  if (checksum) {
+    lent.writable->checksum = *checksum;  // hashed by the trainer as it wrote
+  } else {
+    lent.writable->UpdateChecksum();  // the trainer wrote the bytes in place
+  }
+  const uint64_t sum = lent.writable->checksum;
   REPVAR_RETURN_IF_ERROR(
       Write(lent.step, lent.epoch, lent.variable_id, lent.replica, std::move(lent.writable)));
-  return checksum;
+  return sum;
 }
 
 absl::StatusOr<StoredReplica> LocalSteps::Read(uint64_t epoch, uint64_t variable_id,

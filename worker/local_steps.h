@@ -112,9 +112,12 @@ class LocalSteps {
   };
   absl::StatusOr<Lease> Map(int64_t step, uint64_t epoch, uint64_t variable_id, int32_t replica,
                             bool write, bool initialize) ABSL_LOCKS_EXCLUDED(mu_);
-  // Returns the checksum of a published write. Errors: NOT_FOUND (no such
-  // lease), others as Write.
-  absl::StatusOr<uint64_t> Unmap(uint64_t lease, bool publish) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns the checksum of a published write: `checksum` when the publisher
+  // gave one, else computed here. Errors: NOT_FOUND (no such lease), others
+  // as Write.
+  absl::StatusOr<uint64_t> Unmap(uint64_t lease, bool publish,
+                                 std::optional<uint64_t> checksum = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   enum class Phase { kOpen, kResolving, kDone };

@@ -313,7 +313,9 @@ grpc::Status WorkerService::StepMap(grpc::ServerContext*, const v1::StepMapReque
 
 grpc::Status WorkerService::StepUnmap(grpc::ServerContext*, const v1::StepUnmapRequest* req,
                                       v1::StepUnmapResponse* resp) {
-  auto checksum = steps_->Unmap(req->lease(), req->publish());
+  auto checksum =
+      steps_->Unmap(req->lease(), req->publish(),
+                    req->has_checksum() ? std::optional<uint64_t>(req->checksum()) : std::nullopt);
   if (!checksum.ok()) return ToGrpcStatus(checksum.status());
   resp->set_checksum(*checksum);
   return grpc::Status::OK;

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/tensor.h"
 #include "repvar/client.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "tests/testing/started_cluster.h"
@@ -176,6 +177,40 @@ TEST_F(StepTest, S2_MappedInPlace_ReadUpdateWrite_OnlyPublishedWritesCount) {
   for (std::thread& t : others) t.join();
   ASSERT_OK(result);
   EXPECT_EQ(ReadVec("w")[0], 4.0f + 4.0f / 6.0f);
+}
+
+TEST_F(StepTest, S2_LargeWritesAndReadsGoThroughTheMapping_BytesAndChecksumsExact) {
+  const int64_t n = 1 << 19;  // 2 MiB of float32: above the mapping threshold
+  VariableSpec spec{.name = "big", .dtype = DType::kFloat32, .shape = {n}};
+  spec.replica_count = 6;
+  spec.aggregation = Aggregation::kOnlyFirstReplica;
+  spec.initializer = InitializerSpec::Zeros();
+  ASSERT_OK(client_->CreateVariable(spec));
+  ASSERT_OK(client_->Initialize({"big"}));
+  std::vector<float> value(n);
+  for (int64_t i = 0; i < n; ++i) value[i] = static_cast<float>(i % 1000) * 0.5f;
+  auto results = RunStep(1, [&](int h, StepScope& s) {
+    if (h != 0) return absl::OkStatus();
+    if (absl::Status st = s.Write<float>("big", 0, std::span<const float>(value)); !st.ok()) {
+      return st;
+    }
+    auto back = s.Read("big", 0);
+    if (!back.ok()) return back.status();
+    if (back->bytes != std::vector<std::byte>(
+                           reinterpret_cast<const std::byte*>(value.data()),
+                           reinterpret_cast<const std::byte*>(value.data()) + n * sizeof(float)) ||
+        back->checksum != Checksum(std::as_bytes(std::span<const float>(value)))) {
+      return absl::DataLossError("the mapped round trip changed the bytes or their checksum");
+    }
+    return absl::OkStatus();
+  });
+  for (auto& r : results) ASSERT_OK(r);
+  auto read = client_->Read("big");
+  ASSERT_OK(read);
+  EXPECT_EQ(read->checksum, Checksum(std::as_bytes(std::span<const float>(value))));
+  std::set<uint64_t> sums;
+  for (const auto& [i, vc] : Replicas("big")) sums.insert(vc.second);
+  EXPECT_EQ(sums, (std::set<uint64_t>{read->checksum}));  // replica 0's value everywhere
 }
 
 TEST_F(StepTest, S2_InStepWritesAreLocalCopies_AbortLeavesReplicasAsCommitted) {

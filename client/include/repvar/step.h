@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -178,6 +179,8 @@ class StepScope {
  private:
   class Impl;
   explicit StepScope(std::unique_ptr<Impl> impl);
+  absl::Status PublishMapping(std::unique_ptr<LocalMapping> mapping,
+                              std::optional<uint64_t> checksum);
   std::unique_ptr<Impl> impl_;
 };
 
