@@ -91,6 +91,8 @@ class StepScope::Impl {
                   v1::StepWriteHeader* h) const {
     h->set_step(info.step());
     h->set_epoch(info.epoch());
+    h->set_layout_id(info.layout_id());
+    h->set_barrier_timeout_ms(info.barrier_timeout_ms());
     h->set_variable_id(var.id());
     h->set_replica(replica);
     *h->mutable_tensor()->mutable_spec() = var.spec();
@@ -345,6 +347,8 @@ absl::StatusOr<std::unique_ptr<LocalMapping>> StepScope::Map(const std::string& 
   req.set_epoch(impl_->info.epoch());
   req.set_variable_id(var->id());
   req.set_replica(replica);
+  req.set_layout_id(impl_->info.layout_id());
+  req.set_barrier_timeout_ms(impl_->info.barrier_timeout_ms());
   req.set_write(mode != MapMode::kRead);
   req.set_initialize(mode == MapMode::kUpdate);
   v1::StepMapResponse resp;
@@ -413,6 +417,8 @@ absl::StatusOr<StepResult> StepScope::Commit() {
   v1::CommitStepRequest req;
   req.set_step(impl_->info.step());
   req.set_epoch(impl_->info.epoch());
+  req.set_layout_id(impl_->info.layout_id());
+  req.set_barrier_timeout_ms(impl_->info.barrier_timeout_ms());
   for (const std::string& d : impl_->options.devices) req.add_devices(d);
   // The barrier timeout, then the aggregation, then slack.
   absl::Duration wait = impl_->options.barrier_timeout * 2 + absl::Minutes(2);

@@ -70,12 +70,17 @@ absl::StatusOr<std::shared_ptr<LocalSteps::Step>> LocalSteps::Find(int64_t step,
   s->info = std::move(info);
 
   absl::MutexLock lock(&mu_);
+  return AddLocked(epoch, std::move(s));
+}
+
+std::shared_ptr<LocalSteps::Step> LocalSteps::AddLocked(uint64_t epoch, std::shared_ptr<Step> s) {
   auto [it, fresh] = steps_.emplace(epoch, s);
-  if (!fresh) return it->second;  // another trainer fetched it first
+  if (!fresh) return it->second;  // another trainer got there first
   layout_ = s->layout;
   // One step is open at a time: an older open one was aborted or failed.
   for (auto& [e, other] : steps_) {
     if (e < epoch && other->phase == Phase::kOpen) {
+      DropLeasesLocked(e);
       other->written.clear();
       other->phase = Phase::kDone;
       other->resolution =
@@ -87,6 +92,24 @@ absl::StatusOr<std::shared_ptr<LocalSteps::Step>> LocalSteps::Find(int64_t step,
   }
   cv_.SignalAll();
   return s;
+}
+
+void LocalSteps::Hint(int64_t step, uint64_t epoch, uint64_t layout_id,
+                      absl::Duration barrier_timeout) {
+  if (epoch == 0 || layout_id == 0) return;
+  absl::MutexLock lock(&mu_);
+  if (steps_.contains(epoch) || layout_ == nullptr || layout_->info.layout_id() != layout_id) {
+    return;
+  }
+  if (!steps_.empty() && steps_.rbegin()->first > epoch) return;  // an old step: ask
+  auto s = std::make_shared<Step>();
+  s->info.set_step(step);
+  s->info.set_epoch(epoch);
+  s->info.set_state(v1::STEP_STATE_OPEN);
+  s->info.set_barrier_timeout_ms(absl::ToInt64Milliseconds(barrier_timeout));
+  s->info.set_layout_id(layout_id);
+  s->layout = layout_;
+  AddLocked(epoch, std::move(s));
 }
 
 absl::StatusOr<std::shared_ptr<const LocalSteps::Layout>> LocalSteps::ParseLayout(

@@ -69,6 +69,13 @@ class LocalSteps {
   LocalSteps(WorkerIdentity me, ReplicaStore* store, StepLink* link, Collectives* collectives)
       : me_(std::move(me)), store_(store), link_(link), collectives_(collectives) {}
 
+  // What a trainer says about a step it calls for (from its BeginStep): when
+  // this worker does not know `epoch` yet but holds the layout `layout_id`,
+  // the step is set up from it without asking the coordinator. Otherwise a
+  // no-op (the first call then fetches the step).
+  void Hint(int64_t step, uint64_t epoch, uint64_t layout_id, absl::Duration barrier_timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // S2: a step-local write of one local replica. Errors: FAILED_PRECONDITION
   // (step not open here, variable not in the step, replica sitting the step
   // out), NOT_FOUND (no such local replica), INVALID_ARGUMENT (spec, epoch of
@@ -141,6 +148,10 @@ class LocalSteps {
   };
 
   absl::StatusOr<std::shared_ptr<Step>> Find(int64_t step, uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
+  // Records a new step (ends any older open one). Returns the one recorded
+  // first when another thread won.
+  std::shared_ptr<Step> AddLocked(uint64_t epoch, std::shared_ptr<Step> s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<const Layout>> ParseLayout(v1::StepInfo& info) const;
   // Runs report, plan and install for `s`; returns the resolution.
   v1::StepResolution Resolve(Step& s);

@@ -204,6 +204,7 @@ class StepWriteSession {
 
   absl::Status OnHeader(const v1::StepWriteHeader& h) {
     REPVAR_RETURN_IF_ERROR(FinishCurrent());
+    steps_->Hint(h.step(), h.epoch(), h.layout_id(), absl::Milliseconds(h.barrier_timeout_ms()));
     REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(h.tensor().spec()));
     REPVAR_ASSIGN_OR_RETURN(
         ChunkAssembler a,
@@ -260,6 +261,8 @@ grpc::Status WorkerService::StepWriteSmall(grpc::ServerContext*,
   // against the header's checksum; applied together.
   if (req->writes().empty()) return grpc::Status::OK;
   const v1::StepWriteHeader& first = req->writes(0);
+  steps_->Hint(first.step(), first.epoch(), first.layout_id(),
+               absl::Milliseconds(first.barrier_timeout_ms()));
   std::vector<LocalSteps::WriteItem> items;
   items.reserve(req->writes_size());
   for (const v1::StepWriteHeader& h : req->writes()) {
@@ -282,6 +285,8 @@ grpc::Status WorkerService::StepWriteSmall(grpc::ServerContext*,
 
 grpc::Status WorkerService::CommitStep(grpc::ServerContext* ctx, const v1::CommitStepRequest* req,
                                        v1::StepResolution* resp) {
+  steps_->Hint(req->step(), req->epoch(), req->layout_id(),
+               absl::Milliseconds(req->barrier_timeout_ms()));
   std::vector<std::string> devices(req->devices().begin(), req->devices().end());
   absl::Duration timeout = req->timeout_ms() > 0 ? absl::Milliseconds(req->timeout_ms())
                                                  : absl::FromChrono(ctx->deadline()) - absl::Now();
@@ -299,6 +304,8 @@ grpc::Status WorkerService::DiscardStep(grpc::ServerContext*, const v1::DiscardS
 
 grpc::Status WorkerService::StepMap(grpc::ServerContext*, const v1::StepMapRequest* req,
                                     v1::StepMapResponse* resp) {
+  steps_->Hint(req->step(), req->epoch(), req->layout_id(),
+               absl::Milliseconds(req->barrier_timeout_ms()));
   auto lease = steps_->Map(req->step(), req->epoch(), req->variable_id(), req->replica(),
                            req->write(), req->initialize());
   if (!lease.ok()) return ToGrpcStatus(lease.status());

@@ -160,6 +160,20 @@ TEST_F(LocalStepsTest, S4_LateTrainer_GetsTheResolutionOfAStepAlreadyOver) {
   EXPECT_TRUE(link_.reports.empty());
 }
 
+TEST_F(LocalStepsTest, S1_TrainersHintOfAKnownLayout_NoFetchAtAll) {
+  ASSERT_OK(steps_.Write(3, 11, kW, 0, F32({9, 9})));  // fetches step 3 and its layout
+  steps_.Discard(11);
+  ASSERT_EQ(link_.known_layouts.size(), 1u);
+  steps_.Hint(4, 12, 77, absl::Seconds(5));  // as a trainer's call says it
+  ASSERT_OK(steps_.Write(4, 12, kW, 1, F32({8, 8})));
+  EXPECT_EQ(link_.known_layouts.size(), 1u);  // the coordinator was not asked
+  steps_.Hint(5, 13, 99, absl::Seconds(5));   // a layout this worker does not hold
+  link_.info.set_step(5);
+  link_.info.set_epoch(13);
+  ASSERT_OK(steps_.Write(5, 13, kW, 1, F32({8, 8})));
+  EXPECT_EQ(link_.known_layouts.size(), 2u);  // so it asks
+}
+
 TEST_F(LocalStepsTest, S2_WriteRefusals) {
   EXPECT_THAT(steps_.Write(3, 11, kW + 1, 0, F32({1, 1})),
               StatusIs(absl::StatusCode::kFailedPrecondition, "join the next one"));
