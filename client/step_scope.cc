@@ -449,7 +449,8 @@ absl::StatusOr<StepResult> StepScope::Commit() {
   impl_->closed = true;
   if (!s.ok()) {
     // The outcome is unknown here; make sure the step does not stay open.
-    (void)Abort(absl::StrCat("commit failed: ", s.ToString()));
+    (void)Abort(absl::StrCat("the trainer on ", impl_->job, ":", impl_->task,
+                             " could not commit through its worker: ", s.ToString()));
     return s;
   }
   if (res.state() != v1::STEP_STATE_COMMITTED) return FailureOf(res);

@@ -77,16 +77,45 @@ class StepTest : public testing::StartedCluster {
     return out;
   }
 
-  // Checksums of every replica of `name` as the workers hold them.
-  std::map<int32_t, std::pair<int64_t, uint64_t>> Replicas(const std::string& name) {
+  // Checksums of every replica of `name` as the first `hosts` workers hold them.
+  std::map<int32_t, std::pair<int64_t, uint64_t>> Replicas(const std::string& name,
+                                                           int hosts = kHosts) {
     std::map<int32_t, std::pair<int64_t, uint64_t>> out;
-    for (int h = 0; h < kHosts; ++h) {
+    for (int h = 0; h < hosts; ++h) {
       v1::GetReplicaStatusResponse status = testing::WorkerStatus(cluster_.worker_address(h));
       for (const v1::LocalReplica& r : status.replicas()) {
         if (r.name() == name) out[r.replica()] = {r.version(), r.checksum()};
       }
     }
     return out;
+  }
+
+  uint64_t Incarnation(int host) {
+    auto topo = client_->GetTopology();
+    if (!topo.ok()) return 0;
+    for (const TaskInfo& t : topo->tasks) {
+      if (t.job == "tpu_worker" && t.task == host) return t.incarnation;
+    }
+    return 0;
+  }
+
+  // Restarts tpu_worker:`host` after a kill and waits until its new
+  // incarnation is registered and every replica of `var` is up to date.
+  void RestartAndResync(int host, const std::string& var) {
+    const uint64_t old = Incarnation(host);
+    ASSERT_OK(cluster_.RestartWorker(host));
+    absl::Time deadline = absl::Now() + Scaled(absl::Seconds(20));
+    while (absl::Now() < deadline) {
+      uint64_t now = Incarnation(host);
+      auto v = client_->GetVariable(var);
+      bool ready = now != 0 && now != old && v.ok();
+      for (const ReplicaInfo& r : v.ok() ? v->replicas : std::vector<ReplicaInfo>{}) {
+        ready = ready && r.state == ReplicaState::kUpToDate;
+      }
+      if (ready) return;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    FAIL() << "tpu_worker:" << host << " did not come back with " << var << " resynced";
   }
 
   Vec ReadVec(const std::string& name) {
@@ -544,31 +573,8 @@ TEST_F(StepTest, F2_WorkerRestartedAfterSteps_ResyncedFromAnUpToDateReplica) {
   // it through the coordinator yet): the resync must fetch it from one.
   auto info = client_->GetVariable("w");
   ASSERT_OK(info);
-  auto incarnation = [&]() -> uint64_t {
-    auto topo = client_->GetTopology();
-    if (!topo.ok()) return 0;
-    for (const TaskInfo& t : topo->tasks) {
-      if (t.job == "tpu_worker" && t.task == 2) return t.incarnation;
-    }
-    return 0;
-  };
-  const uint64_t old_incarnation = incarnation();
   cluster_.worker(2).Kill(SIGKILL);
-  ASSERT_OK(cluster_.RestartWorker(2));
-  ASSERT_TRUE([&] {
-    absl::Time deadline = absl::Now() + Scaled(absl::Seconds(20));
-    while (absl::Now() < deadline) {
-      uint64_t now = incarnation();
-      auto v = client_->GetVariable("w");
-      if (now != 0 && now != old_incarnation && v.ok() &&
-          v->replicas[4].state == ReplicaState::kUpToDate &&
-          v->replicas[5].state == ReplicaState::kUpToDate) {
-        return true;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return false;
-  }());
+  RestartAndResync(2, "w");
   auto r = Replicas("w");
   EXPECT_EQ(r[4], (std::pair<int64_t, uint64_t>{info->version, info->checksum}));
   EXPECT_EQ(r[5], (std::pair<int64_t, uint64_t>{info->version, info->checksum}));
@@ -610,6 +616,59 @@ TEST_F(StepTest, X2_BadInStepWrites_RefusedAndNothingChanges) {
   auto seen = (*scope)->Read("w", 0);
   ASSERT_OK(seen);
   EXPECT_EQ(seen->as<float>()[0], 1.0f);  // still the committed value
+}
+
+TEST_F(StepTest, F1_WorkerKilledDuringAggregation_StepFailsNothingChanges_NextStepWorks) {
+  // A big MEAN variable keeps the workers in the reduction long enough.
+  const int64_t n = 8 << 20;  // 32 MiB of float32
+  VariableSpec spec{.name = "big", .dtype = DType::kFloat32, .shape = {n}};
+  spec.replica_count = 6;
+  spec.aggregation = Aggregation::kMean;
+  spec.initializer = InitializerSpec::Zeros();
+  ASSERT_OK(client_->CreateVariable(spec));
+  ASSERT_OK(client_->Initialize({"big"}));
+  auto before = Replicas("big");
+  std::vector<float> ones(n, 1.0f);
+  auto write_all = [&](int, StepScope& s) -> absl::Status {
+    auto local = s.LocalReplicas("big");
+    if (!local.ok()) return local.status();
+    for (int32_t r : *local) {
+      absl::Status st = s.Write<float>("big", r, std::span<const float>(ones));
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  };
+  std::thread killer([&] {
+    // Once every host has reported, the workers are in the reduction.
+    (void)WatchSteps(*client_, 0, Scaled(absl::Seconds(60)), [&](const StepEventInfo& e) {
+      if (e.kind != StepEventInfo::Kind::kAggregating) return true;
+      cluster_.worker(2).Kill(SIGKILL);
+      return false;
+    });
+  });
+  auto results = RunStep(1, write_all, absl::Seconds(60));
+  killer.join();
+  // Whoever notices first ends the step for everyone, naming the lost worker:
+  // the coordinator (its heartbeats stopped: UNAVAILABLE) or the trainer on
+  // that host (its worker went away mid-commit: it aborts the step).
+  for (int h = 0; h < 2; ++h) {
+    ASSERT_FALSE(results[h].ok()) << h;
+    EXPECT_TRUE(absl::IsUnavailable(results[h].status()) || absl::IsAborted(results[h].status()))
+        << results[h].status();
+    EXPECT_NE(results[h].status().message().find("tpu_worker:2"), std::string::npos)
+        << results[h].status();
+  }
+  EXPECT_FALSE(results[2].ok());                                    // its worker is gone
+  auto after = Replicas("big", 2);                                  // the two live hosts
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(after[r], before[r]) << r;  // nothing changed
+  // The worker comes back, is resynced, and the next step works with all six.
+  RestartAndResync(2, "big");
+  auto next = RunStep(1, write_all, absl::Seconds(20));
+  for (auto& r : next) ASSERT_OK(r);
+  auto v = client_->Read("big");
+  ASSERT_OK(v);
+  EXPECT_EQ(v->as<float>()[0], 1.0f);
+  EXPECT_EQ(v->as<float>()[n - 1], 1.0f);
 }
 
 TEST_F(StepTest, RunToRun_SameStepsGiveBitIdenticalValues) {
