@@ -681,6 +681,35 @@ void Coordinator::ResyncTask(const TaskKey& task) {
   spdlog::info("resynced {} variable(s) on {}", writes.size(), task.ToString());
 }
 
+void Coordinator::ResyncStale() {
+  TopologySnapshot topo = membership_.Snapshot();
+  std::map<TaskKey, uint64_t> live;
+  for (const LiveTask& t : topo.tasks) live[t.key] = t.incarnation;
+  auto stale_on = [&](const Variable& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::set<TaskKey> out;
+    if (v.deleted || v.version == 0) return out;
+    for (size_t i = 0; i < v.placement.size(); ++i) {
+      auto l = live.find(v.placement[i].task);
+      const ReplicaRecord& r = v.replicas[i];
+      if (l != live.end() &&
+          (r.incarnation != l->second || r.version != v.version || r.checksum != v.checksum)) {
+        out.insert(l->first);
+      }
+    }
+    return out;
+  };
+  std::set<TaskKey> tasks;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, v] : variables_) tasks.merge(stale_on(*v));
+  }
+  for (const TaskKey& t : tasks) ResyncTask(t);
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, v] : variables_) {
+    if (v->needs_resync && stale_on(*v).empty()) v->needs_resync = false;
+  }
+}
+
 absl::StatusOr<ReadResult> Coordinator::Read(absl::string_view name) {
   REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<Variable> v, Find(name));
   return CommittedValue(v);

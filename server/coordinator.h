@@ -164,8 +164,14 @@ class Coordinator {
   absl::StatusOr<int64_t> RegisterWorker(const WorkerRegistration& reg);
   // Errors: as Membership::Heartbeat.
   absl::StatusOr<int64_t> Heartbeat(const TaskKey& key, uint64_t incarnation);
-  // Periodic work at `now`: declares silent workers dead (T5).
+  // Periodic work at `now`: declares silent workers dead (T5), times out
+  // step barriers (S4).
   void Tick(absl::Time now);
+  // Periodic repair, off the ticker (it moves bytes): rewrites every stale
+  // replica on a live worker from the committed value — left behind by a
+  // cross-replica write that did not reach it, or by a step it sat out —
+  // and clears needs_resync once every live replica is up to date.
+  void ResyncStale() ABSL_LOCKS_EXCLUDED(mu_);
 
   // V1-V3, V6. All-or-nothing. Errors: INVALID_ARGUMENT (name, spec, empty
   // batch, duplicate names with different specs in one batch),

@@ -102,6 +102,11 @@ int main(int argc, char** argv) {
         std::min(options.membership.heartbeat_timeout / 10, absl::Milliseconds(100));
     while (!stop.WaitForNotificationWithTimeout(period)) core.Tick(absl::Now());
   });
+  // Repairs stale replicas on live workers; apart from the ticker because it
+  // moves bytes.
+  std::thread repairer([&] {
+    while (!stop.WaitForNotificationWithTimeout(absl::Seconds(2))) core.ResyncStale();
+  });
 
   int sig = repvar::WaitForShutdownSignal();
   spdlog::info("signal {}: shutting down", sig);
@@ -109,6 +114,7 @@ int main(int argc, char** argv) {
   service.Shutdown();
   stop.Notify();
   ticker.join();
+  repairer.join();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   (*server)->Wait();
   spdlog::info("coordinator stopped");

@@ -141,6 +141,32 @@ TEST_F(StepCoreTest, S1_BeginStep_WaitsForCrossReplicaWritesInFlight) {
   EXPECT_EQ(step->variables[0].begin_checksum, F32({3, 4})->checksum);
 }
 
+TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired) {
+  uint64_t w = Create("w", Aggregation::kMean);
+  // A cross-replica write that does not reach tpu_worker:1 leaves the others
+  // at the new version and the variable marked for resync.
+  workers_.Fail("tpu_worker:1", absl::UnavailableError("down for a moment"));
+  EXPECT_THAT(core_.Assign({}, {"w", AssignOp::kAssign, F32({3, 4})}).status(),
+              StatusIs(absl::StatusCode::kUnavailable));
+  workers_.Heal("tpu_worker:1");
+  auto view = core_.GetVariable("w");
+  EXPECT_TRUE(view->needs_resync);
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  // Committed is still version 1: the replicas that got version 2 sit out.
+  EXPECT_EQ(s->participants.size(), 1u);  // only tpu_worker:1 holds the committed value
+  EXPECT_EQ(s->variables[0].replica_participant, (std::vector<int32_t>{-1, -1, 0, 0, -1, -1}));
+  ASSERT_OK(core_.AbortStep(s->epoch, "test"));
+  core_.ResyncStale();
+  view = core_.GetVariable("w");
+  EXPECT_FALSE(view->needs_resync);
+  for (const ReplicaView& r : view->replicas) EXPECT_EQ(r.state, ReplicaState::kUpToDate);
+  EXPECT_EQ(workers_.Get("tpu_worker:0", w, 0)->version, 1);  // rewritten to the committed one
+  auto again = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(again);
+  EXPECT_EQ(again->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, 2, 2}));
+}
+
 TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {
   Create("w", Aggregation::kMean);
   clock_.Advance(absl::Seconds(30));
