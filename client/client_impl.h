@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "repvar/client.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
@@ -23,11 +24,7 @@ namespace repvar {
 class Client::Impl {
  public:
   explicit Impl(ClientOptions options) : options_(std::move(options)) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    args.SetMaxSendMessageSize(64 << 20);
-    stub_ = v1::Coordinator::NewStub(grpc::CreateCustomChannel(
-        options_.coordinator_address, grpc::InsecureChannelCredentials(), args));
+    stub_ = v1::Coordinator::NewStub(OpenChannel(options_.coordinator_address));
   }
 
   const ClientOptions& options() const { return options_; }
@@ -87,13 +84,7 @@ class Client::Impl {
   v1::Worker::Stub* WorkerStub(const std::string& address) {
     absl::MutexLock lock(&mu_);
     auto& stub = workers_[address];
-    if (stub == nullptr) {
-      grpc::ChannelArguments args;
-      args.SetMaxReceiveMessageSize(64 << 20);
-      args.SetMaxSendMessageSize(64 << 20);
-      stub = v1::Worker::NewStub(
-          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
-    }
+    if (stub == nullptr) stub = v1::Worker::NewStub(OpenChannel(address));
     return stub.get();
   }
   void Forget(const std::string& name) {

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_channel.h"
 #include "common/grpc_status.h"
 #include "common/proto_convert.h"
 #include "common/replica_stream.h"
@@ -18,13 +19,7 @@ constexpr uint64_t kMaxUnaryBytes = 8 << 20;  // one WriteSmallReplicas message 
 v1::Worker::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
-  if (stub == nullptr) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    args.SetMaxSendMessageSize(64 << 20);
-    stub = v1::Worker::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
-  }
+  if (stub == nullptr) stub = v1::Worker::NewStub(OpenChannel(address));
   return stub.get();
 }
 
