@@ -361,6 +361,33 @@ TEST_F(StepTest, S4_Sum_UntouchedReplicasContributeZero) {
   EXPECT_EQ(sums.size(), 1u);
 }
 
+TEST_F(StepTest, S4_BFloat16Sum_AccumulatesInFloat32) {
+  VariableSpec spec{.name = "h", .dtype = DType::kBFloat16, .shape = {2}};
+  spec.replica_count = 6;
+  spec.aggregation = Aggregation::kSum;
+  spec.initializer = InitializerSpec::Zeros();
+  ASSERT_OK(client_->CreateVariable(spec));
+  ASSERT_OK(client_->Initialize({"h"}));
+  // Replica 0 adds 256, the five others 1 each: 261 in float32, which rounds
+  // to 260 in bfloat16. Summed in bfloat16 it would stay at 256.
+  auto results = RunStep(1, [](int, StepScope& s) {
+    auto local = s.LocalReplicas("h");
+    if (!local.ok()) return local.status();
+    for (int32_t r : *local) {
+      std::array<uint16_t, 2> v;
+      v.fill(r == 0 ? uint16_t{0x4380} : uint16_t{0x3f80});  // 256 or 1
+      absl::Status st = s.Write("h", r, std::as_bytes(std::span<const uint16_t>(v)));
+      if (!st.ok()) return st;
+    }
+    return absl::OkStatus();
+  });
+  for (auto& r : results) ASSERT_OK(r);
+  auto v = client_->Read("h");
+  ASSERT_OK(v);
+  EXPECT_EQ(v->as<uint16_t>()[0], 0x4382);  // 260
+  EXPECT_EQ(v->as<uint16_t>()[1], 0x4382);
+}
+
 TEST_F(StepTest, S4_None_DivergenceReportedAndRepairedFromMajority) {
   Create("n", Aggregation::kNone);
   // Hosts 0 and 1 (4 replicas) agree on A; host 2 (2 replicas) writes B.
