@@ -8,9 +8,11 @@
 //
 // Per step (by epoch), on this worker:
 //
-//   (unknown) --first trainer call: GetStep from the coordinator--> OPEN
+//   (unknown) --first trainer call--> OPEN: set up from the layout the call
+//          names when this worker holds it (Hint), else from GetStep
 //   OPEN: trainers read (their own writes, else the committed value) and
-//         write step-local copies; committed replicas stay untouched
+//         write step-local copies, through the socket or in place through
+//         leased shared buffers (Map/Unmap); committed replicas stay untouched
 //   OPEN --every local accelerator committed (one trainer per host, or one
 //          per device)--> RESOLVING: the committing thread sends the report,
 //          waits for the barrier, runs the plan's collectives, finishes
