@@ -143,6 +143,18 @@ void ChunkToProto(uint64_t offset, std::span<const std::byte> piece, v1::TensorC
   proto->set_checksum(Checksum(piece));
 }
 
+absl::StatusOr<ChunkAssembler> StartAssembly(const v1::TensorHeader& header,
+                                             const std::string& inline_data) {
+  REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(header.spec()));
+  REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, ChunkAssembler::Start(spec, header.byte_size(),
+                                                                  header.checksum(), UINT64_MAX));
+  if (!inline_data.empty()) {
+    auto bytes = BytesOf(inline_data);
+    REPVAR_RETURN_IF_ERROR(a.Add(0, bytes, Checksum(bytes)));
+  }
+  return a;
+}
+
 absl::Status AddChunk(ChunkAssembler& assembler, const v1::TensorChunk& chunk) {
   return assembler.Add(chunk.offset(), BytesOf(chunk.data()), chunk.checksum());
 }

@@ -30,6 +30,10 @@ void InitializerToProto(const Initializer& init, v1::Initializer* proto);
 void ChunkToProto(uint64_t offset, std::span<const std::byte> piece, v1::TensorChunk* proto);
 // Feeds a received chunk to `assembler` (see ChunkAssembler::Add).
 absl::Status AddChunk(ChunkAssembler& assembler, const v1::TensorChunk& chunk);
+// Starts assembling the tensor `header` announces; a small tensor may come
+// whole in `inline_data` (then it is added as the one chunk at 0).
+absl::StatusOr<ChunkAssembler> StartAssembly(const v1::TensorHeader& header,
+                                             const std::string& inline_data);
 // The bytes of a protobuf `bytes` field.
 inline std::span<const std::byte> BytesOf(const std::string& s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));

@@ -33,15 +33,9 @@ class WriteSession {
     }
     REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(h.tensor().spec()));
     if (!h.has_collective() || h.collective().rank() == h.collective().root()) {
-      REPVAR_ASSIGN_OR_RETURN(
-          ChunkAssembler a,
-          ChunkAssembler::Start(spec, h.tensor().byte_size(), h.tensor().checksum(), UINT64_MAX));
+      // A small tensor may come whole in the header.
+      REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, StartAssembly(h.tensor(), h.inline_data()));
       assembler_.emplace(std::move(a));
-      if (!h.inline_data().empty()) {
-        // The whole (small) tensor came in the header: one chunk at 0.
-        auto bytes = BytesOf(h.inline_data());
-        REPVAR_RETURN_IF_ERROR(assembler_->Add(0, bytes, Checksum(bytes)));
-      }
     } else if (static_cast<uint64_t>(*spec.ByteSize()) != h.tensor().byte_size()) {
       // The bytes come from the root over the data plane; no buffer yet.
       return absl::InvalidArgumentError("tensor header size does not match its spec");
@@ -205,15 +199,8 @@ class StepWriteSession {
   absl::Status OnHeader(const v1::StepWriteHeader& h) {
     REPVAR_RETURN_IF_ERROR(FinishCurrent());
     steps_->Hint(h.step(), h.epoch(), h.layout_id(), absl::Milliseconds(h.barrier_timeout_ms()));
-    REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(h.tensor().spec()));
-    REPVAR_ASSIGN_OR_RETURN(
-        ChunkAssembler a,
-        ChunkAssembler::Start(spec, h.tensor().byte_size(), h.tensor().checksum(), UINT64_MAX));
+    REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, StartAssembly(h.tensor(), h.inline_data()));
     assembler_.emplace(std::move(a));
-    if (!h.inline_data().empty()) {
-      auto bytes = BytesOf(h.inline_data());
-      REPVAR_RETURN_IF_ERROR(assembler_->Add(0, bytes, Checksum(bytes)));
-    }
     header_ = h;
     return absl::OkStatus();
   }
