@@ -99,7 +99,7 @@ if mean:
     print(f"MEAN step over {m} MiB x {w} replicas: commit-to-resolution {t:.1f} ms vs bare gloo ring allreduce {g or float('nan'):.1f} ms: {(t / g) if g else float('nan'):.2f}x")
 if local:
     m = local["memcpy_ms"]
-    print(f"in-step local write / read of {int(local['mib'])} MiB: {local['write_ms']:.1f} / {local['read_ms']:.1f} ms vs warm memcpy {m:.1f} ms: {m / local['write_ms']:.2f}x / {m / local['read_ms']:.2f}x memcpy speed")
+    print(f"in-step local write / read in place of {int(local['mib'])} MiB: {local['write_ms']:.1f} / {local['mapped_read_ms']:.1f} ms vs warm memcpy {m:.1f} ms: {m / local['write_ms']:.2f}x / {m / local['mapped_read_ms']:.2f}x memcpy speed (owned-copy read {local['read_ms']:.1f} ms)")
 for w, st in sorted(steps.items(), reverse=True):
     what = "every replica written" if w else "nothing written (report path only)"
     print(f"steps/s with {int(st['workers'])} workers x {int(st['vars'])} variables, {what}: {st['steps_per_s']:.2f}; coordinator CPU {st['coordinator_cpu_ms_per_step']:.1f} ms/step ({st['coordinator_cpu_share']*100:.0f}% of a core)")
