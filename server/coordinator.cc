@@ -827,14 +827,15 @@ absl::StatusOr<Coordinator::SharedStep> Coordinator::BeginStepShared(
   step_beginning_ = true;
   while (writes_in_flight_ > 0) step_cv_.Wait(&step_mu_);
 
+  // Participants: the live tasks (topo.tasks is sorted by task) holding an
+  // up-to-date replica of an initialized variable, in that order.
   TopologySnapshot topo = membership_.Snapshot();
-  std::map<TaskKey, const LiveTask*> live;
-  for (const LiveTask& t : topo.tasks) live[t.key] = &t;
+  std::map<TaskKey, int32_t> live;  // task -> index in topo.tasks
+  for (size_t i = 0; i < topo.tasks.size(); ++i) live[topo.tasks[i].key] = static_cast<int32_t>(i);
   StepInfo info;
   info.step = step;
   info.barrier_timeout = barrier_timeout;
-  std::vector<std::vector<const TaskKey*>> holders;  // per variable, per replica
-  std::set<TaskKey> tasks;
+  std::vector<bool> holds(topo.tasks.size(), false);
   {
     absl::MutexLock registry(&mu_);
     std::vector<std::shared_ptr<Variable>> vars;
@@ -851,31 +852,29 @@ absl::StatusOr<Coordinator::SharedStep> Coordinator::BeginStepShared(
       sv.begin_version = v->version;
       sv.begin_checksum = v->checksum;
       sv.allow_nonfinite = v->def.allow_nonfinite;
-      std::vector<const TaskKey*> h;
+      sv.replica_participant.reserve(v->placement.size());
       for (size_t i = 0; i < v->placement.size(); ++i) {
-        const Placement& p = v->placement[i];
         const ReplicaRecord& r = v->replicas[i];
-        auto l = live.find(p.task);
-        bool up = l != live.end() && r.incarnation == l->second->incarnation &&
+        auto l = live.find(v->placement[i].task);
+        bool up = l != live.end() && r.incarnation == topo.tasks[l->second].incarnation &&
                   r.version == v->version && r.checksum == v->checksum;
-        h.push_back(up ? &p.task : nullptr);
-        if (up) tasks.insert(p.task);
+        // For now the index in topo.tasks; remapped to participants below.
+        sv.replica_participant.push_back(up ? l->second : -1);
+        if (up) holds[l->second] = true;
       }
-      holders.push_back(std::move(h));
       info.variables.push_back(std::move(sv));
     }
   }
-  for (const TaskKey& t : tasks) {
-    const LiveTask& l = *live[t];
-    info.participants.push_back(StepParticipant{t, l.incarnation, l.address});
+  std::vector<int32_t> rank(topo.tasks.size(), -1);
+  for (size_t i = 0; i < topo.tasks.size(); ++i) {
+    if (!holds[i]) continue;
+    rank[i] = static_cast<int32_t>(info.participants.size());
+    const LiveTask& l = topo.tasks[i];
+    info.participants.push_back(StepParticipant{l.key, l.incarnation, l.address});
   }
-  for (size_t v = 0; v < info.variables.size(); ++v) {
-    for (const TaskKey* t : holders[v]) {
-      int32_t idx = -1;
-      if (t != nullptr) {
-        idx = static_cast<int32_t>(std::distance(tasks.begin(), tasks.find(*t)));
-      }
-      info.variables[v].replica_participant.push_back(idx);
+  for (StepVariable& sv : info.variables) {
+    for (int32_t& p : sv.replica_participant) {
+      if (p >= 0) p = rank[p];
     }
   }
   info.layout_id = LayoutId(info);
