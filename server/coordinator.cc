@@ -48,7 +48,7 @@ class Coordinator::StepChangeNotifier {
  private:
   std::pair<uint64_t, int> State() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
     const StepInfo* open = c_->steps_.open();
-    return open ? std::pair<uint64_t, int>{open->epoch, static_cast<int>(open->state)}
+    return open ? std::pair<uint64_t, int>{open->epoch, static_cast<int>(c_->steps_.open_state())}
                 : std::pair<uint64_t, int>{0, 0};
   }
   Coordinator* const c_;
@@ -948,7 +948,10 @@ absl::StatusOr<StepResolution> Coordinator::WaitStepResolution(uint64_t epoch,
 Coordinator::StepsStatus Coordinator::GetSteps() const {
   absl::MutexLock lock(&step_mu_);
   StepsStatus out;
-  if (const StepInfo* open = steps_.open()) out.open = *open;
+  if (const StepInfo* open = steps_.open()) {
+    out.open = *open;
+    out.open->state = steps_.open_state();
+  }
   out.progress = steps_.progress(clock_->Now());
   out.recent.assign(steps_.recent().begin(), steps_.recent().end());
   out.last_committed_step = steps_.last_committed_step();

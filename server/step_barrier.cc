@@ -61,7 +61,7 @@ uint64_t LayoutId(const StepInfo& info) {
 absl::StatusOr<std::shared_ptr<const StepInfo>> StepBarrier::CheckBegin(int64_t step) const {
   if (step < 1) return absl::InvalidArgumentError("step ids start at 1");
   if (open_) {
-    if (open_->step == step) return snapshot_;
+    if (open_->step == step) return open_;
     return absl::FailedPreconditionError(absl::StrCat(StepName(open_->step, open_->epoch),
                                                       " is open; commit or abort it before ",
                                                       "beginning step ", step));
@@ -77,8 +77,8 @@ uint64_t StepBarrier::Open(StepInfo info, absl::Time now) {
   info.epoch = next_epoch_++;
   info.state = StepState::kOpen;
   info.begun = now;
-  open_ = std::move(info);
-  snapshot_ = std::make_shared<const StepInfo>(*open_);
+  open_ = std::make_shared<StepInfo>(std::move(info));
+  open_state_ = StepState::kOpen;
   progress_.assign(open_->participants.size(), Progress{});
   plan_.reset();
   divergences_.clear();
@@ -156,7 +156,7 @@ absl::Status StepBarrier::Report(const WorkerReport& report, absl::Time now) {
         r.task.ToString(), " already reported for ", StepName(open_->step, open_->epoch),
         " with different contents; a worker sends one report per step"));
   }
-  if (open_->state != StepState::kOpen) {
+  if (open_state_ != StepState::kOpen) {
     return absl::FailedPreconditionError("the step's barrier already resolved");
   }
   p.report = std::move(r);
@@ -274,14 +274,14 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
   for (const StepVariable& v : open_->variables) bytes += static_cast<uint64_t>(*v.spec.ByteSize());
   plan.timeout = absl::Seconds(30) + absl::Seconds(static_cast<double>(bytes) / 25e6);
   plan_ = std::move(plan);
-  open_->state = StepState::kAggregating;
+  open_state_ = StepState::kAggregating;
   Emit(NewEvent(StepEvent::Kind::kAggregating, now));
 }
 
 absl::Status StepBarrier::Finish(const WorkerFinish& finish, absl::Time now) {
   auto who = CheckCaller(finish.step, finish.epoch, finish.task, finish.incarnation, "finish");
   if (!who.ok()) return who.status();
-  if (open_->state != StepState::kAggregating) {
+  if (open_state_ != StepState::kAggregating) {
     return absl::FailedPreconditionError(absl::StrCat("finish from ", finish.task.ToString(), ": ",
                                                       StepName(open_->step, open_->epoch),
                                                       " is not aggregating (report first)"));
@@ -403,12 +403,12 @@ void StepBarrier::Commit(std::vector<Divergence> divergences, absl::Time now) {
 }
 
 void StepBarrier::Close(StepResolution res, absl::Time now) {
-  open_->state = res.state;
+  open_state_ = res.state;
   StepEvent e = NewEvent(StepEvent::Kind::kResolved, now);
   e.resolution = res;
   Emit(std::move(e));
   recent_.push_back(std::move(res));
-  recent_info_.push_back(std::move(snapshot_));
+  recent_info_.push_back(open_);
   open_.reset();
   if (recent_.size() > kRecentSteps) {
     recent_.pop_front();
@@ -430,7 +430,7 @@ void StepBarrier::Fail(absl::Status status, absl::Time now) {
                                  progress_[i].reported_at - open_->begun);
     }
   }
-  if (open_->state == StepState::kAggregating) last_plan_failed_ = true;
+  if (open_state_ == StepState::kAggregating) last_plan_failed_ = true;
   Close(std::move(res), now);
 }
 
@@ -465,7 +465,7 @@ void StepBarrier::WorkerDied(const TaskKey& task, uint64_t incarnation, absl::Ti
 void StepBarrier::Tick(absl::Time now, const std::function<std::string(const TaskKey&)>& describe) {
   if (!open_) return;
   const absl::Duration elapsed = now - open_->begun;
-  const bool aggregating = open_->state == StepState::kAggregating;
+  const bool aggregating = open_state_ == StepState::kAggregating;
   const absl::Duration limit =
       open_->barrier_timeout + (aggregating ? plan_->timeout : absl::ZeroDuration());
   std::vector<std::string> missing;
@@ -510,7 +510,7 @@ const StepVariable* StepBarrier::FindVariable(uint64_t id) const {
 }
 
 const StepPlan* StepBarrier::plan(uint64_t epoch) const {
-  if (open_ && open_->epoch == epoch && open_->state == StepState::kAggregating) return &*plan_;
+  if (open_ && open_->epoch == epoch && open_state_ == StepState::kAggregating) return &*plan_;
   return nullptr;
 }
 
@@ -522,7 +522,7 @@ const StepResolution* StepBarrier::resolution(uint64_t epoch) const {
 }
 
 std::shared_ptr<const StepInfo> StepBarrier::shared_info(uint64_t epoch) const {
-  if (open_ && open_->epoch == epoch) return snapshot_;
+  if (open_ && open_->epoch == epoch) return open_;
   for (const auto& i : recent_info_) {
     if (i->epoch == epoch) return i;
   }
@@ -530,7 +530,7 @@ std::shared_ptr<const StepInfo> StepBarrier::shared_info(uint64_t epoch) const {
 }
 
 std::optional<StepState> StepBarrier::state(uint64_t epoch) const {
-  if (open_ && open_->epoch == epoch) return open_->state;
+  if (open_ && open_->epoch == epoch) return open_state_;
   if (const StepResolution* r = resolution(epoch)) return r->state;
   return std::nullopt;
 }

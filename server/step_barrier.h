@@ -253,7 +253,10 @@ class StepBarrier {
   // owner knows of a task (its last heartbeat), for the error message.
   void Tick(absl::Time now, const std::function<std::string(const TaskKey&)>& describe);
 
+  // The open step as it was opened (its `state` field says OPEN; see
+  // open_state()).
   const StepInfo* open() const { return open_ ? &*open_ : nullptr; }
+  StepState open_state() const { return open_state_; }
   // The plan of the open step once it is aggregating.
   const StepPlan* plan(uint64_t epoch) const;
   const StepResolution* resolution(uint64_t epoch) const;
@@ -290,7 +293,10 @@ class StepBarrier {
 
   GroupFn group_;
   CommitFn commit_;
-  std::optional<StepInfo> open_;
+  // The open step, shared as it was opened with readers (shared_info()); its
+  // state lives in open_state_, so the shared description never changes.
+  std::shared_ptr<StepInfo> open_;
+  StepState open_state_ = StepState::kOpen;
   std::vector<Progress> progress_;
   std::optional<StepPlan> plan_;
   std::vector<Divergence> divergences_;  // found at the barrier
@@ -301,7 +307,6 @@ class StepBarrier {
   // Recent resolutions and their steps' infos, newest last.
   std::deque<StepResolution> recent_;
   std::deque<std::shared_ptr<const StepInfo>> recent_info_;
-  std::shared_ptr<const StepInfo> snapshot_;  // of the open step, shared with readers
   std::deque<StepEvent> events_;
   int64_t next_seq_ = 1;
 };
