@@ -7,6 +7,7 @@ import threading
 import uuid
 
 import grpc
+import numpy as np
 
 from repvar import tensors
 from repvar.v1 import coordinator_pb2 as cpb
@@ -266,6 +267,27 @@ class Step:
 
         self.worker.StepWrite(stream(), timeout=self.client.timeout + h.byte_size / 50e6)
 
+    def map(self, name, replica, mode="read"):
+        """Maps the worker's own buffer of a local replica into this process
+        (same host): `mode` "read" (read-only), "write" (fill it) or "update"
+        (the step's view, writable). Returns a Mapping whose `.array` is a
+        numpy view of those bytes; `publish(mapping)` makes a write or update
+        the replica's step-local copy. Raises OSError when the worker's memory
+        cannot be mapped from here (another container)."""
+        v = self._var(name)
+        if mode not in ("read", "write", "update"):
+            raise ValueError(f"unknown mode {mode!r}")
+        resp = self.worker.StepMap(self._wpb.StepMapRequest(
+            step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica,
+            write=mode != "read", initialize=mode == "update"), timeout=self.client.timeout)
+        return Mapping(self, v, resp, writable=mode != "read")
+
+    def publish(self, mapping):
+        """Makes a "write"/"update" mapping the replica's step-local copy."""
+        if not mapping.writable:
+            raise ValueError("only a write or update mapping can be published")
+        mapping.release(publish=True)
+
     def commit(self):
         self.closed = True
         wait = self.barrier_timeout * 2 + 120
@@ -291,3 +313,45 @@ class Step:
             self.abort("the trainer left the step without a commit")
         return False
 
+
+
+class Mapping:
+    """A local replica's buffer mapped from its worker (see Step.map)."""
+
+    def __init__(self, step, var, resp, writable):
+        import mmap
+        self._step = step
+        self.lease = resp.lease
+        self.writable = writable
+        self.checksum = resp.checksum
+        self.version = resp.version
+        path = f"/proc/{resp.pid}/fd/{resp.fd}"
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            self._mm = mmap.mmap(fd, resp.byte_size,
+                                 access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        name, npd = tensors._BY_ENUM[var.spec.dtype]
+        self.array = np.frombuffer(self._mm, dtype=npd).reshape(tuple(var.spec.dims))
+        if not writable:
+            self.array.flags.writeable = False
+
+    def release(self, publish=False):
+        if self.lease == 0:
+            return
+        lease, self.lease = self.lease, 0
+        self.array = None  # drop the view before unmapping
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes with it
+        self._step.worker.StepUnmap(self._step._wpb.StepUnmapRequest(lease=lease, publish=publish),
+                                    timeout=self._step.client.timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.release(publish=False)
+        return False

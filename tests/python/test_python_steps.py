@@ -156,3 +156,29 @@ def _ignore(fn):
         fn()
     except Exception:  # noqa: BLE001 - the commit's outcome is checked elsewhere
         pass
+
+
+def test_map_in_place_from_python_update_and_publish(client):
+    with repvar.replicated_scope(6, "pymap"):
+        client.create("m", "float32", (4,), aggregation="MEAN",
+                      initializer=repvar.value(np.full(4, 2, np.float32), "float32"))
+    client.initialize(["pymap/m"])
+    step = client.last_committed_step() + 1
+
+    def body(h, s):
+        for r in s.local_replicas("pymap/m"):
+            with s.map("pymap/m", r, "read") as view:
+                assert view.array.tolist() == [2, 2, 2, 2]
+                assert not view.array.flags.writeable
+            m = s.map("pymap/m", r, "update")
+            m.array *= np.float32(r + 1)  # in the worker's own buffer
+            s.publish(m)
+            np.testing.assert_array_equal(s.read("pymap/m", r), np.full(4, 2 * (r + 1)))
+            with s.map("pymap/m", r, "write") as w:  # never published: no effect
+                w.array[:] = 100
+
+    results = _run_step(client, step, body)
+    for r in results:
+        assert not isinstance(r, Exception), r
+    value, _ = client.read("pymap/m")
+    np.testing.assert_array_equal(value, np.full(4, 7, np.float32))  # 2 * mean(1..6)
