@@ -25,7 +25,8 @@
 //                      majority value wins (ties: the lowest replica, so the
 //                      primary first), a Divergence is reported and the
 //                      winner is broadcast from its holder to the others.
-//   ONLY_FIRST_REPLICA replica 0's value is broadcast to the others.
+//   ONLY_FIRST_REPLICA replica 0's value is broadcast to the others (the lowest
+//                      replica taking part, when replica 0 sits the step out).
 //   SUM / MEAN         if any replica changed, one fused ring allreduce per
 //                      accumulator type over all participants, in variable
 //                      id order; workers apply it to the begin value.
