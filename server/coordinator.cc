@@ -36,13 +36,26 @@ std::string ReplicaName(const std::string& var, int32_t i) { return absl::StrCat
 // and finishes wait on step_cv_, which moves only when a step opens, starts
 // aggregating or resolves (not on each of 32 reports); watchers of events
 // wait on events_cv_.
+// Callbacks to run once the step lock is released: declare it before the
+// MutexLock, so that it is destroyed after it.
+struct Coordinator::Wakers {
+  std::vector<std::function<void()>> fns;
+  ~Wakers() {
+    for (auto& f : fns) f();
+  }
+};
+
 class Coordinator::StepChangeNotifier {
  public:
-  explicit StepChangeNotifier(Coordinator* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->step_mu_)
-      : c_(c), seq_(c->steps_.next_event_seq()), state_(State()) {}
+  StepChangeNotifier(Coordinator* c, Wakers* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->step_mu_)
+      : c_(c), wake_(wake), seq_(c->steps_.next_event_seq()), state_(State()) {}
   ~StepChangeNotifier() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (c_->steps_.next_event_seq() != seq_) c_->events_cv_.SignalAll();
-    if (State() != state_) c_->step_cv_.SignalAll();
+    if (State() != state_) {
+      c_->step_cv_.SignalAll();
+      for (auto& f : c_->step_wakers_) wake_->fns.push_back(std::move(f));
+      c_->step_wakers_.clear();
+    }
   }
 
  private:
@@ -52,6 +65,7 @@ class Coordinator::StepChangeNotifier {
                 : std::pair<uint64_t, int>{0, 0};
   }
   Coordinator* const c_;
+  Wakers* const wake_;
   const int64_t seq_;
   const std::pair<uint64_t, int> state_;
 };
@@ -107,8 +121,9 @@ absl::StatusOr<int64_t> Coordinator::Heartbeat(const TaskKey& key, uint64_t inca
 
 void Coordinator::Tick(absl::Time now) {
   std::vector<LiveTask> dead = membership_.CheckHeartbeats(now);
+  Wakers wake;  // after the lock below is released
   absl::MutexLock lock(&step_mu_);
-  StepChangeNotifier notify(this);
+  StepChangeNotifier notify(this, &wake);
   for (const LiveTask& t : dead) steps_.WorkerDied(t.key, t.incarnation, now);
   steps_.Tick(now, [&](const TaskKey& task) -> std::string {
     std::optional<LiveTask> live = membership_.Find(task);
@@ -819,6 +834,7 @@ absl::StatusOr<Coordinator::SharedStep> Coordinator::BeginStepShared(
   if (barrier_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("a step needs a positive barrier timeout");
   }
+  Wakers wake;  // after the lock below is released
   absl::MutexLock lock(&step_mu_);
   while (step_beginning_) step_cv_.Wait(&step_mu_);
   REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<const StepInfo> open, steps_.CheckBegin(step));
@@ -879,7 +895,7 @@ absl::StatusOr<Coordinator::SharedStep> Coordinator::BeginStepShared(
   }
   info.layout_id = LayoutId(info);
   step_beginning_ = false;
-  StepChangeNotifier notify(this);
+  StepChangeNotifier notify(this, &wake);
   const uint64_t epoch = steps_.Open(std::move(info), clock_->Now());
   SharedStep opened{steps_.shared_info(epoch), *steps_.state(epoch)};
   spdlog::info("step {} (epoch {}) begun: {} participant(s), {} variable(s)", step, epoch,
@@ -895,20 +911,23 @@ absl::StatusOr<Coordinator::SharedStep> Coordinator::GetStepShared(uint64_t epoc
 }
 
 absl::Status Coordinator::AbortStep(uint64_t epoch, absl::string_view reason) {
+  Wakers wake;  // after the lock below is released
   absl::MutexLock lock(&step_mu_);
-  StepChangeNotifier notify(this);
+  StepChangeNotifier notify(this, &wake);
   return steps_.Abort(epoch, reason, clock_->Now());
 }
 
 absl::Status Coordinator::ReportStep(const WorkerReport& report) {
+  Wakers wake;  // after the lock below is released
   absl::MutexLock lock(&step_mu_);
-  StepChangeNotifier notify(this);
+  StepChangeNotifier notify(this, &wake);
   return steps_.Report(report, clock_->Now());
 }
 
 absl::Status Coordinator::FinishStep(const WorkerFinish& finish) {
+  Wakers wake;  // after the lock below is released
   absl::MutexLock lock(&step_mu_);
-  StepChangeNotifier notify(this);
+  StepChangeNotifier notify(this, &wake);
   return steps_.Finish(finish, clock_->Now());
 }
 
@@ -943,6 +962,52 @@ absl::StatusOr<StepResolution> Coordinator::WaitStepResolution(uint64_t epoch,
           absl::StrCat("the step of epoch ", epoch, " has not resolved yet"));
     }
   }
+}
+
+void Coordinator::WhenStepPlanned(uint64_t epoch, PlanCallback done) {
+  absl::StatusOr<std::variant<StepPlan, StepResolution>> ready;
+  {
+    absl::MutexLock lock(&step_mu_);
+    if (steps_shut_down_) {
+      ready = absl::UnavailableError("the coordinator is shutting down");
+    } else if (const StepPlan* p = steps_.plan(epoch)) {
+      ready = *p;
+    } else if (const StepResolution* r = steps_.resolution(epoch)) {
+      ready = *r;
+    } else if (!steps_.state(epoch)) {
+      ready = absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+    } else {
+      // Checked and registered under one lock: no change can slip between.
+      step_wakers_.push_back([this, epoch, done] { WhenStepPlanned(epoch, done); });
+      return;
+    }
+  }
+  done(std::move(ready));
+}
+
+void Coordinator::WhenStepResolved(uint64_t epoch, ResolutionCallback done) {
+  absl::StatusOr<StepResolution> ready;
+  {
+    absl::MutexLock lock(&step_mu_);
+    if (steps_shut_down_) {
+      ready = absl::UnavailableError("the coordinator is shutting down");
+    } else if (const StepResolution* r = steps_.resolution(epoch)) {
+      ready = *r;
+    } else if (!steps_.state(epoch)) {
+      ready = absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+    } else {
+      step_wakers_.push_back([this, epoch, done] { WhenStepResolved(epoch, done); });
+      return;
+    }
+  }
+  done(std::move(ready));
+}
+
+void Coordinator::ShutdownStepWaiters() {
+  Wakers wake;
+  absl::MutexLock lock(&step_mu_);
+  steps_shut_down_ = true;
+  wake.fns.swap(step_wakers_);
 }
 
 Coordinator::StepsStatus Coordinator::GetSteps() const {

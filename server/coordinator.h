@@ -35,6 +35,7 @@
 #define REPVAR_SERVER_COORDINATOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -231,6 +232,16 @@ class Coordinator {
   // Waits up to `max_wait` for the resolution. DEADLINE_EXCEEDED: not yet;
   // NOT_FOUND: unknown epoch.
   absl::StatusOr<StepResolution> WaitStepResolution(uint64_t epoch, absl::Duration max_wait);
+  // The same without a waiting thread: `done` is called exactly once, on
+  // this thread when the answer is ready now, else from the thread that
+  // changes the step (outside every lock) — or with UNAVAILABLE after
+  // ShutdownStepWaiters(). For the gRPC callback handlers.
+  using PlanCallback = std::function<void(absl::StatusOr<std::variant<StepPlan, StepResolution>>)>;
+  void WhenStepPlanned(uint64_t epoch, PlanCallback done) ABSL_LOCKS_EXCLUDED(step_mu_);
+  using ResolutionCallback = std::function<void(absl::StatusOr<StepResolution>)>;
+  void WhenStepResolved(uint64_t epoch, ResolutionCallback done) ABSL_LOCKS_EXCLUDED(step_mu_);
+  // Answers every pending When* with UNAVAILABLE, and any later one at once.
+  void ShutdownStepWaiters() ABSL_LOCKS_EXCLUDED(step_mu_);
   struct StepsStatus {
     std::optional<StepInfo> open;
     std::vector<ParticipantProgress> progress;
@@ -334,6 +345,10 @@ class Coordinator {
   absl::CondVar step_cv_;
   absl::CondVar events_cv_;
   class StepChangeNotifier;
+  struct Wakers;
+  // One-shot callbacks run when the step state changes (see WhenStepPlanned).
+  std::vector<std::function<void()>> step_wakers_ ABSL_GUARDED_BY(step_mu_);
+  bool steps_shut_down_ ABSL_GUARDED_BY(step_mu_) = false;
 
   // State below is protected by mu_.
   mutable absl::Mutex mu_;

@@ -13,12 +13,20 @@ namespace repvar::server {
 // beyond conversion and chunk-stream framing. Uses the synchronous API: the
 // streaming calls block on the core (a broadcast) and gRPC's thread pool
 // carries them. Thread-safe.
-class CoordinatorService final : public v1::Coordinator::Service {
+// ReportStep and FinishStep, the long polls every worker makes every step,
+// use the callback API: no thread waits for a barrier.
+using CoordinatorServiceBase = v1::Coordinator::WithCallbackMethod_ReportStep<
+    v1::Coordinator::WithCallbackMethod_FinishStep<v1::Coordinator::Service>>;
+
+class CoordinatorService final : public CoordinatorServiceBase {
  public:
   explicit CoordinatorService(Coordinator* core) : core_(core) {}
 
-  // Ends open WatchTopology streams promptly.
-  void Shutdown() { shutting_down_ = true; }
+  // Ends open WatchTopology streams and step long polls promptly.
+  void Shutdown() {
+    shutting_down_ = true;
+    core_->ShutdownStepWaiters();
+  }
 
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse*) override;
@@ -60,10 +68,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status GetStep(grpc::ServerContext*, const v1::GetStepRequest*, v1::StepInfo*) override;
   grpc::Status AbortStep(grpc::ServerContext*, const v1::AbortStepRequest*,
                          v1::AbortStepResponse*) override;
-  grpc::Status ReportStep(grpc::ServerContext*, const v1::ReportStepRequest*,
-                          v1::StepPlan*) override;
-  grpc::Status FinishStep(grpc::ServerContext*, const v1::FinishStepRequest*,
-                          v1::StepResolution*) override;
+  grpc::ServerUnaryReactor* ReportStep(grpc::CallbackServerContext*, const v1::ReportStepRequest*,
+                                       v1::StepPlan*) override;
+  grpc::ServerUnaryReactor* FinishStep(grpc::CallbackServerContext*, const v1::FinishStepRequest*,
+                                       v1::StepResolution*) override;
   grpc::Status WaitStep(grpc::ServerContext*, const v1::WaitStepRequest*,
                         v1::StepResolution*) override;
   grpc::Status GetSteps(grpc::ServerContext*, const v1::GetStepsRequest*,

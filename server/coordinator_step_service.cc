@@ -188,43 +188,54 @@ grpc::Status CoordinatorService::AbortStep(grpc::ServerContext*, const v1::Abort
   return ToGrpcStatus(core_->AbortStep(req->epoch(), req->reason()));
 }
 
-grpc::Status CoordinatorService::ReportStep(grpc::ServerContext* ctx,
-                                            const v1::ReportStepRequest* req, v1::StepPlan* resp) {
+grpc::ServerUnaryReactor* CoordinatorService::ReportStep(grpc::CallbackServerContext* ctx,
+                                                         const v1::ReportStepRequest* req,
+                                                         v1::StepPlan* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   WorkerReport report = ReportFromProto(*req);
   if (absl::Status s = core_->ReportStep(report); !s.ok()) {
     spdlog::debug("ReportStep from {} refused: {}", report.task.ToString(), s.ToString());
-    return ToGrpcStatus(s);
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
   }
-  // The barrier's own timeout ends the wait (the coordinator's ticker fails
-  // the step); the cap is a backstop.
-  const absl::Time deadline = PollDeadline(ctx, absl::Hours(1));
-  while (!ctx->IsCancelled() && !shutting_down_) {
-    auto got = core_->WaitStepPlan(req->epoch(), std::min(kPollSlice, deadline - absl::Now()));
-    if (got.ok()) {
-      if (auto* plan = std::get_if<StepPlan>(&*got)) {
-        PlanToProto(*plan, report.task, resp);
-      } else {
-        resp->set_step(req->step());
-        resp->set_epoch(req->epoch());
-        StepResolutionToProto(std::get<StepResolution>(*got), resp->mutable_resolution());
-      }
-      return grpc::Status::OK;
-    }
-    if (got.status().code() != absl::StatusCode::kDeadlineExceeded) {
-      return ToGrpcStatus(got.status());
-    }
-    if (absl::Now() >= deadline) return ToGrpcStatus(got.status());
-  }
-  return grpc::Status(grpc::StatusCode::CANCELLED, "the call or the server ended");
+  // Answered when the barrier resolves (the coordinator's ticker fails it at
+  // its timeout), from the thread that resolves it.
+  core_->WhenStepPlanned(
+      req->epoch(), [reactor, resp, task = report.task, step = req->step(), epoch = req->epoch()](
+                        absl::StatusOr<std::variant<StepPlan, StepResolution>> got) {
+        if (!got.ok()) {
+          reactor->Finish(ToGrpcStatus(got.status()));
+          return;
+        }
+        if (auto* plan = std::get_if<StepPlan>(&*got)) {
+          PlanToProto(*plan, task, resp);
+        } else {
+          resp->set_step(step);
+          resp->set_epoch(epoch);
+          StepResolutionToProto(std::get<StepResolution>(*got), resp->mutable_resolution());
+        }
+        reactor->Finish(grpc::Status::OK);
+      });
+  return reactor;
 }
 
-grpc::Status CoordinatorService::FinishStep(grpc::ServerContext* ctx,
-                                            const v1::FinishStepRequest* req,
-                                            v1::StepResolution* resp) {
+grpc::ServerUnaryReactor* CoordinatorService::FinishStep(grpc::CallbackServerContext* ctx,
+                                                         const v1::FinishStepRequest* req,
+                                                         v1::StepResolution* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (absl::Status s = core_->FinishStep(FinishFromProto(*req)); !s.ok()) {
-    return ToGrpcStatus(s);
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
   }
-  return AwaitResolution(ctx, req->epoch(), PollDeadline(ctx, absl::Hours(1)), resp);
+  core_->WhenStepResolved(req->epoch(), [reactor, resp](absl::StatusOr<StepResolution> r) {
+    if (!r.ok()) {
+      reactor->Finish(ToGrpcStatus(r.status()));
+      return;
+    }
+    StepResolutionToProto(*r, resp);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
 }
 
 grpc::Status CoordinatorService::AwaitResolution(grpc::ServerContext* ctx, uint64_t epoch,
