@@ -9,15 +9,16 @@
 
 namespace repvar::server {
 
-// The gRPC face of Coordinator: proto -> domain -> core -> proto. No logic
-// beyond conversion and chunk-stream framing. Uses the synchronous API: the
-// streaming calls block on the core (a broadcast) and gRPC's thread pool
-// carries them. Thread-safe.
 // ReportStep and FinishStep, the long polls every worker makes every step,
-// use the callback API: no thread waits for a barrier.
+// use the callback API: no thread waits for a barrier. The other methods use
+// the synchronous API.
 using CoordinatorServiceBase = v1::Coordinator::WithCallbackMethod_ReportStep<
     v1::Coordinator::WithCallbackMethod_FinishStep<v1::Coordinator::Service>>;
 
+// The gRPC face of Coordinator: proto -> domain -> core -> proto. No logic
+// beyond conversion and chunk-stream framing. Synchronous methods that block
+// on the core (a broadcast) are carried by gRPC's thread pool; the step long
+// polls are answered by whoever resolves the step. Thread-safe.
 class CoordinatorService final : public CoordinatorServiceBase {
  public:
   explicit CoordinatorService(Coordinator* core) : core_(core) {}
