@@ -244,17 +244,39 @@ class Step:
         return [i for i, p in enumerate(v.replica_participant) if self._me >= 0 and p == self._me]
 
     def read(self, name, replica):
-        """This step's view of a local replica: its own write, else the committed value."""
+        """This step's view of a local replica: its own write, else the committed value.
+        Large tensors come through a mapping of the worker's buffer (one copy)."""
         v = self._var(name)
+        if self._mappable(v):
+            try:
+                with self.map(name, replica, "read") as m:
+                    return m.array.copy()
+            except OSError:
+                self._map_failed = True  # not on the worker's host: use its socket
         responses = self.worker.ReadReplica(self._wpb.ReadReplicaRequest(
             variable_id=v.id, replica=replica, epoch=self.info.epoch), timeout=self.client.timeout)
         first = next(responses)
         return tensors.from_chunks(first.header, (r.chunk for r in responses))
 
     def write(self, name, replica, array):
-        """Writes the replica's step-local copy (small tensors inline, large as chunks)."""
+        """Writes the replica's step-local copy: large tensors through a mapping of
+        the worker's buffer (one copy), others as a chunk stream."""
         v = self._var(name)
         dtype = next(k for k, (e, _) in tensors.DTYPES.items() if e == v.spec.dtype)
+        if self._mappable(v):
+            wire = tensors._as_wire(array, dtype)
+            try:
+                m = self.map(name, replica, "write")
+            except OSError:
+                self._map_failed = True
+            else:
+                if m.array.shape != wire.shape:
+                    m.release()
+                    raise ValueError(f"{name} is {tuple(m.array.shape)}; the value is "
+                                     f"{tuple(wire.shape)}")
+                m.array[...] = wire
+                self.publish(m)
+                return
         pieces = tensors.to_chunks(array, dtype)
         h = next(pieces)
         hdr = dict(step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica,
@@ -266,6 +288,17 @@ class Step:
                 yield self._wpb.StepWriteRequest(chunk=c)
 
         self.worker.StepWrite(stream(), timeout=self.client.timeout + h.byte_size / 50e6)
+
+    _MAP_BYTES = 1 << 20  # from this size on, read and write through a mapping
+
+    def _mappable(self, v):
+        if getattr(self, "_map_failed", False):
+            return False
+        n = 1
+        for d in v.spec.dims:
+            n *= d
+        itemsize = np.dtype(tensors._BY_ENUM[v.spec.dtype][1]).itemsize
+        return n * itemsize >= self._MAP_BYTES
 
     def map(self, name, replica, mode="read"):
         """Maps the worker's own buffer of a local replica into this process

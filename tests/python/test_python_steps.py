@@ -182,3 +182,26 @@ def test_map_in_place_from_python_update_and_publish(client):
         assert not isinstance(r, Exception), r
     value, _ = client.read("pymap/m")
     np.testing.assert_array_equal(value, np.full(4, 7, np.float32))  # 2 * mean(1..6)
+
+
+def test_large_write_and_read_go_through_the_mapping(client):
+    n = 1 << 19  # 2 MiB of float32
+    with repvar.replicated_scope(6, "pybig"):
+        client.create("v", "float32", (n,), aggregation="ONLY_FIRST_REPLICA",
+                      initializer=repvar.zeros())
+    client.initialize(["pybig/v"])
+    value = (np.arange(n, dtype=np.float32) % 1000) * np.float32(0.5)
+
+    def body(h, s):
+        if h != 0:
+            return
+        s.write("pybig/v", 0, value)
+        np.testing.assert_array_equal(s.read("pybig/v", 0), value)
+        assert not getattr(s, "_map_failed", False)  # it really went through the mapping
+
+    results = _run_step(client, client.last_committed_step() + 1, body)
+    for r in results:
+        assert not isinstance(r, Exception), r
+    back, _ = client.read("pybig/v")
+    np.testing.assert_array_equal(back, value)
+    assert len({rep.checksum for rep in client.variable("pybig/v").replicas}) == 1
