@@ -192,13 +192,22 @@ grpc::Status WorkerService::GetReplicaStatus(grpc::ServerContext*,
 namespace {
 
 // One trainer write inside a step: header then chunks, or inline.
+// A trainer's stream of in-step writes: each tensor as a header then chunks
+// (or inline). Nothing is written until the stream ends with every tensor
+// verified; then all of them are applied together, or none.
 class StepWriteSession {
  public:
   explicit StepWriteSession(LocalSteps* steps) : steps_(steps) {}
 
   absl::Status OnHeader(const v1::StepWriteHeader& h) {
     REPVAR_RETURN_IF_ERROR(FinishCurrent());
-    steps_->Hint(h.step(), h.epoch(), h.layout_id(), absl::Milliseconds(h.barrier_timeout_ms()));
+    if (first_ && (h.step() != first_->step() || h.epoch() != first_->epoch())) {
+      return absl::InvalidArgumentError("one StepWrite stream writes one step");
+    }
+    if (!first_) {
+      first_ = h;
+      steps_->Hint(h.step(), h.epoch(), h.layout_id(), absl::Milliseconds(h.barrier_timeout_ms()));
+    }
     REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, StartAssembly(h.tensor(), h.inline_data()));
     assembler_.emplace(std::move(a));
     header_ = h;
@@ -208,19 +217,27 @@ class StepWriteSession {
     if (!assembler_) return absl::InvalidArgumentError("chunk before a header");
     return AddChunk(*assembler_, chunk);
   }
-  absl::Status FinishCurrent() {
-    if (!header_) return absl::OkStatus();
-    REPVAR_ASSIGN_OR_RETURN(Tensor t, assembler_->Finish());
-    absl::Status s =
-        steps_->Write(header_->step(), header_->epoch(), header_->variable_id(), header_->replica(),
-                      std::make_shared<const Tensor>(std::move(t)));
-    header_.reset();
-    assembler_.reset();
-    return s;
+  // Applies every write of the stream.
+  absl::Status Finish() {
+    REPVAR_RETURN_IF_ERROR(FinishCurrent());
+    if (!first_) return absl::OkStatus();
+    return steps_->WriteMany(first_->step(), first_->epoch(), std::move(items_));
   }
 
  private:
+  absl::Status FinishCurrent() {
+    if (!header_) return absl::OkStatus();
+    REPVAR_ASSIGN_OR_RETURN(Tensor t, assembler_->Finish());
+    items_.push_back(
+        {header_->variable_id(), header_->replica(), std::make_shared<const Tensor>(std::move(t))});
+    header_.reset();
+    assembler_.reset();
+    return absl::OkStatus();
+  }
+
   LocalSteps* const steps_;
+  std::optional<v1::StepWriteHeader> first_;
+  std::vector<LocalSteps::WriteItem> items_;
   std::optional<ChunkAssembler> assembler_;
   std::optional<v1::StepWriteHeader> header_;
 };
@@ -238,7 +255,7 @@ grpc::Status WorkerService::StepWrite(grpc::ServerContext*,
                                        : absl::OkStatus();
     if (!s.ok()) return ToGrpcStatus(s);
   }
-  return ToGrpcStatus(session.FinishCurrent());
+  return ToGrpcStatus(session.Finish());
 }
 
 grpc::Status WorkerService::StepWriteSmall(grpc::ServerContext*,

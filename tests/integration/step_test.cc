@@ -643,6 +643,28 @@ TEST_F(StepTest, X2_BadInStepWrites_RefusedAndNothingChanges) {
   auto seen = (*scope)->Read("w", 0);
   ASSERT_OK(seen);
   EXPECT_EQ(seen->as<float>()[0], 1.0f);  // still the committed value
+
+  // A stream whose second tensor is bad applies neither.
+  {
+    grpc::ClientContext sctx;
+    v1::StepWriteResponse sresp;
+    auto writer = stub->StepWrite(&sctx, &sresp);
+    float good[4] = {7, 7, 7, 7};
+    v1::StepWriteRequest m1;
+    *m1.mutable_header() = *h;
+    m1.mutable_header()->set_inline_data(reinterpret_cast<const char*>(good), sizeof(good));
+    m1.mutable_header()->mutable_tensor()->set_checksum(
+        Checksum(std::as_bytes(std::span<const float>(good))));
+    v1::StepWriteRequest m2;
+    *m2.mutable_header() = *h;  // the bad checksum again, for replica 1
+    m2.mutable_header()->set_replica(1);
+    EXPECT_TRUE(writer->Write(m1));
+    writer->Write(m2);
+    writer->WritesDone();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  EXPECT_EQ((*scope)->Read("w", 0)->as<float>()[0], 1.0f);
+  EXPECT_EQ((*scope)->Read("w", 1)->as<float>()[0], 1.0f);
 }
 
 TEST_F(StepTest, F1_WorkerKilledDuringAggregation_StepFailsNothingChanges_NextStepWorks) {
