@@ -160,7 +160,8 @@ class StepScope {
   // Makes a kWrite/kUpdate mapping the replica's step-local copy.
   absl::Status Publish(std::unique_ptr<LocalMapping> mapping);
 
-  // Many small local writes in one call.
+  // Many small local writes in one call, applied together or not at all
+  // (items over 64 KiB are written one by one first, as Write does).
   struct LocalWrite {
     std::string name;
     int32_t replica = 0;
