@@ -72,3 +72,13 @@ def cluster():
         finally:
             for daemon in reversed(daemons):
                 daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    """A repvar.Client that has seen the module's cluster form."""
+    import repvar
+    c = repvar.Client(cluster)
+    c.wait_for_topology(20)
+    yield c
+    c.close()

@@ -10,14 +10,6 @@ from repvar.v1 import coordinator_pb2 as cpb
 from repvar.v1 import types_pb2 as tpb
 
 
-@pytest.fixture(scope="module")
-def client(cluster):
-    c = repvar.Client(cluster)
-    c.wait_for_topology(20)
-    yield c
-    c.close()
-
-
 def test_topology_reports_infeed_host_of_the_tpu_job(client):
     topo = client.topology()
     assert len(topo.accelerators) == 6

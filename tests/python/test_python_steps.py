@@ -10,14 +10,6 @@ import pytest
 import repvar
 
 
-@pytest.fixture(scope="module")
-def client(cluster):
-    c = repvar.Client(cluster)
-    c.wait_for_topology(20)
-    yield c
-    c.close()
-
-
 def _run_step(client, step, body, timeout=20.0):
     """One trainer thread per host (tpu_worker:0..2); returns each commit's
     resolution or exception."""
