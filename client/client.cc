@@ -13,42 +13,16 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client_impl.h"
-#include "common/daemon.h"
-#include "common/grpc_status.h"
-#include "common/proto_convert.h"
-#include "common/status_util.h"
-#include "common/tensor.h"
+#include "common/base/daemon.h"
+#include "common/base/random.h"
+#include "common/base/status_util.h"
+#include "common/rpc/convert.h"
+#include "common/rpc/grpc_status.h"
+#include "common/tensor/buffer.h"
+#include "common/tensor/tensor.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 
 namespace repvar {
-
-const char* AggregationName(Aggregation a) {
-  switch (a) {
-    case Aggregation::kNone:
-      return "NONE";
-    case Aggregation::kSum:
-      return "SUM";
-    case Aggregation::kMean:
-      return "MEAN";
-    case Aggregation::kOnlyFirstReplica:
-      return "ONLY_FIRST_REPLICA";
-  }
-  return "UNKNOWN";
-}
-
-const char* ReplicaStateName(ReplicaState s) {
-  switch (s) {
-    case ReplicaState::kUninitialized:
-      return "UNINITIALIZED";
-    case ReplicaState::kUpToDate:
-      return "UP_TO_DATE";
-    case ReplicaState::kStale:
-      return "STALE";
-    case ReplicaState::kUnavailable:
-      return "UNAVAILABLE";
-  }
-  return "UNKNOWN";
-}
 
 // ---------------------------------------------------------------------------
 // ReplicatedScope
@@ -388,18 +362,18 @@ absl::StatusOr<std::vector<InitializedState>> Client::IsInitialized(
 
 absl::StatusOr<WriteAck> Client::Assign(const std::string& name, std::span<const std::byte> bytes,
                                         bool read_value) {
-  return Write(name, AssignKind::kAssign, bytes, std::nullopt, read_value);
+  return Write(name, AssignOp::kAssign, bytes, std::nullopt, read_value);
 }
 absl::StatusOr<WriteAck> Client::AssignAdd(const std::string& name,
                                            std::span<const std::byte> bytes, bool read_value) {
-  return Write(name, AssignKind::kAdd, bytes, std::nullopt, read_value);
+  return Write(name, AssignOp::kAdd, bytes, std::nullopt, read_value);
 }
 absl::StatusOr<WriteAck> Client::AssignSub(const std::string& name,
                                            std::span<const std::byte> bytes, bool read_value) {
-  return Write(name, AssignKind::kSub, bytes, std::nullopt, read_value);
+  return Write(name, AssignOp::kSub, bytes, std::nullopt, read_value);
 }
 
-absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignKind kind,
+absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignOp kind,
                                        std::span<const std::byte> bytes, std::optional<DType> dtype,
                                        bool read_value) {
   auto spec = impl_->Spec(name);
@@ -458,7 +432,7 @@ absl::StatusOr<std::vector<WriteAck>> Client::AssignBatch(const std::vector<Assi
     }
     v1::AssignItem* p = req.add_items();
     p->set_name(item.name);
-    p->set_op(static_cast<v1::AssignOp>(item.kind));
+    p->set_op(static_cast<v1::AssignOp>(item.op));
     HeaderOf(spec->dtype, spec->shape, item.bytes, p->mutable_value()->mutable_header());
     p->mutable_value()->set_data(reinterpret_cast<const char*>(item.bytes.data()),
                                  item.bytes.size());

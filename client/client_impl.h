@@ -13,8 +13,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "common/grpc_channel.h"
-#include "common/grpc_status.h"
+#include "common/rpc/channel.h"
+#include "common/rpc/grpc_status.h"
 #include "repvar/client.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "repvar/v1/worker.grpc.pb.h"

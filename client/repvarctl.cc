@@ -16,7 +16,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/tensor.h"
+#include "common/tensor/element_math.h"
+#include "common/tensor/tensor.h"
 #include "repvar/client.h"
 #include "repvar/step.h"
 

@@ -13,10 +13,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client_impl.h"
-#include "common/proto_convert.h"
-#include "common/replica_stream.h"
-#include "common/status_util.h"
-#include "common/tensor.h"
+#include "common/base/status_util.h"
+#include "common/rpc/convert.h"
+#include "common/rpc/replica_stream.h"
+#include "common/tensor/tensor.h"
 #include "repvar/step.h"
 
 namespace repvar {

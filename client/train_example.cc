@@ -159,9 +159,9 @@ int main(int argc, char** argv) {
   for (int run = 0; run < absl::GetFlag(FLAGS_runs); ++run) {
     // Every run starts from the same values (a cross-replica write).
     if (auto s = c.AssignBatch(
-            {{w_name, repvar::AssignKind::kAssign, std::as_bytes(std::span(w0))},
-             {b_name, repvar::AssignKind::kAssign, std::as_bytes(std::span(&b0, 1))},
-             {seen_name, repvar::AssignKind::kAssign, std::as_bytes(std::span(&seen0, 1))}});
+            {{w_name, repvar::AssignOp::kAssign, std::as_bytes(std::span(w0))},
+             {b_name, repvar::AssignOp::kAssign, std::as_bytes(std::span(&b0, 1))},
+             {seen_name, repvar::AssignOp::kAssign, std::as_bytes(std::span(&seen0, 1))}});
         !s.ok()) {
       return Fail("reset", s.status());
     }

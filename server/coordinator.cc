@@ -7,8 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/names.h"
-#include "common/status_util.h"
+#include "common/base/status_util.h"
+#include "common/model/names.h"
+#include "common/tensor/element_math.h"
 #include "spdlog/spdlog.h"
 
 namespace repvar::server {
@@ -27,8 +28,6 @@ class WriteLocks {
  private:
   std::vector<std::unique_ptr<absl::MutexLock>> locks_;
 };
-
-std::string ReplicaName(const std::string& var, int32_t i) { return absl::StrCat(var, "/", i); }
 
 }  // namespace
 
@@ -69,35 +68,6 @@ class Coordinator::StepChangeNotifier {
   const int64_t seq_;
   const std::pair<uint64_t, int> state_;
 };
-
-absl::Status ValidateVariableDef(const VariableDef& def, uint64_t max_bytes) {
-  REPVAR_RETURN_IF_ERROR(ValidateVariableName(def.name));
-  auto bytes = def.tensor.ByteSize();
-  if (!bytes.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("variable ", def.name, ": ", bytes.status().message()));
-  }
-  if (static_cast<uint64_t>(*bytes) > max_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("variable ", def.name, " needs ", *bytes, " bytes; the limit is ", max_bytes));
-  }
-  if (def.replica_count < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("variable ", def.name, ": replica_count must be >= 1"));
-  }
-  if (def.aggregation == Aggregation::kMean && !IsFloating(def.tensor.dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("variable ", def.name, ": MEAN aggregation needs a floating dtype; ",
-                     DTypeName(def.tensor.dtype), " would truncate (use SUM)"));
-  }
-  for (const std::string& c : def.collections) {
-    if (c.empty() || c.size() > 256) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("variable ", def.name, ": collection names must be 1..256 bytes"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient* workers)
     : options_(std::move(options)),
@@ -192,7 +162,7 @@ absl::StatusOr<CreateResult> Coordinator::CreateVariables(const RequestKey& key,
   if (items.empty()) return absl::InvalidArgumentError("create needs at least one variable");
   for (const CreateItem& item : items) {
     REPVAR_RETURN_IF_ERROR(ValidateVariableDef(item.def, options_.max_variable_bytes));
-    if (item.initializer.kind == Initializer::Kind::kValue &&
+    if (item.initializer.kind == InitializerKind::kValue &&
         (item.initializer.value == nullptr || !(item.initializer.value->spec == item.def.tensor))) {
       return absl::InvalidArgumentError(
           absl::StrCat("variable ", item.def.name, ": initializer value does not match its spec"));
@@ -511,8 +481,7 @@ absl::Status Coordinator::Broadcast(std::vector<PlannedWrite>& writes) {
       }
     }
     for (auto& [task, idx] : replicas) {
-      per_task[task].push_back(
-          ReplicaWrite{v.id, v.def.name, w.version, std::move(idx), w.value.get()});
+      per_task[task].push_back(ReplicaWrite{v.id, v.def.name, w.version, std::move(idx), w.value});
     }
   }
   std::vector<const LiveTask*> tasks;
@@ -672,8 +641,7 @@ void Coordinator::ResyncTask(const TaskKey& task) {
         }
       }
       if (stale.empty()) continue;
-      writes.push_back(
-          ReplicaWrite{v->id, v->def.name, v->version, std::move(stale), v->value.get()});
+      writes.push_back(ReplicaWrite{v->id, v->def.name, v->version, std::move(stale), v->value});
     }
   }
   if (writes.empty()) return;

@@ -47,9 +47,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/clock.h"
-#include "common/initializer.h"
-#include "common/tensor.h"
+#include "common/base/clock.h"
+#include "common/model/variable.h"
 #include "server/dedup.h"
 #include "server/membership.h"
 #include "server/rendezvous_store.h"
@@ -57,80 +56,6 @@
 #include "server/worker_client.h"
 
 namespace repvar::server {
-
-// Numbers match repvar.v1.ReplicaState.
-enum class ReplicaState { kUninitialized = 1, kUpToDate = 2, kStale = 3, kUnavailable = 4 };
-enum class AssignOp { kAssign = 1, kAdd = 2, kSub = 3 };
-
-inline constexpr char kGlobalVariables[] = "GLOBAL_VARIABLES";
-inline constexpr char kTrainableVariables[] = "TRAINABLE_VARIABLES";
-
-// The identity of a logical variable (V2): everything but the initializer.
-struct VariableDef {
-  std::string name;
-  TensorSpec tensor;
-  bool trainable = true;
-  std::vector<std::string> collections;  // extra ones, as given
-  int32_t replica_count = 1;
-  Aggregation aggregation = Aggregation::kNone;
-  bool allow_nonfinite = false;
-  friend bool operator==(const VariableDef&, const VariableDef&) = default;
-};
-
-struct ReplicaView {
-  int32_t index = 0;
-  std::string name;  // "<variable>/<index>"
-  DeviceName device;
-  TaskKey task;
-  int64_t version = 0;
-  uint64_t checksum = 0;
-  ReplicaState state = ReplicaState::kUninitialized;
-};
-
-struct VariableView {
-  uint64_t id = 0;
-  VariableDef def;
-  int64_t version = 0;
-  uint64_t checksum = 0;
-  bool initialized = false;
-  bool needs_resync = false;
-  std::vector<std::string> collections;  // effective (V3)
-  std::vector<ReplicaView> replicas;
-};
-
-struct CreateItem {
-  VariableDef def;
-  Initializer initializer;
-};
-struct CreateResult {
-  std::vector<VariableView> variables;
-  std::vector<bool> created;
-  std::vector<std::string> warnings;
-};
-struct InitializeItem {
-  std::string name;
-  std::optional<Initializer> initializer;
-};
-struct InitializeResult {
-  std::string name;
-  bool initialized_now = false;
-  int64_t version = 0;
-  uint64_t checksum = 0;
-};
-struct AssignItem {
-  std::string name;
-  AssignOp op = AssignOp::kAssign;
-  std::shared_ptr<const Tensor> value;
-};
-struct WriteResult {
-  int64_t version = 0;
-  uint64_t checksum = 0;
-  std::shared_ptr<const Tensor> value;  // the committed value
-};
-struct ReadResult {
-  int64_t version = 0;
-  std::shared_ptr<const Tensor> value;
-};
 
 struct CoordinatorOptions {
   MembershipOptions membership;
@@ -253,10 +178,6 @@ class Coordinator {
   std::vector<StepEvent> WaitStepEvents(int64_t after_seq, absl::Duration max_wait);
 
  private:
-  struct Placement {
-    DeviceName device;
-    TaskKey task;
-  };
   struct ReplicaRecord {
     int64_t version = 0;
     uint64_t checksum = 0;
@@ -356,10 +277,6 @@ class Coordinator {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Variable>> by_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
-
-// Validates a definition on its own (name, spec, replica count >= 1).
-// Errors: INVALID_ARGUMENT, RESOURCE_EXHAUSTED (above max_bytes).
-absl::Status ValidateVariableDef(const VariableDef& def, uint64_t max_bytes);
 
 }  // namespace repvar::server
 

@@ -2,10 +2,10 @@
 #include "server/coordinator_service.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/names.h"
-#include "common/proto_convert.h"
-#include "common/status_util.h"
+#include "common/base/status_util.h"
+#include "common/model/names.h"
+#include "common/rpc/convert.h"
+#include "common/rpc/grpc_status.h"
 #include "spdlog/spdlog.h"
 
 namespace repvar::server {
@@ -227,7 +227,7 @@ grpc::Status CoordinatorService::InitializeVariables(grpc::ServerContext*,
     if (p.has_initializer()) {
       auto init = InitializerFromProto(p.initializer());
       if (!init.ok()) return Fail("InitializeVariables", init.status());
-      if (init->kind != Initializer::Kind::kNone) item.initializer = *std::move(init);
+      if (init->kind != InitializerKind::kNone) item.initializer = *std::move(init);
     }
     items.push_back(std::move(item));
   }

@@ -4,8 +4,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/proto_convert.h"
+#include "common/rpc/convert.h"
+#include "common/rpc/grpc_status.h"
 #include "server/coordinator_service.h"
 #include "spdlog/spdlog.h"
 

@@ -4,11 +4,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_channel.h"
-#include "common/grpc_status.h"
-#include "common/proto_convert.h"
-#include "common/replica_stream.h"
-#include "common/status_util.h"
+#include "common/base/status_util.h"
+#include "common/rpc/channel.h"
+#include "common/rpc/convert.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/replica_stream.h"
 
 namespace repvar::server {
 namespace {

@@ -10,8 +10,6 @@
 
 namespace repvar::server {
 
-std::string TaskKey::ToString() const { return absl::StrCat(job, ":", task); }
-
 Membership::Membership(MembershipOptions options, Clock* clock)
     : options_(std::move(options)), clock_(clock) {}
 

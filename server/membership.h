@@ -13,53 +13,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/clock.h"
-#include "common/device_name.h"
+#include "common/base/clock.h"
+#include "common/model/topology.h"
 
 namespace repvar::server {
-
-struct TaskKey {
-  std::string job;
-  int32_t task = 0;
-  std::string ToString() const;  // "job:task"
-  friend auto operator<=>(const TaskKey&, const TaskKey&) = default;
-};
-
-struct WorkerRegistration {
-  std::string job;
-  int32_t task = 0;
-  std::string address;
-  uint64_t incarnation = 0;
-  std::vector<std::string> devices;
-};
-
-struct LiveTask {
-  TaskKey key;
-  std::string address;
-  uint64_t incarnation = 0;
-  std::vector<DeviceName> devices;
-  absl::Time last_heartbeat;
-};
-
-struct Accelerator {
-  int32_t ordinal = 0;
-  DeviceName device;
-  TaskKey task;
-};
-
-struct InfeedHost {
-  TaskKey task;
-  std::string address;
-  std::string cpu_device;
-};
-
-struct TopologySnapshot {
-  int64_t version = 0;
-  std::vector<LiveTask> tasks;             // sorted by (job, task)
-  std::vector<Accelerator> accelerators;   // in ordinal order
-  std::optional<InfeedHost> infeed_host;   // the task owning ordinal 0 (T3)
-  std::vector<std::string> missing_tasks;  // expected but not live, "job:task"
-};
 
 struct MembershipOptions {
   // A worker silent for longer is declared dead (T5).

@@ -12,8 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/collective.h"
-#include "common/tensor.h"
+#include "common/model/replica_write.h"
 #include "server/membership.h"
 
 namespace repvar::server {
@@ -24,18 +23,6 @@ struct WorkerTarget {
   TaskKey task;
   std::string address;
   uint64_t incarnation = 0;
-};
-
-// "Version `version` of variable `variable_id` is `value`" for some of the
-// replicas one worker holds.
-struct ReplicaWrite {
-  uint64_t variable_id = 0;
-  std::string name;
-  int64_t version = 0;
-  std::vector<int32_t> replicas;
-  const Tensor* value = nullptr;  // outlives the call
-  // Set when the write travels worker to worker over the data plane.
-  std::optional<CollectiveSpec> collective;
 };
 
 // What the coordinator needs from a worker: the test seam between the core

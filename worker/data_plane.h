@@ -12,8 +12,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/collective.h"
-#include "common/step_math.h"
+#include "common/model/collective.h"
+#include "common/tensor/step_math.h"
 
 namespace gloo {
 class Context;

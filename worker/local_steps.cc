@@ -6,9 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/proto_convert.h"
-#include "common/status_util.h"
-#include "common/step_math.h"
+#include "common/base/status_util.h"
+#include "common/rpc/convert.h"
+#include "common/tensor/element_math.h"
+#include "common/tensor/step_math.h"
 #include "spdlog/spdlog.h"
 
 namespace repvar::worker {
@@ -596,7 +597,7 @@ void LocalSteps::Install(Step& s, const v1::StepPlan& plan, const v1::StepResolu
   for (const v1::CommittedVariable& c : res.changed()) {
     target[c.variable_id()] = {c.version(), c.checksum()};
   }
-  std::vector<ReplicaWriteItem> items;
+  std::vector<ReplicaWrite> items;
   for (const auto& [id, vc] : target) {
     auto it = s.layout->vars.find(id);
     if (it == s.layout->vars.end()) continue;
@@ -611,7 +612,7 @@ void LocalSteps::Install(Step& s, const v1::StepPlan& plan, const v1::StepResolu
                     StepName(s.info), var.name());
       continue;
     }
-    items.push_back(ReplicaWriteItem{id, var.name(), vc.first, std::move(local), *value});
+    items.push_back(ReplicaWrite{id, var.name(), vc.first, std::move(local), *value});
   }
   store_->Apply(std::move(items));
 }

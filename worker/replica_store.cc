@@ -7,11 +7,11 @@
 
 namespace repvar::worker {
 
-void ReplicaStore::Apply(std::vector<ReplicaWriteItem> items) {
+void ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
   // Old values are released after the lock is dropped (munmap can be slow).
   std::vector<std::shared_ptr<const Tensor>> released;
   absl::MutexLock lock(&mu_);
-  for (ReplicaWriteItem& item : items) {
+  for (ReplicaWrite& item : items) {
     for (int32_t r : item.replicas) {
       StoredReplica& s = replicas_[{item.variable_id, r}];
       if (s.value) released.push_back(std::move(s.value));

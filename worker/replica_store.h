@@ -11,17 +11,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/tensor.h"
+#include "common/model/replica_write.h"
+#include "common/tensor/tensor.h"
 
 namespace repvar::worker {
-
-struct ReplicaWriteItem {
-  uint64_t variable_id = 0;
-  std::string name;
-  int64_t version = 0;
-  std::vector<int32_t> replicas;
-  std::shared_ptr<const Tensor> value;
-};
 
 struct StoredReplica {
   uint64_t variable_id = 0;
@@ -40,7 +33,7 @@ struct StoredReplica {
 class ReplicaStore {
  public:
   // Applies all items or none (they are validated by the caller).
-  void Apply(std::vector<ReplicaWriteItem> items) ABSL_LOCKS_EXCLUDED(mu_);
+  void Apply(std::vector<ReplicaWrite> items) ABSL_LOCKS_EXCLUDED(mu_);
   // Errors: NOT_FOUND.
   absl::StatusOr<StoredReplica> Get(uint64_t variable_id, int32_t replica) const
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -7,9 +7,9 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/proto_convert.h"
-#include "common/status_util.h"
+#include "common/base/status_util.h"
+#include "common/rpc/convert.h"
+#include "common/rpc/grpc_status.h"
 
 namespace repvar::worker {
 namespace {
@@ -49,7 +49,7 @@ class WriteSession {
     return AddChunk(*assembler_, chunk);
   }
 
-  absl::StatusOr<std::vector<ReplicaWriteItem>> Finish() {
+  absl::StatusOr<std::vector<ReplicaWrite>> Finish() {
     REPVAR_RETURN_IF_ERROR(FinishCurrent());
     return std::move(items_);
   }
@@ -82,7 +82,7 @@ class WriteSession {
       t = assembler_->Finish();
       if (!t.ok()) return t.status();
     }
-    ReplicaWriteItem item;
+    ReplicaWrite item;
     item.variable_id = header_->variable_id();
     item.name = header_->name();
     item.version = header_->version();
@@ -96,7 +96,7 @@ class WriteSession {
 
   const uint64_t incarnation_;
   GlooDataPlane* const data_plane_;
-  std::vector<ReplicaWriteItem> items_;
+  std::vector<ReplicaWrite> items_;
   std::optional<ChunkAssembler> assembler_;
   std::optional<v1::WriteReplicasHeader> header_;
 };
@@ -132,7 +132,7 @@ grpc::Status WorkerService::WriteSmallReplicas(grpc::ServerContext*,
   return Apply(session.Finish(), resp);
 }
 
-grpc::Status WorkerService::Apply(absl::StatusOr<std::vector<ReplicaWriteItem>> items,
+grpc::Status WorkerService::Apply(absl::StatusOr<std::vector<ReplicaWrite>> items,
                                   v1::WriteReplicasResponse* resp) {
   if (!items.ok()) return ToGrpcStatus(items.status());
   if (!items->empty()) resp->set_checksum(items->back().value->checksum);

@@ -47,7 +47,7 @@ class WorkerService final : public v1::Worker::Service {
                          v1::StepUnmapResponse*) override;
 
  private:
-  grpc::Status Apply(absl::StatusOr<std::vector<ReplicaWriteItem>> items,
+  grpc::Status Apply(absl::StatusOr<std::vector<ReplicaWrite>> items,
                      v1::WriteReplicasResponse* resp);
 
   const uint64_t incarnation_;

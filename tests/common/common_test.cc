@@ -5,11 +5,14 @@
 #include <cstring>
 #include <limits>
 
-#include "common/device_name.h"
-#include "common/initializer.h"
-#include "common/names.h"
-#include "common/step_math.h"
-#include "common/tensor.h"
+#include "common/model/device_name.h"
+#include "common/model/initializer.h"
+#include "common/model/names.h"
+#include "common/tensor/chunk_assembler.h"
+#include "common/tensor/element_math.h"
+#include "common/tensor/half.h"
+#include "common/tensor/step_math.h"
+#include "common/tensor/tensor.h"
 #include "tests/testing/status_matchers.h"
 #include "xxhash.h"
 
@@ -153,16 +156,16 @@ TEST(AddScaled, F16AccumulatesInF32AndIntegersWrap) {
 
 TEST(Initializer, ConstantsAndSeededRandomAreDeterministic) {
   TensorSpec spec{DType::kFloat32, {5}};
-  auto c = MakeInitialValue({Initializer::Kind::kConstant, 2.5}, spec);
+  auto c = MakeInitialValue({InitializerKind::kConstant, 2.5}, spec);
   ASSERT_OK(c);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(LoadElement(*c, i), 2.5);
-  Initializer n{Initializer::Kind::kRandomNormal, 0, 1.0, 2.0, 99};
+  Initializer n{InitializerKind::kRandomNormal, 0, 1.0, 2.0, 99};
   EXPECT_EQ(MakeInitialValue(n, spec)->checksum, MakeInitialValue(n, spec)->checksum);
   n.seed = 100;
   EXPECT_NE(MakeInitialValue(n, spec)->checksum,
-            MakeInitialValue({Initializer::Kind::kRandomNormal, 0, 1.0, 2.0, 99}, spec)->checksum);
+            MakeInitialValue({InitializerKind::kRandomNormal, 0, 1.0, 2.0, 99}, spec)->checksum);
   EXPECT_THAT(MakeInitialValue({}, spec), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(MakeInitialValue({Initializer::Kind::kRandomUniform, 0, 2, 1, 0}, spec),
+  EXPECT_THAT(MakeInitialValue({InitializerKind::kRandomUniform, 0, 2, 1, 0}, spec),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 

@@ -8,8 +8,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/tensor.h"
+#include "common/rpc/grpc_status.h"
+#include "common/tensor/tensor.h"
 #include "repvar/client.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "repvar/v1/worker.grpc.pb.h"

@@ -216,8 +216,7 @@ TEST_F(ClusterTest, V6_BatchedCreateInitializeReadAssign_ThousandVariables) {
   EXPECT_EQ((*values)[777].as<float>()[15], 777.0f);
   std::vector<float> ones(16, 1.0f);
   std::vector<AssignItem> items;
-  for (const auto& n : names)
-    items.push_back({n, AssignKind::kAdd, std::as_bytes(std::span(ones))});
+  for (const auto& n : names) items.push_back({n, AssignOp::kAdd, std::as_bytes(std::span(ones))});
   auto acks = client_->AssignBatch(items);
   ASSERT_OK(acks);
   EXPECT_EQ((*acks)[5].version, 2);

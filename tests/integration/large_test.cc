@@ -5,7 +5,7 @@
 
 #include <numeric>
 
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 #include "repvar/client.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/status_matchers.h"

@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/tensor.h"
+#include "common/tensor/tensor.h"
 #include "repvar/client.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "tests/testing/started_cluster.h"

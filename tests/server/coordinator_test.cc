@@ -103,8 +103,8 @@ TEST_F(CoordinatorTest, V1_Create_AllReplicasOnOneHost_Warns) {
 }
 
 TEST_F(CoordinatorTest, V2_Create_IdenticalSpecIsIdempotentAndInitializerIsNotIdentity) {
-  Initializer zeros{Initializer::Kind::kZeros};
-  Initializer ones{Initializer::Kind::kOnes};
+  Initializer zeros{InitializerKind::kZeros};
+  Initializer ones{InitializerKind::kOnes};
   auto first = core_.CreateVariables({}, {{Def("w", 6), zeros}});
   auto second = core_.CreateVariables({}, {{Def("w", 6), ones}});
   ASSERT_OK(first);
@@ -195,7 +195,7 @@ TEST_F(CoordinatorTest, V5_OverflowingShape_InvalidArgument) {
 TEST_F(CoordinatorTest, V6_BatchedCreateInitializeAssignAnswerOnce) {
   std::vector<CreateItem> items;
   for (int i = 0; i < 100; ++i) {
-    items.push_back({Def(absl::StrCat("b/", i), 2), Initializer{Initializer::Kind::kOnes}});
+    items.push_back({Def(absl::StrCat("b/", i), 2), Initializer{InitializerKind::kOnes}});
   }
   auto created = core_.CreateVariables({}, items);
   ASSERT_OK(created);
@@ -350,7 +350,7 @@ TEST_F(CoordinatorTest, C4_AssignReturnsNewValue) {
 }
 
 TEST_F(CoordinatorTest, C5_Initialize_FirstCallerWinsValueMadeOnce) {
-  Initializer normal{Initializer::Kind::kRandomNormal, 0, 0.0, 1.0, 42};
+  Initializer normal{InitializerKind::kRandomNormal, 0, 0.0, 1.0, 42};
   Create(Def("w", 6, {64}), normal);
   auto first = core_.Initialize({}, {{"w", std::nullopt}});
   Initializer other = normal;
@@ -365,7 +365,7 @@ TEST_F(CoordinatorTest, C5_Initialize_FirstCallerWinsValueMadeOnce) {
 }
 
 TEST_F(CoordinatorTest, C5_SeededInitializer_ReproducibleAcrossCoordinators) {
-  Initializer uniform{Initializer::Kind::kRandomUniform, 0, -1.0, 1.0, 1234};
+  Initializer uniform{InitializerKind::kRandomUniform, 0, -1.0, 1.0, 1234};
   Create(Def("w", 2, {1000}), uniform);
   ASSERT_OK(core_.Initialize({}, {{"w", std::nullopt}}));
   repvar::testing::FakeWorkerClient other_workers;
@@ -384,7 +384,7 @@ TEST_F(CoordinatorTest, C5_SeededInitializer_ReproducibleAcrossCoordinators) {
 }
 
 TEST_F(CoordinatorTest, C5_ReadUninitialized_FailedPreconditionAndIsInitializedPerReplica) {
-  Create(Def("w", 6), Initializer{Initializer::Kind::kZeros});
+  Create(Def("w", 6), Initializer{InitializerKind::kZeros});
   EXPECT_THAT(core_.Read("w"), StatusIs(absl::StatusCode::kFailedPrecondition));
   auto before = core_.GetVariable("w");
   EXPECT_FALSE(before->initialized);

@@ -51,7 +51,7 @@ class StepCoreTest : public ::testing::Test {
     d.replica_count = 6;
     d.aggregation = agg;
     Initializer init;
-    init.kind = Initializer::Kind::kZeros;
+    init.kind = InitializerKind::kZeros;
     auto created = core_.CreateVariables({}, {{d, init}});
     EXPECT_OK(created);
     EXPECT_OK(core_.Initialize({}, {{name, std::nullopt}}));

@@ -3,7 +3,7 @@
 #define REPVAR_TESTS_TESTING_FAKE_CLOCK_H_
 
 #include "absl/synchronization/mutex.h"
-#include "common/clock.h"
+#include "common/base/clock.h"
 
 namespace repvar::testing {
 

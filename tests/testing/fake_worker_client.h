@@ -24,7 +24,7 @@ class FakeWorkerClient final : public server::WorkerClient {
   };
 
   absl::Status WriteReplicas(const server::WorkerTarget& target,
-                             std::span<const server::ReplicaWrite> writes) override {
+                             std::span<const ReplicaWrite> writes) override {
     absl::MutexLock lock(&mu_);
     bool held = false;
     for (const auto& w : writes) held = held || w.variable_id == hold_;

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <thread>
 
-#include "common/proto_convert.h"
+#include "common/rpc/convert.h"
 #include "tests/testing/status_matchers.h"
 
 namespace repvar::worker {
@@ -106,7 +106,7 @@ class LocalStepsTest : public ::testing::Test {
     info.set_layout_id(77);
     auto begin = F32({1, 2});
     for (int p : {0, 0, 1, 1}) w->add_replica_participant(p);
-    store_.Apply({ReplicaWriteItem{kW, "w", 5, {0, 1}, begin}});
+    store_.Apply({ReplicaWrite{kW, "w", 5, {0, 1}, begin}});
   }
 
   FakeLink link_;

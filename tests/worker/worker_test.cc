@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <gtest/gtest.h>
 
+#include "common/tensor/element_math.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/replica_store.h"
 #include "worker/worker_agent.h"

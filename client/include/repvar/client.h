@@ -33,16 +33,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "repvar/dtype.h"
+#include "repvar/types.h"
 
 namespace repvar {
-
-enum class Aggregation { kNone = 1, kSum = 2, kMean = 3, kOnlyFirstReplica = 4 };
-enum class ReplicaState { kUninitialized = 1, kUpToDate = 2, kStale = 3, kUnavailable = 4 };
-
-const char* DTypeName(DType dtype);
-const char* AggregationName(Aggregation aggregation);
-const char* ReplicaStateName(ReplicaState state);
 
 template <typename T>
 constexpr std::optional<DType> DTypeOf() {
@@ -70,7 +63,7 @@ struct ClientOptions {
 
 // How a variable gets its first value; generated once by the coordinator.
 struct InitializerSpec {
-  enum class Kind { kNone, kZeros, kOnes, kConstant, kRandomNormal, kRandomUniform, kValue };
+  using Kind = InitializerKind;
   Kind kind = Kind::kNone;
   double constant = 0;
   double a = 0;  // mean or minval
@@ -202,11 +195,9 @@ struct InitializedState {
   std::vector<ReplicaInfo> replicas;
 };
 
-enum class AssignKind { kAssign = 1, kAdd = 2, kSub = 3 };
-
 struct AssignItem {
   std::string name;
-  AssignKind kind = AssignKind::kAssign;
+  AssignOp op = AssignOp::kAssign;
   std::span<const std::byte> bytes;  // of the variable's dtype and shape
 };
 
@@ -265,17 +256,17 @@ class Client {
   template <typename T>
   absl::StatusOr<WriteAck> Assign(const std::string& name, std::span<const T> values,
                                   bool read_value = false) {
-    return Write(name, AssignKind::kAssign, std::as_bytes(values), DTypeOf<T>(), read_value);
+    return Write(name, AssignOp::kAssign, std::as_bytes(values), DTypeOf<T>(), read_value);
   }
   template <typename T>
   absl::StatusOr<WriteAck> AssignAdd(const std::string& name, std::span<const T> values,
                                      bool read_value = false) {
-    return Write(name, AssignKind::kAdd, std::as_bytes(values), DTypeOf<T>(), read_value);
+    return Write(name, AssignOp::kAdd, std::as_bytes(values), DTypeOf<T>(), read_value);
   }
   template <typename T>
   absl::StatusOr<WriteAck> AssignSub(const std::string& name, std::span<const T> values,
                                      bool read_value = false) {
-    return Write(name, AssignKind::kSub, std::as_bytes(values), DTypeOf<T>(), read_value);
+    return Write(name, AssignOp::kSub, std::as_bytes(values), DTypeOf<T>(), read_value);
   }
   // Many small writes in one call (<= 32 MiB in all); validated together.
   absl::StatusOr<std::vector<WriteAck>> AssignBatch(const std::vector<AssignItem>& items);
@@ -288,7 +279,7 @@ class Client {
   friend struct ClientAccess;  // the library's own step code (client_impl.h)
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
-  absl::StatusOr<WriteAck> Write(const std::string& name, AssignKind kind,
+  absl::StatusOr<WriteAck> Write(const std::string& name, AssignOp op,
                                  std::span<const std::byte> bytes, std::optional<DType> dtype,
                                  bool read_value);
   std::unique_ptr<Impl> impl_;

@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+// Small pieces every daemon main() uses.
+#ifndef REPVAR_COMMON_BASE_DAEMON_H_
+#define REPVAR_COMMON_BASE_DAEMON_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace repvar {
+
+// Writes "<port>\n" to `path` through a temporary file, fsync and rename, so a
+// reader never sees a partial file.
+absl::Status WritePortFile(const std::string& path, int port);
+
+// Blocks SIGINT and SIGTERM in the calling thread (call first in main, before
+// any thread starts, so every thread inherits the mask).
+void BlockShutdownSignals();
+// Waits for SIGINT or SIGTERM; returns the signal number.
+int WaitForShutdownSignal();
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_BASE_DAEMON_H_

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+// Replicated steps (DESIGN.md S1-S5) as the coordinator, the workers and the
+// trainers all see them: a step's layout, the workers' reports, the plan of
+// collectives the barrier decides, the workers' results and the resolution.
+// The state machine that moves a step along is server/core/step_barrier.h.
+#ifndef REPVAR_COMMON_MODEL_STEP_H_
+#define REPVAR_COMMON_MODEL_STEP_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/model/task.h"
+#include "common/tensor/tensor.h"
+#include "repvar/types.h"
+
+namespace repvar {
+
+struct StepParticipant {
+  TaskKey task;
+  uint64_t incarnation = 0;
+  std::string address;
+};
+
+struct StepVariable {
+  uint64_t id = 0;
+  std::string name;
+  Aggregation aggregation = Aggregation::kNone;
+  TensorSpec spec;
+  int64_t begin_version = 0;
+  uint64_t begin_checksum = 0;
+  // Per replica: index into StepInfo::participants, or -1 when its worker is
+  // not live or its replica is not up to date (it sits the step out).
+  std::vector<int32_t> replica_participant;
+  bool allow_nonfinite = false;
+};
+
+struct StepInfo {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  StepState state = StepState::kOpen;
+  absl::Duration barrier_timeout;
+  absl::Time begun;
+  std::vector<StepParticipant> participants;  // sorted by task: the rank order
+  std::vector<StepVariable> variables;        // by id
+  // Names participants + variables without the begin versions (see
+  // repvar.v1.StepInfo): equal ids, equal layouts.
+  uint64_t layout_id = 0;
+};
+
+// The layout id of `info` (participants and variables, begin versions and
+// checksums left out).
+uint64_t LayoutId(const StepInfo& info);
+
+struct ReplicaReport {
+  uint64_t variable_id = 0;
+  int32_t replica = 0;
+  uint64_t checksum = 0;
+  int64_t first_nonfinite = -1;
+  friend bool operator==(const ReplicaReport&, const ReplicaReport&) = default;
+};
+
+// A worker's one report for a step: its replicas whose value changed.
+struct WorkerReport {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  TaskKey task;
+  uint64_t incarnation = 0;
+  std::vector<ReplicaReport> replicas;
+};
+
+struct StepCollective {
+  enum class Kind { kAllreduce = 1, kBroadcast = 2 };
+  Kind kind = Kind::kAllreduce;
+  uint32_t tag = 0;
+  std::vector<uint64_t> variable_ids;
+  int32_t root = 0;  // broadcast: the rank holding the winning value
+  int32_t source_replica = 0;
+  uint64_t checksum = 0;
+  std::vector<int32_t> targets;  // broadcast: replicas to overwrite
+};
+
+// What every participant runs after the barrier (its own rank is its index).
+struct StepPlan {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  std::vector<TaskKey> members;  // the participants, in rank order
+  std::string group;
+  absl::Duration timeout;
+  std::vector<StepCollective> collectives;
+  // Variables the step changes or repairs, with the value they end with when
+  // already known (0: the reduction decides).
+  std::vector<uint64_t> changed_ids;
+  std::vector<uint64_t> changed_checksums;
+};
+
+struct PreparedVariable {
+  uint64_t variable_id = 0;
+  uint64_t checksum = 0;
+  int64_t first_nonfinite = -1;
+  int32_t nonfinite_replica = -1;  // a local replica whose own value was non-finite
+};
+
+struct WorkerFinish {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  TaskKey task;
+  uint64_t incarnation = 0;
+  std::vector<PreparedVariable> variables;
+  std::string error;  // non-empty: the worker could not run the plan
+};
+
+struct Divergence {
+  uint64_t variable_id = 0;
+  std::string name;
+  std::vector<uint64_t> replica_checksums;  // per replica (begin value if unreported)
+  uint64_t chosen_checksum = 0;
+  std::vector<int32_t> repaired;
+};
+
+struct CommittedVariable {
+  uint64_t variable_id = 0;
+  std::string name;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+};
+
+struct StepResolution {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  StepState state = StepState::kFailed;
+  absl::Status status;
+  std::vector<std::pair<TaskKey, absl::Duration>> latencies;  // report time from begin
+  std::vector<Divergence> divergences;
+  std::vector<CommittedVariable> changed;
+};
+
+// The durable-ready record of one committed step: which replicas now hold
+// which (version, checksum). One per step (DESIGN.md §4: one fsync).
+struct StepRecord {
+  struct Variable {
+    uint64_t id = 0;
+    int64_t version = 0;
+    uint64_t checksum = 0;
+    bool changed = false;                                // false: only repaired, version kept
+    std::vector<std::pair<int32_t, uint64_t>> replicas;  // (replica, incarnation)
+  };
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  std::vector<Variable> variables;
+};
+
+struct StepEvent {
+  enum class Kind { kBegun = 1, kReported = 2, kStragglers = 3, kAggregating = 4, kResolved = 5 };
+  int64_t seq = 0;
+  Kind kind = Kind::kBegun;
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  TaskKey task;                      // kReported
+  std::vector<std::string> missing;  // kStragglers
+  std::optional<StepResolution> resolution;
+  absl::Time at;
+};
+
+struct ParticipantProgress {
+  TaskKey task;
+  bool reported = false;
+  bool finished = false;
+  absl::Duration report_latency;
+  std::string last_activity;
+};
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_MODEL_STEP_H_

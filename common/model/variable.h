@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+// Logical variables and their replicas (DESIGN.md V1-V6, C1-C7): what a
+// variable is, how it is seen, and the requests that change it.
+#ifndef REPVAR_COMMON_MODEL_VARIABLE_H_
+#define REPVAR_COMMON_MODEL_VARIABLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model/device_name.h"
+#include "common/model/initializer.h"
+#include "common/model/task.h"
+#include "common/tensor/tensor.h"
+#include "repvar/types.h"
+
+namespace repvar {
+
+inline constexpr char kGlobalVariables[] = "GLOBAL_VARIABLES";
+inline constexpr char kTrainableVariables[] = "TRAINABLE_VARIABLES";
+
+// The identity of a logical variable (V2): everything but the initializer.
+struct VariableDef {
+  std::string name;
+  TensorSpec tensor;
+  bool trainable = true;
+  std::vector<std::string> collections;  // extra ones, sorted and unique
+  int32_t replica_count = 1;
+  Aggregation aggregation = Aggregation::kNone;
+  bool allow_nonfinite = false;
+  friend bool operator==(const VariableDef&, const VariableDef&) = default;
+};
+
+// Validates a definition on its own (name, spec, replica count >= 1, MEAN
+// only for floating dtypes, collection names). Errors: INVALID_ARGUMENT,
+// RESOURCE_EXHAUSTED (above max_bytes).
+absl::Status ValidateVariableDef(const VariableDef& def, uint64_t max_bytes);
+
+// Where replica i lives: its device and the task owning it, fixed at create.
+struct Placement {
+  DeviceName device;
+  TaskKey task;
+  friend bool operator==(const Placement&, const Placement&) = default;
+};
+
+// "<variable>/<index>".
+std::string ReplicaName(const std::string& variable, int32_t index);
+
+struct ReplicaView {
+  int32_t index = 0;
+  std::string name;  // "<variable>/<index>"
+  DeviceName device;
+  TaskKey task;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  ReplicaState state = ReplicaState::kUninitialized;
+};
+
+struct VariableView {
+  uint64_t id = 0;
+  VariableDef def;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  bool initialized = false;
+  bool needs_resync = false;
+  std::vector<std::string> collections;  // effective (V3)
+  std::vector<ReplicaView> replicas;
+};
+
+struct CreateItem {
+  VariableDef def;
+  Initializer initializer;
+};
+struct CreateResult {
+  std::vector<VariableView> variables;
+  std::vector<bool> created;
+  std::vector<std::string> warnings;
+};
+
+struct InitializeItem {
+  std::string name;
+  std::optional<Initializer> initializer;  // overrides the one given at create
+};
+struct InitializeResult {
+  std::string name;
+  bool initialized_now = false;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+};
+
+struct AssignItem {
+  std::string name;
+  AssignOp op = AssignOp::kAssign;
+  std::shared_ptr<const Tensor> value;
+};
+struct WriteResult {
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  std::shared_ptr<const Tensor> value;  // the committed value
+};
+struct ReadResult {
+  int64_t version = 0;
+  std::shared_ptr<const Tensor> value;
+};
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_MODEL_VARIABLE_H_

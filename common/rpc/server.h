@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+// Starting a daemon's gRPC server the same way everywhere. Header-only so that
+// repvar_common never links gRPC; only *_main.cc include it.
+#ifndef REPVAR_COMMON_GRPC_SERVER_H_
+#define REPVAR_COMMON_GRPC_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/daemon.h"
+
+namespace repvar {
+
+// Serves `services` (and grpc.health.v1) on `address`; port 0 picks a free
+// port, returned in `*port` and, when `port_file` is set, written there
+// atomically. Messages may be up to 64 MiB (tensors stream in chunks far
+// below that). Errors: UNAVAILABLE (cannot listen), INTERNAL (port file).
+inline absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    const std::string& port_file, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxSendMessageSize(64 << 20);
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  if (!port_file.empty()) {
+    absl::Status s = WritePortFile(port_file, *port);
+    if (!s.ok()) return s;
+  }
+  return server;
+}
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_GRPC_SERVER_H_

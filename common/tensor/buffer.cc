@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/tensor/buffer.h"
+
+#include <malloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <limits>
+#include <mutex>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace repvar {
+namespace {
+
+constexpr size_t kAlign = 64;
+constexpr size_t kMmapThreshold = 2 << 20;
+
+}  // namespace
+
+namespace {
+
+// Large mappings released by Buffers, kept resident for reuse: a variable
+// rewritten again and again then costs no page faults (BENCHMARKS.md: the
+// first touch of a page costs more than the copy into it). Bounded in bytes;
+// the oldest mapping goes first. Thread-safe.
+class MappingPool {
+ public:
+  static MappingPool& Get() {
+    static MappingPool* pool = new MappingPool();
+    return *pool;
+  }
+  struct Mapping {
+    void* p = nullptr;
+    size_t mapped = 0;
+    int fd = -1;  // a memfd for shared mappings, else -1
+  };
+  // A released mapping of `mapped` bytes of the same kind, or p == nullptr.
+  Mapping Take(size_t mapped, bool shared) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->mapped == mapped && (it->fd >= 0) == shared) {
+        Mapping m = *it;
+        free_.erase(it);
+        held_ -= mapped;
+        return m;
+      }
+    }
+    return Mapping{};
+  }
+  void Give(Mapping m) {
+    std::vector<Mapping> evict;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.push_back(m);
+      held_ += m.mapped;
+      while (held_ > cap_ && !free_.empty()) {
+        evict.push_back(free_.front());
+        held_ -= free_.front().mapped;
+        free_.erase(free_.begin());
+      }
+    }
+    for (const Mapping& e : evict) {
+      munmap(e.p, e.mapped);
+      if (e.fd >= 0) close(e.fd);
+    }
+  }
+  void SetCap(size_t cap) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cap_ = cap;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Mapping> free_;
+  size_t held_ = 0;
+  size_t cap_ = size_t{1} << 30;
+};
+
+size_t RoundToHugePage(size_t n) {
+  return (n + kMmapThreshold - 1) / kMmapThreshold * kMmapThreshold;
+}
+
+}  // namespace
+
+void SetBufferPoolCapacity(size_t bytes) { MappingPool::Get().SetCap(bytes); }
+
+absl::StatusOr<Buffer> Buffer::Allocate(size_t size) {
+  Buffer b;
+  if (size == 0) return b;
+  if (size >= kMmapThreshold) {
+    size_t mapped = RoundToHugePage(size);
+    void* p = MappingPool::Get().Take(mapped, /*shared=*/false).p;
+    if (p == nullptr) {
+      p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) {
+        return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes"));
+      }
+      madvise(p, mapped, MADV_HUGEPAGE);
+      // Pre-fault now, with huge pages where the kernel gives them, so that
+      // the hot path later copies into resident memory.
+      volatile char* c = static_cast<char*>(p);
+      for (size_t off = 0; off < mapped; off += 4096) c[off] = 0;
+    }
+    b.data_ = static_cast<std::byte*>(p);
+    b.mapped_ = mapped;
+  } else {
+    b.data_ = static_cast<std::byte*>(::operator new(size, std::align_val_t(kAlign), std::nothrow));
+    if (b.data_ == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", size, " bytes"));
+    }
+  }
+  b.size_ = size;
+  return b;
+}
+
+absl::StatusOr<Buffer> Buffer::AllocateShared(size_t size) {
+  Buffer b;
+  const size_t mapped = RoundToHugePage(std::max<size_t>(size, 1));
+  MappingPool::Mapping m = MappingPool::Get().Take(mapped, /*shared=*/true);
+  if (m.p == nullptr) {
+    m.fd = memfd_create("repvar-tensor", MFD_CLOEXEC);
+    if (m.fd < 0) return absl::ResourceExhaustedError("memfd_create failed");
+    if (ftruncate(m.fd, static_cast<off_t>(mapped)) != 0) {
+      close(m.fd);
+      return absl::ResourceExhaustedError(absl::StrCat("cannot size a ", mapped, "-byte memfd"));
+    }
+    // MAP_POPULATE: the pages exist (and are resident) before anyone writes.
+    m.p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, m.fd, 0);
+    if (m.p == MAP_FAILED) {
+      close(m.fd);
+      return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " shared bytes"));
+    }
+    m.mapped = mapped;
+  }
+  b.data_ = static_cast<std::byte*>(m.p);
+  b.mapped_ = m.mapped;
+  b.fd_ = m.fd;
+  b.size_ = size;
+  return b;
+}
+
+void Buffer::Release() {
+  if (data_ == nullptr) return;
+  if (mapped_ > 0) {
+    MappingPool::Get().Give({data_, mapped_, fd_});
+  } else {
+    ::operator delete(data_, std::align_val_t(kAlign));
+  }
+  data_ = nullptr;
+  size_ = 0;
+  mapped_ = 0;
+  fd_ = -1;
+}
+
+Buffer::~Buffer() { Release(); }
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      mapped_(std::exchange(other.mapped_, 0)),
+      fd_(std::exchange(other.fd_, -1)) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    mapped_ = std::exchange(other.mapped_, 0);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+void TuneMallocForBulkTransfers() {
+  // Keep large blocks (gRPC's message buffers) in the heap instead of fresh
+  // mappings, and do not hand freed memory straight back to the kernel.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest value glibc accepts
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+}
+
+}  // namespace repvar

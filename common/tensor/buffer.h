@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: Apache-2.0
+// Resident byte buffers for tensors. The first touch of a fresh page costs
+// more than copying into it (BENCHMARKS.md), so large buffers are pre-faulted
+// mappings that go back to a pool when released and are reused.
+#ifndef REPVAR_COMMON_TENSOR_BUFFER_H_
+#define REPVAR_COMMON_TENSOR_BUFFER_H_
+
+#include <cstddef>
+#include <span>
+
+#include "absl/status/statusor.h"
+
+namespace repvar {
+
+// The pool keeps up to this many bytes (default 1 GiB) of released mappings.
+void SetBufferPoolCapacity(size_t bytes);
+// mallopt settings that keep big message buffers resident (BENCHMARKS.md);
+// daemons call it first thing in main().
+void TuneMallocForBulkTransfers();
+
+// A resident, 64-byte aligned byte buffer. Large buffers are mapped with
+// MADV_HUGEPAGE and pre-faulted once. Not thread-safe; movable.
+class Buffer {
+ public:
+  Buffer() = default;
+  // Errors: RESOURCE_EXHAUSTED when memory cannot be had.
+  static absl::StatusOr<Buffer> Allocate(size_t size);
+  // The same in a shared mapping of a memfd (shared_fd()), which another
+  // process on the host can map through /proc/<pid>/fd/<fd>: how trainers
+  // reach a worker's replicas without copying through a socket. Pre-faulted
+  // and pooled like large buffers.
+  static absl::StatusOr<Buffer> AllocateShared(size_t size);
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  std::byte* data() { return data_; }
+  const std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  std::span<std::byte> span() { return {data_, size_}; }
+  std::span<const std::byte> span() const { return {data_, size_}; }
+  int shared_fd() const { return fd_; }  // -1 unless from AllocateShared
+
+ private:
+  void Release();
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+  size_t mapped_ = 0;  // > 0 when mmap'ed
+  int fd_ = -1;        // the memfd of a shared buffer
+};
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_TENSOR_BUFFER_H_

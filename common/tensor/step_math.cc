@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/tensor/step_math.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "common/tensor/element.h"
+#include "common/tensor/half.h"
+
+namespace repvar {
+namespace {
+
+// Converts one element of `dtype` at `p[i]` to its accumulator type `A`.
+template <typename A>
+A Widen(DType dtype, const std::byte* p, int64_t i) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return static_cast<A>(Load<float>(p, i));
+    case DType::kFloat64:
+      return static_cast<A>(Load<double>(p, i));
+    case DType::kFloat16:
+      return static_cast<A>(HalfToFloat(Load<uint16_t>(p, i)));
+    case DType::kBFloat16:
+      return static_cast<A>(BFloat16ToFloat(Load<uint16_t>(p, i)));
+    case DType::kInt32:
+      return static_cast<A>(Load<int32_t>(p, i));
+    case DType::kInt64:
+      return static_cast<A>(Load<int64_t>(p, i));
+  }
+  return A{};
+}
+
+template <typename A>
+void AddDeltaTyped(DType dtype, const std::byte* begin, const std::byte* local, std::byte* acc,
+                   int64_t n, bool overwrite) {
+  if (dtype == DType::kFloat32 && std::is_same_v<A, float>) {
+    // The hot case, without per-element dispatch, in loops the compiler
+    // vectorizes (tensor and accumulator buffers are at least 4-byte aligned).
+    const float* l = reinterpret_cast<const float*>(local);
+    const float* b = reinterpret_cast<const float*>(begin);
+    float* out = reinterpret_cast<float*>(acc);
+    if (overwrite) {
+      for (int64_t i = 0; i < n; ++i) out[i] = l[i] - b[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) out[i] += l[i] - b[i];
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    A base = overwrite ? A{} : Load<A>(acc, i);
+    Store<A>(acc, i, base + (Widen<A>(dtype, local, i) - Widen<A>(dtype, begin, i)));
+  }
+}
+
+// Elements per block of the fused apply/checksum/scan pass (64 KiB of f32).
+constexpr int64_t kBlock = 16384;
+
+}  // namespace
+
+AccumType AccumTypeFor(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64:
+      return AccumType::kFloat64;
+    case DType::kInt32:
+    case DType::kInt64:
+      return AccumType::kInt64;
+    default:
+      return AccumType::kFloat32;
+  }
+}
+
+size_t AccumSize(AccumType type) { return type == AccumType::kFloat32 ? 4 : 8; }
+
+const char* AccumTypeName(AccumType type) {
+  switch (type) {
+    case AccumType::kFloat32:
+      return "float32";
+    case AccumType::kFloat64:
+      return "float64";
+    case AccumType::kInt64:
+      return "int64";
+  }
+  return "?";
+}
+
+absl::Status AddDelta(const Tensor& begin, const Tensor& local, std::span<std::byte> acc,
+                      bool overwrite) {
+  if (!(begin.spec == local.spec)) {
+    return absl::FailedPreconditionError(absl::StrCat("local value is ", local.spec.ToString(),
+                                                      "; the variable is ", begin.spec.ToString()));
+  }
+  const int64_t n = static_cast<int64_t>(begin.bytes.size() / ItemSize(begin.spec.dtype));
+  AccumType type = AccumTypeFor(begin.spec.dtype);
+  if (acc.size() != static_cast<size_t>(n) * AccumSize(type)) {
+    return absl::FailedPreconditionError("accumulator size does not match the variable");
+  }
+  const std::byte* b = begin.bytes.data();
+  const std::byte* l = local.bytes.data();
+  switch (type) {
+    case AccumType::kFloat32:
+      AddDeltaTyped<float>(begin.spec.dtype, b, l, acc.data(), n, overwrite);
+      break;
+    case AccumType::kFloat64:
+      AddDeltaTyped<double>(begin.spec.dtype, b, l, acc.data(), n, overwrite);
+      break;
+    case AccumType::kInt64:
+      AddDeltaTyped<int64_t>(begin.spec.dtype, b, l, acc.data(), n, overwrite);
+      break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::byte> acc,
+                                     int64_t divisor) {
+  const DType dtype = begin.spec.dtype;
+  const int64_t n = static_cast<int64_t>(begin.bytes.size() / ItemSize(dtype));
+  const size_t item = ItemSize(dtype);
+  AccumType type = AccumTypeFor(dtype);
+  if (acc.size() != static_cast<size_t>(n) * AccumSize(type) || divisor < 1) {
+    return absl::FailedPreconditionError("reduced buffer does not match the variable");
+  }
+  absl::StatusOr<Tensor> out_or = Tensor::ForOverwrite(begin.spec);
+  if (!out_or.ok()) return out_or.status();
+  Reduced r{*std::move(out_or), -1};
+  const std::byte* b = begin.bytes.data();
+  const std::byte* a = acc.data();
+  std::byte* o = r.value.bytes.data();
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
+                                                                 &XXH3_freeState);
+  XXH3_64bits_reset(state.get());
+  auto nonfinite = [&](int64_t i, double v) {
+    if (r.first_nonfinite < 0 && !std::isfinite(v)) r.first_nonfinite = i;
+  };
+  for (int64_t lo = 0; lo < n; lo += kBlock) {
+    const int64_t hi = std::min(n, lo + kBlock);
+    switch (dtype) {
+      case DType::kFloat32: {
+        // The hot case: branch-free loops the compiler vectorizes; the
+        // finiteness test is on the exponent bits (all ones: NaN or Inf).
+        const float d = static_cast<float>(divisor);
+        const float* fb = reinterpret_cast<const float*>(b);
+        const float* fa = reinterpret_cast<const float*>(a);
+        float* fo = reinterpret_cast<float*>(o);
+        uint32_t all_ones = 0;
+        if (divisor == 1) {
+          for (int64_t i = lo; i < hi; ++i) fo[i] = fb[i] + fa[i];
+        } else {
+          for (int64_t i = lo; i < hi; ++i) fo[i] = fb[i] + fa[i] / d;
+        }
+        const uint32_t* bits = reinterpret_cast<const uint32_t*>(fo);
+        for (int64_t i = lo; i < hi; ++i) {
+          all_ones |= static_cast<uint32_t>((bits[i] & 0x7f800000u) == 0x7f800000u);
+        }
+        const bool finite = all_ones == 0;
+        if (!finite) {
+          for (int64_t i = lo; i < hi; ++i) nonfinite(i, Load<float>(o, i));
+        }
+        break;
+      }
+      case DType::kFloat64: {
+        const double d = static_cast<double>(divisor);
+        for (int64_t i = lo; i < hi; ++i) {
+          double sum = Load<double>(a, i);
+          double v = Load<double>(b, i) + (divisor == 1 ? sum : sum / d);
+          nonfinite(i, v);
+          Store<double>(o, i, v);
+        }
+        break;
+      }
+      case DType::kFloat16:
+      case DType::kBFloat16: {
+        const float d = static_cast<float>(divisor);
+        const bool half = dtype == DType::kFloat16;
+        for (int64_t i = lo; i < hi; ++i) {
+          float sum = Load<float>(a, i);
+          float v = Widen<float>(dtype, b, i) + (divisor == 1 ? sum : sum / d);
+          uint16_t bits = half ? FloatToHalf(v) : FloatToBFloat16(v);
+          Store<uint16_t>(o, i, bits);
+          nonfinite(i, half ? HalfToFloat(bits) : BFloat16ToFloat(bits));
+        }
+        break;
+      }
+      case DType::kInt32:
+      case DType::kInt64: {
+        for (int64_t i = lo; i < hi; ++i) {
+          int64_t base = Widen<int64_t>(dtype, b, i);
+          int64_t sum = Load<int64_t>(a, i) / divisor;
+          int64_t v = 0;
+          if (__builtin_add_overflow(base, sum, &v) ||
+              (dtype == DType::kInt32 && (v < std::numeric_limits<int32_t>::min() ||
+                                          v > std::numeric_limits<int32_t>::max()))) {
+            return absl::OutOfRangeError(
+                absl::StrCat("the reduced value overflows ", DTypeName(dtype), " at element ", i));
+          }
+          if (dtype == DType::kInt32) {
+            Store<int32_t>(o, i, static_cast<int32_t>(v));
+          } else {
+            Store<int64_t>(o, i, v);
+          }
+        }
+        break;
+      }
+    }
+    XXH3_64bits_update(state.get(), o + lo * static_cast<int64_t>(item),
+                       static_cast<size_t>(hi - lo) * item);
+  }
+  r.value.checksum = XXH3_64bits_digest(state.get());
+  return r;
+}
+
+}  // namespace repvar

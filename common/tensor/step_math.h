@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: Apache-2.0
+// The arithmetic of SUM/MEAN step aggregation (DESIGN.md S4):
+//
+//   value = begin + reduce_r(local_r - begin)        (SUM)
+//   value = begin + reduce_r(local_r - begin) / R    (MEAN)
+//
+// Deltas accumulate in a wider type than some dtypes: float16 and bfloat16 in
+// float32, int32 in int64. Each worker first sums the deltas of its own
+// replicas (in replica order) into an accumulator buffer; the workers then
+// sum those buffers with a ring allreduce; every worker applies the same
+// reduced buffer to the same begin value with the same code, so every replica
+// ends bit-identical.
+#ifndef REPVAR_COMMON_TENSOR_STEP_MATH_H_
+#define REPVAR_COMMON_TENSOR_STEP_MATH_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "absl/status/statusor.h"
+#include "common/tensor/tensor.h"
+
+namespace repvar {
+
+enum class AccumType { kFloat32 = 1, kFloat64 = 2, kInt64 = 3 };
+
+AccumType AccumTypeFor(DType dtype);
+size_t AccumSize(AccumType type);
+const char* AccumTypeName(AccumType type);
+
+// acc[i] += local[i] - begin[i] in the accumulator type of begin's dtype
+// (`overwrite`: acc[i] = local[i] - begin[i], for the first local replica,
+// so the buffer needs no clearing pass). `acc` holds NumElements()
+// accumulator elements. Errors: FAILED_PRECONDITION when the specs differ or
+// `acc` has the wrong size.
+absl::Status AddDelta(const Tensor& begin, const Tensor& local, std::span<std::byte> acc,
+                      bool overwrite = false);
+
+struct Reduced {
+  Tensor value;                  // with its checksum
+  int64_t first_nonfinite = -1;  // index of the first NaN/Inf in value
+};
+// begin + acc / divisor (divisor 1 for SUM), rounded to begin's dtype. The
+// checksum and the non-finite scan are taken in the same pass, block by
+// block while the bytes are in cache. Errors: OUT_OF_RANGE when an integer
+// result overflows its dtype; FAILED_PRECONDITION for a size mismatch or
+// divisor < 1.
+absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::byte> acc,
+                                     int64_t divisor);
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_TENSOR_STEP_MATH_H_

@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/tensor/tensor.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace repvar {
+
+absl::StatusOr<int64_t> TensorSpec::NumElements() const {
+  if (dims.size() > kMaxRank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", dims.size(), " exceeds the maximum of ", kMaxRank));
+  }
+  int64_t n = 1;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("dims[", i, "] is negative (", dims[i], ")"));
+    }
+    if (__builtin_mul_overflow(n, dims[i], &n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape [", absl::StrJoin(dims, ","), "] has more than 2^63-1 elements"));
+    }
+  }
+  return n;
+}
+
+absl::StatusOr<int64_t> TensorSpec::ByteSize() const {
+  auto n = NumElements();
+  if (!n.ok()) return n.status();
+  int64_t bytes;
+  if (__builtin_mul_overflow(*n, static_cast<int64_t>(ItemSize(dtype)), &bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape [", absl::StrJoin(dims, ","), "] overflows int64 bytes"));
+  }
+  return bytes;
+}
+
+std::string TensorSpec::ToString() const {
+  return absl::StrCat(DTypeName(dtype), "[", absl::StrJoin(dims, ","), "]");
+}
+
+uint64_t Checksum(std::span<const std::byte> bytes) {
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+absl::StatusOr<Tensor> Tensor::ForOverwrite(const TensorSpec& spec) {
+  auto size = spec.ByteSize();
+  if (!size.ok()) return size.status();
+  auto buf = Buffer::Allocate(static_cast<size_t>(*size));
+  if (!buf.ok()) return buf.status();
+  Tensor t;
+  t.spec = spec;
+  t.bytes = *std::move(buf);
+  return t;
+}
+
+absl::StatusOr<Tensor> Tensor::Zeros(const TensorSpec& spec) {
+  auto t = ForOverwrite(spec);
+  if (!t.ok()) return t.status();
+  if (t->bytes.size() > 0) std::memset(t->bytes.data(), 0, t->bytes.size());
+  t->UpdateChecksum();
+  return t;
+}
+
+absl::StatusOr<Tensor> Tensor::FromBytes(const TensorSpec& spec, std::span<const std::byte> data) {
+  auto size = spec.ByteSize();
+  if (!size.ok()) return size.status();
+  if (static_cast<uint64_t>(*size) != data.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", spec.ToString(), " needs ", *size, " bytes, got ", data.size()));
+  }
+  auto buf = Buffer::Allocate(data.size());
+  if (!buf.ok()) return buf.status();
+  Tensor t;
+  t.spec = spec;
+  t.bytes = *std::move(buf);
+  if (!data.empty()) std::memcpy(t.bytes.data(), data.data(), data.size());
+  t.UpdateChecksum();
+  return t;
+}
+
+}  // namespace repvar

@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tensors as repvar moves them: a dtype, a shape, and a flat little-endian
+// row-major byte buffer that stays resident, with its XXH3-64 checksum.
+#ifndef REPVAR_COMMON_TENSOR_TENSOR_H_
+#define REPVAR_COMMON_TENSOR_TENSOR_H_
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tensor/buffer.h"
+#include "common/tensor/dtype.h"
+#include "repvar/types.h"
+
+namespace repvar {
+
+constexpr int kMaxRank = 32;
+// No single chunk exceeds this (messages stay far below 32 MiB).
+constexpr size_t kMaxChunkBytes = 4 << 20;
+constexpr size_t kDefaultChunkBytes = 1 << 20;
+
+struct TensorSpec {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> dims;
+
+  // Number of elements, overflow-checked. Errors: INVALID_ARGUMENT for a
+  // negative dim, rank above kMaxRank, or a size that does not fit in int64.
+  absl::StatusOr<int64_t> NumElements() const;
+  absl::StatusOr<int64_t> ByteSize() const;
+  std::string ToString() const;  // "float32[2,3]"
+  friend bool operator==(const TensorSpec&, const TensorSpec&) = default;
+};
+
+// XXH3-64 (seed 0) of `bytes`: the checksum of chunks and whole tensors.
+uint64_t Checksum(std::span<const std::byte> bytes);
+
+// An immutable-once-built tensor value with its checksum. Shared between
+// readers through shared_ptr<const Tensor>.
+struct Tensor {
+  TensorSpec spec;
+  Buffer bytes;
+  uint64_t checksum = 0;
+
+  // A zero-filled tensor of `spec`. Errors: as TensorSpec::ByteSize, plus
+  // RESOURCE_EXHAUSTED.
+  static absl::StatusOr<Tensor> Zeros(const TensorSpec& spec);
+  // A tensor of `spec` whose bytes the caller is about to overwrite
+  // entirely (no clearing pass; checksum left 0). Errors: as Zeros.
+  static absl::StatusOr<Tensor> ForOverwrite(const TensorSpec& spec);
+  // Copies `data`; checks its length. Computes the checksum.
+  static absl::StatusOr<Tensor> FromBytes(const TensorSpec& spec, std::span<const std::byte> data);
+  void UpdateChecksum() { checksum = Checksum(bytes.span()); }
+};
+
+// Calls `fn(offset, span)` for each chunk of `bytes` in order.
+template <typename Fn>
+void ForEachChunk(std::span<const std::byte> bytes, size_t chunk_bytes, Fn&& fn) {
+  if (chunk_bytes == 0 || chunk_bytes > kMaxChunkBytes) chunk_bytes = kDefaultChunkBytes;
+  if (bytes.empty()) return;
+  for (size_t off = 0; off < bytes.size(); off += chunk_bytes) {
+    size_t n = std::min(chunk_bytes, bytes.size() - off);
+    fn(static_cast<uint64_t>(off), bytes.subspan(off, n));
+  }
+}
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_TENSOR_TENSOR_H_
