@@ -5,24 +5,30 @@
 #include <xxhash.h>
 
 #include <cstdlib>
-#include <thread>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "client/client_impl.h"
-#include "common/base/daemon.h"
+#include "client/convert.h"
 #include "common/base/random.h"
 #include "common/base/status_util.h"
-#include "common/rpc/convert.h"
+#include "common/rpc/chunks.h"
+#include "common/rpc/from_proto.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/to_proto.h"
 #include "common/tensor/buffer.h"
 #include "common/tensor/tensor.h"
-#include "repvar/v1/coordinator.grpc.pb.h"
 
 namespace repvar {
+
+using client_internal::HeaderToProto;
+using client_internal::InitializerFromSpec;
+using client_internal::ReplicaFromProto;
+using client_internal::TensorValueFromProto;
+using client_internal::TopologyFromProto;
+using client_internal::VariableFromProto;
+using client_internal::VariableSpecToProto;
 
 // ---------------------------------------------------------------------------
 // ReplicatedScope
@@ -53,9 +59,6 @@ VariableSpec ReplicatedScope::Apply(VariableSpec spec) {
   return spec;
 }
 
-// ---------------------------------------------------------------------------
-// Conversions
-
 namespace {
 
 constexpr int64_t kSmallReadBytes = 1 << 20;
@@ -64,119 +67,10 @@ std::string NewRequestId() {
   return absl::StrFormat("%016x%016x", RandomNonZero64(), RandomNonZero64());
 }
 
-ReplicaInfo FromProto(const v1::ReplicaInfo& p) {
-  return ReplicaInfo{p.index(), p.name(),    p.device(),   p.job(),
-                     p.task(),  p.version(), p.checksum(), static_cast<ReplicaState>(p.state())};
-}
-
-VariableInfo FromProto(const v1::VariableInfo& p) {
-  VariableInfo v;
-  v.id = p.id();
-  v.spec.name = p.spec().name();
-  v.spec.dtype = static_cast<DType>(p.spec().tensor().dtype());
-  v.spec.shape.assign(p.spec().tensor().dims().begin(), p.spec().tensor().dims().end());
-  v.spec.trainable = p.spec().trainable();
-  v.spec.collections.assign(p.spec().collections().begin(), p.spec().collections().end());
-  v.spec.replica_count = p.spec().replica_count();
-  v.spec.aggregation = static_cast<Aggregation>(p.spec().aggregation());
-  v.spec.allow_nonfinite = p.spec().allow_nonfinite();
-  v.version = p.version();
-  v.checksum = p.checksum();
-  v.initialized = p.initialized();
-  v.needs_resync = p.needs_resync();
-  v.collections.assign(p.collections().begin(), p.collections().end());
-  for (const auto& r : p.replicas()) v.replicas.push_back(FromProto(r));
-  return v;
-}
-
-Topology FromProto(const v1::Topology& p) {
-  Topology t;
-  t.version = p.version();
-  for (const auto& task : p.tasks()) {
-    t.tasks.push_back(TaskInfo{task.job(),
-                               task.task(),
-                               task.address(),
-                               task.incarnation(),
-                               {task.devices().begin(), task.devices().end()}});
-  }
-  for (const auto& a : p.accelerators()) {
-    t.accelerators.push_back(AcceleratorInfo{a.ordinal(), a.device(), a.job(), a.task()});
-  }
-  if (p.has_infeed_host()) {
-    const auto& h = p.infeed_host();
-    t.infeed_host = InfeedHost{h.job(), h.task(), h.address(), h.cpu_device()};
-  }
-  t.missing_tasks.assign(p.missing_tasks().begin(), p.missing_tasks().end());
-  return t;
-}
-
-void SpecToProto(DType dtype, const std::vector<int64_t>& shape, v1::TensorSpec* p) {
-  p->set_dtype(static_cast<v1::DType>(dtype));
-  p->mutable_dims()->Assign(shape.begin(), shape.end());
-}
-
-void HeaderOf(DType dtype, const std::vector<int64_t>& shape, std::span<const std::byte> bytes,
-              v1::TensorHeader* h) {
-  SpecToProto(dtype, shape, h->mutable_spec());
-  h->set_byte_size(bytes.size());
-  h->set_checksum(Checksum(bytes));
-}
-
-void InitializerToProto(const InitializerSpec& s, DType dtype, const std::vector<int64_t>& shape,
-                        v1::Initializer* p) {
-  using K = InitializerSpec::Kind;
-  switch (s.kind) {
-    case K::kNone:
-      break;
-    case K::kZeros:
-      p->set_zeros(true);
-      break;
-    case K::kOnes:
-      p->set_ones(true);
-      break;
-    case K::kConstant:
-      p->set_constant(s.constant);
-      break;
-    case K::kRandomNormal:
-      p->mutable_random_normal()->set_mean(s.a);
-      p->mutable_random_normal()->set_stddev(s.b);
-      p->mutable_random_normal()->set_seed(s.seed);
-      p->mutable_random_normal()->set_generator(v1::RANDOM_GENERATOR_SPLITMIX64_V1);
-      break;
-    case K::kRandomUniform:
-      p->mutable_random_uniform()->set_minval(s.a);
-      p->mutable_random_uniform()->set_maxval(s.b);
-      p->mutable_random_uniform()->set_seed(s.seed);
-      p->mutable_random_uniform()->set_generator(v1::RANDOM_GENERATOR_SPLITMIX64_V1);
-      break;
-    case K::kValue: {
-      v1::Tensor* t = p->mutable_value();
-      HeaderOf(dtype, shape, s.value, t->mutable_header());
-      t->set_data(reinterpret_cast<const char*>(s.value.data()), s.value.size());
-      break;
-    }
-  }
-}
-
-absl::StatusOr<TensorValue> TensorFromProto(const v1::Tensor& t, int64_t version) {
-  TensorValue v;
-  v.dtype = static_cast<DType>(t.header().spec().dtype());
-  v.shape.assign(t.header().spec().dims().begin(), t.header().spec().dims().end());
-  const std::string& data = t.data();
-  v.bytes.resize(data.size());
-  if (!data.empty()) std::memcpy(v.bytes.data(), data.data(), data.size());
-  v.checksum = Checksum(v.bytes);
-  if (v.checksum != t.header().checksum() || data.size() != t.header().byte_size()) {
-    return absl::DataLossError("value received from the coordinator fails its checksum");
-  }
-  v.version = version;
-  return v;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// Impl
+// Client
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.coordinator_address.empty()) {
@@ -208,7 +102,7 @@ absl::StatusOr<Topology> Client::GetTopology() {
     impl_->SetDeadline(&ctx);
     return FromGrpcStatus(impl_->stub()->GetTopology(&ctx, v1::GetTopologyRequest(), &resp));
   }));
-  return FromProto(resp);
+  return TopologyFromProto(resp);
 }
 
 absl::StatusOr<Topology> Client::WaitForTopology(absl::Duration timeout) {
@@ -222,7 +116,7 @@ absl::StatusOr<Topology> Client::WaitForTopology(absl::Duration timeout) {
     req.set_timeout_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
     return FromGrpcStatus(impl_->stub()->WaitForTopology(&ctx, req, &resp));
   }));
-  return FromProto(resp);
+  return TopologyFromProto(resp);
 }
 
 absl::StatusOr<Topology> Client::WatchTopology(int64_t after_version, absl::Duration timeout) {
@@ -235,7 +129,7 @@ absl::StatusOr<Topology> Client::WatchTopology(int64_t after_version, absl::Dura
   if (reader->Read(&t)) {
     ctx.TryCancel();
     reader->Finish();
-    return FromProto(t);
+    return TopologyFromProto(t);
   }
   absl::Status s = FromGrpcStatus(reader->Finish());
   if (!s.ok() && !absl::IsDeadlineExceeded(s)) return s;
@@ -253,15 +147,9 @@ absl::StatusOr<std::vector<VariableInfo>> Client::CreateVariables(std::vector<Va
   for (VariableSpec& s : specs) {
     s = ReplicatedScope::Apply(std::move(s));
     v1::CreateVariableItem* item = req.add_items();
-    v1::VariableSpec* p = item->mutable_spec();
-    p->set_name(s.name);
-    SpecToProto(s.dtype, s.shape, p->mutable_tensor());
-    p->set_trainable(s.trainable);
-    for (const auto& c : s.collections) p->add_collections(c);
-    p->set_replica_count(s.replica_count);
-    p->set_aggregation(static_cast<v1::Aggregation>(s.aggregation));
-    p->set_allow_nonfinite(s.allow_nonfinite);
-    InitializerToProto(s.initializer, s.dtype, s.shape, item->mutable_initializer());
+    VariableSpecToProto(s, item->mutable_spec());
+    REPVAR_ASSIGN_OR_RETURN(Initializer init, InitializerFromSpec(s.initializer, s.dtype, s.shape));
+    InitializerToProto(init, item->mutable_initializer());
   }
   v1::CreateVariablesResponse resp;
   REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
@@ -271,7 +159,7 @@ absl::StatusOr<std::vector<VariableInfo>> Client::CreateVariables(std::vector<Va
   }));
   std::vector<VariableInfo> out;
   for (int i = 0; i < resp.variables_size(); ++i) {
-    VariableInfo v = FromProto(resp.variables(i));
+    VariableInfo v = VariableFromProto(resp.variables(i));
     v.created = i < resp.created_size() && resp.created(i);
     impl_->Remember(v);
     out.push_back(std::move(v));
@@ -291,7 +179,7 @@ absl::StatusOr<VariableInfo> Client::GetVariable(const std::string& name) {
     impl_->SetDeadline(&ctx);
     return FromGrpcStatus(impl_->stub()->GetVariable(&ctx, req, &resp));
   }));
-  VariableInfo v = FromProto(resp);
+  VariableInfo v = VariableFromProto(resp);
   impl_->Remember(v);
   return v;
 }
@@ -306,7 +194,7 @@ absl::StatusOr<std::vector<VariableInfo>> Client::ListVariables(const std::strin
     return FromGrpcStatus(impl_->stub()->ListVariables(&ctx, req, &resp));
   }));
   std::vector<VariableInfo> out;
-  for (const auto& p : resp.variables()) out.push_back(FromProto(p));
+  for (const auto& p : resp.variables()) out.push_back(VariableFromProto(p));
   return out;
 }
 
@@ -319,8 +207,24 @@ absl::Status Client::DeleteVariable(const std::string& name) {
     grpc::ClientContext ctx;
     impl_->SetDeadline(&ctx);
     v1::DeleteVariableResponse resp;
-    return FromGrpcStatus(impl_->stub()->DeleteVariable(&ctx, req, &resp));
+    return FromGrpcStatus(impl_->admin()->DeleteVariable(&ctx, req, &resp));
   });
+}
+
+absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
+  v1::ClusterStatus resp;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx);
+    return FromGrpcStatus(
+        impl_->admin()->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &resp));
+  }));
+  ClusterStatus out;
+  out.topology = TopologyFromProto(resp.topology());
+  for (const auto& v : resp.variables()) out.variables.push_back(VariableFromProto(v));
+  REPVAR_ASSIGN_OR_RETURN(StepsStatus steps, StepsStatusFromProto(resp.steps()));
+  out.steps = client_internal::StepsLines(steps);
+  return out;
 }
 
 absl::StatusOr<std::vector<InitializeResult>> Client::Initialize(
@@ -354,7 +258,7 @@ absl::StatusOr<std::vector<InitializedState>> Client::IsInitialized(
   std::vector<InitializedState> out;
   for (const auto& r : resp.results()) {
     InitializedState s{r.name(), r.initialized(), {}};
-    for (const auto& rep : r.replicas()) s.replicas.push_back(FromProto(rep));
+    for (const auto& rep : r.replicas()) s.replicas.push_back(ReplicaFromProto(rep));
     out.push_back(std::move(s));
   }
   return out;
@@ -391,21 +295,18 @@ absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignOp kind,
   h->set_name(name);
   h->set_op(static_cast<v1::AssignOp>(kind));
   h->set_read_value(read_value);
-  HeaderOf(spec->dtype, spec->shape, bytes, h->mutable_tensor());
+  HeaderToProto(spec->dtype, spec->dims, bytes, h->mutable_tensor());
 
   v1::AssignVariableResponse resp;
   absl::Status s = impl_->Retry([&] {
     grpc::ClientContext ctx;
     impl_->SetDeadline(&ctx, bytes.size());
     auto stream = impl_->stub()->AssignVariable(&ctx, &resp);
-    bool ok = stream->Write(head);
-    ForEachChunk(bytes, impl_->options().chunk_bytes,
-                 [&](uint64_t off, std::span<const std::byte> piece) {
-                   if (!ok) return;
-                   v1::AssignVariableRequest m;
-                   ChunkToProto(off, piece, m.mutable_chunk());
-                   ok = stream->Write(m);
-                 });
+    (void)(stream->Write(head) &&
+           SendChunks<v1::AssignVariableRequest>(
+               bytes, impl_->options().chunk_bytes,
+               [&](const v1::AssignVariableRequest& m) { return stream->Write(m); },
+               [](v1::AssignVariableRequest& m) { return m.mutable_chunk(); }));
     stream->WritesDone();
     return FromGrpcStatus(stream->Finish());
   });
@@ -413,7 +314,7 @@ absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignOp kind,
   REPVAR_RETURN_IF_ERROR(s);
   WriteAck ack{resp.version(), resp.checksum(), std::nullopt};
   if (resp.has_value()) {
-    REPVAR_ASSIGN_OR_RETURN(ack.value, TensorFromProto(resp.value(), resp.version()));
+    REPVAR_ASSIGN_OR_RETURN(ack.value, TensorValueFromProto(resp.value(), resp.version()));
   } else if (read_value) {
     REPVAR_ASSIGN_OR_RETURN(TensorValue v, Read(name));
     ack.value = std::move(v);
@@ -433,7 +334,7 @@ absl::StatusOr<std::vector<WriteAck>> Client::AssignBatch(const std::vector<Assi
     v1::AssignItem* p = req.add_items();
     p->set_name(item.name);
     p->set_op(static_cast<v1::AssignOp>(item.op));
-    HeaderOf(spec->dtype, spec->shape, item.bytes, p->mutable_value()->mutable_header());
+    HeaderToProto(spec->dtype, spec->dims, item.bytes, p->mutable_value()->mutable_header());
     p->mutable_value()->set_data(reinterpret_cast<const char*>(item.bytes.data()),
                                  item.bytes.size());
   }
@@ -452,7 +353,7 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
   // A variable known to be small is read in one unary call, which costs a
   // fraction of a stream's set-up.
   if (auto spec = impl_->Spec(name)) {
-    auto bytes = TensorSpec{spec->dtype, spec->shape}.ByteSize();
+    auto bytes = spec->ByteSize();
     if (bytes.ok() && *bytes <= kSmallReadBytes) {
       REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ReadBatch({name}));
       return std::move(one.front());
@@ -467,7 +368,7 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
     auto spec = impl_->Spec(name);
     uint64_t hint = 0;
     if (spec) {
-      auto b = TensorSpec{spec->dtype, spec->shape}.ByteSize();
+      auto b = spec->ByteSize();
       if (b.ok()) hint = static_cast<uint64_t>(*b);
     }
     impl_->SetDeadline(&ctx, hint);
@@ -529,7 +430,7 @@ absl::StatusOr<std::vector<TensorValue>> Client::ReadBatch(const std::vector<std
   }));
   std::vector<TensorValue> out;
   for (const auto& r : resp.results()) {
-    REPVAR_ASSIGN_OR_RETURN(TensorValue v, TensorFromProto(r.value(), r.version()));
+    REPVAR_ASSIGN_OR_RETURN(TensorValue v, TensorValueFromProto(r.value(), r.version()));
     out.push_back(std::move(v));
   }
   return out;

@@ -361,7 +361,7 @@ absl::StatusOr<std::vector<InitializeResult>> Coordinator::Initialize(
   return results;
 }
 
-absl::Status Coordinator::ValidateAssignLocked(const Variable& v, const AssignItem& item) const {
+absl::Status Coordinator::ValidateAssignLocked(const Variable& v, const Assignment& item) const {
   if (v.deleted)
     return absl::NotFoundError(absl::StrCat("variable \"", item.name, "\" was deleted"));
   if (item.value == nullptr) return absl::InvalidArgumentError("assign without a value");
@@ -385,7 +385,7 @@ absl::Status Coordinator::ValidateAssignLocked(const Variable& v, const AssignIt
 }
 
 absl::StatusOr<std::shared_ptr<const Tensor>> Coordinator::ComputeLocked(const Variable& v,
-                                                                         const AssignItem& item,
+                                                                         const Assignment& item,
                                                                          const Tensor* base) const {
   if (item.op == AssignOp::kAssign) return item.value;
   REPVAR_ASSIGN_OR_RETURN(Tensor sum,
@@ -400,13 +400,13 @@ absl::StatusOr<std::shared_ptr<const Tensor>> Coordinator::ComputeLocked(const V
   return std::make_shared<const Tensor>(std::move(sum));
 }
 
-absl::StatusOr<WriteResult> Coordinator::Assign(const RequestKey& key, const AssignItem& item) {
+absl::StatusOr<WriteResult> Coordinator::Assign(const RequestKey& key, const Assignment& item) {
   REPVAR_ASSIGN_OR_RETURN(std::vector<WriteResult> r, AssignBatch(key, {item}));
   return r.front();
 }
 
 absl::StatusOr<std::vector<WriteResult>> Coordinator::AssignBatch(
-    const RequestKey& key, const std::vector<AssignItem>& items) {
+    const RequestKey& key, const std::vector<Assignment>& items) {
   if (items.empty()) return absl::InvalidArgumentError("assign needs at least one variable");
   REPVAR_RETURN_IF_ERROR(EnterWriteGate());
   struct Leave {
@@ -415,7 +415,7 @@ absl::StatusOr<std::vector<WriteResult>> Coordinator::AssignBatch(
   } leave{this};
   std::vector<std::shared_ptr<Variable>> vars;
   std::set<absl::string_view> names;
-  for (const AssignItem& item : items) {
+  for (const Assignment& item : items) {
     if (!names.insert(item.name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("variable ", item.name, " appears twice in one batched assign"));
@@ -900,8 +900,7 @@ absl::Status Coordinator::FinishStep(const WorkerFinish& finish) {
 }
 
 absl::StatusOr<std::variant<StepPlan, StepResolution>> Coordinator::WaitStepPlan(
-    uint64_t epoch, absl::Duration max_wait) {
-  const absl::Time deadline = absl::Now() + max_wait;
+    uint64_t epoch, absl::Time deadline) {
   absl::MutexLock lock(&step_mu_);
   while (true) {
     if (const StepPlan* p = steps_.plan(epoch)) return *p;
@@ -917,8 +916,7 @@ absl::StatusOr<std::variant<StepPlan, StepResolution>> Coordinator::WaitStepPlan
 }
 
 absl::StatusOr<StepResolution> Coordinator::WaitStepResolution(uint64_t epoch,
-                                                               absl::Duration max_wait) {
-  const absl::Time deadline = absl::Now() + max_wait;
+                                                               absl::Time deadline) {
   absl::MutexLock lock(&step_mu_);
   while (true) {
     if (const StepResolution* r = steps_.resolution(epoch)) return *r;
@@ -978,7 +976,7 @@ void Coordinator::ShutdownStepWaiters() {
   wake.fns.swap(step_wakers_);
 }
 
-Coordinator::StepsStatus Coordinator::GetSteps() const {
+StepsStatus Coordinator::GetSteps() const {
   absl::MutexLock lock(&step_mu_);
   StepsStatus out;
   if (const StepInfo* open = steps_.open()) {
@@ -991,8 +989,7 @@ Coordinator::StepsStatus Coordinator::GetSteps() const {
   return out;
 }
 
-std::vector<StepEvent> Coordinator::WaitStepEvents(int64_t after_seq, absl::Duration max_wait) {
-  const absl::Time deadline = absl::Now() + max_wait;
+std::vector<StepEvent> Coordinator::WaitStepEvents(int64_t after_seq, absl::Time deadline) {
   absl::MutexLock lock(&step_mu_);
   while (steps_.next_event_seq() <= after_seq + 1) {
     if (events_cv_.WaitWithDeadline(&step_mu_, deadline)) break;

@@ -122,10 +122,10 @@ class Coordinator {
   // (spec mismatch; ADD/SUB of an uninitialized variable), INVALID_ARGUMENT
   // (non-finite value or result, reused request id), UNAVAILABLE (see file
   // comment, step 5).
-  absl::StatusOr<WriteResult> Assign(const RequestKey& key, const AssignItem& item);
+  absl::StatusOr<WriteResult> Assign(const RequestKey& key, const Assignment& item);
   // V6: validates every item, then writes them all in one broadcast.
   absl::StatusOr<std::vector<WriteResult>> AssignBatch(const RequestKey& key,
-                                                       const std::vector<AssignItem>& items);
+                                                       const std::vector<Assignment>& items);
 
   // C1. Errors: NOT_FOUND, FAILED_PRECONDITION (uninitialized),
   // UNAVAILABLE (a step changed it and no up-to-date replica answered).
@@ -150,13 +150,13 @@ class Coordinator {
   // Errors: as StepBarrier::Report / Finish. Neither waits.
   absl::Status ReportStep(const WorkerReport& report);
   absl::Status FinishStep(const WorkerFinish& finish);
-  // Waits up to `max_wait` for the barrier of `epoch`: the plan (the step is
+  // Waits until `deadline` for the barrier of `epoch`: the plan (the step is
   // aggregating) or its resolution. DEADLINE_EXCEEDED: still open.
   absl::StatusOr<std::variant<StepPlan, StepResolution>> WaitStepPlan(uint64_t epoch,
-                                                                      absl::Duration max_wait);
-  // Waits up to `max_wait` for the resolution. DEADLINE_EXCEEDED: not yet;
+                                                                      absl::Time deadline);
+  // Waits until `deadline` for the resolution. DEADLINE_EXCEEDED: not yet;
   // NOT_FOUND: unknown epoch.
-  absl::StatusOr<StepResolution> WaitStepResolution(uint64_t epoch, absl::Duration max_wait);
+  absl::StatusOr<StepResolution> WaitStepResolution(uint64_t epoch, absl::Time deadline);
   // The same without a waiting thread: `done` is called exactly once, on
   // this thread when the answer is ready now, else from the thread that
   // changes the step (outside every lock) — or with UNAVAILABLE after
@@ -167,15 +167,9 @@ class Coordinator {
   void WhenStepResolved(uint64_t epoch, ResolutionCallback done) ABSL_LOCKS_EXCLUDED(step_mu_);
   // Answers every pending When* with UNAVAILABLE, and any later one at once.
   void ShutdownStepWaiters() ABSL_LOCKS_EXCLUDED(step_mu_);
-  struct StepsStatus {
-    std::optional<StepInfo> open;
-    std::vector<ParticipantProgress> progress;
-    std::vector<StepResolution> recent;
-    int64_t last_committed_step = 0;
-  };
   StepsStatus GetSteps() const;
-  // Events after `after_seq`, waiting up to `max_wait` for one.
-  std::vector<StepEvent> WaitStepEvents(int64_t after_seq, absl::Duration max_wait);
+  // Events after `after_seq`, waiting until `deadline` for one.
+  std::vector<StepEvent> WaitStepEvents(int64_t after_seq, absl::Time deadline);
 
  private:
   struct ReplicaRecord {
@@ -229,10 +223,10 @@ class Coordinator {
       ABSL_LOCKS_EXCLUDED(mu_);
   VariableView ViewLocked(const Variable& v, const TopologySnapshot& topo) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ValidateAssignLocked(const Variable& v, const AssignItem& item) const
+  absl::Status ValidateAssignLocked(const Variable& v, const Assignment& item) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<const Tensor>> ComputeLocked(const Variable& v,
-                                                              const AssignItem& item,
+                                                              const Assignment& item,
                                                               const Tensor* base) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -19,8 +19,10 @@
 #include "common/tensor/buffer.h"
 #include "common/tensor/tensor.h"
 #include "server/coordinator.h"
-#include "server/coordinator_service.h"
-#include "server/grpc_worker_client.h"
+#include "server/rpc/admin_service.h"
+#include "server/rpc/grpc_worker_client.h"
+#include "server/rpc/trainers_service.h"
+#include "server/rpc/workers_service.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen_address, "127.0.0.1:0",
@@ -84,10 +86,14 @@ int main(int argc, char** argv) {
 
   repvar::server::GrpcWorkerClient workers;
   repvar::server::Coordinator core(options, repvar::RealClock::Get(), &workers);
-  repvar::server::CoordinatorService service(&core);
+  repvar::server::StepInfoCache step_infos;
+  repvar::server::WorkersService workers_service(&core, &step_infos);
+  repvar::server::TrainersService trainers_service(&core, &step_infos);
+  repvar::server::AdminService admin_service(&core);
 
   int port = 0;
-  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address), {&service},
+  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address),
+                                        {&workers_service, &trainers_service, &admin_service},
                                         absl::GetFlag(FLAGS_port_file), &port);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
@@ -112,7 +118,8 @@ int main(int argc, char** argv) {
   int sig = repvar::WaitForShutdownSignal();
   spdlog::info("signal {}: shutting down", sig);
   (*server)->GetHealthCheckService()->Shutdown();
-  service.Shutdown();
+  workers_service.Shutdown();
+  trainers_service.Shutdown();
   stop.Notify();
   ticker.join();
   repairer.join();

@@ -131,7 +131,7 @@ TopologySnapshot Membership::SnapshotLocked() const {
   if (!s.accelerators.empty()) {
     const Accelerator& first = s.accelerators.front();
     const LiveTask& owner = tasks_.at(first.task);
-    s.infeed_host = InfeedHost{first.task, owner.address, first.device.HostCpu()};
+    s.infeed_host = InfeedTask{first.task, owner.address, first.device.HostCpu()};
   }
   s.missing_tasks = MissingLocked();
   return s;

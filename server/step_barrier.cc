@@ -142,7 +142,6 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
   StepPlan plan;
   plan.step = open_->step;
   plan.epoch = open_->epoch;
-  for (const StepParticipant& p : open_->participants) plan.members.push_back(p.task);
   std::vector<Divergence> divergences;
   std::map<AccumType, std::vector<uint64_t>> reduce;
   std::vector<StepCollective> broadcasts;

@@ -21,9 +21,14 @@
 #include "common/tensor/buffer.h"
 #include "common/tensor/tensor.h"
 #include "spdlog/spdlog.h"
-#include "worker/replica_store.h"
-#include "worker/worker_agent.h"
-#include "worker/worker_service.h"
+#include "worker/core/data_plane.h"
+#include "worker/core/replica_store.h"
+#include "worker/core/step_resolver.h"
+#include "worker/core/step_table.h"
+#include "worker/core/worker_agent.h"
+#include "worker/rpc/grpc_coordinator_link.h"
+#include "worker/rpc/replicas_service.h"
+#include "worker/rpc/steps_service.h"
 
 ABSL_FLAG(std::string, job, "tpu_worker", "job name of this task");
 ABSL_FLAG(int32_t, task, 0, "task index within the job");
@@ -83,12 +88,15 @@ int main(int argc, char** argv) {
       identity.accelerators.push_back(absl::StrCat(parsed->type, ":", parsed->id));
     }
   }
-  repvar::worker::LocalSteps steps(identity, &store, &link, &data_plane);
-  repvar::worker::WorkerService service(incarnation, &store, &data_plane, &steps);
+  repvar::worker::StepResolver resolver(identity, &store, &link, &data_plane);
+  repvar::worker::StepTable steps(identity, &store, &link, &resolver);
+  repvar::worker::ReplicasService replicas_service(incarnation, &store, &data_plane);
+  repvar::worker::StepsService steps_service(&steps);
   int port = 0;
   // The port file is written once the agent runs (below), so a waiter sees a
   // worker that serves and registers.
-  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address), {&service}, "", &port);
+  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address),
+                                        {&replicas_service, &steps_service}, "", &port);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 1;

@@ -25,6 +25,14 @@ struct ReplicaWrite {
   std::optional<CollectiveSpec> collective;
 };
 
+// What a worker receives ahead of a write's bytes: the write (without its
+// value), the tensor it announces and the incarnation it is meant for.
+struct ReplicaWriteHeader {
+  uint64_t incarnation = 0;
+  ReplicaWrite write;  // value unset
+  TensorHeader tensor;
+};
+
 }  // namespace repvar
 
 #endif  // REPVAR_COMMON_MODEL_REPLICA_WRITE_H_

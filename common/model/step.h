@@ -50,11 +50,27 @@ struct StepInfo {
   // Names participants + variables without the begin versions (see
   // repvar.v1.StepInfo): equal ids, equal layouts.
   uint64_t layout_id = 0;
+  // Set when the sender left participants and variables out because the
+  // receiver said it holds layout `layout_id` already.
+  bool layout_omitted = false;
 };
 
 // The layout id of `info` (participants and variables, begin versions and
 // checksums left out).
 uint64_t LayoutId(const StepInfo& info);
+
+// A trainer's in-step write of one local replica, as its header announces
+// it. A trainer's calls name the step as BeginStep described it; a worker
+// holding layout `layout_id` already needs not ask the coordinator.
+struct StepWriteHeader {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+  uint64_t variable_id = 0;
+  int32_t replica = 0;
+  TensorHeader tensor;
+  uint64_t layout_id = 0;
+  absl::Duration barrier_timeout;
+};
 
 struct ReplicaReport {
   uint64_t variable_id = 0;
@@ -84,11 +100,11 @@ struct StepCollective {
   std::vector<int32_t> targets;  // broadcast: replicas to overwrite
 };
 
-// What every participant runs after the barrier (its own rank is its index).
+// What every participant runs after the barrier. Ranks are the step's
+// participants in StepInfo order: a worker's rank is its index there.
 struct StepPlan {
   int64_t step = 0;
   uint64_t epoch = 0;
-  std::vector<TaskKey> members;  // the participants, in rank order
   std::string group;
   absl::Duration timeout;
   std::vector<StepCollective> collectives;
@@ -172,6 +188,14 @@ struct ParticipantProgress {
   bool finished = false;
   absl::Duration report_latency;
   std::string last_activity;
+};
+
+// The open step's progress and the last resolutions (repvarctl steps).
+struct StepsStatus {
+  std::optional<StepInfo> open;
+  std::vector<ParticipantProgress> progress;
+  std::vector<StepResolution> recent;  // newest last
+  int64_t last_committed_step = 0;
 };
 
 }  // namespace repvar

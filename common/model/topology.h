@@ -38,7 +38,7 @@ struct Accelerator {
 };
 
 // Where input is enqueued and output dequeued: the task owning ordinal 0 (T3).
-struct InfeedHost {
+struct InfeedTask {
   TaskKey task;
   std::string address;
   std::string cpu_device;
@@ -48,7 +48,7 @@ struct TopologySnapshot {
   int64_t version = 0;
   std::vector<LiveTask> tasks;             // sorted by (job, task)
   std::vector<Accelerator> accelerators;   // in ordinal order (T2)
-  std::optional<InfeedHost> infeed_host;   // the task owning ordinal 0 (T3)
+  std::optional<InfeedTask> infeed_host;   // the task owning ordinal 0 (T3)
   std::vector<std::string> missing_tasks;  // expected but not live, "job:task"
 };
 

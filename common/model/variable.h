@@ -84,14 +84,8 @@ struct InitializeItem {
   std::string name;
   std::optional<Initializer> initializer;  // overrides the one given at create
 };
-struct InitializeResult {
-  std::string name;
-  bool initialized_now = false;
-  int64_t version = 0;
-  uint64_t checksum = 0;
-};
 
-struct AssignItem {
+struct Assignment {
   std::string name;
   AssignOp op = AssignOp::kAssign;
   std::shared_ptr<const Tensor> value;

@@ -12,7 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/status_util.h"
-#include "common/rpc/convert.h"
+#include "common/rpc/chunks.h"
+#include "common/rpc/from_proto.h"
 #include "common/rpc/grpc_status.h"
 #include "repvar/v1/worker.pb.h"
 

@@ -23,6 +23,9 @@ class ChunkAssembler {
   // match it; RESOURCE_EXHAUSTED when byte_size exceeds `max_bytes`.
   static absl::StatusOr<ChunkAssembler> Start(const TensorSpec& spec, uint64_t byte_size,
                                               uint64_t checksum, uint64_t max_bytes);
+  static absl::StatusOr<ChunkAssembler> Start(const TensorHeader& header, uint64_t max_bytes) {
+    return Start(header.spec, header.byte_size, header.checksum, max_bytes);
+  }
   ChunkAssembler(ChunkAssembler&&) = default;
   ChunkAssembler& operator=(ChunkAssembler&&) = default;
   ~ChunkAssembler();

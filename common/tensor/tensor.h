@@ -37,6 +37,13 @@ struct TensorSpec {
   friend bool operator==(const TensorSpec&, const TensorSpec&) = default;
 };
 
+// What a chunk stream announces before its bytes.
+struct TensorHeader {
+  TensorSpec spec;
+  uint64_t byte_size = 0;
+  uint64_t checksum = 0;  // of all byte_size bytes
+};
+
 // XXH3-64 (seed 0) of `bytes`: the checksum of chunks and whole tensors.
 uint64_t Checksum(std::span<const std::byte> bytes);
 

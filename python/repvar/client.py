@@ -12,6 +12,7 @@ import numpy as np
 from repvar import tensors
 from repvar.v1 import coordinator_pb2 as cpb
 from repvar.v1 import coordinator_pb2_grpc as cgrpc
+from repvar.v1 import step_pb2 as spb
 from repvar.v1 import types_pb2 as tpb
 
 _scopes = threading.local()
@@ -85,7 +86,8 @@ class Client:
         opts = [("grpc.max_receive_message_length", 64 << 20),
                 ("grpc.max_send_message_length", 64 << 20)]
         self.channel = grpc.insecure_channel(address, options=opts)
-        self.stub = cgrpc.CoordinatorStub(self.channel)
+        self.stub = cgrpc.CoordinatorTrainersStub(self.channel)
+        self.admin = cgrpc.CoordinatorAdminStub(self.channel)
         self.timeout = timeout
         self._dtypes = {}
 
@@ -124,7 +126,7 @@ class Client:
                                        timeout=self.timeout).variables
 
     def delete(self, name):
-        self.stub.DeleteVariable(cpb.DeleteVariableRequest(request_id=uuid.uuid4().hex, name=name),
+        self.admin.DeleteVariable(cpb.DeleteVariableRequest(request_id=uuid.uuid4().hex, name=name),
                                  timeout=self.timeout)
 
     def initialize(self, names):
@@ -173,7 +175,7 @@ class Client:
         return Step(self, step, worker, barrier_timeout, devices)
 
     def last_committed_step(self):
-        return self.stub.GetSteps(cpb.GetStepsRequest(), timeout=self.timeout).last_committed_step
+        return self.stub.GetSteps(spb.GetStepsRequest(), timeout=self.timeout).last_committed_step
 
     def _worker_channel(self, address):
         cache = self.__dict__.setdefault("_workers", {})
@@ -212,7 +214,7 @@ class Step:
         self.devices = list(devices)
         job, _, task = worker.rpartition(":")
         self.info = client.stub.BeginStep(
-            cpb.BeginStepRequest(step=step, barrier_timeout_ms=int(barrier_timeout * 1000)),
+            spb.BeginStepRequest(step=step, barrier_timeout_ms=int(barrier_timeout * 1000)),
             timeout=client.timeout + barrier_timeout)
         self._vars = {v.name: v for v in self.info.variables}
         self._me = -1
@@ -226,7 +228,7 @@ class Step:
                     address = t.address
         if address is None:
             raise ValueError(f"worker {worker} is not live")
-        self.worker = wgrpc.WorkerStub(client._worker_channel(address))
+        self.worker = wgrpc.WorkerStepsStub(client._worker_channel(address))
         self.closed = False
 
     @property
@@ -253,8 +255,9 @@ class Step:
                     return m.array.copy()
             except OSError:
                 self._map_failed = True  # not on the worker's host: use its socket
-        responses = self.worker.ReadReplica(self._wpb.ReadReplicaRequest(
-            variable_id=v.id, replica=replica, epoch=self.info.epoch), timeout=self.client.timeout)
+        responses = self.worker.StepRead(self._wpb.StepReadRequest(
+            step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica),
+            timeout=self.client.timeout)
         first = next(responses)
         return tensors.from_chunks(first.header, (r.chunk for r in responses))
 
@@ -327,13 +330,13 @@ class Step:
         res = self.worker.CommitStep(self._wpb.CommitStepRequest(
             step=self.info.step, epoch=self.info.epoch, devices=self.devices,
             timeout_ms=int(wait * 1000)), timeout=wait + 10)
-        if res.state != cpb.STEP_STATE_COMMITTED:
+        if res.state != spb.STEP_STATE_COMMITTED:
             raise StepFailed(_CODES.get(res.code, grpc.StatusCode.UNKNOWN), res.message, res)
         return res
 
     def abort(self, reason=""):
         self.closed = True
-        self.client.stub.AbortStep(cpb.AbortStepRequest(epoch=self.info.epoch, reason=reason),
+        self.client.stub.AbortStep(spb.AbortStepRequest(epoch=self.info.epoch, reason=reason),
                                    timeout=self.client.timeout)
         self.worker.DiscardStep(self._wpb.DiscardStepRequest(epoch=self.info.epoch),
                                 timeout=self.client.timeout)

@@ -32,9 +32,9 @@ class BadInputTest : public ::testing::Test {
     ASSERT_OK(c);
     client_ = c->release();
     ASSERT_OK(client_->WaitForTopology(Scaled(absl::Seconds(20))));
-    stub_ = v1::Coordinator::NewStub(
-                grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()))
-                .release();
+    auto channel = grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials());
+    stub_ = v1::CoordinatorTrainers::NewStub(channel).release();
+    workers_stub_ = v1::CoordinatorWorkers::NewStub(channel).release();
     ASSERT_OK(client_->CreateVariable(
         {.name = "w", .dtype = DType::kFloat32, .shape = {4}, .replica_count = 6}));
     std::vector<float> v = {1, 2, 3, 4};
@@ -107,12 +107,14 @@ class BadInputTest : public ::testing::Test {
 
   static testing::TestCluster* cluster_;
   static Client* client_;
-  static v1::Coordinator::Stub* stub_;
+  static v1::CoordinatorTrainers::Stub* stub_;
+  static v1::CoordinatorWorkers::Stub* workers_stub_;
 };
 
 testing::TestCluster* BadInputTest::cluster_ = nullptr;
 Client* BadInputTest::client_ = nullptr;
-v1::Coordinator::Stub* BadInputTest::stub_ = nullptr;
+v1::CoordinatorTrainers::Stub* BadInputTest::stub_ = nullptr;
+v1::CoordinatorWorkers::Stub* BadInputTest::workers_stub_ = nullptr;
 
 TEST_F(BadInputTest, RegisterWorker_MalformedDeviceNames_InvalidArgument) {
   int64_t version = client_->GetTopology()->version;
@@ -127,7 +129,7 @@ TEST_F(BadInputTest, RegisterWorker_MalformedDeviceNames_InvalidArgument) {
     req.set_incarnation(1);
     req.add_devices(bad);
     v1::RegisterWorkerResponse resp;
-    EXPECT_THAT(FromGrpcStatus(stub_->RegisterWorker(Ctx().get(), req, &resp)),
+    EXPECT_THAT(FromGrpcStatus(workers_stub_->RegisterWorker(Ctx().get(), req, &resp)),
                 StatusIs(Code::kInvalidArgument))
         << bad;
   }
@@ -144,12 +146,12 @@ TEST_F(BadInputTest, RegisterWorker_DuplicateDeviceAndLiveTaskOtherIncarnation) 
   req.add_devices("/job:tpu_worker/replica:0/task:0/device:TPU:0");
   v1::RegisterWorkerResponse resp;
   // tpu_worker:0 is live under another incarnation.
-  EXPECT_THAT(FromGrpcStatus(stub_->RegisterWorker(Ctx().get(), req, &resp)),
+  EXPECT_THAT(FromGrpcStatus(workers_stub_->RegisterWorker(Ctx().get(), req, &resp)),
               StatusIs(Code::kAborted));
   req.add_devices("/job:tpu_worker/replica:0/task:0/device:TPU:0");
   req.set_task(9);
   req.set_job("other");
-  EXPECT_THAT(FromGrpcStatus(stub_->RegisterWorker(Ctx().get(), req, &resp)),
+  EXPECT_THAT(FromGrpcStatus(workers_stub_->RegisterWorker(Ctx().get(), req, &resp)),
               StatusIs(Code::kInvalidArgument));
   EXPECT_EQ(client_->GetTopology()->version, version);
 }
@@ -160,7 +162,8 @@ TEST_F(BadInputTest, Heartbeat_UnknownTask_NotFound) {
   req.set_task(77);
   req.set_incarnation(1);
   v1::HeartbeatResponse resp;
-  EXPECT_THAT(FromGrpcStatus(stub_->Heartbeat(Ctx().get(), req, &resp)), StatusIs(Code::kNotFound));
+  EXPECT_THAT(FromGrpcStatus(workers_stub_->Heartbeat(Ctx().get(), req, &resp)),
+              StatusIs(Code::kNotFound));
 }
 
 TEST_F(BadInputTest, CreateVariables_BadSpecs_RefusedAndNothingCreated) {
@@ -332,7 +335,7 @@ TEST_F(BadInputTest, AssignVariables_CorruptInlineTensor_InvalidArgument) {
 }
 
 TEST_F(BadInputTest, WorkerWriteReplicas_StaleIncarnation_Aborted) {
-  auto stub = v1::Worker::NewStub(
+  auto stub = v1::WorkerReplicas::NewStub(
       grpc::CreateChannel(cluster_->worker_address(0), grpc::InsecureChannelCredentials()));
   auto ctx = Ctx();
   v1::WriteReplicasResponse resp;
@@ -349,7 +352,7 @@ TEST_F(BadInputTest, WorkerWriteReplicas_StaleIncarnation_Aborted) {
 }
 
 TEST_F(BadInputTest, WorkerWriteSmallReplicas_BadHeaders_RefusedAndNothingApplied) {
-  auto stub = v1::Worker::NewStub(
+  auto stub = v1::WorkerReplicas::NewStub(
       grpc::CreateChannel(cluster_->worker_address(0), grpc::InsecureChannelCredentials()));
   uint64_t id = client_->GetVariable("w")->id;
   std::string data = Floats({9, 9, 9, 9});

@@ -277,7 +277,7 @@ TEST_F(StepTest, S3_OneReportPerWorker_RefusalsHaveDistinctStatuses) {
   }
   auto scope = StepScope::Begin(*client_, 3, Options(0));
   ASSERT_OK(scope);
-  auto stub = v1::Coordinator::NewStub(
+  auto stub = v1::CoordinatorWorkers::NewStub(
       grpc::CreateChannel(cluster_.address(), grpc::InsecureChannelCredentials()));
   auto report = [&](v1::ReportStepRequest req) {
     grpc::ClientContext ctx;
@@ -622,7 +622,7 @@ TEST_F(StepTest, X2_BadInStepWrites_RefusedAndNothingChanges) {
   EXPECT_THAT((*scope)->Write("w", 0, std::as_bytes(std::span(three))),
               StatusIs(absl::StatusCode::kInvalidArgument));  // 3 floats for a float32[4]
   // A header whose checksum does not match its bytes.
-  auto stub = testing::WorkerStub(cluster_.worker_address(0));
+  auto stub = testing::WorkerStepsStub(cluster_.worker_address(0));
   v1::StepWriteSmallRequest req;
   v1::StepWriteHeader* h = req.add_writes();
   h->set_step(1);

@@ -206,7 +206,7 @@ TEST_F(CoordinatorTest, V6_BatchedCreateInitializeAssignAnswerOnce) {
   auto inited = core_.Initialize({}, init);
   ASSERT_OK(inited);
   EXPECT_EQ(workers_.calls() - calls_before, 1) << "one exchange per worker, not per variable";
-  std::vector<AssignItem> assigns;
+  std::vector<Assignment> assigns;
   for (int i = 0; i < 100; ++i)
     assigns.push_back({absl::StrCat("b/", i), AssignOp::kAdd, F32({1, 1, 1})});
   auto written = core_.AssignBatch({}, assigns);

@@ -65,12 +65,12 @@ class StepCoreTest : public ::testing::Test {
     return WorkerFinish{s.step, s.epoch, TaskKey{"tpu_worker", task}, Inc(task), std::move(pv), ""};
   }
   StepResolution Resolution(uint64_t epoch) {
-    auto r = core_.WaitStepResolution(epoch, absl::ZeroDuration());
+    auto r = core_.WaitStepResolution(epoch, absl::InfinitePast());
     EXPECT_OK(r);
     return r.ok() ? *r : StepResolution{};
   }
   StepPlan Plan(uint64_t epoch) {
-    auto p = core_.WaitStepPlan(epoch, absl::ZeroDuration());
+    auto p = core_.WaitStepPlan(epoch, absl::InfinitePast());
     EXPECT_OK(p);
     EXPECT_TRUE(p.ok() && std::holds_alternative<StepPlan>(*p));
     return p.ok() && std::holds_alternative<StepPlan>(*p) ? std::get<StepPlan>(*p) : StepPlan{};
@@ -331,11 +331,11 @@ TEST_F(StepCoreTest, S4_BarrierTimeout_NamesMissingWorkers_WarnsAtHalf) {
   clock_.Advance(absl::Seconds(5));
   HeartbeatAll({0, 1, 2});
   core_.Tick(clock_.Now());
-  std::vector<StepEvent> events = core_.WaitStepEvents(0, absl::ZeroDuration());
+  std::vector<StepEvent> events = core_.WaitStepEvents(0, absl::InfinitePast());
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().kind, StepEvent::Kind::kStragglers);
   EXPECT_EQ(events.back().missing, (std::vector<std::string>{"tpu_worker:1", "tpu_worker:2"}));
-  EXPECT_THAT(core_.WaitStepResolution(s->epoch, absl::ZeroDuration()).status(),
+  EXPECT_THAT(core_.WaitStepResolution(s->epoch, absl::InfinitePast()).status(),
               StatusIs(absl::StatusCode::kDeadlineExceeded));  // still open
   clock_.Advance(absl::Seconds(5));
   HeartbeatAll({0, 1, 2});
@@ -381,7 +381,7 @@ TEST_F(StepCoreTest, F1_DeadWorker_FailsOpenStepWithUnavailableNamingIt) {
   StepResolution r = Resolution(s->epoch);
   EXPECT_EQ(r.state, StepState::kFailed);
   EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kUnavailable, "worker tpu_worker:1"));
-  std::vector<StepEvent> events = core_.WaitStepEvents(0, absl::ZeroDuration());
+  std::vector<StepEvent> events = core_.WaitStepEvents(0, absl::InfinitePast());
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().kind, StepEvent::Kind::kResolved);  // the watch stream tells
 }

@@ -14,6 +14,7 @@ class FakeClock final : public Clock {
     absl::MutexLock lock(&mu_);
     return now_;
   }
+  void SleepFor(absl::Duration d) override { Advance(d); }
   void Advance(absl::Duration d) {
     absl::MutexLock lock(&mu_);
     now_ += d;

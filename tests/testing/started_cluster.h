@@ -17,8 +17,13 @@
 
 namespace repvar::testing {
 
-inline std::unique_ptr<v1::Worker::Stub> WorkerStub(const std::string& address) {
-  return v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+// The coordinator-facing and the trainer-facing services of a worker.
+inline std::unique_ptr<v1::WorkerReplicas::Stub> WorkerStub(const std::string& address) {
+  return v1::WorkerReplicas::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+inline std::unique_ptr<v1::WorkerSteps::Stub> WorkerStepsStub(const std::string& address) {
+  return v1::WorkerSteps::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
 }
 
 inline v1::GetReplicaStatusResponse WorkerStatus(const std::string& address) {

@@ -162,6 +162,15 @@ struct Topology {
   std::vector<std::string> missing_tasks;
 };
 
+// The whole cluster as an operator sees it (repvarctl status).
+struct ClusterStatus {
+  Topology topology;
+  std::vector<VariableInfo> variables;  // by name, with their replicas' states
+  // The last committed step, the open step's progress and the last
+  // resolutions, one line each.
+  std::vector<std::string> steps;
+};
+
 // A tensor value as the client sees it: dtype, shape and the raw bytes.
 struct TensorValue {
   DType dtype = DType::kFloat32;
@@ -180,13 +189,6 @@ struct WriteAck {
   int64_t version = 0;
   uint64_t checksum = 0;
   std::optional<TensorValue> value;  // with read_value, when small
-};
-
-struct InitializeResult {
-  std::string name;
-  bool initialized_now = false;
-  int64_t version = 0;
-  uint64_t checksum = 0;
 };
 
 struct InitializedState {
@@ -238,7 +240,11 @@ class Client {
   absl::StatusOr<std::vector<VariableInfo>> CreateVariables(std::vector<VariableSpec> specs);
   absl::StatusOr<VariableInfo> GetVariable(const std::string& name);
   absl::StatusOr<std::vector<VariableInfo>> ListVariables(const std::string& collection = "");
+  // An operator's call (the coordinator's admin service). Errors: NOT_FOUND,
+  // FAILED_PRECONDITION (the variable takes part in the open step).
   absl::Status DeleteVariable(const std::string& name);
+  // An operator's call (the coordinator's admin service).
+  absl::StatusOr<ClusterStatus> GetClusterStatus();
 
   // Initialize-if-uninitialized, with the initializer given at create.
   absl::StatusOr<std::vector<InitializeResult>> Initialize(const std::vector<std::string>& names);

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // The vocabulary every layer of repvar shares, defined once: element types,
-// aggregation rules, replica and step states, assign operations and
-// initializer kinds. The public client headers use it, so it installs with
-// the client library. Numbers match the repvar.v1 protobuf enums; the
-// conversions in common/rpc check the range before casting.
+// aggregation rules, replica and step states, assign operations,
+// initializer kinds and what an initialize call did. The public client headers use it, so it
+// installs with the client library. Numbers match the repvar.v1 protobuf enums; the conversions in
+// common/rpc check the range before casting.
 #ifndef REPVAR_TYPES_H_
 #define REPVAR_TYPES_H_
+
+#include <cstdint>
+#include <string>
 
 namespace repvar {
 
@@ -43,6 +46,14 @@ enum class InitializerKind : int {
   kRandomNormal = 4,
   kRandomUniform = 5,
   kValue = 6,
+};
+
+// What an initialize call did to one variable (C5): the first caller wins.
+struct InitializeResult {
+  std::string name;
+  bool initialized_now = false;  // false: someone else initialized it first
+  int64_t version = 0;
+  uint64_t checksum = 0;
 };
 
 // Names as the API and the logs spell them ("float32", "MEAN",

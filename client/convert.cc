@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "client/convert.h"
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/rpc/from_proto.h"
+#include "common/rpc/to_proto.h"
+#include "common/tensor/tensor.h"
+
+namespace repvar::client_internal {
+
+ReplicaInfo ReplicaFromProto(const v1::ReplicaInfo& p) {
+  return ReplicaInfo{p.index(), p.name(),    p.device(),   p.job(),
+                     p.task(),  p.version(), p.checksum(), static_cast<ReplicaState>(p.state())};
+}
+
+VariableInfo VariableFromProto(const v1::VariableInfo& p) {
+  VariableInfo v;
+  v.id = p.id();
+  v.spec.name = p.spec().name();
+  v.spec.dtype = static_cast<DType>(p.spec().tensor().dtype());
+  v.spec.shape.assign(p.spec().tensor().dims().begin(), p.spec().tensor().dims().end());
+  v.spec.trainable = p.spec().trainable();
+  v.spec.collections.assign(p.spec().collections().begin(), p.spec().collections().end());
+  v.spec.replica_count = p.spec().replica_count();
+  v.spec.aggregation = static_cast<Aggregation>(p.spec().aggregation());
+  v.spec.allow_nonfinite = p.spec().allow_nonfinite();
+  v.version = p.version();
+  v.checksum = p.checksum();
+  v.initialized = p.initialized();
+  v.needs_resync = p.needs_resync();
+  v.collections.assign(p.collections().begin(), p.collections().end());
+  for (const auto& r : p.replicas()) v.replicas.push_back(ReplicaFromProto(r));
+  return v;
+}
+
+Topology TopologyFromProto(const v1::Topology& p) {
+  Topology t;
+  t.version = p.version();
+  for (const auto& task : p.tasks()) {
+    t.tasks.push_back(TaskInfo{task.job(),
+                               task.task(),
+                               task.address(),
+                               task.incarnation(),
+                               {task.devices().begin(), task.devices().end()}});
+  }
+  for (const auto& a : p.accelerators()) {
+    t.accelerators.push_back(AcceleratorInfo{a.ordinal(), a.device(), a.job(), a.task()});
+  }
+  if (p.has_infeed_host()) {
+    const auto& h = p.infeed_host();
+    t.infeed_host = InfeedHost{h.job(), h.task(), h.address(), h.cpu_device()};
+  }
+  t.missing_tasks.assign(p.missing_tasks().begin(), p.missing_tasks().end());
+  return t;
+}
+
+absl::StatusOr<TensorValue> TensorValueFromProto(const v1::Tensor& t, int64_t version) {
+  TensorValue v;
+  v.dtype = static_cast<DType>(t.header().spec().dtype());
+  v.shape.assign(t.header().spec().dims().begin(), t.header().spec().dims().end());
+  const std::string& data = t.data();
+  v.bytes.resize(data.size());
+  if (!data.empty()) std::memcpy(v.bytes.data(), data.data(), data.size());
+  v.checksum = Checksum(v.bytes);
+  if (v.checksum != t.header().checksum() || data.size() != t.header().byte_size()) {
+    return absl::DataLossError("value received from the coordinator fails its checksum");
+  }
+  v.version = version;
+  return v;
+}
+
+StepEventInfo StepEventFromProto(const v1::StepEvent& e) {
+  StepEventInfo info;
+  info.seq = e.seq();
+  info.kind = static_cast<StepEventInfo::Kind>(e.kind());
+  info.step = e.step();
+  info.epoch = e.epoch();
+  if (!e.job().empty()) info.task = absl::StrCat(e.job(), ":", e.task());
+  info.missing.assign(e.missing().begin(), e.missing().end());
+  if (e.has_resolution()) {
+    StepResolution r = ResolutionFromProto(e.resolution());
+    info.committed = r.state == StepState::kCommitted;
+    if (!info.committed) info.error = r.status.ToString();
+  }
+  return info;
+}
+
+void HeaderToProto(DType dtype, const std::vector<int64_t>& shape, std::span<const std::byte> bytes,
+                   v1::TensorHeader* h) {
+  SpecToProto(TensorSpec{dtype, shape}, h->mutable_spec());
+  h->set_byte_size(bytes.size());
+  h->set_checksum(Checksum(bytes));
+}
+
+void VariableSpecToProto(const VariableSpec& s, v1::VariableSpec* p) {
+  p->set_name(s.name);
+  SpecToProto(TensorSpec{s.dtype, s.shape}, p->mutable_tensor());
+  p->set_trainable(s.trainable);
+  for (const auto& c : s.collections) p->add_collections(c);
+  p->set_replica_count(s.replica_count);
+  p->set_aggregation(static_cast<v1::Aggregation>(s.aggregation));
+  p->set_allow_nonfinite(s.allow_nonfinite);
+}
+
+absl::StatusOr<Initializer> InitializerFromSpec(const InitializerSpec& s, DType dtype,
+                                                const std::vector<int64_t>& shape) {
+  Initializer init;
+  init.kind = s.kind;
+  init.constant = s.constant;
+  init.a = s.a;
+  init.b = s.b;
+  init.seed = s.seed;
+  if (s.kind == InitializerKind::kValue) {
+    auto t = Tensor::FromBytes(TensorSpec{dtype, shape}, s.value);
+    if (!t.ok()) return t.status();
+    init.value = std::make_shared<const Tensor>(*std::move(t));
+  }
+  return init;
+}
+
+StepResult StepResultOf(const StepResolution& r) {
+  StepResult out;
+  out.step = r.step;
+  out.epoch = r.epoch;
+  for (const CommittedVariable& c : r.changed) {
+    out.changed.push_back(StepChange{c.name, c.version, c.checksum});
+  }
+  for (const Divergence& d : r.divergences) {
+    out.divergences.push_back(
+        StepDivergence{d.name, d.replica_checksums, d.chosen_checksum, d.repaired});
+  }
+  for (const auto& [task, latency] : r.latencies) {
+    out.latencies.push_back(StepWorkerLatency{task.job, task.task, latency});
+  }
+  return out;
+}
+
+std::string ResolutionLine(const StepResolution& r) {
+  std::string line = absl::StrCat("step ", r.step, " (epoch ", r.epoch, "): ");
+  if (r.state == StepState::kCommitted) {
+    absl::StrAppend(&line, "committed, ", r.changed.size(), " variable(s) changed");
+    if (!r.divergences.empty()) {
+      absl::StrAppend(&line, ", ", r.divergences.size(), " divergence(s) repaired");
+    }
+  } else {
+    absl::StrAppend(&line, "FAILED: ", r.status.ToString());
+  }
+  std::vector<std::string> lat;
+  for (const auto& [task, latency] : r.latencies) {
+    lat.push_back(absl::StrCat(task.ToString(), " ", absl::ToInt64Milliseconds(latency), " ms"));
+  }
+  if (!lat.empty()) absl::StrAppend(&line, "; reports: ", absl::StrJoin(lat, ", "));
+  return line;
+}
+
+std::vector<std::string> StepsLines(const StepsStatus& st) {
+  std::vector<std::string> out;
+  out.push_back(absl::StrCat("last committed step: ", st.last_committed_step));
+  if (st.open) {
+    out.push_back(absl::StrCat(
+        "open: step ", st.open->step, " (epoch ", st.open->epoch, "), barrier timeout ",
+        absl::ToInt64Milliseconds(st.open->barrier_timeout), " ms, ", st.open->participants.size(),
+        " participant(s), ", st.open->variables.size(), " variable(s)"));
+    for (const ParticipantProgress& p : st.progress) {
+      out.push_back(absl::StrCat("  ", p.task.ToString(), "  ", p.reported ? "reported" : "WAITING",
+                                 "  ", p.last_activity));
+    }
+  } else {
+    out.push_back("no step is open");
+  }
+  for (const StepResolution& r : st.recent) out.push_back(ResolutionLine(r));
+  return out;
+}
+
+}  // namespace repvar::client_internal

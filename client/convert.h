@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+// repvar.v1 messages <-> the public client types (repvar/client.h,
+// repvar/step.h): the client library's one place for each direction. Model
+// types go through common/rpc.
+#ifndef REPVAR_CLIENT_CONVERT_H_
+#define REPVAR_CLIENT_CONVERT_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/initializer.h"
+#include "common/model/step.h"
+#include "repvar/client.h"
+#include "repvar/step.h"
+#include "repvar/v1/coordinator.pb.h"
+#include "repvar/v1/step.pb.h"
+
+namespace repvar::client_internal {
+
+ReplicaInfo ReplicaFromProto(const v1::ReplicaInfo& p);
+VariableInfo VariableFromProto(const v1::VariableInfo& p);
+Topology TopologyFromProto(const v1::Topology& p);
+// Checks the checksum. Errors: DATA_LOSS.
+absl::StatusOr<TensorValue> TensorValueFromProto(const v1::Tensor& t, int64_t version);
+StepEventInfo StepEventFromProto(const v1::StepEvent& e);
+
+// The header announcing `bytes` as a tensor of (dtype, shape).
+void HeaderToProto(DType dtype, const std::vector<int64_t>& shape, std::span<const std::byte> bytes,
+                   v1::TensorHeader* h);
+void VariableSpecToProto(const VariableSpec& s, v1::VariableSpec* p);
+// Errors: INVALID_ARGUMENT (a kValue of the wrong size for dtype and shape).
+absl::StatusOr<Initializer> InitializerFromSpec(const InitializerSpec& s, DType dtype,
+                                                const std::vector<int64_t>& shape);
+
+// A committed step's resolution as trainers see it.
+StepResult StepResultOf(const StepResolution& r);
+// "step 3 (epoch 11): committed, 2 variable(s) changed; reports: ..." (repvarctl steps).
+std::string ResolutionLine(const StepResolution& r);
+// The open step's progress and the last resolutions, one line each (repvarctl steps).
+std::vector<std::string> StepsLines(const StepsStatus& st);
+
+}  // namespace repvar::client_internal
+
+#endif  // REPVAR_CLIENT_CONVERT_H_

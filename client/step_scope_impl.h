@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// StepScope's and LocalMapping's internals, shared by step_scope.cc and
+// local_mapping.cc. Not part of the public API.
+#ifndef REPVAR_CLIENT_STEP_SCOPE_IMPL_H_
+#define REPVAR_CLIENT_STEP_SCOPE_IMPL_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "client/client_impl.h"
+#include "common/model/step.h"
+#include "repvar/step.h"
+#include "repvar/v1/worker.grpc.pb.h"
+
+namespace repvar {
+
+class StepScope::Impl {
+ public:
+  ClientAccess::Impl* client = nullptr;
+  StepOptions options;
+  std::string job;
+  int32_t task = 0;
+  int32_t me = -1;  // participant index
+  StepInfo header;  // this step as BeginStep answered (its layout is in `layout`)
+  std::shared_ptr<const ClientAccess::Impl::StepLayout> layout;
+  v1::WorkerSteps::Stub* worker = nullptr;
+  bool closed = false;
+  bool map_failed = false;  // the worker's memory cannot be mapped from here
+
+  // Errors: FAILED_PRECONDITION (not in the step).
+  absl::StatusOr<const StepVariable*> Var(const std::string& name) const;
+  // The header of an in-step write of `bytes` to `var`/`replica`.
+  void FillHeader(const StepVariable& var, int32_t replica, std::span<const std::byte> bytes,
+                  v1::StepWriteHeader* h) const;
+  void SetDeadline(grpc::ClientContext* ctx, uint64_t bytes = 0) const {
+    client->SetDeadline(ctx, bytes);
+  }
+};
+
+class LocalMapping::Impl {
+ public:
+  // Unmaps; a lease never published goes back to the worker.
+  ~Impl();
+  v1::WorkerSteps::Stub* worker = nullptr;
+  uint64_t lease = 0;
+  std::string variable;
+  int32_t replica = 0;
+  bool writable = false;
+  uint64_t checksum = 0;
+  int64_t version = 0;
+  std::byte* data = nullptr;
+  size_t size = 0;
+};
+
+}  // namespace repvar
+
+#endif  // REPVAR_CLIENT_STEP_SCOPE_IMPL_H_

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/rpc/chunks.h"
+
+#include "common/base/status_util.h"
+#include "common/rpc/from_proto.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+
+namespace repvar {
+
+void ChunkToProto(uint64_t offset, std::span<const std::byte> piece, v1::TensorChunk* proto) {
+  proto->set_offset(offset);
+  proto->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());
+  proto->set_checksum(Checksum(piece));
+}
+
+absl::StatusOr<ChunkAssembler> StartAssembly(const v1::TensorHeader& header,
+                                             const std::string& inline_data) {
+  REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(header.spec()));
+  REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, ChunkAssembler::Start(spec, header.byte_size(),
+                                                                  header.checksum(), UINT64_MAX));
+  if (!inline_data.empty()) {
+    auto bytes = BytesOf(inline_data);
+    REPVAR_RETURN_IF_ERROR(a.Add(0, bytes, Checksum(bytes)));
+  }
+  return a;
+}
+
+absl::Status AddChunk(ChunkAssembler& assembler, const v1::TensorChunk& chunk) {
+  return assembler.Add(chunk.offset(), BytesOf(chunk.data()), chunk.checksum());
+}
+
+uint64_t Digest(const google::protobuf::Message& message) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream out(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    message.SerializeToCodedStream(&coded);
+  }
+  return Checksum(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
+}
+
+}  // namespace repvar

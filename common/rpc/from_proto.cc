@@ -1,0 +1,298 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/rpc/from_proto.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
+#include "common/model/names.h"
+#include "common/rpc/chunks.h"
+
+namespace repvar {
+
+absl::StatusOr<TensorSpec> SpecFromProto(const v1::TensorSpec& proto) {
+  TensorSpec spec;
+  if (proto.dtype() == v1::DTYPE_UNSPECIFIED) {
+    return absl::InvalidArgumentError("dtype is unset (DTYPE_UNSPECIFIED)");
+  }
+  REPVAR_ASSIGN_OR_RETURN(spec.dtype, DTypeFromInt(proto.dtype()));
+  spec.dims.assign(proto.dims().begin(), proto.dims().end());
+  REPVAR_RETURN_IF_ERROR(spec.ByteSize().status());
+  return spec;
+}
+
+absl::StatusOr<TensorHeader> TensorHeaderFromProto(const v1::TensorHeader& proto) {
+  REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(proto.spec()));
+  return TensorHeader{std::move(spec), proto.byte_size(), proto.checksum()};
+}
+
+absl::StatusOr<Tensor> TensorFromProto(const v1::Tensor& proto) {
+  REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(proto.header().spec()));
+  const std::string& data = proto.data();
+  if (proto.header().byte_size() != data.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor header says ",
+                                                   proto.header().byte_size(),
+                                                   " bytes, the message carries ", data.size()));
+  }
+  REPVAR_ASSIGN_OR_RETURN(Tensor t, Tensor::FromBytes(spec, BytesOf(data)));
+  if (t.checksum != proto.header().checksum()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor checksum mismatch: header says ",
+                                                   proto.header().checksum(), ", bytes give ",
+                                                   t.checksum));
+  }
+  return t;
+}
+
+absl::StatusOr<Initializer> InitializerFromProto(const v1::Initializer& proto) {
+  Initializer init;
+  using K = InitializerKind;
+  auto check_gen = [](v1::RandomGenerator g) -> absl::Status {
+    if (g == v1::RANDOM_GENERATOR_UNSPECIFIED || g == v1::RANDOM_GENERATOR_SPLITMIX64_V1) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat("unknown random generator ", g));
+  };
+  switch (proto.kind_case()) {
+    case v1::Initializer::KIND_NOT_SET:
+      init.kind = K::kNone;
+      break;
+    case v1::Initializer::kConstant:
+      init.kind = K::kConstant;
+      init.constant = proto.constant();
+      break;
+    case v1::Initializer::kZeros:
+      init.kind = K::kZeros;
+      break;
+    case v1::Initializer::kOnes:
+      init.kind = K::kOnes;
+      break;
+    case v1::Initializer::kValue: {
+      init.kind = K::kValue;
+      REPVAR_ASSIGN_OR_RETURN(Tensor t, TensorFromProto(proto.value()));
+      init.value = std::make_shared<const Tensor>(std::move(t));
+      break;
+    }
+    case v1::Initializer::kRandomNormal:
+      REPVAR_RETURN_IF_ERROR(check_gen(proto.random_normal().generator()));
+      init.kind = K::kRandomNormal;
+      init.a = proto.random_normal().mean();
+      init.b = proto.random_normal().stddev();
+      init.seed = proto.random_normal().seed();
+      break;
+    case v1::Initializer::kRandomUniform:
+      REPVAR_RETURN_IF_ERROR(check_gen(proto.random_uniform().generator()));
+      init.kind = K::kRandomUniform;
+      init.a = proto.random_uniform().minval();
+      init.b = proto.random_uniform().maxval();
+      init.seed = proto.random_uniform().seed();
+      break;
+  }
+  return init;
+}
+
+absl::StatusOr<Aggregation> AggregationFromProto(int proto) {
+  if (proto == v1::AGGREGATION_UNSPECIFIED) return Aggregation::kNone;
+  if (proto < v1::AGGREGATION_NONE || proto > v1::AGGREGATION_ONLY_FIRST_REPLICA) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown aggregation ", proto));
+  }
+  return static_cast<Aggregation>(proto);
+}
+
+absl::StatusOr<AssignOp> AssignOpFromProto(int proto) {
+  if (proto == v1::ASSIGN_OP_UNSPECIFIED) return AssignOp::kAssign;
+  if (proto < v1::ASSIGN_OP_ASSIGN || proto > v1::ASSIGN_OP_SUB) {
+    return absl::InvalidArgumentError("unknown assign op");
+  }
+  return static_cast<AssignOp>(proto);
+}
+
+absl::StatusOr<VariableDef> VariableDefFromProto(const v1::VariableSpec& proto) {
+  VariableDef def;
+  def.name = proto.name();
+  REPVAR_RETURN_IF_ERROR(ValidateVariableName(def.name));
+  auto spec = SpecFromProto(proto.tensor());
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variable ", def.name, ": ", spec.status().message()));
+  }
+  def.tensor = *std::move(spec);
+  def.trainable = proto.trainable();
+  def.collections.assign(proto.collections().begin(), proto.collections().end());
+  std::sort(def.collections.begin(), def.collections.end());
+  def.collections.erase(std::unique(def.collections.begin(), def.collections.end()),
+                        def.collections.end());
+  def.replica_count = proto.replica_count();
+  auto agg = AggregationFromProto(proto.aggregation());
+  if (!agg.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variable ", def.name, ": ", agg.status().message()));
+  }
+  def.aggregation = *agg;
+  def.allow_nonfinite = proto.allow_nonfinite();
+  return def;
+}
+
+WorkerRegistration RegistrationFromProto(const v1::RegisterWorkerRequest& proto) {
+  return WorkerRegistration{proto.job(),
+                            proto.task(),
+                            proto.address(),
+                            proto.incarnation(),
+                            {proto.devices().begin(), proto.devices().end()}};
+}
+
+CollectiveSpec CollectiveFromProto(const v1::Collective& c) {
+  return CollectiveSpec{c.group(), c.rank(), c.size(),
+                        c.root(),  c.tag(),  absl::Milliseconds(c.timeout_ms())};
+}
+
+absl::StatusOr<ReplicaWriteHeader> WriteHeaderFromProto(const v1::WriteReplicasHeader& proto) {
+  ReplicaWriteHeader h;
+  h.incarnation = proto.incarnation();
+  h.write.variable_id = proto.variable_id();
+  h.write.name = proto.name();
+  h.write.version = proto.version();
+  h.write.replicas.assign(proto.replicas().begin(), proto.replicas().end());
+  if (proto.has_collective()) h.write.collective = CollectiveFromProto(proto.collective());
+  REPVAR_ASSIGN_OR_RETURN(h.tensor, TensorHeaderFromProto(proto.tensor()));
+  return h;
+}
+
+absl::StatusOr<StepWriteHeader> StepWriteHeaderFromProto(const v1::StepWriteHeader& proto) {
+  StepWriteHeader h;
+  h.step = proto.step();
+  h.epoch = proto.epoch();
+  h.variable_id = proto.variable_id();
+  h.replica = proto.replica();
+  REPVAR_ASSIGN_OR_RETURN(h.tensor, TensorHeaderFromProto(proto.tensor()));
+  h.layout_id = proto.layout_id();
+  h.barrier_timeout = absl::Milliseconds(proto.barrier_timeout_ms());
+  return h;
+}
+
+absl::StatusOr<StepInfo> StepInfoFromProto(const v1::StepInfo& proto) {
+  StepInfo info;
+  info.step = proto.step();
+  info.epoch = proto.epoch();
+  info.state = proto.state() >= v1::STEP_STATE_OPEN && proto.state() <= v1::STEP_STATE_FAILED
+                   ? static_cast<StepState>(proto.state())
+                   : StepState::kOpen;
+  info.barrier_timeout = absl::Milliseconds(proto.barrier_timeout_ms());
+  info.begun = absl::FromUnixMillis(proto.begun_unix_ms());
+  info.layout_id = proto.layout_id();
+  info.layout_omitted = proto.layout_omitted();
+  info.participants.reserve(proto.participants_size());
+  for (const v1::StepParticipant& p : proto.participants()) {
+    info.participants.push_back(StepParticipant{{p.job(), p.task()}, p.incarnation(), p.address()});
+  }
+  info.variables.reserve(proto.variables_size());
+  for (const v1::StepVariable& v : proto.variables()) {
+    StepVariable sv;
+    sv.id = v.id();
+    sv.name = v.name();
+    REPVAR_ASSIGN_OR_RETURN(sv.aggregation, AggregationFromProto(v.aggregation()));
+    REPVAR_ASSIGN_OR_RETURN(sv.spec, SpecFromProto(v.spec()));
+    sv.replica_participant.assign(v.replica_participant().begin(), v.replica_participant().end());
+    sv.allow_nonfinite = v.allow_nonfinite();
+    info.variables.push_back(std::move(sv));
+  }
+  return info;
+}
+
+WorkerReport ReportFromProto(const v1::ReportStepRequest& req) {
+  WorkerReport r;
+  r.step = req.step();
+  r.epoch = req.epoch();
+  r.task = TaskKey{req.job(), req.task()};
+  r.incarnation = req.incarnation();
+  r.replicas.reserve(req.replicas_size());
+  for (const v1::ReplicaReport& rr : req.replicas()) {
+    r.replicas.push_back(
+        ReplicaReport{rr.variable_id(), rr.replica(), rr.checksum(), rr.first_nonfinite()});
+  }
+  return r;
+}
+
+WorkerFinish FinishFromProto(const v1::FinishStepRequest& req) {
+  WorkerFinish f;
+  f.step = req.step();
+  f.epoch = req.epoch();
+  f.task = TaskKey{req.job(), req.task()};
+  f.incarnation = req.incarnation();
+  f.error = req.error();
+  for (const v1::PreparedVariable& p : req.variables()) {
+    f.variables.push_back(PreparedVariable{p.variable_id(), p.checksum(), p.first_nonfinite(),
+                                           p.has_nonfinite_replica() ? p.nonfinite_replica() : -1});
+  }
+  return f;
+}
+
+StepResolution ResolutionFromProto(const v1::StepResolution& proto) {
+  StepResolution r;
+  r.step = proto.step();
+  r.epoch = proto.epoch();
+  r.state = proto.state() == v1::STEP_STATE_COMMITTED ? StepState::kCommitted : StepState::kFailed;
+  if (r.state == StepState::kFailed) {
+    // A failed step always carries an error; UNKNOWN when the peer gave none.
+    const int code =
+        proto.code() == 0 ? static_cast<int>(absl::StatusCode::kUnknown) : proto.code();
+    r.status = absl::Status(static_cast<absl::StatusCode>(code), proto.message());
+  }
+  for (const v1::WorkerStepLatency& l : proto.latencies()) {
+    r.latencies.emplace_back(TaskKey{l.job(), l.task()}, absl::Milliseconds(l.report_ms()));
+  }
+  for (const v1::Divergence& d : proto.divergences()) {
+    r.divergences.push_back(Divergence{d.variable_id(),
+                                       d.name(),
+                                       {d.replica_checksums().begin(), d.replica_checksums().end()},
+                                       d.chosen_checksum(),
+                                       {d.repaired().begin(), d.repaired().end()}});
+  }
+  for (const v1::CommittedVariable& c : proto.changed()) {
+    r.changed.push_back(CommittedVariable{c.variable_id(), c.name(), c.version(), c.checksum()});
+  }
+  return r;
+}
+
+std::variant<StepPlan, StepResolution> PlanFromProto(const v1::StepPlan& proto) {
+  if (proto.has_resolution()) return ResolutionFromProto(proto.resolution());
+  StepPlan plan;
+  plan.step = proto.step();
+  plan.epoch = proto.epoch();
+  plan.group = proto.group();
+  plan.timeout = absl::Milliseconds(proto.timeout_ms());
+  for (const v1::StepCollective& c : proto.collectives()) {
+    StepCollective sc;
+    sc.kind = c.kind() == v1::StepCollective::BROADCAST ? StepCollective::Kind::kBroadcast
+                                                        : StepCollective::Kind::kAllreduce;
+    sc.tag = c.tag();
+    sc.variable_ids.assign(c.variable_ids().begin(), c.variable_ids().end());
+    sc.root = c.root();
+    sc.source_replica = c.source_replica();
+    sc.checksum = c.checksum();
+    sc.targets.assign(c.targets().begin(), c.targets().end());
+    plan.collectives.push_back(std::move(sc));
+  }
+  plan.changed_ids.assign(proto.changed_ids().begin(), proto.changed_ids().end());
+  plan.changed_checksums.assign(proto.changed_checksums().begin(), proto.changed_checksums().end());
+  return plan;
+}
+
+absl::StatusOr<StepsStatus> StepsStatusFromProto(const v1::StepsStatus& proto) {
+  StepsStatus st;
+  if (proto.has_open()) {
+    REPVAR_ASSIGN_OR_RETURN(st.open, StepInfoFromProto(proto.open()));
+  }
+  for (const v1::ParticipantProgress& p : proto.progress()) {
+    st.progress.push_back(ParticipantProgress{{p.job(), p.task()},
+                                              p.reported(),
+                                              p.finished(),
+                                              absl::Milliseconds(p.report_ms()),
+                                              p.last_activity()});
+  }
+  for (const v1::StepResolution& r : proto.recent()) st.recent.push_back(ResolutionFromProto(r));
+  st.last_committed_step = proto.last_committed_step();
+  return st;
+}
+
+}  // namespace repvar

@@ -1,0 +1,270 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/rpc/to_proto.h"
+
+#include <string>
+
+namespace repvar {
+
+void SpecToProto(const TensorSpec& spec, v1::TensorSpec* proto) {
+  proto->set_dtype(static_cast<v1::DType>(spec.dtype));
+  proto->mutable_dims()->Assign(spec.dims.begin(), spec.dims.end());
+}
+
+void HeaderToProto(const Tensor& t, v1::TensorHeader* proto) {
+  SpecToProto(t.spec, proto->mutable_spec());
+  proto->set_byte_size(t.bytes.size());
+  proto->set_checksum(t.checksum);
+}
+
+void TensorToProto(const Tensor& t, v1::Tensor* proto) {
+  HeaderToProto(t, proto->mutable_header());
+  proto->set_data(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+}
+
+void InitializerToProto(const Initializer& init, v1::Initializer* proto) {
+  using K = InitializerKind;
+  switch (init.kind) {
+    case K::kNone:
+      break;
+    case K::kConstant:
+      proto->set_constant(init.constant);
+      break;
+    case K::kZeros:
+      proto->set_zeros(true);
+      break;
+    case K::kOnes:
+      proto->set_ones(true);
+      break;
+    case K::kValue:
+      if (init.value) TensorToProto(*init.value, proto->mutable_value());
+      break;
+    case K::kRandomNormal: {
+      auto* r = proto->mutable_random_normal();
+      r->set_mean(init.a);
+      r->set_stddev(init.b);
+      r->set_seed(init.seed);
+      r->set_generator(v1::RANDOM_GENERATOR_SPLITMIX64_V1);
+      break;
+    }
+    case K::kRandomUniform: {
+      auto* r = proto->mutable_random_uniform();
+      r->set_minval(init.a);
+      r->set_maxval(init.b);
+      r->set_seed(init.seed);
+      r->set_generator(v1::RANDOM_GENERATOR_SPLITMIX64_V1);
+      break;
+    }
+  }
+}
+
+void VariableDefToProto(const VariableDef& def, v1::VariableSpec* spec) {
+  spec->set_name(def.name);
+  SpecToProto(def.tensor, spec->mutable_tensor());
+  spec->set_trainable(def.trainable);
+  for (const auto& c : def.collections) spec->add_collections(c);
+  spec->set_replica_count(def.replica_count);
+  spec->set_aggregation(static_cast<v1::Aggregation>(def.aggregation));
+  spec->set_allow_nonfinite(def.allow_nonfinite);
+}
+
+void VariableViewToProto(const VariableView& view, v1::VariableInfo* proto) {
+  proto->set_id(view.id);
+  VariableDefToProto(view.def, proto->mutable_spec());
+  proto->set_version(view.version);
+  proto->set_checksum(view.checksum);
+  proto->set_initialized(view.initialized);
+  proto->set_needs_resync(view.needs_resync);
+  for (const auto& c : view.collections) proto->add_collections(c);
+  for (const ReplicaView& r : view.replicas) {
+    v1::ReplicaInfo* p = proto->add_replicas();
+    p->set_index(r.index);
+    p->set_name(r.name);
+    p->set_device(r.device.ToString());
+    p->set_job(r.task.job);
+    p->set_task(r.task.task);
+    p->set_version(r.version);
+    p->set_checksum(r.checksum);
+    p->set_state(static_cast<v1::ReplicaState>(r.state));
+  }
+}
+
+void TopologyToProto(const TopologySnapshot& topo, v1::Topology* proto) {
+  proto->set_version(topo.version);
+  for (const LiveTask& t : topo.tasks) {
+    v1::TaskInfo* p = proto->add_tasks();
+    p->set_job(t.key.job);
+    p->set_task(t.key.task);
+    p->set_address(t.address);
+    p->set_incarnation(t.incarnation);
+    for (const DeviceName& d : t.devices) p->add_devices(d.ToString());
+  }
+  for (const Accelerator& a : topo.accelerators) {
+    v1::AcceleratorInfo* p = proto->add_accelerators();
+    p->set_ordinal(a.ordinal);
+    p->set_device(a.device.ToString());
+    p->set_job(a.task.job);
+    p->set_task(a.task.task);
+  }
+  if (topo.infeed_host) {
+    v1::InfeedHost* p = proto->mutable_infeed_host();
+    p->set_job(topo.infeed_host->task.job);
+    p->set_task(topo.infeed_host->task.task);
+    p->set_address(topo.infeed_host->address);
+    p->set_cpu_device(topo.infeed_host->cpu_device);
+  }
+  for (const auto& m : topo.missing_tasks) proto->add_missing_tasks(m);
+}
+
+void CollectiveToProto(const CollectiveSpec& c, v1::Collective* proto) {
+  proto->set_group(c.group);
+  proto->set_rank(c.rank);
+  proto->set_size(c.size);
+  proto->set_root(c.root);
+  proto->set_tag(c.tag);
+  proto->set_timeout_ms(absl::ToInt64Milliseconds(c.timeout));
+}
+
+void WriteResultToProto(const WriteResult& r, uint64_t value_bytes_limit,
+                        v1::AssignVariableResponse* proto) {
+  proto->set_version(r.version);
+  proto->set_checksum(r.checksum);
+  if (r.value && r.value->bytes.size() <= value_bytes_limit) {
+    TensorToProto(*r.value, proto->mutable_value());
+  }
+}
+
+void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto) {
+  proto->set_step(info.step);
+  proto->set_epoch(info.epoch);
+  proto->set_state(static_cast<v1::StepState>(info.state));
+  proto->set_barrier_timeout_ms(absl::ToInt64Milliseconds(info.barrier_timeout));
+  proto->set_begun_unix_ms(absl::ToUnixMillis(info.begun));
+  proto->set_layout_id(info.layout_id);
+  proto->set_layout_omitted(info.layout_omitted);
+  for (const StepParticipant& p : info.participants) {
+    v1::StepParticipant* pp = proto->add_participants();
+    pp->set_job(p.task.job);
+    pp->set_task(p.task.task);
+    pp->set_incarnation(p.incarnation);
+    pp->set_address(p.address);
+  }
+  for (const StepVariable& v : info.variables) {
+    v1::StepVariable* pv = proto->add_variables();
+    pv->set_id(v.id);
+    pv->set_name(v.name);
+    pv->set_aggregation(static_cast<v1::Aggregation>(v.aggregation));
+    SpecToProto(v.spec, pv->mutable_spec());
+    for (int32_t p : v.replica_participant) pv->add_replica_participant(p);
+    pv->set_allow_nonfinite(v.allow_nonfinite);
+  }
+}
+
+void ReportToProto(const WorkerReport& report, v1::ReportStepRequest* proto) {
+  proto->set_step(report.step);
+  proto->set_epoch(report.epoch);
+  proto->set_job(report.task.job);
+  proto->set_task(report.task.task);
+  proto->set_incarnation(report.incarnation);
+  for (const ReplicaReport& r : report.replicas) {
+    v1::ReplicaReport* p = proto->add_replicas();
+    p->set_variable_id(r.variable_id);
+    p->set_replica(r.replica);
+    p->set_checksum(r.checksum);
+    p->set_first_nonfinite(r.first_nonfinite);
+  }
+}
+
+void FinishToProto(const WorkerFinish& finish, v1::FinishStepRequest* proto) {
+  proto->set_step(finish.step);
+  proto->set_epoch(finish.epoch);
+  proto->set_job(finish.task.job);
+  proto->set_task(finish.task.task);
+  proto->set_incarnation(finish.incarnation);
+  proto->set_error(finish.error);
+  for (const PreparedVariable& v : finish.variables) {
+    v1::PreparedVariable* p = proto->add_variables();
+    p->set_variable_id(v.variable_id);
+    p->set_checksum(v.checksum);
+    p->set_first_nonfinite(v.first_nonfinite);
+    if (v.nonfinite_replica >= 0) p->set_nonfinite_replica(v.nonfinite_replica);
+  }
+}
+
+void PlanToProto(const StepPlan& plan, v1::StepPlan* proto) {
+  proto->set_step(plan.step);
+  proto->set_epoch(plan.epoch);
+  proto->set_group(plan.group);
+  proto->set_timeout_ms(absl::ToInt64Milliseconds(plan.timeout));
+  for (const StepCollective& c : plan.collectives) {
+    v1::StepCollective* pc = proto->add_collectives();
+    pc->set_kind(c.kind == StepCollective::Kind::kAllreduce ? v1::StepCollective::ALLREDUCE
+                                                            : v1::StepCollective::BROADCAST);
+    pc->set_tag(c.tag);
+    for (uint64_t id : c.variable_ids) pc->add_variable_ids(id);
+    pc->set_root(c.root);
+    pc->set_source_replica(c.source_replica);
+    pc->set_checksum(c.checksum);
+    for (int32_t t : c.targets) pc->add_targets(t);
+  }
+  for (uint64_t id : plan.changed_ids) proto->add_changed_ids(id);
+  for (uint64_t c : plan.changed_checksums) proto->add_changed_checksums(c);
+}
+
+void StepResolutionToProto(const StepResolution& r, v1::StepResolution* proto) {
+  proto->set_step(r.step);
+  proto->set_epoch(r.epoch);
+  proto->set_state(static_cast<v1::StepState>(r.state));
+  proto->set_code(static_cast<int32_t>(r.status.code()));
+  proto->set_message(std::string(r.status.message()));
+  for (const auto& [task, latency] : r.latencies) {
+    v1::WorkerStepLatency* l = proto->add_latencies();
+    l->set_job(task.job);
+    l->set_task(task.task);
+    l->set_report_ms(absl::ToInt64Milliseconds(latency));
+  }
+  for (const Divergence& d : r.divergences) {
+    v1::Divergence* pd = proto->add_divergences();
+    pd->set_variable_id(d.variable_id);
+    pd->set_name(d.name);
+    for (uint64_t c : d.replica_checksums) pd->add_replica_checksums(c);
+    pd->set_chosen_checksum(d.chosen_checksum);
+    for (int32_t i : d.repaired) pd->add_repaired(i);
+  }
+  for (const CommittedVariable& c : r.changed) {
+    v1::CommittedVariable* pc = proto->add_changed();
+    pc->set_variable_id(c.variable_id);
+    pc->set_name(c.name);
+    pc->set_version(c.version);
+    pc->set_checksum(c.checksum);
+  }
+}
+
+void StepEventToProto(const StepEvent& e, v1::StepEvent* proto) {
+  v1::StepEvent& p = *proto;
+  p.set_seq(e.seq);
+  p.set_kind(static_cast<v1::StepEvent::Kind>(e.kind));
+  p.set_step(e.step);
+  p.set_epoch(e.epoch);
+  p.set_job(e.task.job);
+  p.set_task(e.task.task);
+  for (const std::string& m : e.missing) p.add_missing(m);
+  if (e.resolution) StepResolutionToProto(*e.resolution, p.mutable_resolution());
+  p.set_at_unix_ms(absl::ToUnixMillis(e.at));
+}
+
+void StepsStatusToProto(const StepsStatus& st, v1::StepsStatus* resp) {
+  if (st.open) StepInfoToProto(*st.open, resp->mutable_open());
+  for (const ParticipantProgress& p : st.progress) {
+    v1::ParticipantProgress* pp = resp->add_progress();
+    pp->set_job(p.task.job);
+    pp->set_task(p.task.task);
+    pp->set_reported(p.reported);
+    pp->set_finished(p.finished);
+    pp->set_report_ms(absl::ToInt64Milliseconds(p.report_latency));
+    pp->set_last_activity(p.last_activity);
+  }
+  for (const StepResolution& r : st.recent) StepResolutionToProto(r, resp->add_recent());
+  resp->set_last_committed_step(st.last_committed_step);
+}
+
+}  // namespace repvar

@@ -1,0 +1,261 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/rpc/trainers_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
+#include "common/model/names.h"
+#include "common/rpc/chunks.h"
+#include "common/rpc/from_proto.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/to_proto.h"
+#include "spdlog/spdlog.h"
+
+namespace repvar::server {
+namespace {
+
+constexpr uint64_t kMaxInlineBytes = 32ull << 20;    // batched calls
+constexpr uint64_t kMaxReadValueBytes = 4ull << 20;  // read_value in a response
+
+grpc::Status Fail(const char* method, const absl::Status& s) {
+  spdlog::debug("{} failed: {}", method, s.ToString());
+  return ToGrpcStatus(s);
+}
+
+absl::StatusOr<RequestKey> KeyOf(const std::string& request_id,
+                                 const google::protobuf::Message& payload) {
+  REPVAR_RETURN_IF_ERROR(ValidateRequestId(request_id));
+  return RequestKey{request_id, Digest(payload)};
+}
+
+}  // namespace
+
+grpc::Status TrainersService::GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*,
+                                          v1::Topology* resp) {
+  TopologyToProto(core_->membership().Snapshot(), resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::WatchTopology(grpc::ServerContext* ctx,
+                                            const v1::WatchTopologyRequest* req,
+                                            grpc::ServerWriter<v1::Topology>* writer) {
+  int64_t after = req->after_version();
+  while (!ctx->IsCancelled() && !shutting_down_) {
+    TopologySnapshot snap =
+        core_->membership().WaitForChange(after, absl::Now() + absl::Milliseconds(500));
+    if (snap.version <= after) continue;
+    v1::Topology proto;
+    TopologyToProto(snap, &proto);
+    if (!writer->Write(proto)) break;
+    after = snap.version;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::WaitForTopology(grpc::ServerContext* ctx,
+                                              const v1::WaitForTopologyRequest* req,
+                                              v1::Topology* resp) {
+  absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms()));
+  absl::Time call_deadline = absl::FromChrono(ctx->deadline());
+  if (call_deadline < deadline) deadline = call_deadline;
+  auto topo = core_->membership().WaitForExpected(deadline);
+  if (!topo.ok()) return Fail("WaitForTopology", topo.status());
+  TopologyToProto(*topo, resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::CreateVariables(grpc::ServerContext*,
+                                              const v1::CreateVariablesRequest* req,
+                                              v1::CreateVariablesResponse* resp) {
+  auto key = KeyOf(req->request_id(), *req);
+  if (!key.ok()) return Fail("CreateVariables", key.status());
+  std::vector<CreateItem> items;
+  for (const v1::CreateVariableItem& p : req->items()) {
+    auto def = VariableDefFromProto(p.spec());
+    if (!def.ok()) return Fail("CreateVariables", def.status());
+    auto init = InitializerFromProto(p.initializer());
+    if (!init.ok()) return Fail("CreateVariables", init.status());
+    items.push_back(CreateItem{*std::move(def), *std::move(init)});
+  }
+  auto result = core_->CreateVariables(*key, items);
+  if (!result.ok()) return Fail("CreateVariables", result.status());
+  for (const VariableView& v : result->variables) VariableViewToProto(v, resp->add_variables());
+  for (bool c : result->created) resp->add_created(c);
+  for (const auto& w : result->warnings) resp->add_warnings(w);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::GetVariable(grpc::ServerContext*, const v1::GetVariableRequest* req,
+                                          v1::VariableInfo* resp) {
+  auto view = core_->GetVariable(req->name());
+  if (!view.ok()) return Fail("GetVariable", view.status());
+  VariableViewToProto(*view, resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::ListVariables(grpc::ServerContext*,
+                                            const v1::ListVariablesRequest* req,
+                                            v1::ListVariablesResponse* resp) {
+  for (const VariableView& v : core_->ListVariables(req->collection())) {
+    VariableViewToProto(v, resp->add_variables());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::InitializeVariables(grpc::ServerContext*,
+                                                  const v1::InitializeVariablesRequest* req,
+                                                  v1::InitializeVariablesResponse* resp) {
+  auto key = KeyOf(req->request_id(), *req);
+  if (!key.ok()) return Fail("InitializeVariables", key.status());
+  std::vector<InitializeItem> items;
+  for (const v1::InitializeItem& p : req->items()) {
+    InitializeItem item{p.name(), std::nullopt};
+    if (p.has_initializer()) {
+      auto init = InitializerFromProto(p.initializer());
+      if (!init.ok()) return Fail("InitializeVariables", init.status());
+      if (init->kind != InitializerKind::kNone) item.initializer = *std::move(init);
+    }
+    items.push_back(std::move(item));
+  }
+  auto results = core_->Initialize(*key, items);
+  if (!results.ok()) return Fail("InitializeVariables", results.status());
+  for (const InitializeResult& r : *results) {
+    v1::InitializeResult* p = resp->add_results();
+    p->set_name(r.name);
+    p->set_initialized_now(r.initialized_now);
+    p->set_version(r.version);
+    p->set_checksum(r.checksum);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::IsInitialized(grpc::ServerContext*,
+                                            const v1::IsInitializedRequest* req,
+                                            v1::IsInitializedResponse* resp) {
+  for (const std::string& name : req->names()) {
+    auto view = core_->GetVariable(name);
+    if (!view.ok()) return Fail("IsInitialized", view.status());
+    v1::VariableInfo info;
+    VariableViewToProto(*view, &info);
+    v1::IsInitializedResult* r = resp->add_results();
+    r->set_name(name);
+    r->set_initialized(view->initialized);
+    r->mutable_replicas()->Swap(info.mutable_replicas());
+  }
+  return grpc::Status::OK;
+}
+
+namespace {}  // namespace
+
+grpc::Status TrainersService::AssignVariable(grpc::ServerContext*,
+                                             grpc::ServerReader<v1::AssignVariableRequest>* reader,
+                                             v1::AssignVariableResponse* resp) {
+  v1::AssignVariableRequest msg;
+  if (!reader->Read(&msg) || !msg.has_header()) {
+    return Fail("AssignVariable",
+                absl::InvalidArgumentError("the stream must start with an AssignHeader"));
+  }
+  const v1::AssignHeader header = msg.header();
+  auto op = AssignOpFromProto(header.op());
+  if (!op.ok()) return Fail("AssignVariable", op.status());
+  auto key = KeyOf(header.request_id(), header);
+  if (!key.ok()) return Fail("AssignVariable", key.status());
+  auto spec = SpecFromProto(header.tensor().spec());
+  if (!spec.ok()) return Fail("AssignVariable", spec.status());
+  // Refuse a mismatch before receiving the bytes.
+  auto view = core_->GetVariable(header.name());
+  if (!view.ok()) return Fail("AssignVariable", view.status());
+  if (!(view->def.tensor == *spec)) {
+    return Fail("AssignVariable",
+                absl::FailedPreconditionError(absl::StrCat("variable ", header.name(), " is ",
+                                                           view->def.tensor.ToString(),
+                                                           "; the value is ", spec->ToString())));
+  }
+  auto assembler = ChunkAssembler::Start(*spec, header.tensor().byte_size(),
+                                         header.tensor().checksum(), UINT64_MAX);
+  if (!assembler.ok()) return Fail("AssignVariable", assembler.status());
+  while (reader->Read(&msg)) {
+    if (!msg.has_chunk()) {
+      return Fail("AssignVariable", absl::InvalidArgumentError("a second header in one stream"));
+    }
+    absl::Status s = AddChunk(*assembler, msg.chunk());
+    if (!s.ok()) return Fail("AssignVariable", s);
+  }
+  auto value = assembler->Finish();
+  if (!value.ok()) return Fail("AssignVariable", value.status());
+
+  Assignment item{header.name(), *op, std::make_shared<const Tensor>(*std::move(value))};
+  auto result = core_->Assign(*key, item);
+  if (!result.ok()) return Fail("AssignVariable", result.status());
+  WriteResultToProto(*result, header.read_value() ? kMaxReadValueBytes : 0, resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::AssignVariables(grpc::ServerContext*,
+                                              const v1::AssignVariablesRequest* req,
+                                              v1::AssignVariablesResponse* resp) {
+  auto key = KeyOf(req->request_id(), *req);
+  if (!key.ok()) return Fail("AssignVariables", key.status());
+  std::vector<Assignment> items;
+  for (const v1::AssignItem& p : req->items()) {
+    auto t = TensorFromProto(p.value());
+    if (!t.ok()) {
+      return Fail("AssignVariables",
+                  absl::Status(t.status().code(),
+                               absl::StrCat("variable ", p.name(), ": ", t.status().message())));
+    }
+    auto op = AssignOpFromProto(p.op());
+    if (!op.ok()) return Fail("AssignVariables", op.status());
+    items.push_back(Assignment{p.name(), *op, std::make_shared<const Tensor>(*std::move(t))});
+  }
+  auto results = core_->AssignBatch(*key, items);
+  if (!results.ok()) return Fail("AssignVariables", results.status());
+  for (const WriteResult& r : *results) WriteResultToProto(r, 0, resp->add_results());
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::ReadVariable(grpc::ServerContext* ctx,
+                                           const v1::ReadVariableRequest* req,
+                                           grpc::ServerWriter<v1::ReadVariableResponse>* writer) {
+  auto read = core_->Read(req->name());
+  if (!read.ok()) return Fail("ReadVariable", read.status());
+  const Tensor& t = *read->value;
+  v1::ReadVariableResponse msg;
+  msg.mutable_header()->set_version(read->version);
+  HeaderToProto(t, msg.mutable_header()->mutable_tensor());
+  bool ok =
+      writer->Write(msg) && SendChunks<v1::ReadVariableResponse>(
+                                t.bytes.span(), static_cast<size_t>(req->chunk_bytes()),
+                                [&](const v1::ReadVariableResponse& m) {
+                                  return !ctx->IsCancelled() && writer->Write(m);
+                                },
+                                [](v1::ReadVariableResponse& m) { return m.mutable_chunk(); });
+  if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::ReadVariables(grpc::ServerContext*,
+                                            const v1::ReadVariablesRequest* req,
+                                            v1::ReadVariablesResponse* resp) {
+  std::vector<std::pair<std::string, ReadResult>> reads;
+  uint64_t total = 0;
+  for (const std::string& name : req->names()) {
+    auto r = core_->Read(name);
+    if (!r.ok()) return Fail("ReadVariables", r.status());
+    total += r->value->bytes.size();
+    if (total > kMaxInlineBytes) {
+      return Fail("ReadVariables",
+                  absl::ResourceExhaustedError("batched read exceeds 32 MiB; read large "
+                                               "variables one at a time with ReadVariable"));
+    }
+    reads.emplace_back(name, *std::move(r));
+  }
+  for (const auto& [name, r] : reads) {
+    v1::ReadResult* p = resp->add_results();
+    p->set_name(name);
+    p->set_version(r.version);
+    TensorToProto(*r.value, p->mutable_value());
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace repvar::server

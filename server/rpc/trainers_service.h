@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_SERVER_RPC_TRAINERS_SERVICE_H_
+#define REPVAR_SERVER_RPC_TRAINERS_SERVICE_H_
+
+#include <atomic>
+
+#include "repvar/v1/coordinator.grpc.pb.h"
+#include "server/coordinator.h"
+#include "server/rpc/step_info_cache.h"
+
+namespace repvar::server {
+
+// The gRPC face of the coordinator for trainers
+// (repvar.v1.CoordinatorTrainers): proto -> model -> core -> proto, chunk
+// stream framing and long polls; no logic beyond that. Synchronous methods
+// that block on the core (a broadcast, BeginStep waiting for writes in
+// flight) are carried by gRPC's thread pool. Thread-safe.
+class TrainersService final : public v1::CoordinatorTrainers::Service {
+ public:
+  TrainersService(Coordinator* core, StepInfoCache* steps) : core_(core), steps_(steps) {}
+
+  // Ends open WatchTopology and WatchSteps streams promptly.
+  void Shutdown() { shutting_down_ = true; }
+
+  grpc::Status GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*,
+                           v1::Topology*) override;
+  grpc::Status WatchTopology(grpc::ServerContext*, const v1::WatchTopologyRequest*,
+                             grpc::ServerWriter<v1::Topology>*) override;
+  grpc::Status WaitForTopology(grpc::ServerContext*, const v1::WaitForTopologyRequest*,
+                               v1::Topology*) override;
+  grpc::Status CreateVariables(grpc::ServerContext*, const v1::CreateVariablesRequest*,
+                               v1::CreateVariablesResponse*) override;
+  grpc::Status GetVariable(grpc::ServerContext*, const v1::GetVariableRequest*,
+                           v1::VariableInfo*) override;
+  grpc::Status ListVariables(grpc::ServerContext*, const v1::ListVariablesRequest*,
+                             v1::ListVariablesResponse*) override;
+  grpc::Status InitializeVariables(grpc::ServerContext*, const v1::InitializeVariablesRequest*,
+                                   v1::InitializeVariablesResponse*) override;
+  grpc::Status IsInitialized(grpc::ServerContext*, const v1::IsInitializedRequest*,
+                             v1::IsInitializedResponse*) override;
+  grpc::Status AssignVariable(grpc::ServerContext*, grpc::ServerReader<v1::AssignVariableRequest>*,
+                              v1::AssignVariableResponse*) override;
+  grpc::Status AssignVariables(grpc::ServerContext*, const v1::AssignVariablesRequest*,
+                               v1::AssignVariablesResponse*) override;
+  grpc::Status ReadVariable(grpc::ServerContext*, const v1::ReadVariableRequest*,
+                            grpc::ServerWriter<v1::ReadVariableResponse>*) override;
+  grpc::Status ReadVariables(grpc::ServerContext*, const v1::ReadVariablesRequest*,
+                             v1::ReadVariablesResponse*) override;
+
+  // Replicated steps (trainers_steps.cc).
+  grpc::Status BeginStep(grpc::ServerContext*, const v1::BeginStepRequest*, v1::StepInfo*) override;
+  grpc::Status AbortStep(grpc::ServerContext*, const v1::AbortStepRequest*,
+                         v1::AbortStepResponse*) override;
+  grpc::Status GetSteps(grpc::ServerContext*, const v1::GetStepsRequest*,
+                        v1::StepsStatus*) override;
+  grpc::Status WatchSteps(grpc::ServerContext*, const v1::WatchStepsRequest*,
+                          grpc::ServerWriter<v1::StepEvent>*) override;
+
+ private:
+  Coordinator* const core_;
+  StepInfoCache* const steps_;
+  std::atomic<bool> shutting_down_{false};
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_RPC_TRAINERS_SERVICE_H_

@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+// The step RPCs of TrainersService: conversions and the event stream over the
+// core's BeginStep / AbortStep / GetSteps / WaitStepEvents.
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/to_proto.h"
+#include "server/rpc/trainers_service.h"
+
+namespace repvar::server {
+namespace {
+
+// The event stream wakes this often to notice a cancelled call or a shutdown.
+constexpr absl::Duration kPollSlice = absl::Milliseconds(500);
+
+}  // namespace
+
+grpc::Status TrainersService::BeginStep(grpc::ServerContext*, const v1::BeginStepRequest* req,
+                                        v1::StepInfo* resp) {
+  auto step = core_->BeginStepShared(req->step(), absl::Milliseconds(req->barrier_timeout_ms()));
+  if (!step.ok()) return ToGrpcStatus(step.status());
+  steps_->Answer(*step, req->known_layout(), resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::AbortStep(grpc::ServerContext*, const v1::AbortStepRequest* req,
+                                        v1::AbortStepResponse*) {
+  return ToGrpcStatus(core_->AbortStep(req->epoch(), req->reason()));
+}
+
+grpc::Status TrainersService::GetSteps(grpc::ServerContext*, const v1::GetStepsRequest*,
+                                       v1::StepsStatus* resp) {
+  StepsStatusToProto(core_->GetSteps(), resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainersService::WatchSteps(grpc::ServerContext* ctx, const v1::WatchStepsRequest* req,
+                                         grpc::ServerWriter<v1::StepEvent>* writer) {
+  int64_t after = req->after_seq();
+  while (!ctx->IsCancelled() && !shutting_down_) {
+    for (const StepEvent& e : core_->WaitStepEvents(after, absl::Now() + kPollSlice)) {
+      v1::StepEvent proto;
+      StepEventToProto(e, &proto);
+      if (!writer->Write(proto)) return grpc::Status::OK;
+      after = e.seq;
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace repvar::server

@@ -1,0 +1,52 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_SERVER_RPC_WORKERS_SERVICE_H_
+#define REPVAR_SERVER_RPC_WORKERS_SERVICE_H_
+
+#include <atomic>
+
+#include "repvar/v1/coordinator.grpc.pb.h"
+#include "server/coordinator.h"
+#include "server/rpc/step_info_cache.h"
+
+namespace repvar::server {
+
+// ReportStep and FinishStep, the long polls every worker makes every step,
+// use the callback API: no thread waits for a barrier; they are answered by
+// whoever resolves the step. The other methods use the synchronous API.
+using WorkersServiceBase = v1::CoordinatorWorkers::WithCallbackMethod_ReportStep<
+    v1::CoordinatorWorkers::WithCallbackMethod_FinishStep<v1::CoordinatorWorkers::Service>>;
+
+// The gRPC face of the coordinator for workers (repvar.v1.CoordinatorWorkers):
+// proto -> model -> core -> proto, and long polls. Thread-safe.
+class WorkersService final : public WorkersServiceBase {
+ public:
+  WorkersService(Coordinator* core, StepInfoCache* steps) : core_(core), steps_(steps) {}
+
+  // Ends step long polls promptly (they answer UNAVAILABLE).
+  void Shutdown();
+
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override;
+  grpc::Status GetStep(grpc::ServerContext*, const v1::GetStepRequest*, v1::StepInfo*) override;
+  grpc::ServerUnaryReactor* ReportStep(grpc::CallbackServerContext*, const v1::ReportStepRequest*,
+                                       v1::StepPlan*) override;
+  grpc::ServerUnaryReactor* FinishStep(grpc::CallbackServerContext*, const v1::FinishStepRequest*,
+                                       v1::StepResolution*) override;
+  grpc::Status WaitStep(grpc::ServerContext*, const v1::WaitStepRequest*,
+                        v1::StepResolution*) override;
+  grpc::Status StoreSet(grpc::ServerContext*, const v1::StoreSetRequest*,
+                        v1::StoreSetResponse*) override;
+  grpc::Status StoreGet(grpc::ServerContext*, const v1::StoreGetRequest*,
+                        v1::StoreGetResponse*) override;
+
+ private:
+  Coordinator* const core_;
+  StepInfoCache* const steps_;
+  std::atomic<bool> shutting_down_{false};
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_RPC_WORKERS_SERVICE_H_

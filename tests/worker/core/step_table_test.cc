@@ -1,0 +1,260 @@
+// SPDX-License-Identifier: Apache-2.0
+// The worker's side of steps (S2-S4): the step table with the real step
+// resolver and plan runner, a fake coordinator link and fake collectives: no
+// sockets, no sleeps (trainers are threads).
+#include "worker/core/step_table.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "tests/testing/status_matchers.h"
+#include "worker/core/step_resolver.h"
+
+namespace repvar::worker {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+constexpr uint64_t kInc = 7;
+constexpr uint64_t kW = 1;  // variable id
+
+std::shared_ptr<const Tensor> F32(std::vector<float> v) {
+  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
+                             std::as_bytes(std::span(v)));
+  return std::make_shared<const Tensor>(*std::move(t));
+}
+
+std::vector<float> Floats(const Tensor& t) {
+  std::vector<float> out(t.bytes.size() / 4);
+  std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
+  return out;
+}
+
+// The coordinator as the worker sees it: answers from the test's script.
+class FakeLink final : public StepLink {
+ public:
+  absl::StatusOr<StepInfo> GetStep(uint64_t, uint64_t known_layout) override {
+    known_layouts.push_back(known_layout);
+    if (known_layout != 0 && known_layout == info.layout_id) {
+      StepInfo header = info;
+      header.participants.clear();
+      header.variables.clear();
+      header.layout_omitted = true;
+      return header;
+    }
+    return info;
+  }
+  absl::StatusOr<std::variant<StepPlan, StepResolution>> ReportStep(const WorkerReport& report,
+                                                                    absl::Duration) override {
+    reports.push_back(report);
+    return plan;
+  }
+  absl::StatusOr<StepResolution> FinishStep(const WorkerFinish& finish, absl::Duration) override {
+    finishes.push_back(finish);
+    return resolution;
+  }
+  absl::StatusOr<StepResolution> WaitStep(uint64_t, absl::Duration) override { return resolution; }
+
+  StepInfo info;
+  std::variant<StepPlan, StepResolution> plan;
+  StepResolution resolution;
+  std::vector<WorkerReport> reports;
+  std::vector<WorkerFinish> finishes;
+  std::vector<uint64_t> known_layouts;
+};
+
+// Collectives of a group where the other members contribute `others`.
+class FakeCollectives final : public Collectives {
+ public:
+  absl::Status Broadcast(const CollectiveSpec&, std::span<std::byte>) override {
+    return absl::OkStatus();
+  }
+  absl::Status Allreduce(const CollectiveSpec&, AccumType, std::span<std::byte> bytes) override {
+    auto* f = reinterpret_cast<float*>(bytes.data());
+    for (size_t i = 0; i < bytes.size() / 4; ++i) f[i] += others;
+    return absl::OkStatus();
+  }
+  float others = 0;
+};
+
+class LocalStepsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Step 3: this worker (participant 0) holds replicas 0 and 1 of w (of 4).
+    StepInfo& info = link_.info;
+    info.step = 3;
+    info.epoch = 11;
+    info.state = StepState::kOpen;
+    info.barrier_timeout = absl::Seconds(1);
+    for (auto [task, incarnation] : {std::pair<int32_t, uint64_t>{0, kInc}, {1, 8}}) {
+      StepParticipant p;
+      p.task = TaskKey{"tpu_worker", task};
+      p.incarnation = incarnation;
+      info.participants.push_back(p);
+    }
+    StepVariable w;
+    w.id = kW;
+    w.name = "w";
+    w.aggregation = Aggregation::kMean;
+    w.spec = TensorSpec{DType::kFloat32, {2}};
+    w.replica_participant = {0, 0, 1, 1};
+    info.variables.push_back(w);
+    info.layout_id = 77;
+    auto begin = F32({1, 2});
+    store_.Apply({ReplicaWrite{kW, "w", 5, {0, 1}, begin}});
+  }
+  absl::StatusOr<StepResolution> Commit(int64_t step, uint64_t epoch,
+                                        std::vector<std::string> devices, absl::Duration wait) {
+    return steps_.Commit(step, epoch, devices, absl::Now() + wait);
+  }
+  StepResolution& PlannedResolution() {
+    link_.plan = StepResolution{};
+    return std::get<StepResolution>(link_.plan);
+  }
+
+  const WorkerIdentity me_{"tpu_worker", 0, kInc, {"TPU:0", "TPU:1"}};
+  FakeLink link_;
+  FakeCollectives collectives_;
+  ReplicaStore store_;
+  StepResolver resolver_{me_, &store_, &link_, &collectives_};
+  StepTable steps_{me_, &store_, &link_, &resolver_};
+};
+
+TEST_F(LocalStepsTest, S2_WritesAreStepLocalCopies_DiscardLeavesReplicasAsCommitted) {
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({9, 9})}}));
+  auto in_step = steps_.Read(11, kW, 0);
+  ASSERT_OK(in_step);
+  EXPECT_EQ(Floats(*in_step->value), (std::vector<float>{9, 9}));
+  auto committed = steps_.Read(0, kW, 0);
+  ASSERT_OK(committed);
+  EXPECT_EQ(Floats(*committed->value), (std::vector<float>{1, 2}));
+  steps_.Discard(11);
+  EXPECT_EQ(Floats(*steps_.Read(11, kW, 0)->value), (std::vector<float>{1, 2}));
+  EXPECT_THAT(steps_.Write(3, 11, {{kW, 0, F32({9, 9})}}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no longer open"));
+  EXPECT_TRUE(link_.reports.empty());
+}
+
+TEST_F(LocalStepsTest, S1_LayoutKeptAcrossSteps_OnlyTheHeaderIsFetchedAgain) {
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({9, 9})}}));
+  steps_.Discard(11);
+  link_.info.step = 4;
+  link_.info.epoch = 12;
+  ASSERT_OK(steps_.Write(4, 12, {{kW, 1, F32({8, 8})}}));  // the cached layout serves
+  EXPECT_EQ(link_.known_layouts, (std::vector<uint64_t>{0, 77}));
+  link_.info.layout_id = 78;  // membership changed: a new layout comes whole
+  link_.info.step = 5;
+  link_.info.epoch = 13;
+  ASSERT_OK(steps_.Write(5, 13, {{kW, 1, F32({8, 8})}}));
+  EXPECT_EQ(link_.known_layouts.back(), 77u);
+  link_.info.step = 6;
+  link_.info.epoch = 14;
+  ASSERT_OK(steps_.Write(6, 14, {{kW, 1, F32({8, 8})}}));
+  EXPECT_EQ(link_.known_layouts.back(), 78u);
+}
+
+TEST_F(LocalStepsTest, S4_LateTrainer_GetsTheResolutionOfAStepAlreadyOver) {
+  link_.info.state = StepState::kFailed;
+  link_.resolution.state = StepState::kFailed;
+  link_.resolution.status = absl::DeadlineExceededError("missing: tpu_worker:1");
+  auto r = Commit(3, 11, {}, absl::Seconds(5));
+  ASSERT_OK(r);
+  EXPECT_EQ(r->status.message(), "missing: tpu_worker:1");
+  EXPECT_TRUE(link_.reports.empty());
+}
+
+TEST_F(LocalStepsTest, S1_TrainersHintOfAKnownLayout_NoFetchAtAll) {
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({9, 9})}}));  // fetches step 3 and its layout
+  steps_.Discard(11);
+  ASSERT_EQ(link_.known_layouts.size(), 1u);
+  steps_.Hint(4, 12, 77, absl::Seconds(5));  // as a trainer's call says it
+  ASSERT_OK(steps_.Write(4, 12, {{kW, 1, F32({8, 8})}}));
+  EXPECT_EQ(link_.known_layouts.size(), 1u);  // the coordinator was not asked
+  steps_.Hint(5, 13, 99, absl::Seconds(5));   // a layout this worker does not hold
+  link_.info.step = 5;
+  link_.info.epoch = 13;
+  ASSERT_OK(steps_.Write(5, 13, {{kW, 1, F32({8, 8})}}));
+  EXPECT_EQ(link_.known_layouts.size(), 2u);  // so it asks
+}
+
+TEST_F(LocalStepsTest, S2_WriteRefusals) {
+  EXPECT_THAT(steps_.Write(3, 11, {{kW + 1, 0, F32({1, 1})}}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "join the next one"));
+  EXPECT_THAT(steps_.Write(3, 11, {{kW, 2, F32({1, 1})}}),
+              StatusIs(absl::StatusCode::kNotFound, "not held by this worker"));
+  EXPECT_THAT(steps_.Write(3, 11, {{kW, 0, F32({1, 1, 1})}}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(steps_.Write(4, 11, {{kW, 0, F32({1, 1})}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "belongs to step 3"));
+}
+
+TEST_F(LocalStepsTest, S3_TwoTrainersPerHost_OneReportOnceEveryDeviceCommitted) {
+  PlannedResolution().state = StepState::kCommitted;
+  PlannedResolution().step = 3;
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({1, 2})}}));  // unchanged: not reported
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 1, F32({3, 4})}}));
+  absl::StatusOr<StepResolution> first;
+  std::thread t0([&] { first = Commit(3, 11, {"TPU:0"}, absl::Seconds(30)); });
+  auto second = Commit(3, 11, {"/job:tpu_worker/replica:0/task:0/device:TPU:1"}, absl::Seconds(30));
+  t0.join();
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  EXPECT_EQ(first->step, second->step);
+  EXPECT_EQ(first->state, second->state);
+  ASSERT_EQ(link_.reports.size(), 1u);
+  const WorkerReport& r = link_.reports[0];
+  EXPECT_EQ(r.incarnation, kInc);
+  ASSERT_EQ(r.replicas.size(), 1u);
+  EXPECT_EQ(r.replicas[0].replica, 1);
+  EXPECT_EQ(r.replicas[0].checksum, F32({3, 4})->checksum);
+  EXPECT_THAT(Commit(3, 11, {"GPU:0"}, absl::Seconds(1)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(LocalStepsTest, S4_MeanPlan_BeginPlusMeanOfDeltas_InstalledWithNewVersion) {
+  StepPlan plan;
+  plan.group = "g";
+  plan.timeout = absl::Seconds(1);
+  StepCollective c;
+  c.kind = StepCollective::Kind::kAllreduce;
+  c.variable_ids = {kW};
+  plan.collectives.push_back(c);
+  plan.changed_ids = {kW};
+  plan.changed_checksums = {0};
+  link_.plan = plan;
+  // Local deltas: +4 (replica 0) and +8 (replica 1); the other host adds 12.
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({5, 6})}}));
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 1, F32({9, 10})}}));
+  collectives_.others = 12;
+  auto expected = F32({7, 8});  // 1,2 + (4 + 8 + 12) / 4
+  link_.resolution.state = StepState::kCommitted;
+  link_.resolution.changed.push_back(CommittedVariable{kW, "w", 6, expected->checksum});
+  auto r = Commit(3, 11, {}, absl::Seconds(30));
+  ASSERT_OK(r);
+  ASSERT_EQ(link_.finishes.size(), 1u);
+  ASSERT_EQ(link_.finishes[0].variables.size(), 1u);
+  EXPECT_EQ(link_.finishes[0].variables[0].checksum, expected->checksum);
+  for (int32_t replica : {0, 1}) {
+    auto got = store_.Get(kW, replica);
+    ASSERT_OK(got);
+    EXPECT_EQ(got->version, 6);
+    EXPECT_EQ(Floats(*got->value), (std::vector<float>{7, 8}));
+  }
+}
+
+TEST_F(LocalStepsTest, S4_FailedResolution_DropsCopiesReplicasUntouched) {
+  PlannedResolution().state = StepState::kFailed;
+  PlannedResolution().status = absl::DeadlineExceededError("barrier");
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({5, 6})}}));
+  auto r = Commit(3, 11, {}, absl::Seconds(30));
+  ASSERT_OK(r);
+  EXPECT_EQ(r->state, StepState::kFailed);
+  auto got = store_.Get(kW, 0);
+  EXPECT_EQ(got->version, 5);
+  EXPECT_EQ(Floats(*got->value), (std::vector<float>{1, 2}));
+}
+
+}  // namespace
+}  // namespace repvar::worker

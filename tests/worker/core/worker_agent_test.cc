@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "worker/core/worker_agent.h"
+
+#include <gtest/gtest.h>
+
+namespace repvar::worker {
+namespace {
+
+class ScriptedLink : public CoordinatorLink {
+ public:
+  absl::StatusOr<absl::Duration> Register(const WorkerRegistration&) override {
+    ++registers;
+    if (!register_status.ok()) return register_status;
+    return absl::Milliseconds(250);
+  }
+  absl::Status Heartbeat(const TaskKey&, uint64_t) override {
+    ++heartbeats;
+    return heartbeat_status;
+  }
+  absl::Status register_status;
+  absl::Status heartbeat_status;
+  int registers = 0;
+  int heartbeats = 0;
+};
+
+TEST(WorkerAgent, RegistersThenHeartbeatsAtTheAdvertisedInterval) {
+  ScriptedLink link;
+  WorkerAgent agent({"tpu_worker", 0, "h:1", 5, {}}, &link);
+  absl::Time t0 = absl::FromUnixSeconds(100);
+  absl::Time next = agent.Tick(t0);
+  EXPECT_EQ(agent.state(), WorkerAgent::State::kRegistered);
+  EXPECT_EQ(next, t0 + absl::Milliseconds(250));
+  agent.Tick(next);
+  EXPECT_EQ(link.heartbeats, 1);
+}
+
+TEST(WorkerAgent, RegisterFails_RetriesWithBackoff) {
+  ScriptedLink link;
+  link.register_status = absl::AbortedError("old incarnation still live");
+  WorkerAgent agent({"tpu_worker", 0, "h:1", 5, {}}, &link);
+  absl::Time t = absl::FromUnixSeconds(100);
+  absl::Time n1 = agent.Tick(t);
+  absl::Time n2 = agent.Tick(n1);
+  EXPECT_EQ(agent.state(), WorkerAgent::State::kUnregistered);
+  EXPECT_GT(n2 - n1, n1 - t);
+}
+
+TEST(WorkerAgent, DeclaredDead_RegistersAgain) {
+  ScriptedLink link;
+  WorkerAgent agent({"tpu_worker", 0, "h:1", 5, {}}, &link);
+  absl::Time t = agent.Tick(absl::FromUnixSeconds(100));
+  link.heartbeat_status = absl::NotFoundError("declared dead");
+  t = agent.Tick(t);
+  EXPECT_EQ(agent.state(), WorkerAgent::State::kUnregistered);
+  link.heartbeat_status = absl::OkStatus();
+  agent.Tick(t);
+  EXPECT_EQ(link.registers, 2);
+  EXPECT_EQ(agent.state(), WorkerAgent::State::kRegistered);
+}
+
+TEST(WorkerAgent, TransientHeartbeatError_StaysRegistered) {
+  ScriptedLink link;
+  WorkerAgent agent({"tpu_worker", 0, "h:1", 5, {}}, &link);
+  absl::Time t = agent.Tick(absl::FromUnixSeconds(100));
+  link.heartbeat_status = absl::UnavailableError("coordinator restarting");
+  agent.Tick(t);
+  EXPECT_EQ(agent.state(), WorkerAgent::State::kRegistered);
+}
+
+}  // namespace
+}  // namespace repvar::worker

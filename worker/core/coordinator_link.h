@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the worker core needs from the coordinator: the test seams between
+// the core and the network (worker/rpc/grpc_coordinator_link.h is the real
+// one). Every call blocks until the coordinator answers or its timeout.
+#ifndef REPVAR_WORKER_CORE_COORDINATOR_LINK_H_
+#define REPVAR_WORKER_CORE_COORDINATOR_LINK_H_
+
+#include <cstdint>
+#include <string>
+#include <variant>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/model/step.h"
+#include "common/model/task.h"
+#include "common/model/topology.h"
+
+namespace repvar::worker {
+
+// Membership: what WorkerAgent calls.
+class CoordinatorLink {
+ public:
+  virtual ~CoordinatorLink() = default;
+  // Returns the heartbeat interval the coordinator asks for.
+  virtual absl::StatusOr<absl::Duration> Register(const WorkerRegistration& reg) = 0;
+  // Errors: NOT_FOUND (declared dead: register again), ABORTED (stale
+  // incarnation), UNAVAILABLE.
+  virtual absl::Status Heartbeat(const TaskKey& task, uint64_t incarnation) = 0;
+};
+
+// Steps: what the step table and the step resolver call.
+class StepLink {
+ public:
+  virtual ~StepLink() = default;
+  // The step of `epoch`; without its layout (layout_omitted) when it is
+  // `known_layout`. Errors: NOT_FOUND (unknown epoch), UNAVAILABLE.
+  virtual absl::StatusOr<StepInfo> GetStep(uint64_t epoch, uint64_t known_layout) = 0;
+  // Sends this worker's one report; answers when the barrier resolves: the
+  // plan to run, or the resolution when there is nothing to run.
+  virtual absl::StatusOr<std::variant<StepPlan, StepResolution>> ReportStep(
+      const WorkerReport& report, absl::Duration timeout) = 0;
+  // After the plan: this worker's values; answers with the resolution.
+  virtual absl::StatusOr<StepResolution> FinishStep(const WorkerFinish& finish,
+                                                    absl::Duration timeout) = 0;
+  // DEADLINE_EXCEEDED when not resolved within `timeout`.
+  virtual absl::StatusOr<StepResolution> WaitStep(uint64_t epoch, absl::Duration timeout) = 0;
+};
+
+// The data plane's rendezvous: where workers meet to build a gloo context
+// (the coordinator's store).
+class RendezvousClient {
+ public:
+  virtual ~RendezvousClient() = default;
+  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  // Waits up to `timeout` for the key. Errors: DEADLINE_EXCEEDED, UNAVAILABLE.
+  virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) = 0;
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_CORE_COORDINATOR_LINK_H_

@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "worker/core/data_plane.h"
+
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <exception>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace repvar::worker {
+namespace {
+
+// gloo's Store over the coordinator. gloo expects failures as exceptions;
+// they surface in GlooDataPlane::Broadcast, which catches them.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(RendezvousClient* client, absl::Duration timeout)
+      : client_(client), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    absl::Status s = client_->Set(key, std::string(data.begin(), data.end()));
+    if (!s.ok()) throw std::runtime_error("rendezvous set: " + s.ToString());
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto v = client_->Get(key, timeout_);
+    if (!v.ok()) throw std::runtime_error("rendezvous get: " + v.status().ToString());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, kDefaultTimeout); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
+    for (const std::string& k : keys) get(k);
+  }
+
+ private:
+  RendezvousClient* const client_;
+  const absl::Duration timeout_;
+};
+
+}  // namespace
+
+GlooDataPlane::GlooDataPlane(std::string hostname, RendezvousClient* store)
+    : hostname_(std::move(hostname)), store_(store) {}
+
+GlooDataPlane::~GlooDataPlane() = default;
+
+absl::StatusOr<std::shared_ptr<gloo::Context>> GlooDataPlane::ContextFor(const CollectiveSpec& c) {
+  if (context_ != nullptr && group_ == c.group) return context_;
+  context_.reset();
+  group_.clear();
+  try {
+    if (device_ == nullptr) {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = hostname_;
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+    }
+    StoreAdapter adapter(store_, c.timeout);
+    gloo::rendezvous::PrefixStore prefixed(c.group, adapter);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(c.rank, c.size);
+    ctx->setTimeout(absl::ToChronoMilliseconds(c.timeout));
+    ctx->connectFullMesh(prefixed, device_);
+    context_ = ctx;
+    group_ = c.group;
+    spdlog::info("data plane: joined group {} as rank {} of {}", c.group, c.rank, c.size);
+    return context_;
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("data plane: cannot join group ", c.group, ": ", e.what()));
+  }
+}
+
+absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) {
+  if (c.size < 1 || c.rank < 0 || c.rank >= c.size || c.root < 0 || c.root >= c.size) {
+    return absl::InvalidArgumentError("malformed collective");
+  }
+  absl::MutexLock lock(&mu_);
+  auto ctx = ContextFor(c);
+  if (!ctx.ok()) return ctx.status();
+  if (bytes.empty() || c.size == 1) return absl::OkStatus();
+  try {
+    gloo::BroadcastOptions opts(*ctx);
+    opts.setOutput(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
+    opts.setRoot(c.root);
+    opts.setTag(c.tag);
+    opts.setTimeout(absl::ToChronoMilliseconds(c.timeout));
+    gloo::broadcast(opts);
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    context_.reset();  // a gloo error leaves the context unusable
+    group_.clear();
+    return absl::UnavailableError(
+        absl::StrCat("data plane: broadcast in group ", c.group, " failed: ", e.what()));
+  }
+}
+
+absl::Status GlooDataPlane::Allreduce(const CollectiveSpec& c, AccumType type,
+                                      std::span<std::byte> bytes) {
+  if (c.size < 1 || c.rank < 0 || c.rank >= c.size) {
+    return absl::InvalidArgumentError("malformed collective");
+  }
+  const size_t item = AccumSize(type);
+  if (bytes.size() % item != 0) return absl::InvalidArgumentError("ragged reduction buffer");
+  absl::MutexLock lock(&mu_);
+  auto ctx = ContextFor(c);
+  if (!ctx.ok()) return ctx.status();
+  if (bytes.empty() || c.size == 1) return absl::OkStatus();
+  using Fn = void (*)(void*, const void*, const void*, size_t);
+  try {
+    gloo::AllreduceOptions opts(*ctx);
+    const size_t n = bytes.size() / item;
+    // The ring: every element is summed in one fixed order (ranks are the
+    // step's participants in task order), so the result repeats run to run
+    // and is the same on every member.
+    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    switch (type) {
+      case AccumType::kFloat32:
+        opts.setOutput(reinterpret_cast<float*>(bytes.data()), n);
+        opts.setReduceFunction(static_cast<Fn>(&gloo::sum<float>));
+        break;
+      case AccumType::kFloat64:
+        opts.setOutput(reinterpret_cast<double*>(bytes.data()), n);
+        opts.setReduceFunction(static_cast<Fn>(&gloo::sum<double>));
+        break;
+      case AccumType::kInt64:
+        opts.setOutput(reinterpret_cast<int64_t*>(bytes.data()), n);
+        opts.setReduceFunction(static_cast<Fn>(&gloo::sum<int64_t>));
+        break;
+    }
+    opts.setTag(c.tag);
+    opts.setTimeout(absl::ToChronoMilliseconds(c.timeout));
+    gloo::allreduce(opts);
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    context_.reset();
+    group_.clear();
+    return absl::UnavailableError(
+        absl::StrCat("data plane: allreduce in group ", c.group, " failed: ", e.what()));
+  }
+}
+
+}  // namespace repvar::worker

@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_WORKER_CORE_DATA_PLANE_H_
+#define REPVAR_WORKER_CORE_DATA_PLANE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/model/collective.h"
+#include "common/tensor/step_math.h"
+#include "worker/core/coordinator_link.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}
+}  // namespace gloo
+
+namespace repvar::worker {
+
+// The collectives a worker's step runs (the seam for tests).
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  // Broadcasts `bytes` from the root to every member; on the others, fills
+  // `bytes`. Errors: UNAVAILABLE (rendezvous or transfer failed, timed out).
+  virtual absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) = 0;
+  // Sums `bytes` (elements of `type`) across the members, in place.
+  virtual absl::Status Allreduce(const CollectiveSpec& c, AccumType type,
+                                 std::span<std::byte> bytes) = 0;
+};
+
+// Bulk bytes between workers over gloo (TCP transport). Holds one gloo
+// context, for the current group; a collective naming another group builds a
+// new one (rendezvous under "<group>/" in the coordinator's store), and any
+// gloo error drops the context, since gloo leaves it unusable. gloo throws:
+// this class is the only place that catches. Collectives run one at a time.
+class GlooDataPlane final : public Collectives {
+ public:
+  // `hostname`: the address other workers reach this one at.
+  GlooDataPlane(std::string hostname, RendezvousClient* store);
+  ~GlooDataPlane();
+
+  absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A ring allreduce (sum). A group of one is a no-op.
+  absl::Status Allreduce(const CollectiveSpec& c, AccumType type,
+                         std::span<std::byte> bytes) override ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::StatusOr<std::shared_ptr<gloo::Context>> ContextFor(const CollectiveSpec& c)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string hostname_;
+  RendezvousClient* const store_;
+  absl::Mutex mu_;
+  std::shared_ptr<gloo::transport::Device> device_ ABSL_GUARDED_BY(mu_);
+  std::string group_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<gloo::Context> context_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_CORE_DATA_PLANE_H_

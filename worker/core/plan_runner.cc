@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "worker/core/plan_runner.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
+#include "common/tensor/step_math.h"
+
+namespace repvar::worker {
+
+absl::StatusOr<std::shared_ptr<const Tensor>> PlanRunner::BeginValue(uint64_t id,
+                                                                     int32_t replica) const {
+  REPVAR_ASSIGN_OR_RETURN(StoredReplica r, store_->Get(id, replica));
+  return r.value;
+}
+
+absl::StatusOr<PlanOutput> PlanRunner::Run(const LocalStep& s, const StepPlan& plan) const {
+  PlanOutput out;
+  const int32_t size = static_cast<int32_t>(s.layout->info.participants.size());
+  for (const StepCollective& c : plan.collectives) {
+    CollectiveSpec spec{plan.group, s.layout->me, size, c.root, c.tag, plan.timeout};
+    if (c.variable_ids.empty()) return absl::InvalidArgumentError("a collective without variables");
+    if (c.kind == StepCollective::Kind::kAllreduce) {
+      REPVAR_RETURN_IF_ERROR(RunAllreduce(s, spec, c, out));
+    } else {
+      REPVAR_RETURN_IF_ERROR(RunBroadcast(s, spec, c, out));
+    }
+  }
+  return out;
+}
+
+absl::Status PlanRunner::RunAllreduce(const LocalStep& s, const CollectiveSpec& spec,
+                                      const StepCollective& c, PlanOutput& out) const {
+  // One fused buffer for all the collective's variables, in order.
+  std::vector<const StepVariable*> vars;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  AccumType type = AccumType::kFloat32;
+  for (uint64_t id : c.variable_ids) {
+    const StepVariable* var = s.layout->Find(id);
+    if (var == nullptr) return absl::InvalidArgumentError("plan names an unknown variable");
+    REPVAR_ASSIGN_OR_RETURN(int64_t n, var->spec.NumElements());
+    type = AccumTypeFor(var->spec.dtype);
+    vars.push_back(var);
+    offsets.push_back(total);
+    total += static_cast<size_t>(n) * AccumSize(type);
+  }
+  auto region_of = [&](size_t i) {
+    size_t len = (i + 1 < vars.size() ? offsets[i + 1] : total) - offsets[i];
+    return std::pair<size_t, size_t>{offsets[i], len};
+  };
+  REPVAR_ASSIGN_OR_RETURN(Buffer acc, Buffer::Allocate(total));
+  std::vector<std::shared_ptr<const Tensor>> begins(vars.size());
+  for (size_t i = 0; i < vars.size(); ++i) {
+    auto [off, len] = region_of(i);
+    std::span<std::byte> region = acc.span().subspan(off, len);
+    bool filled = false;  // the first delta overwrites: no clearing pass
+    for (int32_t r : s.layout->LocalReplicas(*vars[i])) {  // replica order
+      REPVAR_ASSIGN_OR_RETURN(auto b, BeginValue(vars[i]->id, r));
+      begins[i] = b;
+      auto w = s.written.find({vars[i]->id, r});
+      if (w == s.written.end()) continue;  // untouched: contributes zero
+      REPVAR_RETURN_IF_ERROR(AddDelta(*b, *w->second, region, /*overwrite=*/!filled));
+      filled = true;
+    }
+    if (!filled) std::memset(region.data(), 0, region.size());
+  }
+  REPVAR_RETURN_IF_ERROR(collectives_->Allreduce(spec, type, acc.span()));
+  for (size_t i = 0; i < vars.size(); ++i) {
+    if (begins[i] == nullptr) continue;  // no local replica
+    auto [off, len] = region_of(i);
+    int64_t divisor = vars[i]->aggregation == Aggregation::kMean
+                          ? static_cast<int64_t>(vars[i]->replica_participant.size())
+                          : 1;
+    auto reduced = ApplyReduced(*begins[i], acc.span().subspan(off, len), divisor);
+    if (!reduced.ok()) {
+      return absl::Status(reduced.status().code(),
+                          absl::StrCat(vars[i]->name, ": ", reduced.status().message()));
+    }
+    out.reduced_nonfinite[vars[i]->id] = reduced->first_nonfinite;
+    out.values[vars[i]->id] = std::make_shared<const Tensor>(std::move(reduced->value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlanRunner::RunBroadcast(const LocalStep& s, const CollectiveSpec& spec,
+                                      const StepCollective& c, PlanOutput& out) const {
+  const StepVariable* var = s.layout->Find(c.variable_ids.front());
+  if (var == nullptr) return absl::InvalidArgumentError("plan names an unknown variable");
+  Tensor t;
+  if (spec.rank == c.root) {
+    std::shared_ptr<const Tensor> src;
+    auto w = s.written.find({var->id, c.source_replica});
+    if (w != s.written.end()) {
+      src = w->second;
+    } else {
+      REPVAR_ASSIGN_OR_RETURN(src, BeginValue(var->id, c.source_replica));
+    }
+    REPVAR_ASSIGN_OR_RETURN(t, Tensor::FromBytes(src->spec, src->bytes.span()));
+  } else {
+    REPVAR_ASSIGN_OR_RETURN(t, Tensor::ForOverwrite(var->spec));  // the broadcast fills it
+  }
+  REPVAR_RETURN_IF_ERROR(collectives_->Broadcast(spec, t.bytes.span()));
+  t.UpdateChecksum();
+  if (t.checksum != c.checksum) {
+    return absl::DataLossError(
+        absl::StrCat("the repair value of ", var->name, " arrived with a bad checksum"));
+  }
+  if (!s.layout->LocalReplicas(*var).empty()) {
+    out.values[var->id] = std::make_shared<const Tensor>(std::move(t));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace repvar::worker

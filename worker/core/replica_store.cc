@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "worker/core/replica_store.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace repvar::worker {
+
+void ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
+  // Old values are released after the lock is dropped (munmap can be slow).
+  std::vector<std::shared_ptr<const Tensor>> released;
+  absl::MutexLock lock(&mu_);
+  for (ReplicaWrite& item : items) {
+    for (int32_t r : item.replicas) {
+      StoredReplica& s = replicas_[{item.variable_id, r}];
+      if (s.value) released.push_back(std::move(s.value));
+      s = StoredReplica{item.variable_id,     item.name, r, item.version,
+                        item.value->checksum, item.value};
+    }
+  }
+}
+
+absl::StatusOr<StoredReplica> ReplicaStore::Get(uint64_t variable_id, int32_t replica) const {
+  absl::MutexLock lock(&mu_);
+  auto it = replicas_.find({variable_id, replica});
+  if (it == replicas_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("replica ", replica, " of variable id ", variable_id, " is not held here"));
+  }
+  return it->second;
+}
+
+void ReplicaStore::Drop(uint64_t variable_id) {
+  std::vector<std::shared_ptr<const Tensor>> released;
+  absl::MutexLock lock(&mu_);
+  auto it = replicas_.lower_bound({variable_id, INT32_MIN});
+  while (it != replicas_.end() && it->first.first == variable_id) {
+    released.push_back(std::move(it->second.value));
+    it = replicas_.erase(it);
+  }
+}
+
+std::vector<StoredReplica> ReplicaStore::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<StoredReplica> out;
+  for (const auto& [key, r] : replicas_) out.push_back(r);
+  return out;
+}
+
+uint64_t ReplicaStore::BytesHeld() const {
+  absl::MutexLock lock(&mu_);
+  std::set<const Tensor*> seen;
+  uint64_t total = 0;
+  for (const auto& [key, r] : replicas_) {
+    if (seen.insert(r.value.get()).second) total += r.value->bytes.size();
+  }
+  return total;
+}
+
+}  // namespace repvar::worker

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "worker/core/step_resolver.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
+#include "common/tensor/element_math.h"
+#include "spdlog/spdlog.h"
+
+namespace repvar::worker {
+namespace {
+
+// Calls to the coordinator wait out the barrier or the aggregation, then this.
+constexpr absl::Duration kLinkSlack = absl::Minutes(1);
+
+int64_t NonFinite(const Tensor& t) { return FirstNonFinite(t); }
+
+bool Reduced(const StepVariable& var) {
+  return var.aggregation == Aggregation::kSum || var.aggregation == Aggregation::kMean;
+}
+
+}  // namespace
+
+WorkerReport StepResolver::BuildReport(const LocalStep& s) const {
+  WorkerReport report;
+  report.step = s.header.step;
+  report.epoch = s.header.epoch;
+  report.task = TaskKey{me_.job, me_.task};
+  report.incarnation = me_.incarnation;
+  for (const auto& [key, value] : s.written) {
+    const StepVariable& var = *s.layout->Find(key.first);
+    auto stored = store_->Get(key.first, key.second);
+    if (stored.ok() && value->checksum == stored->checksum) continue;  // unchanged
+    // SUM/MEAN values are scanned once reduced (a non-finite local value
+    // makes the result non-finite), in the pass that applies the reduction.
+    report.replicas.push_back(ReplicaReport{key.first, key.second, value->checksum,
+                                            Reduced(var) ? -1 : NonFinite(*value)});
+  }
+  return report;
+}
+
+WorkerFinish StepResolver::BuildFinish(const LocalStep& s, const StepPlan& plan,
+                                       PlanOutput& prepared) const {
+  WorkerFinish finish;
+  finish.step = s.header.step;
+  finish.epoch = s.header.epoch;
+  finish.task = TaskKey{me_.job, me_.task};
+  finish.incarnation = me_.incarnation;
+  for (uint64_t id : plan.changed_ids) {
+    const StepVariable& var = *s.layout->Find(id);
+    if (s.layout->LocalReplicas(var).empty()) continue;
+    auto value = FinalValue(s, var, prepared);
+    if (!value.ok()) {
+      finish.error = value.status().ToString();
+      finish.variables.clear();
+      return finish;
+    }
+    prepared.values[id] = *value;
+    PreparedVariable pv{id, (*value)->checksum, -1, -1};
+    auto scanned = prepared.reduced_nonfinite.find(id);
+    pv.first_nonfinite =
+        scanned != prepared.reduced_nonfinite.end() ? scanned->second : NonFinite(**value);
+    if (pv.first_nonfinite >= 0 && scanned != prepared.reduced_nonfinite.end()) {
+      // Which local replica brought it in, if one did.
+      for (int32_t r : s.layout->LocalReplicas(var)) {
+        auto w = s.written.find({id, r});
+        if (w == s.written.end()) continue;
+        if (int64_t bad = NonFinite(*w->second); bad >= 0) {
+          pv.nonfinite_replica = r;
+          pv.first_nonfinite = bad;
+          break;
+        }
+      }
+    }
+    finish.variables.push_back(pv);
+  }
+  return finish;
+}
+
+StepResolution StepResolver::Resolve(const LocalStep& s) {
+  const absl::Duration barrier = s.header.barrier_timeout;
+  // Ask the coordinator for the resolution (after a refusal or a lost call).
+  auto ask = [&](const absl::Status& why) -> StepResolution {
+    auto r = link_->WaitStep(s.header.epoch, barrier + kLinkSlack);
+    if (r.ok()) return *r;
+    return LocalFailure(s.header, why);
+  };
+  if (s.layout->me < 0) {
+    // No replica of this host takes part: nothing to report.
+    return ask(absl::UnavailableError("the coordinator did not say how the step ended"));
+  }
+  auto answer = link_->ReportStep(BuildReport(s), barrier + kLinkSlack);
+  if (!answer.ok()) {
+    spdlog::warn("{}: report refused: {}", StepName(s.header), answer.status().ToString());
+    return ask(answer.status());
+  }
+  if (auto* res = std::get_if<StepResolution>(&*answer)) {
+    if (res->state == StepState::kCommitted) Install(s, StepPlan{}, *res, PlanOutput{});
+    return *res;
+  }
+  const StepPlan& plan = std::get<StepPlan>(*answer);
+  PlanOutput prepared;
+  WorkerFinish finish;
+  auto ran = runner_.Run(s, plan);
+  if (ran.ok()) {
+    prepared = *std::move(ran);
+    finish = BuildFinish(s, plan, prepared);
+  } else {
+    finish.step = s.header.step;
+    finish.epoch = s.header.epoch;
+    finish.task = TaskKey{me_.job, me_.task};
+    finish.incarnation = me_.incarnation;
+    finish.error = ran.status().ToString();
+  }
+  auto res = link_->FinishStep(finish, plan.timeout + kLinkSlack);
+  if (!res.ok()) return ask(res.status());
+  if (res->state == StepState::kCommitted) Install(s, plan, *res, prepared);
+  return *std::move(res);
+}
+
+absl::StatusOr<std::shared_ptr<const Tensor>> StepResolver::FinalValue(
+    const LocalStep& s, const StepVariable& var, const PlanOutput& prepared) const {
+  if (auto p = prepared.values.find(var.id); p != prepared.values.end()) return p->second;
+  std::vector<int32_t> local = s.layout->LocalReplicas(var);
+  if (local.empty()) return absl::InternalError("no local replica");
+  auto w = s.written.find({var.id, local.front()});
+  if (w != s.written.end()) return w->second;
+  REPVAR_ASSIGN_OR_RETURN(StoredReplica r, store_->Get(var.id, local.front()));
+  return r.value;
+}
+
+void StepResolver::Install(const LocalStep& s, const StepPlan& plan, const StepResolution& res,
+                           const PlanOutput& prepared) const {
+  std::map<uint64_t, std::pair<int64_t, uint64_t>> target;  // id -> (version, checksum)
+  for (uint64_t id : plan.changed_ids) {
+    // Repaired but unchanged: the replicas keep their version and value.
+    const StepVariable& var = *s.layout->Find(id);
+    std::vector<int32_t> local = s.layout->LocalReplicas(var);
+    if (local.empty()) continue;
+    auto stored = store_->Get(var.id, local.front());
+    if (stored.ok()) target[var.id] = {stored->version, stored->checksum};
+  }
+  for (const CommittedVariable& c : res.changed) {
+    target[c.variable_id] = {c.version, c.checksum};
+  }
+  std::vector<ReplicaWrite> items;
+  for (const auto& [id, vc] : target) {
+    const StepVariable* var = s.layout->Find(id);
+    if (var == nullptr) continue;
+    std::vector<int32_t> local = s.layout->LocalReplicas(*var);
+    if (local.empty()) continue;
+    auto value = FinalValue(s, *var, prepared);
+    if (!value.ok() || (*value)->checksum != vc.second) {
+      // Cannot happen unless memory is corrupted: the coordinator checked
+      // every worker's value. Leave the replicas alone, loudly.
+      spdlog::error("{}: local value of {} does not match the committed checksum; not installed",
+                    StepName(s.header), var->name);
+      continue;
+    }
+    items.push_back(ReplicaWrite{id, var->name, vc.first, std::move(local), *value, std::nullopt});
+  }
+  store_->Apply(std::move(items));
+}
+
+}  // namespace repvar::worker

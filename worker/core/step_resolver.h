@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_WORKER_CORE_STEP_RESOLVER_H_
+#define REPVAR_WORKER_CORE_STEP_RESOLVER_H_
+
+#include "common/model/step.h"
+#include "worker/core/coordinator_link.h"
+#include "worker/core/plan_runner.h"
+#include "worker/core/replica_store.h"
+#include "worker/core/step_table.h"
+
+namespace repvar::worker {
+
+// Takes a step every local device committed to its resolution (DESIGN.md
+// S3-S4):
+//
+//   report   one per step: the local replicas whose value changed, with
+//            their checksums (and, outside SUM/MEAN, their first non-finite
+//            element); an empty report when nothing changed
+//   barrier  the coordinator answers with the plan, or with the resolution
+//            when there is nothing to run
+//   plan     PlanRunner runs the collectives; the worker finishes with the
+//            value each changed variable ends with here
+//   install  a COMMITTED resolution installs the new values with their
+//            versions; a FAILED one leaves the replicas exactly as committed
+//
+// When the coordinator refuses or a call is lost, the resolver asks for the
+// resolution (WaitStep) rather than guessing. Stateless between steps;
+// thread-compatible (the step table runs one step at a time).
+class StepResolver final : public Resolver {
+ public:
+  StepResolver(WorkerIdentity me, ReplicaStore* store, StepLink* link, Collectives* collectives)
+      : me_(std::move(me)), store_(store), link_(link), runner_(store, collectives) {}
+
+  StepResolution Resolve(const LocalStep& step) override;
+
+ private:
+  WorkerReport BuildReport(const LocalStep& s) const;
+  WorkerFinish BuildFinish(const LocalStep& s, const StepPlan& plan, PlanOutput& prepared) const;
+  // What every local participating replica of `var` ends with.
+  absl::StatusOr<std::shared_ptr<const Tensor>> FinalValue(const LocalStep& s,
+                                                           const StepVariable& var,
+                                                           const PlanOutput& prepared) const;
+  void Install(const LocalStep& s, const StepPlan& plan, const StepResolution& res,
+               const PlanOutput& prepared) const;
+
+  const WorkerIdentity me_;
+  ReplicaStore* const store_;
+  StepLink* const link_;
+  const PlanRunner runner_;
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_CORE_STEP_RESOLVER_H_

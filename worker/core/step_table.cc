@@ -1,0 +1,362 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "worker/core/step_table.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/status_util.h"
+
+namespace repvar::worker {
+namespace {
+
+constexpr size_t kKeepDoneSteps = 4;
+
+// "TPU:0" from "TPU:0" or "/job:j/replica:0/task:1/device:TPU:0".
+std::string ShortDevice(const std::string& d) {
+  auto pos = d.rfind("device:");
+  return pos == std::string::npos ? d : d.substr(pos + 7);
+}
+
+absl::Status NotInStep(uint64_t variable_id, const StepInfo& header) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("variable id ", variable_id, " is not in ", StepName(header),
+                   " (variables created or initialized during a step join the next one)"));
+}
+
+absl::Status NoLongerOpen(const StepInfo& header) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(StepName(header), " is no longer open on this worker (committed or aborted)"));
+}
+
+}  // namespace
+
+std::string StepName(const StepInfo& header) {
+  return absl::StrCat("step ", header.step, " (epoch ", header.epoch, ")");
+}
+
+StepResolution LocalFailure(const StepInfo& header, const absl::Status& status) {
+  StepResolution r;
+  r.step = header.step;
+  r.epoch = header.epoch;
+  r.state = StepState::kFailed;
+  r.status = status;
+  return r;
+}
+
+const StepVariable* StepLayout::Find(uint64_t id) const {
+  auto it = vars.find(id);
+  return it == vars.end() ? nullptr : &info.variables[it->second];
+}
+
+std::vector<int32_t> StepLayout::LocalReplicas(const StepVariable& var) const {
+  std::vector<int32_t> out;
+  if (me < 0) return out;
+  for (size_t i = 0; i < var.replica_participant.size(); ++i) {
+    if (var.replica_participant[i] == me) out.push_back(static_cast<int32_t>(i));
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<LocalStep>> StepTable::Find(int64_t step, uint64_t epoch) {
+  if (epoch == 0) return absl::InvalidArgumentError("a step call needs the step's epoch");
+  std::shared_ptr<const StepLayout> known;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = steps_.find(epoch);
+    if (it != steps_.end()) {
+      if (it->second->header.step != step) {
+        return absl::InvalidArgumentError(absl::StrCat("epoch ", epoch, " belongs to step ",
+                                                       it->second->header.step, ", not ", step));
+      }
+      return it->second;
+    }
+    known = layout_;
+  }
+  // Asked outside the lock: other trainers keep working meanwhile.
+  REPVAR_ASSIGN_OR_RETURN(StepInfo info, link_->GetStep(epoch, known ? known->info.layout_id : 0));
+  if (info.layout_omitted && (known == nullptr || known->info.layout_id != info.layout_id)) {
+    REPVAR_ASSIGN_OR_RETURN(info, link_->GetStep(epoch, 0));  // raced with another layout
+  }
+  if (info.step != step) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("epoch ", epoch, " belongs to step ", info.step, ", not ", step));
+  }
+  auto s = std::make_shared<LocalStep>();
+  if (info.layout_omitted) {
+    s->layout = known;
+  } else {
+    REPVAR_ASSIGN_OR_RETURN(s->layout, ParseLayout(info));
+  }
+  if (info.state == StepState::kCommitted || info.state == StepState::kFailed) {
+    s->phase = LocalStep::Phase::kDone;  // a late trainer: it gets the resolution
+  }
+  s->header = std::move(info);
+
+  absl::MutexLock lock(&mu_);
+  return AddLocked(epoch, std::move(s));
+}
+
+std::shared_ptr<LocalStep> StepTable::AddLocked(uint64_t epoch, std::shared_ptr<LocalStep> s) {
+  auto [it, fresh] = steps_.emplace(epoch, s);
+  if (!fresh) return it->second;  // another trainer got there first
+  layout_ = s->layout;
+  // One step is open at a time: an older open one was aborted or failed.
+  for (auto& [e, other] : steps_) {
+    if (e < epoch && other->phase == LocalStep::Phase::kOpen) {
+      CloseLocked(e, *other,
+                  LocalFailure(other->header,
+                               absl::AbortedError(absl::StrCat("superseded by epoch ", epoch))));
+    }
+  }
+  while (steps_.size() > kKeepDoneSteps &&
+         steps_.begin()->second->phase == LocalStep::Phase::kDone) {
+    steps_.erase(steps_.begin());
+  }
+  cv_.SignalAll();
+  return s;
+}
+
+void StepTable::CloseLocked(uint64_t epoch, LocalStep& s, StepResolution resolution) {
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    it = it->second.epoch == epoch ? leases_.erase(it) : std::next(it);
+  }
+  s.written.clear();
+  s.resolution = std::move(resolution);
+  s.phase = LocalStep::Phase::kDone;
+  cv_.SignalAll();
+}
+
+void StepTable::Hint(int64_t step, uint64_t epoch, uint64_t layout_id,
+                     absl::Duration barrier_timeout) {
+  if (epoch == 0 || layout_id == 0) return;
+  absl::MutexLock lock(&mu_);
+  if (steps_.contains(epoch) || layout_ == nullptr || layout_->info.layout_id != layout_id) {
+    return;
+  }
+  if (!steps_.empty() && steps_.rbegin()->first > epoch) return;  // an old step: ask
+  auto s = std::make_shared<LocalStep>();
+  s->header.step = step;
+  s->header.epoch = epoch;
+  s->header.state = StepState::kOpen;
+  s->header.barrier_timeout = barrier_timeout;
+  s->header.layout_id = layout_id;
+  s->layout = layout_;
+  AddLocked(epoch, std::move(s));
+}
+
+absl::StatusOr<std::shared_ptr<const StepLayout>> StepTable::ParseLayout(StepInfo& info) const {
+  auto layout = std::make_shared<StepLayout>();
+  layout->info.layout_id = info.layout_id;
+  layout->info.participants = std::move(info.participants);
+  layout->info.variables = std::move(info.variables);
+  info.participants.clear();
+  info.variables.clear();
+  const std::vector<StepParticipant>& participants = layout->info.participants;
+  for (size_t i = 0; i < participants.size(); ++i) {
+    const StepParticipant& p = participants[i];
+    if (p.task.job == me_.job && p.task.task == me_.task) {
+      if (p.incarnation != me_.incarnation) {
+        return absl::AbortedError(absl::StrCat(StepName(info), " counts incarnation ",
+                                               p.incarnation, " of this worker, not ",
+                                               me_.incarnation));
+      }
+      layout->me = static_cast<int32_t>(i);
+    }
+  }
+  for (size_t i = 0; i < layout->info.variables.size(); ++i) {
+    layout->vars[layout->info.variables[i].id] = static_cast<int>(i);
+  }
+  return std::shared_ptr<const StepLayout>(std::move(layout));
+}
+
+absl::Status StepTable::CheckWrite(const LocalStep& s, const WriteItem& item) const {
+  const StepVariable* var = s.layout->Find(item.variable_id);
+  if (var == nullptr) return NotInStep(item.variable_id, s.header);
+  if (item.replica < 0 || static_cast<size_t>(item.replica) >= var->replica_participant.size()) {
+    return absl::NotFoundError(absl::StrCat(var->name, " has no replica ", item.replica));
+  }
+  if (var->replica_participant[item.replica] != s.layout->me || s.layout->me < 0) {
+    if (store_->Get(item.variable_id, item.replica).ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(var->name, "/", item.replica, " sits ", StepName(s.header),
+                       " out (it was not up to date when the step began)"));
+    }
+    return absl::NotFoundError(
+        absl::StrCat(var->name, "/", item.replica, " is not held by this worker"));
+  }
+  if (item.value == nullptr || !(item.value->spec == var->spec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(var->name, " is ", var->spec.ToString(), "; the value is ",
+                     item.value == nullptr ? std::string("missing") : item.value->spec.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepTable::Write(int64_t step, uint64_t epoch, std::vector<WriteItem> items) {
+  REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<LocalStep> s, Find(step, epoch));
+  absl::MutexLock lock(&mu_);
+  if (s->phase != LocalStep::Phase::kOpen) return NoLongerOpen(s->header);
+  for (const WriteItem& item : items) REPVAR_RETURN_IF_ERROR(CheckWrite(*s, item));
+  for (WriteItem& item : items) {
+    s->written[{item.variable_id, item.replica}] = std::move(item.value);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepTable::Lease> StepTable::Map(int64_t step, uint64_t epoch, uint64_t variable_id,
+                                                int32_t replica, bool write, bool initialize) {
+  REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<LocalStep> s, Find(step, epoch));
+  const StepVariable* var = s->layout->Find(variable_id);
+  if (var == nullptr) return NotInStep(variable_id, s->header);
+  Lent lent{step, epoch, variable_id, replica, write, nullptr, nullptr};
+  int64_t version = 0;
+  if (!write) {
+    REPVAR_ASSIGN_OR_RETURN(StoredReplica view, Read(epoch, variable_id, replica));
+    version = view.version;
+    if (view.value->bytes.shared_fd() >= 0) {
+      lent.value = std::move(view.value);  // already shared: lent as it is, no copy
+    } else {
+      REPVAR_ASSIGN_OR_RETURN(Buffer buf, Buffer::AllocateShared(view.value->bytes.size()));
+      auto copy = std::make_shared<Tensor>();
+      copy->spec = view.value->spec;
+      copy->bytes = std::move(buf);
+      std::memcpy(copy->bytes.data(), view.value->bytes.data(), copy->bytes.size());
+      copy->checksum = view.checksum;
+      lent.value = std::move(copy);
+    }
+  } else {
+    REPVAR_ASSIGN_OR_RETURN(int64_t bytes, var->spec.ByteSize());
+    REPVAR_ASSIGN_OR_RETURN(Buffer buf, Buffer::AllocateShared(static_cast<size_t>(bytes)));
+    lent.writable = std::make_shared<Tensor>();
+    lent.writable->spec = var->spec;
+    lent.writable->bytes = std::move(buf);
+    {
+      // A write lease must name a replica this trainer may write in this step.
+      absl::MutexLock lock(&mu_);
+      if (s->phase != LocalStep::Phase::kOpen) return NoLongerOpen(s->header);
+      REPVAR_RETURN_IF_ERROR(CheckWrite(*s, WriteItem{variable_id, replica, lent.writable}));
+    }
+    if (initialize) {
+      REPVAR_ASSIGN_OR_RETURN(StoredReplica view, Read(epoch, variable_id, replica));
+      std::memcpy(lent.writable->bytes.data(), view.value->bytes.data(),
+                  lent.writable->bytes.size());
+      lent.writable->checksum = view.checksum;
+      version = view.version;
+    }
+  }
+  const Tensor& t = write ? *lent.writable : *lent.value;
+  absl::MutexLock lock(&mu_);
+  Lease lease{next_lease_++, t.bytes.shared_fd(), t.bytes.size(), t.checksum, version};
+  leases_[lease.id] = std::move(lent);
+  return lease;
+}
+
+absl::StatusOr<uint64_t> StepTable::Unmap(uint64_t lease, bool publish,
+                                          std::optional<uint64_t> checksum) {
+  Lent lent;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = leases_.find(lease);
+    if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("no lease ", lease));
+    lent = std::move(it->second);
+    leases_.erase(it);
+  }
+  if (!publish) return lent.write ? lent.writable->checksum : lent.value->checksum;
+  if (!lent.write) return absl::InvalidArgumentError("only a write lease can be published");
+  if (checksum) {
+    lent.writable->checksum = *checksum;  // hashed by the trainer as it wrote
+  } else {
+    lent.writable->UpdateChecksum();  // the trainer wrote the bytes in place
+  }
+  const uint64_t sum = lent.writable->checksum;
+  REPVAR_RETURN_IF_ERROR(
+      Write(lent.step, lent.epoch,
+            {WriteItem{lent.variable_id, lent.replica, std::move(lent.writable)}}));
+  return sum;
+}
+
+absl::StatusOr<StoredReplica> StepTable::Read(uint64_t epoch, uint64_t variable_id,
+                                              int32_t replica) {
+  REPVAR_ASSIGN_OR_RETURN(StoredReplica r, store_->Get(variable_id, replica));
+  if (epoch == 0) return r;
+  absl::MutexLock lock(&mu_);
+  auto it = steps_.find(epoch);
+  if (it == steps_.end()) return r;  // nothing written in that step here
+  const LocalStep& s = *it->second;
+  if (s.phase == LocalStep::Phase::kOpen) {
+    auto w = s.written.find({variable_id, replica});
+    if (w != s.written.end()) {
+      r.value = w->second;
+      r.checksum = w->second->checksum;
+    }
+  }
+  return r;
+}
+
+absl::StatusOr<StepResolution> StepTable::Commit(int64_t step, uint64_t epoch,
+                                                 const std::vector<std::string>& devices,
+                                                 absl::Time deadline) {
+  REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<LocalStep> s, Find(step, epoch));
+  std::vector<std::string> mine;
+  for (const std::string& d : devices) {
+    std::string shortname = ShortDevice(d);
+    if (std::find(me_.accelerators.begin(), me_.accelerators.end(), shortname) ==
+        me_.accelerators.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ", d, " is not an accelerator of ", me_.job, ":", me_.task));
+    }
+    mine.push_back(shortname);
+  }
+  if (devices.empty()) mine = me_.accelerators;
+  bool run = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (s->phase == LocalStep::Phase::kOpen) {
+      s->committed.insert(mine.begin(), mine.end());
+      if (s->committed.size() >= me_.accelerators.size()) {
+        s->phase = LocalStep::Phase::kResolving;
+        run = true;
+      }
+    }
+  }
+  if (run) {
+    // The step left OPEN: its copies are this thread's until it closes.
+    StepResolution res = resolver_->Resolve(*s);
+    absl::MutexLock lock(&mu_);
+    CloseLocked(epoch, *s, std::move(res));
+    return *s->resolution;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    while (s->phase != LocalStep::Phase::kDone) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) {
+        std::vector<std::string> waiting;
+        for (const std::string& a : me_.accelerators) {
+          if (!s->committed.contains(a)) waiting.push_back(a);
+        }
+        return absl::DeadlineExceededError(
+            absl::StrCat(StepName(s->header), ": no resolution in time",
+                         waiting.empty() ? "" : "; devices of this host not committed yet: ",
+                         absl::StrJoin(waiting, ", ")));
+      }
+    }
+    if (s->resolution) return *s->resolution;
+  }
+  // The step was already over when this worker first heard of it (a late
+  // trainer): the coordinator has its resolution.
+  auto r = link_->WaitStep(epoch, absl::Seconds(5));
+  if (r.ok()) return *std::move(r);
+  return LocalFailure(s->header, absl::AbortedError("the step was discarded on this worker"));
+}
+
+void StepTable::Discard(uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  auto it = steps_.find(epoch);
+  if (it == steps_.end() || it->second->phase != LocalStep::Phase::kOpen) return;
+  CloseLocked(epoch, *it->second,
+              LocalFailure(it->second->header, absl::AbortedError("a trainer aborted the step")));
+}
+
+}  // namespace repvar::worker

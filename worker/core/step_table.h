@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+// A worker's side of replicated steps (DESIGN.md S2-S4), as trainers call it:
+// the steps this worker knows by epoch, their step-local copies, the buffers
+// lent for in-place access, and who has committed. When every local
+// accelerator has committed, the committing thread hands the step to the
+// StepResolver (report, plan, install). No gRPC here: the coordinator is
+// reached through StepLink.
+//
+// Per step (by epoch), on this worker:
+//
+//   (unknown) --first trainer call--> OPEN: set up from the layout the call
+//          names when this worker holds it (Hint), else from GetStep
+//   OPEN: trainers read (their own writes, else the committed value) and
+//         write step-local copies, through the socket or in place through
+//         leased shared buffers (Map/Unmap); committed replicas stay untouched
+//   OPEN --every local accelerator committed (one trainer per host, or one
+//          per device)--> RESOLVING: the committing thread runs the resolver
+//   RESOLVING --resolution--> DONE: COMMITTED installed the new values with
+//          their versions; FAILED dropped the copies (replicas stay exactly as
+//          committed). Every trainer's Commit returns the same resolution.
+//   OPEN --Discard, or a newer epoch appears--> DONE (ABORTED locally)
+//
+// Thread-safe: trainers call from gRPC threads. A step's copies are guarded
+// by the table's mutex while it is OPEN; from RESOLVING on they belong to the
+// resolving thread (no call changes them once a step left OPEN).
+#ifndef REPVAR_WORKER_CORE_STEP_TABLE_H_
+#define REPVAR_WORKER_CORE_STEP_TABLE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model/step.h"
+#include "worker/core/coordinator_link.h"
+#include "worker/core/replica_store.h"
+
+namespace repvar::worker {
+
+struct WorkerIdentity {
+  std::string job;
+  int32_t task = 0;
+  uint64_t incarnation = 0;
+  std::vector<std::string> accelerators;  // this host's, as "TYPE:ID"
+};
+
+// Participants and variables of a step, parsed once and kept while
+// membership and the variable set stay the same.
+struct StepLayout {
+  StepInfo info;                 // participants, variables, layout_id only
+  int32_t me = -1;               // this worker's participant index (its rank)
+  std::map<uint64_t, int> vars;  // id -> index in info.variables
+
+  const StepVariable* Find(uint64_t id) const;
+  // This worker's replicas of `var` that take part in the step.
+  std::vector<int32_t> LocalReplicas(const StepVariable& var) const;
+};
+
+// Step-local copies: (variable id, replica) -> the trainer's value.
+using StepCopies = std::map<std::pair<uint64_t, int32_t>, std::shared_ptr<const Tensor>>;
+
+struct LocalStep {
+  enum class Phase { kOpen, kResolving, kDone };
+  StepInfo header;  // step, epoch, state, barrier timeout, layout id (no layout)
+  std::shared_ptr<const StepLayout> layout;
+  StepCopies written;
+  std::set<std::string> committed;  // devices
+  Phase phase = Phase::kOpen;
+  std::optional<StepResolution> resolution;
+};
+
+// "step 3 (epoch 11)".
+std::string StepName(const StepInfo& header);
+// A FAILED resolution of `s` decided on this worker.
+StepResolution LocalFailure(const StepInfo& header, const absl::Status& status);
+
+// Runs the report, the plan and the install of a step every local device
+// committed (see step_resolver.h); the seam for tests of the table alone.
+class Resolver {
+ public:
+  virtual ~Resolver() = default;
+  virtual StepResolution Resolve(const LocalStep& step) = 0;
+};
+
+class StepTable {
+ public:
+  StepTable(WorkerIdentity me, ReplicaStore* store, StepLink* link, Resolver* resolver)
+      : me_(std::move(me)), store_(store), link_(link), resolver_(resolver) {}
+
+  const WorkerIdentity& identity() const { return me_; }
+
+  // What a trainer says about a step it calls for (from its BeginStep): when
+  // this worker does not know `epoch` yet but holds the layout `layout_id`,
+  // the step is set up from it without asking the coordinator. Otherwise a
+  // no-op (the first call then fetches the step).
+  void Hint(int64_t step, uint64_t epoch, uint64_t layout_id, absl::Duration barrier_timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // S2: step-local writes of local replicas of one step, all or none (the
+  // first refusal is returned). Errors: FAILED_PRECONDITION (step not open
+  // here, variable not in the step, replica sitting the step out),
+  // NOT_FOUND (no such local replica), INVALID_ARGUMENT (spec, epoch of
+  // another step).
+  struct WriteItem {
+    uint64_t variable_id = 0;
+    int32_t replica = 0;
+    std::shared_ptr<const Tensor> value;
+  };
+  absl::Status Write(int64_t step, uint64_t epoch, std::vector<WriteItem> items)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The step's view of a local replica (epoch 0: the committed value).
+  absl::StatusOr<StoredReplica> Read(uint64_t epoch, uint64_t variable_id, int32_t replica)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // S3/S4: commits `devices` ("TPU:0" or full names; empty: all of this
+  // host's). The call that completes the host runs the resolver; every call
+  // answers with the resolution, waiting for it until `deadline`. A FAILED
+  // resolution is returned as a value, not an error. Errors:
+  // INVALID_ARGUMENT (unknown device), DEADLINE_EXCEEDED (other trainers of
+  // this host did not commit in time).
+  absl::StatusOr<StepResolution> Commit(int64_t step, uint64_t epoch,
+                                        const std::vector<std::string>& devices,
+                                        absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops an open step's copies (the trainer aborted). Idempotent.
+  void Discard(uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // In-place access for a trainer on this host: lends a shared buffer
+  // (Buffer::AllocateShared) holding the step's view of a local replica
+  // (read), or one to fill (write; `initialize` copies the current view in
+  // first). A write lease becomes the step-local copy on Unmap(publish).
+  // Errors: as Write (the replica must be writable in this step for write
+  // leases), RESOURCE_EXHAUSTED.
+  struct Lease {
+    uint64_t id = 0;
+    int fd = -1;
+    uint64_t byte_size = 0;
+    uint64_t checksum = 0;
+    int64_t version = 0;
+  };
+  absl::StatusOr<Lease> Map(int64_t step, uint64_t epoch, uint64_t variable_id, int32_t replica,
+                            bool write, bool initialize) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns the checksum of a published write: `checksum` when the publisher
+  // gave one, else computed here. Errors: NOT_FOUND (no such lease), others
+  // as Write.
+  absl::StatusOr<uint64_t> Unmap(uint64_t lease, bool publish,
+                                 std::optional<uint64_t> checksum = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // The step `epoch`, fetched from the coordinator on first sight.
+  absl::StatusOr<std::shared_ptr<LocalStep>> Find(int64_t step, uint64_t epoch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Records a new step (ends any older open one). Returns the one recorded
+  // first when another thread won.
+  std::shared_ptr<LocalStep> AddLocked(uint64_t epoch, std::shared_ptr<LocalStep> s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::shared_ptr<const StepLayout>> ParseLayout(StepInfo& info) const;
+  absl::Status CheckWrite(const LocalStep& s, const WriteItem& item) const;
+  // Ends a step: its leases (their buffers return to the pool), its copies.
+  void CloseLocked(uint64_t epoch, LocalStep& s, StepResolution resolution)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const WorkerIdentity me_;
+  ReplicaStore* const store_;
+  StepLink* const link_;
+  Resolver* const resolver_;
+
+  // State below is protected by mu_.
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // a step changed phase
+  std::map<uint64_t, std::shared_ptr<LocalStep>> steps_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const StepLayout> layout_ ABSL_GUARDED_BY(mu_);  // the last one seen
+  struct Lent {
+    int64_t step = 0;
+    uint64_t epoch = 0;
+    uint64_t variable_id = 0;
+    int32_t replica = 0;
+    bool write = false;
+    std::shared_ptr<Tensor> writable;     // write leases: the buffer being filled
+    std::shared_ptr<const Tensor> value;  // read leases: held so the bytes stay put
+  };
+  std::map<uint64_t, Lent> leases_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_CORE_STEP_TABLE_H_

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_WORKER_CORE_WORKER_AGENT_H_
+#define REPVAR_WORKER_CORE_WORKER_AGENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/model/topology.h"
+#include "worker/core/coordinator_link.h"
+
+namespace repvar::worker {
+
+// Keeps this worker registered and heartbeating. Driven by Tick(now), which
+// returns when to call it next; main() runs the loop, tests call it directly.
+//
+//   UNREGISTERED --Register OK--> REGISTERED --Heartbeat NOT_FOUND/ABORTED--> UNREGISTERED
+//        ^  |                         |  ^
+//        '--' Register failed:        '--' Heartbeat OK or UNAVAILABLE
+//             retry with backoff           (transient: keep trying)
+//
+// Not thread-safe: one thread drives it.
+class WorkerAgent {
+ public:
+  enum class State { kUnregistered, kRegistered };
+  WorkerAgent(WorkerRegistration reg, CoordinatorLink* link) : reg_(std::move(reg)), link_(link) {}
+
+  absl::Time Tick(absl::Time now);
+  State state() const { return state_; }
+  const WorkerRegistration& registration() const { return reg_; }
+
+ private:
+  const WorkerRegistration reg_;
+  CoordinatorLink* const link_;
+  State state_ = State::kUnregistered;
+  absl::Duration interval_ = absl::Seconds(1);
+  absl::Duration backoff_ = absl::Milliseconds(50);
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_CORE_WORKER_AGENT_H_

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "worker/core/write_sessions.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
+
+namespace repvar::worker {
+namespace {
+
+// Starts assembling the tensor `header` announces; a small tensor may come
+// whole in `inline_data` (then it is added as the one chunk at 0).
+absl::StatusOr<ChunkAssembler> Start(const TensorHeader& header,
+                                     std::span<const std::byte> inline_data) {
+  REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, ChunkAssembler::Start(header, UINT64_MAX));
+  if (!inline_data.empty()) REPVAR_RETURN_IF_ERROR(a.Add(0, inline_data, Checksum(inline_data)));
+  return a;
+}
+
+}  // namespace
+
+absl::Status ReplicaWriteSession::OnHeader(const ReplicaWriteHeader& h,
+                                           std::span<const std::byte> inline_data) {
+  REPVAR_RETURN_IF_ERROR(FinishCurrent());
+  if (h.incarnation != incarnation_) {
+    return absl::AbortedError(absl::StrCat("write meant for incarnation ", h.incarnation,
+                                           "; this worker is ", incarnation_));
+  }
+  const std::optional<CollectiveSpec>& c = h.write.collective;
+  if (!c || c->rank == c->root) {
+    REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, Start(h.tensor, inline_data));
+    assembler_.emplace(std::move(a));
+  } else {
+    // The bytes come from the root over the data plane; no buffer yet.
+    REPVAR_ASSIGN_OR_RETURN(int64_t size, h.tensor.spec.ByteSize());
+    if (static_cast<uint64_t>(size) != h.tensor.byte_size) {
+      return absl::InvalidArgumentError("tensor header size does not match its spec");
+    }
+  }
+  header_ = h;
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaWriteSession::OnChunk(uint64_t offset, std::span<const std::byte> data,
+                                          uint64_t checksum) {
+  if (!assembler_) return absl::InvalidArgumentError("chunk without a header that expects one");
+  return assembler_->Add(offset, data, checksum);
+}
+
+absl::Status ReplicaWriteSession::FinishCurrent() {
+  if (!header_) return absl::OkStatus();
+  absl::StatusOr<Tensor> t;
+  if (const std::optional<CollectiveSpec>& c = header_->write.collective) {
+    if (data_plane_ == nullptr)
+      return absl::FailedPreconditionError("this worker has no data plane");
+    t = c->rank == c->root ? assembler_->Finish()
+                           : Tensor::ForOverwrite(header_->tensor.spec);  // the broadcast fills it
+    if (!t.ok()) return t.status();
+    REPVAR_RETURN_IF_ERROR(data_plane_->Broadcast(*c, t->bytes.span()));
+    t->UpdateChecksum();
+    if (t->checksum != header_->tensor.checksum) {
+      return absl::DataLossError(
+          absl::StrCat("data plane delivered ", header_->write.name, " with a bad checksum"));
+    }
+  } else {
+    t = assembler_->Finish();
+    if (!t.ok()) return t.status();
+  }
+  ReplicaWrite item = std::move(header_->write);
+  item.collective.reset();
+  item.value = std::make_shared<const Tensor>(*std::move(t));
+  items_.push_back(std::move(item));
+  assembler_.reset();
+  header_.reset();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ReplicaWriteSession::Finish() {
+  REPVAR_RETURN_IF_ERROR(FinishCurrent());
+  const uint64_t checksum = items_.empty() ? 0 : items_.back().value->checksum;
+  store_->Apply(std::move(items_));
+  items_.clear();
+  return checksum;
+}
+
+absl::Status StepWriteSession::OnHeader(const StepWriteHeader& h,
+                                        std::span<const std::byte> inline_data) {
+  REPVAR_RETURN_IF_ERROR(FinishCurrent());
+  if (first_ && (h.step != first_->step || h.epoch != first_->epoch)) {
+    return absl::InvalidArgumentError("one step write stream writes one step");
+  }
+  if (!first_) {
+    first_ = h;
+    steps_->Hint(h.step, h.epoch, h.layout_id, h.barrier_timeout);
+  }
+  REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, Start(h.tensor, inline_data));
+  assembler_.emplace(std::move(a));
+  header_ = h;
+  return absl::OkStatus();
+}
+
+absl::Status StepWriteSession::OnChunk(uint64_t offset, std::span<const std::byte> data,
+                                       uint64_t checksum) {
+  if (!assembler_) return absl::InvalidArgumentError("chunk before a header");
+  return assembler_->Add(offset, data, checksum);
+}
+
+absl::Status StepWriteSession::FinishCurrent() {
+  if (!header_) return absl::OkStatus();
+  REPVAR_ASSIGN_OR_RETURN(Tensor t, assembler_->Finish());
+  items_.push_back(StepTable::WriteItem{header_->variable_id, header_->replica,
+                                        std::make_shared<const Tensor>(std::move(t))});
+  header_.reset();
+  assembler_.reset();
+  return absl::OkStatus();
+}
+
+absl::Status StepWriteSession::Finish() {
+  REPVAR_RETURN_IF_ERROR(FinishCurrent());
+  if (!first_) return absl::OkStatus();
+  return steps_->Write(first_->step, first_->epoch, std::move(items_));
+}
+
+}  // namespace repvar::worker

@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+// Receiving tensors as chunk streams: a sequence of headers, each followed
+// by its chunks (or carrying its bytes inline, or naming a data-plane
+// collective). Nothing is applied until the stream ends with every tensor
+// verified; then all of its writes are applied together, or none. The
+// adapters only translate messages into these calls.
+#ifndef REPVAR_WORKER_CORE_WRITE_SESSIONS_H_
+#define REPVAR_WORKER_CORE_WRITE_SESSIONS_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/replica_write.h"
+#include "common/model/step.h"
+#include "common/tensor/chunk_assembler.h"
+#include "worker/core/data_plane.h"
+#include "worker/core/replica_store.h"
+#include "worker/core/step_table.h"
+
+namespace repvar::worker {
+
+// The coordinator's cross-replica writes to this worker (C2). A write
+// carrying another incarnation is refused (ABORTED): it was meant for an
+// earlier process. A header with a collective is delivered by the data
+// plane: the root got the bytes here and sends them on, the other members
+// receive them from the root; every member checks the checksum. Not
+// thread-safe: one per stream.
+class ReplicaWriteSession {
+ public:
+  // `data_plane` may be null: writes naming a collective are then refused.
+  ReplicaWriteSession(uint64_t incarnation, ReplicaStore* store, Collectives* data_plane)
+      : incarnation_(incarnation), store_(store), data_plane_(data_plane) {}
+
+  // Errors: ABORTED (another incarnation), INVALID_ARGUMENT (bad header,
+  // chunk or checksum), FAILED_PRECONDITION (no data plane), UNAVAILABLE or
+  // DATA_LOSS (the data plane failed). Nothing is applied after an error.
+  absl::Status OnHeader(const ReplicaWriteHeader& h, std::span<const std::byte> inline_data);
+  absl::Status OnChunk(uint64_t offset, std::span<const std::byte> data, uint64_t checksum);
+  // Applies every write of the stream; returns the checksum of the last one
+  // as verified here (0 when there was none).
+  absl::StatusOr<uint64_t> Finish();
+
+ private:
+  absl::Status FinishCurrent();
+
+  const uint64_t incarnation_;
+  ReplicaStore* const store_;
+  Collectives* const data_plane_;
+  std::vector<ReplicaWrite> items_;
+  std::optional<ChunkAssembler> assembler_;
+  std::optional<ReplicaWriteHeader> header_;
+};
+
+// A trainer's stream of in-step writes of one step (S2). Not thread-safe:
+// one per stream.
+class StepWriteSession {
+ public:
+  explicit StepWriteSession(StepTable* steps) : steps_(steps) {}
+
+  // Errors: INVALID_ARGUMENT (bad header, chunk or checksum, a second step
+  // in one stream); the step table's refusals at Finish().
+  absl::Status OnHeader(const StepWriteHeader& h, std::span<const std::byte> inline_data);
+  absl::Status OnChunk(uint64_t offset, std::span<const std::byte> data, uint64_t checksum);
+  absl::Status Finish();
+
+ private:
+  absl::Status FinishCurrent();
+
+  StepTable* const steps_;
+  std::optional<StepWriteHeader> first_;
+  std::vector<StepTable::WriteItem> items_;
+  std::optional<ChunkAssembler> assembler_;
+  std::optional<StepWriteHeader> header_;
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_CORE_WRITE_SESSIONS_H_

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "worker/rpc/grpc_coordinator_link.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/base/status_util.h"
+#include "common/rpc/channel.h"
+#include "common/rpc/from_proto.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/to_proto.h"
+
+namespace repvar::worker {
+namespace {
+
+// One unary call to the coordinator with a deadline `timeout` from now.
+template <typename Resp, typename Req, typename Method>
+absl::StatusOr<Resp> Unary(v1::CoordinatorWorkers::Stub* stub, Method method, const Req& req,
+                           absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  Resp resp;
+  REPVAR_RETURN_IF_ERROR(FromGrpcStatus((stub->*method)(&ctx, req, &resp)));
+  return resp;
+}
+
+}  // namespace
+
+GrpcCoordinatorLink::GrpcCoordinatorLink(const std::string& address)
+    : stub_(v1::CoordinatorWorkers::NewStub(OpenChannel(address))) {}
+
+absl::StatusOr<absl::Duration> GrpcCoordinatorLink::Register(const WorkerRegistration& reg) {
+  v1::RegisterWorkerRequest req;
+  req.set_job(reg.job);
+  req.set_task(reg.task);
+  req.set_address(reg.address);
+  req.set_incarnation(reg.incarnation);
+  for (const auto& d : reg.devices) req.add_devices(d);
+  // Registration may resync this worker's replicas before it answers.
+  REPVAR_ASSIGN_OR_RETURN(auto resp, Unary<v1::RegisterWorkerResponse>(
+                                         stub_.get(), &v1::CoordinatorWorkers::Stub::RegisterWorker,
+                                         req, absl::Minutes(5)));
+  return absl::Milliseconds(resp.heartbeat_interval_ms());
+}
+
+absl::Status GrpcCoordinatorLink::Heartbeat(const TaskKey& task, uint64_t incarnation) {
+  v1::HeartbeatRequest req;
+  req.set_job(task.job);
+  req.set_task(task.task);
+  req.set_incarnation(incarnation);
+  return Unary<v1::HeartbeatResponse>(stub_.get(), &v1::CoordinatorWorkers::Stub::Heartbeat, req,
+                                      absl::Seconds(5))
+      .status();
+}
+
+absl::StatusOr<StepInfo> GrpcCoordinatorLink::GetStep(uint64_t epoch, uint64_t known_layout) {
+  v1::GetStepRequest req;
+  req.set_epoch(epoch);
+  req.set_known_layout(known_layout);
+  REPVAR_ASSIGN_OR_RETURN(
+      auto resp, Unary<v1::StepInfo>(stub_.get(), &v1::CoordinatorWorkers::Stub::GetStep, req,
+                                     absl::Seconds(30)));
+  return StepInfoFromProto(resp);
+}
+
+absl::StatusOr<std::variant<StepPlan, StepResolution>> GrpcCoordinatorLink::ReportStep(
+    const WorkerReport& report, absl::Duration timeout) {
+  v1::ReportStepRequest req;
+  ReportToProto(report, &req);
+  REPVAR_ASSIGN_OR_RETURN(
+      auto resp,
+      Unary<v1::StepPlan>(stub_.get(), &v1::CoordinatorWorkers::Stub::ReportStep, req, timeout));
+  return PlanFromProto(resp);
+}
+
+absl::StatusOr<StepResolution> GrpcCoordinatorLink::FinishStep(const WorkerFinish& finish,
+                                                               absl::Duration timeout) {
+  v1::FinishStepRequest req;
+  FinishToProto(finish, &req);
+  REPVAR_ASSIGN_OR_RETURN(
+      auto resp, Unary<v1::StepResolution>(stub_.get(), &v1::CoordinatorWorkers::Stub::FinishStep,
+                                           req, timeout));
+  return ResolutionFromProto(resp);
+}
+
+absl::StatusOr<StepResolution> GrpcCoordinatorLink::WaitStep(uint64_t epoch,
+                                                             absl::Duration timeout) {
+  v1::WaitStepRequest req;
+  req.set_epoch(epoch);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  REPVAR_ASSIGN_OR_RETURN(
+      auto resp, Unary<v1::StepResolution>(stub_.get(), &v1::CoordinatorWorkers::Stub::WaitStep,
+                                           req, timeout + absl::Seconds(5)));
+  return ResolutionFromProto(resp);
+}
+
+absl::Status GrpcCoordinatorLink::Set(const std::string& key, const std::string& value) {
+  v1::StoreSetRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  return Unary<v1::StoreSetResponse>(stub_.get(), &v1::CoordinatorWorkers::Stub::StoreSet, req,
+                                     absl::Seconds(30))
+      .status();
+}
+
+absl::StatusOr<std::string> GrpcCoordinatorLink::Get(const std::string& key,
+                                                     absl::Duration timeout) {
+  v1::StoreGetRequest req;
+  req.set_key(key);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  REPVAR_ASSIGN_OR_RETURN(
+      auto resp, Unary<v1::StoreGetResponse>(stub_.get(), &v1::CoordinatorWorkers::Stub::StoreGet,
+                                             req, timeout + absl::Seconds(5)));
+  return std::move(*resp.mutable_value());
+}
+
+}  // namespace repvar::worker

@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_WORKER_RPC_GRPC_COORDINATOR_LINK_H_
+#define REPVAR_WORKER_RPC_GRPC_COORDINATOR_LINK_H_
+
+#include <memory>
+#include <string>
+
+#include "repvar/v1/coordinator.grpc.pb.h"
+#include "worker/core/coordinator_link.h"
+
+namespace repvar::worker {
+
+// The worker core's links to the coordinator (membership, steps, the data
+// plane's rendezvous) over one gRPC channel. Every call has a deadline.
+// Thread-safe.
+class GrpcCoordinatorLink final : public CoordinatorLink, public StepLink, public RendezvousClient {
+ public:
+  explicit GrpcCoordinatorLink(const std::string& address);
+
+  absl::StatusOr<absl::Duration> Register(const WorkerRegistration& reg) override;
+  absl::Status Heartbeat(const TaskKey& task, uint64_t incarnation) override;
+
+  absl::StatusOr<StepInfo> GetStep(uint64_t epoch, uint64_t known_layout) override;
+  absl::StatusOr<std::variant<StepPlan, StepResolution>> ReportStep(
+      const WorkerReport& report, absl::Duration timeout) override;
+  absl::StatusOr<StepResolution> FinishStep(const WorkerFinish& finish,
+                                            absl::Duration timeout) override;
+  absl::StatusOr<StepResolution> WaitStep(uint64_t epoch, absl::Duration timeout) override;
+
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
+
+ private:
+  std::unique_ptr<v1::CoordinatorWorkers::Stub> stub_;
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_RPC_GRPC_COORDINATOR_LINK_H_

@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "worker/rpc/replicas_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
+#include "common/rpc/chunks.h"
+#include "common/rpc/from_proto.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/to_proto.h"
+#include "worker/core/write_sessions.h"
+#include "worker/rpc/streams.h"
+
+namespace repvar::worker {
+namespace {
+
+grpc::Status Answer(absl::StatusOr<uint64_t> checksum, v1::WriteReplicasResponse* resp) {
+  if (!checksum.ok()) return ToGrpcStatus(checksum.status());
+  if (*checksum != 0) resp->set_checksum(*checksum);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status ReplicasService::WriteReplicas(grpc::ServerContext*,
+                                            grpc::ServerReader<v1::WriteReplicasRequest>* reader,
+                                            v1::WriteReplicasResponse* resp) {
+  ReplicaWriteSession session(incarnation_, store_, data_plane_);
+  if (absl::Status s = Drain(session, reader); !s.ok()) return ToGrpcStatus(s);
+  return Answer(session.Finish(), resp);
+}
+
+grpc::Status ReplicasService::WriteSmallReplicas(grpc::ServerContext*,
+                                                 const v1::WriteSmallReplicasRequest* req,
+                                                 v1::WriteReplicasResponse* resp) {
+  ReplicaWriteSession session(incarnation_, store_, data_plane_);
+  for (const v1::WriteReplicasHeader& h : req->writes()) {
+    if (h.has_collective() || !WholeInline(h.tensor(), h.inline_data())) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          "WriteSmallReplicas carries whole tensors inline and no collectives"));
+    }
+    if (absl::Status s = OnHeader(session, h); !s.ok()) return ToGrpcStatus(s);
+  }
+  return Answer(session.Finish(), resp);
+}
+
+grpc::Status ReplicasService::ReadReplica(grpc::ServerContext* ctx,
+                                          const v1::ReadReplicaRequest* req,
+                                          grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
+  auto r = store_->Get(req->variable_id(), req->replica());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  return SendReplica(ctx, *r, req->chunk_bytes(), writer);
+}
+
+grpc::Status ReplicasService::DropVariable(grpc::ServerContext*, const v1::DropVariableRequest* req,
+                                           v1::DropVariableResponse*) {
+  if (req->incarnation() != incarnation_) {
+    return ToGrpcStatus(absl::AbortedError("drop meant for another incarnation"));
+  }
+  store_->Drop(req->variable_id());
+  return grpc::Status::OK;
+}
+
+grpc::Status ReplicasService::GetReplicaStatus(grpc::ServerContext*,
+                                               const v1::GetReplicaStatusRequest*,
+                                               v1::GetReplicaStatusResponse* resp) {
+  resp->set_incarnation(incarnation_);
+  for (const StoredReplica& r : store_->List()) {
+    v1::LocalReplica* p = resp->add_replicas();
+    p->set_variable_id(r.variable_id);
+    p->set_name(r.name);
+    p->set_replica(r.replica);
+    p->set_version(r.version);
+    p->set_checksum(r.checksum);
+    p->set_byte_size(r.value->bytes.size());
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace repvar::worker

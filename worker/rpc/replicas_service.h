@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_WORKER_RPC_REPLICAS_SERVICE_H_
+#define REPVAR_WORKER_RPC_REPLICAS_SERVICE_H_
+
+#include <cstdint>
+
+#include "repvar/v1/worker.grpc.pb.h"
+#include "worker/core/data_plane.h"
+#include "worker/core/replica_store.h"
+
+namespace repvar::worker {
+
+// The gRPC face of a worker for the coordinator (repvar.v1.WorkerReplicas):
+// proto -> model -> core -> proto, nothing else. Thread-safe.
+class ReplicasService final : public v1::WorkerReplicas::Service {
+ public:
+  // `data_plane` may be null: writes asking for a collective are then refused.
+  ReplicasService(uint64_t incarnation, ReplicaStore* store, Collectives* data_plane)
+      : incarnation_(incarnation), store_(store), data_plane_(data_plane) {}
+
+  grpc::Status WriteReplicas(grpc::ServerContext*, grpc::ServerReader<v1::WriteReplicasRequest>*,
+                             v1::WriteReplicasResponse*) override;
+  grpc::Status WriteSmallReplicas(grpc::ServerContext*, const v1::WriteSmallReplicasRequest*,
+                                  v1::WriteReplicasResponse*) override;
+  grpc::Status ReadReplica(grpc::ServerContext*, const v1::ReadReplicaRequest*,
+                           grpc::ServerWriter<v1::ReadVariableChunk>*) override;
+  grpc::Status DropVariable(grpc::ServerContext*, const v1::DropVariableRequest*,
+                            v1::DropVariableResponse*) override;
+  grpc::Status GetReplicaStatus(grpc::ServerContext*, const v1::GetReplicaStatusRequest*,
+                                v1::GetReplicaStatusResponse*) override;
+
+ private:
+  const uint64_t incarnation_;
+  ReplicaStore* const store_;
+  Collectives* const data_plane_;
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_RPC_REPLICAS_SERVICE_H_

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "worker/rpc/steps_service.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
+#include "common/rpc/chunks.h"
+#include "common/rpc/from_proto.h"
+#include "common/rpc/grpc_status.h"
+#include "common/rpc/to_proto.h"
+#include "worker/core/write_sessions.h"
+#include "worker/rpc/streams.h"
+
+namespace repvar::worker {
+
+grpc::Status StepsService::StepRead(grpc::ServerContext* ctx, const v1::StepReadRequest* req,
+                                    grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
+  auto r = steps_->Read(req->epoch(), req->variable_id(), req->replica());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  return SendReplica(ctx, *r, req->chunk_bytes(), writer);
+}
+
+grpc::Status StepsService::StepWrite(grpc::ServerContext*,
+                                     grpc::ServerReader<v1::StepWriteRequest>* reader,
+                                     v1::StepWriteResponse*) {
+  StepWriteSession session(steps_);
+  if (absl::Status s = Drain(session, reader); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(session.Finish());
+}
+
+grpc::Status StepsService::StepWriteSmall(grpc::ServerContext*,
+                                          const v1::StepWriteSmallRequest* req,
+                                          v1::StepWriteResponse*) {
+  StepWriteSession session(steps_);
+  for (const v1::StepWriteHeader& h : req->writes()) {
+    if (!WholeInline(h.tensor(), h.inline_data())) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("StepWriteSmall: variable id ", h.variable_id(), " replica ", h.replica(),
+                       " fails its size or checksum (whole tensors travel inline)")));
+    }
+    if (absl::Status s = OnHeader(session, h); !s.ok()) return ToGrpcStatus(s);
+  }
+  return ToGrpcStatus(session.Finish());
+}
+
+grpc::Status StepsService::CommitStep(grpc::ServerContext* ctx, const v1::CommitStepRequest* req,
+                                      v1::StepResolution* resp) {
+  steps_->Hint(req->step(), req->epoch(), req->layout_id(),
+               absl::Milliseconds(req->barrier_timeout_ms()));
+  std::vector<std::string> devices(req->devices().begin(), req->devices().end());
+  absl::Time deadline = absl::FromChrono(ctx->deadline());
+  if (req->timeout_ms() > 0) {
+    deadline = std::min(deadline, absl::Now() + absl::Milliseconds(req->timeout_ms()));
+  }
+  auto r = steps_->Commit(req->step(), req->epoch(), devices, deadline);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  StepResolutionToProto(*r, resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status StepsService::DiscardStep(grpc::ServerContext*, const v1::DiscardStepRequest* req,
+                                       v1::DiscardStepResponse*) {
+  steps_->Discard(req->epoch());
+  return grpc::Status::OK;
+}
+
+grpc::Status StepsService::StepMap(grpc::ServerContext*, const v1::StepMapRequest* req,
+                                   v1::StepMapResponse* resp) {
+  steps_->Hint(req->step(), req->epoch(), req->layout_id(),
+               absl::Milliseconds(req->barrier_timeout_ms()));
+  auto lease = steps_->Map(req->step(), req->epoch(), req->variable_id(), req->replica(),
+                           req->write(), req->initialize());
+  if (!lease.ok()) return ToGrpcStatus(lease.status());
+  resp->set_lease(lease->id);
+  resp->set_pid(static_cast<int32_t>(getpid()));
+  resp->set_fd(lease->fd);
+  resp->set_byte_size(lease->byte_size);
+  resp->set_checksum(lease->checksum);
+  resp->set_version(lease->version);
+  return grpc::Status::OK;
+}
+
+grpc::Status StepsService::StepUnmap(grpc::ServerContext*, const v1::StepUnmapRequest* req,
+                                     v1::StepUnmapResponse* resp) {
+  auto checksum =
+      steps_->Unmap(req->lease(), req->publish(),
+                    req->has_checksum() ? std::optional<uint64_t>(req->checksum()) : std::nullopt);
+  if (!checksum.ok()) return ToGrpcStatus(checksum.status());
+  resp->set_checksum(*checksum);
+  return grpc::Status::OK;
+}
+
+}  // namespace repvar::worker

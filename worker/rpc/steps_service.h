@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef REPVAR_WORKER_RPC_STEPS_SERVICE_H_
+#define REPVAR_WORKER_RPC_STEPS_SERVICE_H_
+
+#include "repvar/v1/worker.grpc.pb.h"
+#include "worker/core/step_table.h"
+
+namespace repvar::worker {
+
+// The gRPC face of a worker for the trainers on its host
+// (repvar.v1.WorkerSteps): proto -> model -> core -> proto. Thread-safe.
+class StepsService final : public v1::WorkerSteps::Service {
+ public:
+  explicit StepsService(StepTable* steps) : steps_(steps) {}
+
+  grpc::Status StepRead(grpc::ServerContext*, const v1::StepReadRequest*,
+                        grpc::ServerWriter<v1::ReadVariableChunk>*) override;
+  grpc::Status StepWrite(grpc::ServerContext*, grpc::ServerReader<v1::StepWriteRequest>*,
+                         v1::StepWriteResponse*) override;
+  grpc::Status StepWriteSmall(grpc::ServerContext*, const v1::StepWriteSmallRequest*,
+                              v1::StepWriteResponse*) override;
+  grpc::Status CommitStep(grpc::ServerContext*, const v1::CommitStepRequest*,
+                          v1::StepResolution*) override;
+  grpc::Status DiscardStep(grpc::ServerContext*, const v1::DiscardStepRequest*,
+                           v1::DiscardStepResponse*) override;
+  grpc::Status StepMap(grpc::ServerContext*, const v1::StepMapRequest*,
+                       v1::StepMapResponse*) override;
+  grpc::Status StepUnmap(grpc::ServerContext*, const v1::StepUnmapRequest*,
+                         v1::StepUnmapResponse*) override;
+
+ private:
+  StepTable* const steps_;
+};
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_RPC_STEPS_SERVICE_H_

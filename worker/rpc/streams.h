@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+// The stream framing both worker services share: feeding header/chunk
+// messages to the core's write sessions, and streaming a replica out.
+#ifndef REPVAR_WORKER_RPC_STREAMS_H_
+#define REPVAR_WORKER_RPC_STREAMS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/base/status_util.h"
+#include "common/rpc/chunks.h"
+#include "common/rpc/from_proto.h"
+#include "common/rpc/to_proto.h"
+#include "repvar/v1/worker.pb.h"
+#include "worker/core/replica_store.h"
+#include "worker/core/write_sessions.h"
+
+namespace repvar::worker {
+
+// Feeds one write header to `session`.
+inline absl::Status OnHeader(ReplicaWriteSession& session, const v1::WriteReplicasHeader& h) {
+  REPVAR_ASSIGN_OR_RETURN(ReplicaWriteHeader header, WriteHeaderFromProto(h));
+  return session.OnHeader(header, BytesOf(h.inline_data()));
+}
+inline absl::Status OnHeader(StepWriteSession& session, const v1::StepWriteHeader& h) {
+  REPVAR_ASSIGN_OR_RETURN(StepWriteHeader header, StepWriteHeaderFromProto(h));
+  return session.OnHeader(header, BytesOf(h.inline_data()));
+}
+
+// Drains a stream of header/chunk messages into `session`; stops at the
+// first refusal.
+template <typename Session, typename Request>
+absl::Status Drain(Session& session, grpc::ServerReader<Request>* reader) {
+  Request msg;
+  while (reader->Read(&msg)) {
+    if (msg.has_header()) {
+      REPVAR_RETURN_IF_ERROR(OnHeader(session, msg.header()));
+    } else if (msg.has_chunk()) {
+      REPVAR_RETURN_IF_ERROR(session.OnChunk(msg.chunk().offset(), BytesOf(msg.chunk().data()),
+                                             msg.chunk().checksum()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A header for a whole tensor carried inline in one message.
+inline bool WholeInline(const v1::TensorHeader& tensor, const std::string& inline_data) {
+  return inline_data.size() == tensor.byte_size();
+}
+
+// Streams `r` as a header (with its version) then chunks.
+inline grpc::Status SendReplica(grpc::ServerContext* ctx, const StoredReplica& r,
+                                int64_t chunk_bytes,
+                                grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
+  v1::ReadVariableChunk head;
+  HeaderToProto(*r.value, head.mutable_header());
+  head.set_version(r.version);
+  bool ok = writer->Write(head) && SendChunks<v1::ReadVariableChunk>(
+                                       r.value->bytes.span(), static_cast<size_t>(chunk_bytes),
+                                       [&](const v1::ReadVariableChunk& m) {
+                                         return !ctx->IsCancelled() && writer->Write(m);
+                                       },
+                                       [](v1::ReadVariableChunk& m) { return m.mutable_chunk(); });
+  if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
+  return grpc::Status::OK;
+}
+
+}  // namespace repvar::worker
+
+#endif  // REPVAR_WORKER_RPC_STREAMS_H_
