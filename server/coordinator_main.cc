@@ -18,7 +18,7 @@
 #include "common/rpc/server.h"
 #include "common/tensor/buffer.h"
 #include "common/tensor/tensor.h"
-#include "server/coordinator.h"
+#include "server/core/coordinator.h"
 #include "server/rpc/admin_service.h"
 #include "server/rpc/grpc_worker_client.h"
 #include "server/rpc/trainers_service.h"
@@ -77,8 +77,9 @@ int main(int argc, char** argv) {
   }
   options.membership.expected_tasks = *expected;
   options.max_variable_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_variable_bytes));
-  options.data_plane = absl::GetFlag(FLAGS_data_plane);
-  options.data_plane_min_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_data_plane_min_bytes));
+  options.replication.data_plane = absl::GetFlag(FLAGS_data_plane);
+  options.replication.data_plane_min_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_data_plane_min_bytes));
   if (options.membership.heartbeat_timeout <= absl::ZeroDuration()) {
     std::fprintf(stderr, "--heartbeat_timeout must be positive\n");
     return 2;

@@ -1,20 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// Receiving a replica as Worker.ReadReplica streams it (a header with the
-// version, then ordered chunks), shared by the coordinator and the client.
-// Header-only: it needs gRPC, which repvar_common does not link.
-#ifndef REPVAR_COMMON_REPLICA_STREAM_H_
-#define REPVAR_COMMON_REPLICA_STREAM_H_
+// Receiving a replica as the workers stream it (WorkerReplicas.ReadReplica,
+// WorkerSteps.StepRead: a header with the version, then ordered chunks),
+// blocking (the client library) or message by message (the coordinator's
+// asynchronous reads).
+#ifndef REPVAR_COMMON_RPC_REPLICA_STREAM_H_
+#define REPVAR_COMMON_RPC_REPLICA_STREAM_H_
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include <cstdint>
 #include <optional>
 
 #include "absl/status/statusor.h"
-#include "common/base/status_util.h"
-#include "common/rpc/chunks.h"
-#include "common/rpc/from_proto.h"
-#include "common/rpc/grpc_status.h"
+#include "common/tensor/chunk_assembler.h"
 #include "repvar/v1/worker.pb.h"
 
 namespace repvar {
@@ -24,45 +23,25 @@ struct ReceivedReplica {
   Tensor value;  // checksums verified
 };
 
+// Rebuilds a replica from its stream's messages, in order. Not thread-safe.
+class ReplicaReceiver {
+ public:
+  // Errors: INVALID_ARGUMENT (a bad header or chunk), DATA_LOSS (a chunk
+  // before the header).
+  absl::Status OnMessage(const v1::ReadVariableChunk& msg);
+  // After the last message. Errors: DATA_LOSS (no header), INVALID_ARGUMENT
+  // (bytes missing, checksum).
+  absl::StatusOr<ReceivedReplica> Finish();
+
+ private:
+  std::optional<ChunkAssembler> assembler_;
+  int64_t version_ = 0;
+};
+
 // Drains `reader`; cancels the call on the first bad message.
-inline absl::StatusOr<ReceivedReplica> ReceiveReplica(
-    grpc::ClientContext& ctx, grpc::ClientReaderInterface<v1::ReadVariableChunk>& reader) {
-  v1::ReadVariableChunk msg;
-  std::optional<ChunkAssembler> assembler;
-  ReceivedReplica out;
-  absl::Status s;
-  while (s.ok() && reader.Read(&msg)) {
-    if (msg.has_header()) {
-      auto spec = SpecFromProto(msg.header().spec());
-      if (!spec.ok()) {
-        s = spec.status();
-        break;
-      }
-      auto a = ChunkAssembler::Start(*spec, msg.header().byte_size(), msg.header().checksum(),
-                                     UINT64_MAX);
-      if (!a.ok()) {
-        s = a.status();
-        break;
-      }
-      assembler.emplace(*std::move(a));
-      out.version = msg.version();
-    } else if (msg.has_chunk() && assembler) {
-      s = AddChunk(*assembler, msg.chunk());
-    } else {
-      s = absl::DataLossError("replica stream: a chunk before the header");
-    }
-  }
-  if (!s.ok()) {
-    ctx.TryCancel();
-    (void)reader.Finish();
-    return s;
-  }
-  REPVAR_RETURN_IF_ERROR(FromGrpcStatus(reader.Finish()));
-  if (!assembler) return absl::DataLossError("replica stream ended without a header");
-  REPVAR_ASSIGN_OR_RETURN(out.value, assembler->Finish());
-  return out;
-}
+absl::StatusOr<ReceivedReplica> ReceiveReplica(
+    grpc::ClientContext& ctx, grpc::ClientReaderInterface<v1::ReadVariableChunk>& reader);
 
 }  // namespace repvar
 
-#endif  // REPVAR_COMMON_REPLICA_STREAM_H_
+#endif  // REPVAR_COMMON_RPC_REPLICA_STREAM_H_

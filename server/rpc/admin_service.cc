@@ -20,7 +20,7 @@ grpc::Status AdminService::DeleteVariable(grpc::ServerContext*,
 grpc::Status AdminService::GetClusterStatus(grpc::ServerContext*,
                                             const v1::GetClusterStatusRequest*,
                                             v1::ClusterStatus* resp) {
-  TopologyToProto(core_->membership().Snapshot(), resp->mutable_topology());
+  TopologyToProto(core_->registry().Snapshot(), resp->mutable_topology());
   for (const VariableView& v : core_->ListVariables("")) {
     VariableViewToProto(v, resp->add_variables());
   }

@@ -3,7 +3,7 @@
 #define REPVAR_SERVER_RPC_ADMIN_SERVICE_H_
 
 #include "repvar/v1/coordinator.grpc.pb.h"
-#include "server/coordinator.h"
+#include "server/core/coordinator.h"
 
 namespace repvar::server {
 

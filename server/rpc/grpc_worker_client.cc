@@ -13,18 +13,9 @@
 
 namespace repvar::server {
 namespace {
+
 constexpr size_t kMaxInlineBytes = 64 << 10;  // see WriteReplicasHeader.inline_data
 constexpr uint64_t kMaxUnaryBytes = 8 << 20;  // one WriteSmallReplicas message at most
-}  // namespace
-
-v1::WorkerReplicas::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
-  absl::MutexLock lock(&mu_);
-  auto& stub = stubs_[address];
-  if (stub == nullptr) stub = v1::WorkerReplicas::NewStub(OpenChannel(address));
-  return stub.get();
-}
-
-namespace {
 
 // The header of one write; sets inline_data when the bytes ride in it.
 // Returns whether chunks must follow.
@@ -52,70 +43,194 @@ absl::Status Named(const WorkerTarget& target, absl::Status s) {
                                              target.address, ": ", s.message()));
 }
 
+// A unary call in flight: owns what the call needs until its callback.
+template <typename Req, typename Resp, typename DoneT>
+struct UnaryCall {
+  grpc::ClientContext ctx;
+  Req req;
+  Resp resp;
+  DoneT done;
+};
+
+// One WriteReplicas stream: each write's header, then its chunks, one
+// message in flight at a time; deletes itself when the call is done.
+class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest> {
+ public:
+  WriteCall(WorkerTarget target, std::vector<ReplicaWrite> writes, size_t chunk_bytes,
+            absl::Time deadline, WorkerClient::Done done)
+      : target_(std::move(target)),
+        writes_(std::move(writes)),
+        chunk_bytes_(chunk_bytes),
+        done_(std::move(done)) {
+    ctx_.set_deadline(absl::ToChronoTime(deadline));
+  }
+
+  void Start(v1::WorkerReplicas::Stub* stub) {
+    stub->async()->WriteReplicas(&ctx_, &resp_, this);
+    WriteNext();
+    StartCall();
+  }
+  void OnWriteDone(bool ok) override {
+    if (ok) WriteNext();  // else the stream broke: OnDone reports why
+  }
+  void OnDone(const grpc::Status& status) override {
+    std::move(done_)(Named(target_, FromGrpcStatus(status)));
+    delete this;
+  }
+
+ private:
+  // Starts the next message, or ends the stream after the last.
+  void WriteNext() {
+    msg_.Clear();
+    if (chunks_) {
+      const Tensor& t = *writes_[index_].value;
+      const size_t n = std::min(chunk_bytes_, t.bytes.size() - offset_);
+      ChunkToProto(offset_, t.bytes.span().subspan(offset_, n), msg_.mutable_chunk());
+      offset_ += n;
+      if (offset_ == t.bytes.size()) {
+        chunks_ = false;
+        ++index_;
+      }
+      StartWrite(&msg_);
+      return;
+    }
+    if (index_ == writes_.size()) {
+      StartWritesDone();
+      return;
+    }
+    chunks_ = FillHeader(target_, writes_[index_], msg_.mutable_header());
+    offset_ = 0;
+    if (!chunks_) ++index_;
+    StartWrite(&msg_);
+  }
+
+  const WorkerTarget target_;
+  const std::vector<ReplicaWrite> writes_;
+  const size_t chunk_bytes_;
+  WorkerClient::Done done_;
+  grpc::ClientContext ctx_;
+  v1::WriteReplicasResponse resp_;
+  v1::WriteReplicasRequest msg_;
+  size_t index_ = 0;     // the write being sent
+  bool chunks_ = false;  // its chunks come next
+  size_t offset_ = 0;
+};
+
+// One ReadReplica stream, rebuilt message by message.
+class ReadCall final : public grpc::ClientReadReactor<v1::ReadVariableChunk> {
+ public:
+  ReadCall(WorkerTarget target, absl::Time deadline, WorkerClient::ReadDone done)
+      : target_(std::move(target)), done_(std::move(done)) {
+    ctx_.set_deadline(absl::ToChronoTime(deadline));
+  }
+
+  void Start(v1::WorkerReplicas::Stub* stub, const v1::ReadReplicaRequest& req) {
+    req_ = req;
+    stub->async()->ReadReplica(&ctx_, &req_, this);
+    StartRead(&msg_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone follows
+    if (error_.ok()) error_ = receiver_.OnMessage(msg_);
+    if (!error_.ok()) {
+      ctx_.TryCancel();
+      return;
+    }
+    StartRead(&msg_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    absl::StatusOr<WorkerClient::ReplicaValue> out;
+    if (!error_.ok()) {
+      out = error_;
+    } else if (!status.ok()) {
+      out = FromGrpcStatus(status);
+    } else if (auto got = receiver_.Finish(); !got.ok()) {
+      out = got.status();
+    } else {
+      out = WorkerClient::ReplicaValue{got->version,
+                                       std::make_shared<const Tensor>(std::move(got->value))};
+    }
+    if (!out.ok()) out = Named(target_, out.status());
+    std::move(done_)(std::move(out));
+    delete this;
+  }
+
+ private:
+  const WorkerTarget target_;
+  WorkerClient::ReadDone done_;
+  grpc::ClientContext ctx_;
+  v1::ReadReplicaRequest req_;
+  v1::ReadVariableChunk msg_;
+  ReplicaReceiver receiver_;
+  absl::Status error_;
+};
+
 }  // namespace
 
-absl::Status GrpcWorkerClient::WriteReplicas(const WorkerTarget& target,
-                                             std::span<const ReplicaWrite> writes) {
+v1::WorkerReplicas::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto& stub = stubs_[address];
+  if (stub == nullptr) stub = v1::WorkerReplicas::NewStub(OpenChannel(address));
+  return stub.get();
+}
+
+void GrpcWorkerClient::WriteReplicasAsync(const WorkerTarget& target,
+                                          std::vector<ReplicaWrite> writes, Done done) {
   uint64_t bytes = 0;
   bool all_small = true;
   for (const ReplicaWrite& w : writes) {
     bytes += w.value->bytes.size();
     all_small &= !w.collective && w.value->bytes.size() <= kMaxInlineBytes;
   }
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(
+  const absl::Time deadline =
       absl::Now() + options_.base_deadline +
-      absl::Seconds(static_cast<double>(bytes) / options_.min_bytes_per_second)));
-  v1::WriteReplicasResponse resp;
+      absl::Seconds(static_cast<double>(bytes) / options_.min_bytes_per_second);
   if (all_small && bytes <= kMaxUnaryBytes) {
     // One message, one unary call: far cheaper than a stream for small writes.
-    v1::WriteSmallReplicasRequest req;
-    for (const ReplicaWrite& w : writes) FillHeader(target, w, req.add_writes());
-    return Named(target,
-                 FromGrpcStatus(StubFor(target.address)->WriteSmallReplicas(&ctx, req, &resp)));
+    using Call = UnaryCall<v1::WriteSmallReplicasRequest, v1::WriteReplicasResponse, Done>;
+    auto* call = new Call;
+    call->ctx.set_deadline(absl::ToChronoTime(deadline));
+    for (const ReplicaWrite& w : writes) FillHeader(target, w, call->req.add_writes());
+    call->done = std::move(done);
+    StubFor(target.address)
+        ->async()
+        ->WriteSmallReplicas(&call->ctx, &call->req, &call->resp, [call, target](grpc::Status s) {
+          std::move(call->done)(Named(target, FromGrpcStatus(s)));
+          delete call;
+        });
+    return;
   }
-  auto stream = StubFor(target.address)->WriteReplicas(&ctx, &resp);
-  bool ok = true;
-  for (const ReplicaWrite& w : writes) {
-    v1::WriteReplicasRequest header;
-    bool chunks = FillHeader(target, w, header.mutable_header());
-    ok = stream->Write(header);
-    if (!chunks) continue;
-    ForEachChunk(w.value->bytes.span(), options_.chunk_bytes,
-                 [&](uint64_t off, std::span<const std::byte> piece) {
-                   if (!ok) return;
-                   v1::WriteReplicasRequest m;
-                   ChunkToProto(off, piece, m.mutable_chunk());
-                   ok = stream->Write(m);
-                 });
-    if (!ok) break;
-  }
-  stream->WritesDone();
-  return Named(target, FromGrpcStatus(stream->Finish()));
+  auto* call =
+      new WriteCall(target, std::move(writes), options_.chunk_bytes, deadline, std::move(done));
+  call->Start(StubFor(target.address));
 }
 
-absl::StatusOr<WorkerClient::ReplicaValue> GrpcWorkerClient::ReadReplica(const WorkerTarget& target,
-                                                                         uint64_t variable_id,
-                                                                         int32_t replica) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.base_deadline));
+void GrpcWorkerClient::ReadReplicaAsync(const WorkerTarget& target, uint64_t variable_id,
+                                        int32_t replica, int64_t min_version, ReadDone done) {
   v1::ReadReplicaRequest req;
   req.set_variable_id(variable_id);
   req.set_replica(replica);
+  req.set_min_version(min_version);
   req.set_chunk_bytes(static_cast<int64_t>(options_.chunk_bytes));
-  auto reader = StubFor(target.address)->ReadReplica(&ctx, req);
-  REPVAR_ASSIGN_OR_RETURN(ReceivedReplica got, ReceiveReplica(ctx, *reader));
-  return ReplicaValue{got.version, std::make_shared<const Tensor>(std::move(got.value))};
+  auto* call = new ReadCall(target, absl::Now() + options_.base_deadline, std::move(done));
+  call->Start(StubFor(target.address), req);
 }
 
-absl::Status GrpcWorkerClient::DropVariable(const WorkerTarget& target, uint64_t variable_id) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.base_deadline));
-  v1::DropVariableRequest req;
-  req.set_incarnation(target.incarnation);
-  req.set_variable_id(variable_id);
-  v1::DropVariableResponse resp;
-  return FromGrpcStatus(StubFor(target.address)->DropVariable(&ctx, req, &resp));
+void GrpcWorkerClient::DropVariableAsync(const WorkerTarget& target, uint64_t variable_id,
+                                         Done done) {
+  using Call = UnaryCall<v1::DropVariableRequest, v1::DropVariableResponse, Done>;
+  auto* call = new Call;
+  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.base_deadline));
+  call->req.set_incarnation(target.incarnation);
+  call->req.set_variable_id(variable_id);
+  call->done = std::move(done);
+  StubFor(target.address)
+      ->async()
+      ->DropVariable(&call->ctx, &call->req, &call->resp, [call, target](grpc::Status s) {
+        std::move(call->done)(Named(target, FromGrpcStatus(s)));
+        delete call;
+      });
 }
 
 }  // namespace repvar::server

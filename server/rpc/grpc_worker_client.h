@@ -9,12 +9,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "repvar/v1/worker.grpc.pb.h"
-#include "server/worker_client.h"
+#include "server/core/worker_client.h"
 
 namespace repvar::server {
 
-// WorkerClient over gRPC: one channel per worker address, reused; every call
-// has a deadline that grows with the bytes it carries. Thread-safe.
+// WorkerClient over gRPC's callback API: one channel per worker address,
+// reused; no thread waits for a call (gRPC's callback threads run the
+// reactors and the `done` callbacks); every call has a deadline that grows
+// with the bytes it carries. Thread-safe.
 class GrpcWorkerClient final : public WorkerClient {
  public:
   struct Options {
@@ -25,11 +27,11 @@ class GrpcWorkerClient final : public WorkerClient {
   GrpcWorkerClient() : GrpcWorkerClient(Options()) {}
   explicit GrpcWorkerClient(Options options) : options_(options) {}
 
-  absl::Status WriteReplicas(const WorkerTarget& target,
-                             std::span<const ReplicaWrite> writes) override;
-  absl::StatusOr<ReplicaValue> ReadReplica(const WorkerTarget& target, uint64_t variable_id,
-                                           int32_t replica) override;
-  absl::Status DropVariable(const WorkerTarget& target, uint64_t variable_id) override;
+  void WriteReplicasAsync(const WorkerTarget& target, std::vector<ReplicaWrite> writes,
+                          Done done) override;
+  void ReadReplicaAsync(const WorkerTarget& target, uint64_t variable_id, int32_t replica,
+                        int64_t min_version, ReadDone done) override;
+  void DropVariableAsync(const WorkerTarget& target, uint64_t variable_id, Done done) override;
 
  private:
   v1::WorkerReplicas::Stub* StubFor(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);

@@ -5,8 +5,7 @@
 
 namespace repvar::server {
 
-void StepInfoCache::Answer(const Coordinator::SharedStep& step, uint64_t known_layout,
-                           v1::StepInfo* resp) {
+void StepInfoCache::Answer(const SharedStep& step, uint64_t known_layout, v1::StepInfo* resp) {
   const StepInfo& info = *step.info;
   if (known_layout != 0 && known_layout == info.layout_id) {
     // The caller holds the layout: the step's header only.

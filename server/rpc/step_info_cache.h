@@ -8,7 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "repvar/v1/step.pb.h"
-#include "server/coordinator.h"
+#include "server/core/coordinator.h"
 
 namespace repvar::server {
 
@@ -18,7 +18,7 @@ namespace repvar::server {
 // Shared by the trainer- and worker-facing services. Thread-safe.
 class StepInfoCache {
  public:
-  void Answer(const Coordinator::SharedStep& step, uint64_t known_layout, v1::StepInfo* resp)
+  void Answer(const SharedStep& step, uint64_t known_layout, v1::StepInfo* resp)
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

@@ -31,7 +31,7 @@ absl::StatusOr<RequestKey> KeyOf(const std::string& request_id,
 
 grpc::Status TrainersService::GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*,
                                           v1::Topology* resp) {
-  TopologyToProto(core_->membership().Snapshot(), resp);
+  TopologyToProto(core_->registry().Snapshot(), resp);
   return grpc::Status::OK;
 }
 
@@ -41,7 +41,7 @@ grpc::Status TrainersService::WatchTopology(grpc::ServerContext* ctx,
   int64_t after = req->after_version();
   while (!ctx->IsCancelled() && !shutting_down_) {
     TopologySnapshot snap =
-        core_->membership().WaitForChange(after, absl::Now() + absl::Milliseconds(500));
+        core_->registry().WaitForChange(after, absl::Now() + absl::Milliseconds(500));
     if (snap.version <= after) continue;
     v1::Topology proto;
     TopologyToProto(snap, &proto);
@@ -57,7 +57,7 @@ grpc::Status TrainersService::WaitForTopology(grpc::ServerContext* ctx,
   absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms()));
   absl::Time call_deadline = absl::FromChrono(ctx->deadline());
   if (call_deadline < deadline) deadline = call_deadline;
-  auto topo = core_->membership().WaitForExpected(deadline);
+  auto topo = core_->registry().WaitForExpected(deadline);
   if (!topo.ok()) return Fail("WaitForTopology", topo.status());
   TopologyToProto(*topo, resp);
   return grpc::Status::OK;

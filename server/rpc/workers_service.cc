@@ -33,7 +33,7 @@ grpc::Status WorkersService::RegisterWorker(grpc::ServerContext*,
   if (!version.ok()) return ToGrpcStatus(version.status());
   resp->set_topology_version(*version);
   resp->set_heartbeat_interval_ms(
-      absl::ToInt64Milliseconds(core_->membership().options().heartbeat_timeout / 4));
+      absl::ToInt64Milliseconds(core_->registry().membership_options().heartbeat_timeout / 4));
   spdlog::info("worker {}:{} registered at {} (incarnation {}, {} devices)", req->job(),
                req->task(), req->address(), req->incarnation(), req->devices_size());
   return grpc::Status::OK;

@@ -5,7 +5,7 @@
 #include <atomic>
 
 #include "repvar/v1/coordinator.grpc.pb.h"
-#include "server/coordinator.h"
+#include "server/core/coordinator.h"
 #include "server/rpc/step_info_cache.h"
 
 namespace repvar::server {

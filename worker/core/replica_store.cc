@@ -19,6 +19,26 @@ void ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
                         item.value->checksum, item.value};
     }
   }
+  applied_.SignalAll();
+}
+
+absl::StatusOr<StoredReplica> ReplicaStore::WaitFor(uint64_t variable_id, int32_t replica,
+                                                    int64_t min_version,
+                                                    absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    auto it = replicas_.find({variable_id, replica});
+    if (it == replicas_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("replica ", replica, " of variable id ", variable_id, " is not held here"));
+    }
+    if (it->second.version >= min_version) return it->second;
+    if (applied_.WaitWithDeadline(&mu_, deadline)) {
+      return absl::UnavailableError(absl::StrCat("replica ", replica, " of variable id ",
+                                                 variable_id, " is at version ", it->second.version,
+                                                 ", not yet ", min_version));
+    }
+  }
 }
 
 absl::StatusOr<StoredReplica> ReplicaStore::Get(uint64_t variable_id, int32_t replica) const {

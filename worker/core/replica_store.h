@@ -37,6 +37,11 @@ class ReplicaStore {
   // Errors: NOT_FOUND.
   absl::StatusOr<StoredReplica> Get(uint64_t variable_id, int32_t replica) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The replica once it holds at least `min_version` (a step's value is
+  // installed right after the step commits), waiting until `deadline`.
+  // Errors: NOT_FOUND, UNAVAILABLE (still older at the deadline).
+  absl::StatusOr<StoredReplica> WaitFor(uint64_t variable_id, int32_t replica, int64_t min_version,
+                                        absl::Time deadline) const ABSL_LOCKS_EXCLUDED(mu_);
   void Drop(uint64_t variable_id) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<StoredReplica> List() const ABSL_LOCKS_EXCLUDED(mu_);
   // Bytes of distinct tensors held.
@@ -44,6 +49,7 @@ class ReplicaStore {
 
  private:
   mutable absl::Mutex mu_;
+  mutable absl::CondVar applied_;  // Apply() ran
   std::map<std::pair<uint64_t, int32_t>, StoredReplica> replicas_ ABSL_GUARDED_BY(mu_);
 };
 

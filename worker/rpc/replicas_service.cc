@@ -48,7 +48,11 @@ grpc::Status ReplicasService::WriteSmallReplicas(grpc::ServerContext*,
 grpc::Status ReplicasService::ReadReplica(grpc::ServerContext* ctx,
                                           const v1::ReadReplicaRequest* req,
                                           grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
-  auto r = store_->Get(req->variable_id(), req->replica());
+  // A step's new value may be a moment from installed: wait for it, within
+  // the call's deadline (capped: a lost step must not hold a thread long).
+  const absl::Time deadline =
+      std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Seconds(10));
+  auto r = store_->WaitFor(req->variable_id(), req->replica(), req->min_version(), deadline);
   if (!r.ok()) return ToGrpcStatus(r.status());
   return SendReplica(ctx, *r, req->chunk_bytes(), writer);
 }

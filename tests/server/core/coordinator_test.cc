@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Variables (V1-V6) and cross-replica semantics (C1-C7, F2) against the
 // coordinator core, with a fake clock and fake workers: no sockets, no sleeps.
-#include "server/coordinator.h"
+#include "server/core/coordinator.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <thread>
 
@@ -237,6 +238,36 @@ TEST_F(CoordinatorTest, C2_Assign_AckedOnlyWhenEveryLiveReplicaHoldsIt) {
     EXPECT_EQ(held->checksum, ack->checksum);
     EXPECT_EQ(view->replicas[i].state, ReplicaState::kUpToDate);
   }
+}
+
+// Threads of this process, from /proc/self/status.
+int ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+TEST_F(CoordinatorTest, C2_Assign_AllWorkersCalledAtOnce_NoThreadPerWorker_AckedWhenAllAnswer) {
+  Create(Def("w", 6));  // replicas on three hosts
+  workers_.SetManual(true);
+  const int threads = ThreadCount();
+  absl::StatusOr<WriteResult> ack;
+  std::thread writer([&] { ack = Assign("w", F32({1, 2, 3})); });
+  // Every worker's call is out before any answers, and no thread waits per
+  // worker: only the writer's own thread was added.
+  while (workers_.parked() < 3) std::this_thread::yield();
+  EXPECT_EQ(ThreadCount(), threads + 1);
+  ASSERT_TRUE(workers_.CompleteNext());
+  ASSERT_TRUE(workers_.CompleteNext());
+  EXPECT_EQ(core_.GetVariable("w")->version, 0) << "not committed before every replica answered";
+  ASSERT_TRUE(workers_.CompleteNext());
+  writer.join();
+  workers_.SetManual(false);
+  ASSERT_OK(ack);
+  EXPECT_EQ(core_.GetVariable("w")->version, 1);
 }
 
 TEST_F(CoordinatorTest, C2_Assign_ReplicaUnreachable_ErrorMarkedForResyncCommittedUnchanged) {
@@ -499,65 +530,6 @@ TEST_F(CoordinatorTest, Delete_RemovesVariableAndNotFoundAfter) {
   ASSERT_OK(core_.DeleteVariable({}, "w"));
   EXPECT_THAT(core_.GetVariable("w"), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(core_.DeleteVariable({}, "w"), StatusIs(absl::StatusCode::kNotFound));
-}
-
-TEST(DataPlaneTest, LargeWrite_OneRootGetsBytesAllMembersGetOneGroupAndTag) {
-  repvar::testing::FakeClock clock;
-  repvar::testing::FakeWorkerClient workers;
-  CoordinatorOptions options;
-  options.data_plane = true;
-  options.data_plane_min_bytes = 1024;
-  Coordinator core(options, &clock, &workers);
-  for (int t = 0; t < 4; ++t) {
-    ASSERT_OK(core.RegisterWorker(
-        {"tpu_worker",
-         t,
-         absl::StrCat("h", t, ":1"),
-         10u + t,
-         {absl::StrCat("/job:tpu_worker/replica:0/task:", t, "/device:TPU:0")}}));
-  }
-  ASSERT_OK(core.CreateVariables({}, {{Def("big", 4, {1024}), {}}, {Def("small", 4, {4}), {}}}));
-  std::vector<float> v(1024, 1.0f);
-  auto big = std::make_shared<const Tensor>(
-      *Tensor::FromBytes(TensorSpec{DType::kFloat32, {1024}}, std::as_bytes(std::span(v))));
-  ASSERT_OK(core.Assign({}, {"big", AssignOp::kAssign, big}));
-  ASSERT_OK(core.Assign({}, {"big", AssignOp::kAssign, big}));
-  ASSERT_OK(core.Assign({}, {"small", AssignOp::kAssign, F32({1, 2, 3, 4})}));
-  auto c = workers.collectives();
-  ASSERT_EQ(c.size(), 8u) << "small writes do not use the data plane";
-  std::map<std::string, int> ranks;
-  for (size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(c[i].second.group, c[0].second.group);
-    EXPECT_EQ(c[i].second.tag, c[0].second.tag);
-    EXPECT_EQ(c[i].second.size, 4);
-    EXPECT_EQ(c[i].second.root, 0);
-    ranks[c[i].first] = c[i].second.rank;
-    EXPECT_EQ(c[i + 4].second.tag, c[0].second.tag + 1) << "distinct tags, in order";
-  }
-  EXPECT_EQ(ranks["tpu_worker:0"], 0);
-  EXPECT_EQ(ranks["tpu_worker:3"], 3);
-  // A failed collective moves the group to a new generation.
-  workers.Fail("tpu_worker:2", absl::UnavailableError("gloo timeout"));
-  EXPECT_THAT(core.Assign({}, {"big", AssignOp::kAssign, big}),
-              StatusIs(absl::StatusCode::kUnavailable));
-  workers.Heal("tpu_worker:2");
-  ASSERT_OK(core.Assign({}, {"big", AssignOp::kAssign, big}));
-  auto after = workers.collectives();
-  EXPECT_NE(after.back().second.group, c[0].second.group);
-}
-
-TEST(RendezvousStoreTest, SetThenGet_GetWaitsUntilDeadline_DeletePrefix) {
-  RendezvousStore store;
-  EXPECT_THAT(store.Get("g1/rank0", absl::InfinitePast()),
-              StatusIs(absl::StatusCode::kDeadlineExceeded));
-  ASSERT_OK(store.Set("g1/rank0", "addr"));
-  ASSERT_OK(store.Set("g2/rank0", "addr2"));
-  EXPECT_EQ(*store.Get("g1/rank0", absl::InfinitePast()), "addr");
-  EXPECT_THAT(store.Set("", "x"), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(store.Set("k", std::string(70000, 'x')),
-              StatusIs(absl::StatusCode::kInvalidArgument));
-  store.DeletePrefix("g1/");
-  EXPECT_EQ(store.size(), 1u);
 }
 
 }  // namespace

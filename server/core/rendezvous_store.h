@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-#ifndef REPVAR_SERVER_RENDEZVOUS_STORE_H_
-#define REPVAR_SERVER_RENDEZVOUS_STORE_H_
+#ifndef REPVAR_SERVER_CORE_RENDEZVOUS_STORE_H_
+#define REPVAR_SERVER_CORE_RENDEZVOUS_STORE_H_
 
 #include <map>
 #include <string>
@@ -9,6 +9,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/ranked_mutex.h"
+#include "server/core/lock_order.h"
 
 namespace repvar::server {
 
@@ -31,10 +33,10 @@ class RendezvousStore {
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  mutable absl::Mutex mu_;
+  mutable RankedMutex mu_{kLeafRank, "RendezvousStore::mu_"};
   std::map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace repvar::server
 
-#endif  // REPVAR_SERVER_RENDEZVOUS_STORE_H_
+#endif  // REPVAR_SERVER_CORE_RENDEZVOUS_STORE_H_

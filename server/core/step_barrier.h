@@ -33,9 +33,9 @@
 // A changed variable gets version + 1; a repaired but unchanged one keeps its
 // version. The commit is handed to the owner as one StepRecord.
 //
-// Not thread-safe: the Coordinator holds a mutex around it.
-#ifndef REPVAR_SERVER_STEP_BARRIER_H_
-#define REPVAR_SERVER_STEP_BARRIER_H_
+// Not thread-safe: the StepCoordinator holds its mutex around it.
+#ifndef REPVAR_SERVER_CORE_STEP_BARRIER_H_
+#define REPVAR_SERVER_CORE_STEP_BARRIER_H_
 
 #include <cstdint>
 #include <deque>
@@ -62,18 +62,28 @@ class StepBarrier {
   // contexts may be broken and a new generation is needed.
   using GroupFn = std::function<std::pair<std::string, uint32_t>(
       const std::vector<StepParticipant>&, size_t count, bool fresh)>;
-  // Applies a commit (the owner's registry, and later its log). A failure
-  // fails the step instead.
+  // Records a commit (the owner's commit point). A failure fails the step
+  // instead.
   using CommitFn = std::function<absl::Status(const StepRecord&)>;
+  // Told of every step that failed (after it closed).
+  using FailedFn = std::function<void(int64_t step, uint64_t epoch)>;
 
-  StepBarrier(GroupFn group, CommitFn commit)
-      : group_(std::move(group)), commit_(std::move(commit)) {}
+  // `next_epoch` and `last_committed` continue what the owner's state says.
+  StepBarrier(GroupFn group, CommitFn commit, FailedFn failed, uint64_t next_epoch = 1,
+              int64_t last_committed = 0)
+      : group_(std::move(group)),
+        commit_(std::move(commit)),
+        failed_(std::move(failed)),
+        next_epoch_(next_epoch),
+        last_committed_(last_committed) {}
 
   // The open step when it is `step` (BeginStep again: idempotent), null
   // when `step` may be opened. Errors: INVALID_ARGUMENT (step < 1),
   // FAILED_PRECONDITION (another step is open, or `step` is not above the
   // last committed one).
   absl::StatusOr<std::shared_ptr<const StepInfo>> CheckBegin(int64_t step) const;
+  // The epoch the next Open() gives (the owner records it first).
+  uint64_t next_epoch() const { return next_epoch_; }
   // Opens a step (after CheckBegin said it may); returns its new epoch. A
   // step without participants commits at once.
   uint64_t Open(StepInfo info, absl::Time now);
@@ -136,6 +146,7 @@ class StepBarrier {
 
   GroupFn group_;
   CommitFn commit_;
+  FailedFn failed_;
   // The open step, shared as it was opened with readers (shared_info()); its
   // state lives in open_state_, so the shared description never changes.
   std::shared_ptr<StepInfo> open_;
@@ -145,8 +156,8 @@ class StepBarrier {
   std::vector<Divergence> divergences_;  // found at the barrier
   bool warned_ = false;
   bool last_plan_failed_ = false;
-  uint64_t next_epoch_ = 1;
-  int64_t last_committed_ = 0;
+  uint64_t next_epoch_;
+  int64_t last_committed_;
   // Recent resolutions and their steps' infos, newest last.
   std::deque<StepResolution> recent_;
   std::deque<std::shared_ptr<const StepInfo>> recent_info_;
@@ -156,4 +167,4 @@ class StepBarrier {
 
 }  // namespace repvar::server
 
-#endif  // REPVAR_SERVER_STEP_BARRIER_H_
+#endif  // REPVAR_SERVER_CORE_STEP_BARRIER_H_

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Topology contract T1-T5 against the core, with a fake clock: no sockets, no sleeps.
-#include "server/membership.h"
+// Topology contract T1-T5 against the registry, with a fake clock: no
+// sockets, no sleeps.
+#include "server/core/registry.h"
 
 #include <gtest/gtest.h>
 
@@ -27,14 +28,15 @@ WorkerRegistration Tpu(const std::string& job, int task, int n, uint64_t inc = 7
 
 class MembershipTest : public ::testing::Test {
  protected:
-  MembershipOptions Options() {
-    MembershipOptions o;
-    o.heartbeat_timeout = absl::Seconds(10);
-    o.expected_tasks = {{"tpu_worker", 2}};
+  RegistryOptions Options() {
+    RegistryOptions o;
+    o.membership.heartbeat_timeout = absl::Seconds(10);
+    o.membership.expected_tasks = {{"tpu_worker", 2}};
     return o;
   }
   repvar::testing::FakeClock clock_;
-  Membership m_{Options(), &clock_};
+  VolatileStateLog log_;
+  Registry m_{Options(), &clock_, &log_};
 };
 
 TEST_F(MembershipTest, T1_Register_MalformedDevice_InvalidArgumentAndNothingChanges) {
@@ -101,7 +103,7 @@ TEST_F(MembershipTest, T2_Ordinals_DeterministicWhateverTheRegistrationOrder) {
   std::vector<std::string> reference;
   std::mt19937 rng(1);
   for (int trial = 0; trial < 5; ++trial) {
-    Membership m(Options(), &clock_);
+    Registry m(Options(), &clock_, &log_);
     std::shuffle(tasks.begin(), tasks.end(), rng);
     for (int t : tasks) ASSERT_OK(m.Register(Tpu("tpu_worker", t, 2)));
     std::vector<std::string> order;

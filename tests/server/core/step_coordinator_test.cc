@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "server/coordinator.h"
+#include "server/core/coordinator.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_client.h"
 #include "tests/testing/status_matchers.h"

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "server/step_barrier.h"
+#include "server/core/step_barrier.h"
 
 #include <xxhash.h>
 
@@ -397,7 +397,10 @@ void StepBarrier::Fail(absl::Status status, absl::Time now) {
     }
   }
   if (open_state_ == StepState::kAggregating) last_plan_failed_ = true;
+  const int64_t step = res.step;
+  const uint64_t epoch = res.epoch;
   Close(std::move(res), now);
+  if (failed_) failed_(step, epoch);
 }
 
 absl::Status StepBarrier::Abort(uint64_t epoch, absl::string_view reason, absl::Time now) {

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/rpc/replica_stream.h"
+
+#include "common/base/status_util.h"
+#include "common/rpc/chunks.h"
+#include "common/rpc/from_proto.h"
+#include "common/rpc/grpc_status.h"
+
+namespace repvar {
+
+absl::Status ReplicaReceiver::OnMessage(const v1::ReadVariableChunk& msg) {
+  if (msg.has_header()) {
+    REPVAR_ASSIGN_OR_RETURN(TensorHeader header, TensorHeaderFromProto(msg.header()));
+    REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, ChunkAssembler::Start(header, UINT64_MAX));
+    assembler_.emplace(std::move(a));
+    version_ = msg.version();
+    return absl::OkStatus();
+  }
+  if (msg.has_chunk() && assembler_) return AddChunk(*assembler_, msg.chunk());
+  return absl::DataLossError("replica stream: a chunk before the header");
+}
+
+absl::StatusOr<ReceivedReplica> ReplicaReceiver::Finish() {
+  if (!assembler_) return absl::DataLossError("replica stream ended without a header");
+  ReceivedReplica out;
+  out.version = version_;
+  REPVAR_ASSIGN_OR_RETURN(out.value, assembler_->Finish());
+  return out;
+}
+
+absl::StatusOr<ReceivedReplica> ReceiveReplica(
+    grpc::ClientContext& ctx, grpc::ClientReaderInterface<v1::ReadVariableChunk>& reader) {
+  ReplicaReceiver receiver;
+  v1::ReadVariableChunk msg;
+  absl::Status s;
+  while (s.ok() && reader.Read(&msg)) s = receiver.OnMessage(msg);
+  if (!s.ok()) {
+    ctx.TryCancel();
+    (void)reader.Finish();
+    return s;
+  }
+  REPVAR_RETURN_IF_ERROR(FromGrpcStatus(reader.Finish()));
+  return receiver.Finish();
+}
+
+}  // namespace repvar

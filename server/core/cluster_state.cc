@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/core/cluster_state.h"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/status_util.h"
+
+namespace repvar::server {
+
+void ClusterState::Apply(const Record& record) {
+  for (const Change& change : record.changes) {
+    std::visit([this](const auto& c) { ApplyChange(c); }, change);
+  }
+  // T4: one membership change (a registration, a batch of deaths) is one
+  // version.
+  if (membership_changed_) ++topology_version_;
+  membership_changed_ = false;
+}
+
+VariableRecord& ClusterState::MustFind(uint64_t id, const char* change) {
+  auto it = variables_.find(id);
+  REPVAR_CHECK_MSG(it != variables_.end(),
+                   absl::StrCat(change, " names variable id ", id, ", which does not exist"));
+  return it->second;
+}
+
+void ClusterState::ApplyChange(const WorkerRegistered& c) {
+  WorkerRecord& w = workers_[c.task];
+  TransitionWorker(w.state, WorkerEvent::kRegistered, c.task.ToString());
+  w.task = c.task;
+  w.address = c.address;
+  w.incarnation = c.incarnation;
+  w.devices = c.devices;
+  membership_changed_ = true;
+  // Its replicas come back: holding what they held when the same process
+  // returns, empty when a new one does (F2: resynced before they serve).
+  for (auto& [id, v] : variables_) {
+    for (size_t i = 0; i < v.placement.size(); ++i) {
+      if (v.placement[i].task != c.task) continue;
+      ReplicaRecord& r = v.replicas[i];
+      ReplicaEvent event = ReplicaEvent::kReturnedEmpty;
+      if (v.version == 0) {
+        event = ReplicaEvent::kReturnedUninitialized;
+      } else if (r.incarnation == c.incarnation && r.version == v.version &&
+                 r.checksum == v.checksum) {
+        event = ReplicaEvent::kReturnedHolding;
+      }
+      TransitionReplica(r.state, event, ReplicaName(v.def.name, static_cast<int32_t>(i)));
+    }
+  }
+}
+
+void ClusterState::ApplyChange(const WorkerDied& c) {
+  auto it = workers_.find(c.task);
+  REPVAR_CHECK_MSG(it != workers_.end() && it->second.incarnation == c.incarnation,
+                   absl::StrCat("WorkerDied names ", c.task.ToString(), " incarnation ",
+                                c.incarnation, ", which is not registered"));
+  TransitionWorker(it->second.state, WorkerEvent::kDeclaredDead, c.task.ToString());
+  membership_changed_ = true;
+  for (auto& [id, v] : variables_) {
+    for (size_t i = 0; i < v.placement.size(); ++i) {
+      if (v.placement[i].task != c.task) continue;
+      TransitionReplica(v.replicas[i].state, ReplicaEvent::kLost,
+                        ReplicaName(v.def.name, static_cast<int32_t>(i)));
+    }
+  }
+}
+
+void ClusterState::ApplyChange(const VariableCreated& c) {
+  REPVAR_CHECK_MSG(c.id >= next_variable_id_ && !names_.contains(c.def.name),
+                   absl::StrCat("VariableCreated reuses id ", c.id, " or name ", c.def.name));
+  VariableRecord v;
+  v.id = c.id;
+  v.def = c.def;
+  v.placement = c.placement;
+  v.initializer = c.initializer;
+  v.replicas.resize(c.placement.size());
+  for (size_t i = 0; i < c.placement.size(); ++i) {
+    const WorkerRecord* w = Worker(c.placement[i].task);
+    REPVAR_CHECK_MSG(w != nullptr && w->state == WorkerState::kLive,
+                     absl::StrCat("VariableCreated places ", ReplicaName(c.def.name, i), " on ",
+                                  c.placement[i].task.ToString(), ", which is not live"));
+  }
+  names_[c.def.name] = c.id;
+  next_variable_id_ = c.id + 1;
+  variables_.emplace(c.id, std::move(v));
+}
+
+void ClusterState::ApplyChange(const VariableDeleted& c) {
+  VariableRecord& v = MustFind(c.id, "VariableDeleted");
+  names_.erase(v.def.name);
+  variables_.erase(c.id);
+}
+
+void ClusterState::Acknowledge(VariableRecord& v, const Holder& h, int64_t version,
+                               uint64_t checksum) {
+  REPVAR_CHECK_MSG(
+      h.replica >= 0 && static_cast<size_t>(h.replica) < v.replicas.size() &&
+          IsLive(v.placement[h.replica].task, h.incarnation),
+      absl::StrCat("an acknowledgement of ", ReplicaName(v.def.name, h.replica), " by incarnation ",
+                   h.incarnation, " of a worker that is not live"));
+  ReplicaRecord& r = v.replicas[h.replica];
+  r.version = version;
+  r.checksum = checksum;
+  r.incarnation = h.incarnation;
+  const bool committed = version == v.version && checksum == v.checksum && v.version > 0;
+  TransitionReplica(r.state, committed ? ReplicaEvent::kAcked : ReplicaEvent::kMissed,
+                    ReplicaName(v.def.name, h.replica));
+}
+
+void ClusterState::ApplyChange(const ValueCommitted& c) {
+  VariableRecord& v = MustFind(c.id, "ValueCommitted");
+  REPVAR_CHECK_MSG(c.version > v.version,
+                   absl::StrCat("ValueCommitted moves ", v.def.name, " from version ", v.version,
+                                " to ", c.version));
+  v.version = c.version;
+  v.checksum = c.checksum;
+  v.value = c.value;
+  if (c.initializer) v.initializer = *c.initializer;
+  std::vector<bool> holds(v.replicas.size(), false);
+  for (const Holder& h : c.holders) {
+    Acknowledge(v, h, c.version, c.checksum);
+    holds[h.replica] = true;
+  }
+  for (size_t i = 0; i < v.replicas.size(); ++i) {
+    if (holds[i]) continue;
+    TransitionReplica(v.replicas[i].state, ReplicaEvent::kMissed,
+                      ReplicaName(v.def.name, static_cast<int32_t>(i)));
+  }
+}
+
+void ClusterState::ApplyChange(const ReplicasWritten& c) {
+  VariableRecord& v = MustFind(c.id, "ReplicasWritten");
+  for (const Holder& h : c.holders) Acknowledge(v, h, c.version, c.checksum);
+}
+
+void ClusterState::ApplyChange(const ResyncFlagged& c) {
+  MustFind(c.id, "ResyncFlagged").needs_resync = c.needs_resync;
+}
+
+void ClusterState::ApplyChange(const StepBegun& c) {
+  REPVAR_CHECK_MSG(c.epoch > last_epoch_, absl::StrCat("StepBegun reuses epoch ", c.epoch));
+  last_epoch_ = c.epoch;
+}
+
+void ClusterState::ApplyChange(const StepCommitted& c) {
+  REPVAR_CHECK_MSG(c.step > last_committed_step_ && c.epoch <= last_epoch_,
+                   absl::StrCat("StepCommitted of step ", c.step, " (epoch ", c.epoch,
+                                ") after step ", last_committed_step_));
+  last_committed_step_ = c.step;
+}
+
+void ClusterState::ApplyChange(const StepFailed& c) {
+  // Nothing committed; the record says the epoch ended (its id may be reused).
+  REPVAR_CHECK_MSG(c.epoch <= last_epoch_,
+                   absl::StrCat("StepFailed of epoch ", c.epoch, ", which never began"));
+}
+
+void ClusterState::ApplyChange(const RequestRecorded& c) {
+  if (c.key.id.empty()) return;
+  auto [it, fresh] =
+      outcomes_.try_emplace(c.key.id, StoredOutcome{c.op, c.key.digest, c.answer, c.at});
+  if (fresh) outcome_order_.push_back(c.key.id);
+  // Bounded in count and age: the oldest go first.
+  while (!outcome_order_.empty()) {
+    auto oldest = outcomes_.find(outcome_order_.front());
+    const bool too_many = outcomes_.size() > options_.outcome_capacity;
+    const bool too_old = c.at - oldest->second.at > options_.outcome_window;
+    if (!too_many && !too_old) break;
+    outcomes_.erase(oldest);
+    outcome_order_.pop_front();
+  }
+}
+
+const VariableRecord* ClusterState::Find(absl::string_view name) const {
+  auto it = names_.find(name);
+  return it == names_.end() ? nullptr : &variables_.at(it->second);
+}
+
+const VariableRecord* ClusterState::FindId(uint64_t id) const {
+  auto it = variables_.find(id);
+  return it == variables_.end() ? nullptr : &it->second;
+}
+
+const WorkerRecord* ClusterState::Worker(const TaskKey& task) const {
+  auto it = workers_.find(task);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+bool ClusterState::IsLive(const TaskKey& task, uint64_t incarnation) const {
+  const WorkerRecord* w = Worker(task);
+  return w != nullptr && w->state == WorkerState::kLive && w->incarnation == incarnation;
+}
+
+VariableView ClusterState::View(const VariableRecord& v) const {
+  VariableView view;
+  view.id = v.id;
+  view.def = v.def;
+  view.version = v.version;
+  view.checksum = v.checksum;
+  view.initialized = v.version > 0;
+  view.needs_resync = v.needs_resync;
+  view.collections.push_back(kGlobalVariables);
+  if (v.def.trainable) view.collections.push_back(kTrainableVariables);
+  for (const std::string& c : v.def.collections) {
+    if (std::find(view.collections.begin(), view.collections.end(), c) == view.collections.end()) {
+      view.collections.push_back(c);
+    }
+  }
+  for (size_t i = 0; i < v.placement.size(); ++i) {
+    const ReplicaRecord& r = v.replicas[i];
+    ReplicaView rv;
+    rv.index = static_cast<int32_t>(i);
+    rv.name = ReplicaName(v.def.name, rv.index);
+    rv.device = v.placement[i].device;
+    rv.task = v.placement[i].task;
+    rv.version = r.version;
+    rv.checksum = r.checksum;
+    rv.state = r.state;
+    view.replicas.push_back(std::move(rv));
+  }
+  return view;
+}
+
+TopologySnapshot ClusterState::Topology(
+    const std::map<std::string, int32_t>& expected_tasks) const {
+  TopologySnapshot s;
+  s.version = topology_version_;
+  for (const auto& [key, w] : workers_) {
+    if (w.state != WorkerState::kLive) continue;
+    s.tasks.push_back(LiveTask{key, w.address, w.incarnation, w.devices, absl::InfinitePast()});
+    for (const DeviceName& d : w.devices) {
+      if (d.IsAccelerator()) s.accelerators.push_back(Accelerator{0, d, key});
+    }
+  }
+  std::sort(s.accelerators.begin(), s.accelerators.end(),
+            [](const Accelerator& a, const Accelerator& b) { return a.device < b.device; });
+  for (size_t i = 0; i < s.accelerators.size(); ++i) {
+    s.accelerators[i].ordinal = static_cast<int32_t>(i);
+  }
+  if (!s.accelerators.empty()) {
+    const Accelerator& first = s.accelerators.front();
+    s.infeed_host = InfeedTask{first.task, workers_.at(first.task).address, first.device.HostCpu()};
+  }
+  for (const auto& [job, n] : expected_tasks) {
+    for (int32_t i = 0; i < n; ++i) {
+      const WorkerRecord* w = Worker(TaskKey{job, i});
+      if (w == nullptr || w->state != WorkerState::kLive) {
+        s.missing_tasks.push_back(TaskKey{job, i}.ToString());
+      }
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<std::optional<Answer>> ClusterState::Outcome(const RequestKey& key,
+                                                            absl::string_view op,
+                                                            absl::Time now) const {
+  if (key.id.empty()) return std::optional<Answer>();
+  auto it = outcomes_.find(key.id);
+  if (it == outcomes_.end() || now - it->second.at > options_.outcome_window) {
+    return std::optional<Answer>();
+  }
+  if (it->second.op != op || it->second.digest != key.digest) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id \"", key.id, "\" was already used for another ", it->second.op,
+                     " request with a different payload; use a fresh request_id"));
+  }
+  return std::optional<Answer>(it->second.answer);
+}
+
+namespace {
+
+std::string AnswerText(const Answer& a) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::monostate>) {
+          return "delete";
+        } else if constexpr (std::is_same_v<T, CreateAnswer>) {
+          return absl::StrCat("create ", absl::StrJoin(x.names, ","), " ",
+                              absl::StrJoin(x.created, ","), " ", absl::StrJoin(x.warnings, "|"));
+        } else if constexpr (std::is_same_v<T, std::vector<InitializeResult>>) {
+          std::string s = "initialize";
+          for (const InitializeResult& r : x) {
+            absl::StrAppend(&s, " ", r.name, ":", r.initialized_now, ":", r.version, ":",
+                            r.checksum);
+          }
+          return s;
+        } else {
+          std::string s = "write";
+          for (const WriteOutcome& w : x) absl::StrAppend(&s, " ", w.version, ":", w.checksum);
+          return s;
+        }
+      },
+      a);
+}
+
+}  // namespace
+
+std::string ClusterState::Dump() const {
+  std::string out;
+  absl::StrAppend(&out, "next_variable_id ", next_variable_id_, "\ntopology_version ",
+                  topology_version_, "\nlast_committed_step ", last_committed_step_,
+                  "\nlast_epoch ", last_epoch_, "\n");
+  for (const auto& [key, w] : workers_) {
+    std::vector<std::string> devices;
+    for (const DeviceName& d : w.devices) devices.push_back(d.ToString());
+    absl::StrAppend(&out, "worker ", key.ToString(), " ", WorkerStateName(w.state), " ",
+                    w.incarnation, " ", w.address, " ", absl::StrJoin(devices, ","), "\n");
+  }
+  for (const auto& [id, v] : variables_) {
+    absl::StrAppend(&out, "variable ", id, " ", v.def.name, " ", v.def.tensor.ToString(), " x",
+                    v.def.replica_count, " ", AggregationName(v.def.aggregation), " version ",
+                    v.version, " checksum ", v.checksum, " value ",
+                    v.value ? absl::StrCat(v.value->checksum) : "replicas", " resync ",
+                    v.needs_resync, " init ", static_cast<int>(v.initializer.kind), "\n");
+    for (size_t i = 0; i < v.replicas.size(); ++i) {
+      const ReplicaRecord& r = v.replicas[i];
+      absl::StrAppend(&out, "  replica ", i, " on ", v.placement[i].device.ToString(), " ",
+                      ReplicaStateName(r.state), " ", r.version, " ", r.checksum, " ",
+                      r.incarnation, "\n");
+    }
+  }
+  for (const std::string& id : outcome_order_) {
+    const StoredOutcome& o = outcomes_.at(id);
+    absl::StrAppend(&out, "request ", id, " ", o.op, " ", o.digest, " ", AnswerText(o.answer),
+                    "\n");
+  }
+  return out;
+}
+
+}  // namespace repvar::server

@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+// The coordinator's state that must survive a restart: workers and their
+// incarnations, variables with their placement, committed versions and
+// values, what each replica holds, step ids and epochs, and the answers to
+// mutating requests. Apply(Record) is the only code that changes it; replaying
+// the records a coordinator applied into an empty ClusterState gives the same
+// state (tests/server/core/replay_test.cc).
+//
+// Liveness (last heartbeats), open steps and caches are not here: they do not
+// survive a restart (DESIGN.md §4: an open step is aborted; workers
+// reconnect).
+//
+// Not thread-safe: Registry owns it under its mutex.
+#ifndef REPVAR_SERVER_CORE_CLUSTER_STATE_H_
+#define REPVAR_SERVER_CORE_CLUSTER_STATE_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/model/topology.h"
+#include "common/model/variable.h"
+#include "server/core/record.h"
+#include "server/core/replica_state.h"
+#include "server/core/worker_state.h"
+
+namespace repvar::server {
+
+struct ReplicaRecord {
+  ReplicaState state = ReplicaState::kUninitialized;
+  // What the replica was last acknowledged to hold, and by which
+  // incarnation of its worker.
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  uint64_t incarnation = 0;
+};
+
+struct VariableRecord {
+  uint64_t id = 0;
+  VariableDef def;
+  std::vector<Placement> placement;
+  Initializer initializer;
+  int64_t version = 0;  // 0: uninitialized
+  uint64_t checksum = 0;
+  std::shared_ptr<const Tensor> value;  // null once a step changed it
+  std::vector<ReplicaRecord> replicas;
+  bool needs_resync = false;
+};
+
+struct WorkerRecord {
+  TaskKey task;
+  std::string address;
+  uint64_t incarnation = 0;
+  std::vector<DeviceName> devices;  // sorted
+  WorkerState state = WorkerState::kUnknown;
+};
+
+struct ClusterStateOptions {
+  // Answers of mutating requests are kept for retries (C6), bounded in count
+  // and age.
+  size_t outcome_capacity = 100000;
+  absl::Duration outcome_window = absl::Hours(1);
+};
+
+class ClusterState {
+ public:
+  explicit ClusterState(ClusterStateOptions options = {}) : options_(options) {}
+
+  // Applies every change of `record`, in order. A change that contradicts
+  // the state (an unknown variable, an illegal replica or worker transition)
+  // is a bug in the code that built the record: it crashes, naming it.
+  void Apply(const Record& record);
+
+  // Variables.
+  const VariableRecord* Find(absl::string_view name) const;
+  const VariableRecord* FindId(uint64_t id) const;
+  const std::map<uint64_t, VariableRecord>& variables() const { return variables_; }
+  uint64_t next_variable_id() const { return next_variable_id_; }
+  VariableView View(const VariableRecord& v) const;
+
+  // Workers.
+  const WorkerRecord* Worker(const TaskKey& task) const;
+  const std::map<TaskKey, WorkerRecord>& workers() const { return workers_; }
+  // Whether `task` is LIVE under `incarnation`.
+  bool IsLive(const TaskKey& task, uint64_t incarnation) const;
+  // The live workers, the accelerators in ordinal order (T2), the infeed host
+  // (T3) and the expected tasks that are missing; heartbeats left unset.
+  TopologySnapshot Topology(const std::map<std::string, int32_t>& expected_tasks) const;
+  int64_t topology_version() const { return topology_version_; }
+
+  // Steps.
+  int64_t last_committed_step() const { return last_committed_step_; }
+  uint64_t last_epoch() const { return last_epoch_; }
+
+  // The answer recorded for `key` (nullopt: none, or older than the window
+  // at `now`). Errors: INVALID_ARGUMENT when the id was used for another
+  // operation or payload.
+  absl::StatusOr<std::optional<Answer>> Outcome(const RequestKey& key, absl::string_view op,
+                                                absl::Time now) const;
+
+  // The whole state as text, in a fixed order: two states are the same when
+  // their dumps are.
+  std::string Dump() const;
+
+ private:
+  void ApplyChange(const WorkerRegistered& c);
+  void ApplyChange(const WorkerDied& c);
+  void ApplyChange(const VariableCreated& c);
+  void ApplyChange(const VariableDeleted& c);
+  void ApplyChange(const ValueCommitted& c);
+  void ApplyChange(const ReplicasWritten& c);
+  void ApplyChange(const ResyncFlagged& c);
+  void ApplyChange(const StepBegun& c);
+  void ApplyChange(const StepCommitted& c);
+  void ApplyChange(const StepFailed& c);
+  void ApplyChange(const RequestRecorded& c);
+  VariableRecord& MustFind(uint64_t id, const char* change);
+  // Records what `h` acknowledged and moves its replica through the event
+  // that follows from it (acked when it is the committed value).
+  void Acknowledge(VariableRecord& v, const Holder& h, int64_t version, uint64_t checksum);
+
+  const ClusterStateOptions options_;
+
+  std::map<uint64_t, VariableRecord> variables_;  // by id
+  absl::flat_hash_map<std::string, uint64_t> names_;
+  uint64_t next_variable_id_ = 1;
+
+  std::map<TaskKey, WorkerRecord> workers_;
+  int64_t topology_version_ = 0;
+  bool membership_changed_ = false;  // by the record being applied
+
+  int64_t last_committed_step_ = 0;
+  uint64_t last_epoch_ = 0;
+
+  struct StoredOutcome {
+    std::string op;
+    uint64_t digest = 0;
+    Answer answer;
+    absl::Time at;
+  };
+  absl::flat_hash_map<std::string, StoredOutcome> outcomes_;
+  std::deque<std::string> outcome_order_;  // oldest first
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_CORE_CLUSTER_STATE_H_

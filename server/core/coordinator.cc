@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/core/coordinator.h"
+
+#include "common/base/status_util.h"
+
+namespace repvar::server {
+namespace {
+
+RegistryOptions RegistryOptionsOf(const CoordinatorOptions& o) {
+  RegistryOptions r;
+  r.membership = o.membership;
+  r.max_variable_bytes = o.max_variable_bytes;
+  r.state.outcome_capacity = o.dedup_capacity;
+  r.state.outcome_window = o.dedup_window;
+  return r;
+}
+
+StepInfo Copy(const SharedStep& s) {
+  StepInfo info = *s.info;
+  info.state = s.state;
+  return info;
+}
+
+}  // namespace
+
+Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient* workers,
+                         StateLog* log)
+    : owned_log_(log == nullptr ? std::make_unique<VolatileStateLog>() : nullptr),
+      registry_(RegistryOptionsOf(options), clock, log != nullptr ? log : owned_log_.get()),
+      steps_(clock, &registry_, &groups_),
+      replication_(options.replication, clock, &registry_, &steps_, &groups_, workers) {}
+
+absl::StatusOr<int64_t> Coordinator::RegisterWorker(const WorkerRegistration& reg) {
+  REPVAR_ASSIGN_OR_RETURN(int64_t version, registry_.Register(reg));
+  replication_.ResyncTask(TaskKey{reg.job, reg.task});
+  return version;
+}
+
+absl::StatusOr<int64_t> Coordinator::Heartbeat(const TaskKey& key, uint64_t incarnation) {
+  return registry_.Heartbeat(key, incarnation);
+}
+
+void Coordinator::Tick(absl::Time now) { steps_.Tick(now, registry_.CheckHeartbeats(now)); }
+
+absl::StatusOr<WriteResult> Coordinator::Assign(const RequestKey& key, const Assignment& item) {
+  REPVAR_ASSIGN_OR_RETURN(std::vector<WriteResult> r, replication_.Assign(key, {item}));
+  return r.front();
+}
+
+absl::StatusOr<StepInfo> Coordinator::BeginStep(int64_t step, absl::Duration barrier_timeout) {
+  REPVAR_ASSIGN_OR_RETURN(SharedStep s, steps_.BeginStep(step, barrier_timeout));
+  return Copy(s);
+}
+
+absl::StatusOr<StepInfo> Coordinator::GetStep(uint64_t epoch) const {
+  REPVAR_ASSIGN_OR_RETURN(SharedStep s, steps_.GetStep(epoch));
+  return Copy(s);
+}
+
+}  // namespace repvar::server

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// The coordinator's logic, with no network in it: a thin facade over its
+// units, each a monitor with one mutex (lock order: lock_order.h).
+//
+//   Registry          who is in the cluster, which variables exist and where
+//                     their replicas live; the one commit point of the state
+//                     (ClusterState::Apply, through the StateLog)
+//   Replication       cross-replica writes, reads of committed values,
+//                     resync and repair, over an asynchronous WorkerClient
+//   StepCoordinator   replicated steps: the StepBarrier, the write gate
+//   CollectiveGroups  the data plane's groups, tags and rendezvous store
+//
+// How a cross-replica write flows (Replication, step by step):
+//   1. register: workers join with their devices (Registry); accelerator
+//      ordinals are the sorted live accelerators; ordinal 0's task is the
+//      infeed host.
+//   2. place: CreateVariables records replica i of a variable on ordinal i
+//      (its device and task); placement never moves afterwards.
+//   3. publish: Assign/Initialize take the variable's write lock, validate,
+//      compute the new value once (AssignAdd: current + delta) and name it
+//      version n+1.
+//   4. replicate: the value goes to every live worker holding replicas, all
+//      at once through the asynchronous WorkerClient: a large write to 3+
+//      workers goes to one root worker, which broadcasts it over the data
+//      plane (gloo).
+//   5. ack: only when every live replica holds version n+1 is it committed,
+//      in one record with the replicas that hold it, and the caller
+//      answered; otherwise the caller gets UNAVAILABLE, the committed version
+//      stays n, the replicas that got n+1 are STALE and the variable is
+//      marked for resync.
+//   6. serve: reads return the committed value: the one kept from the last
+//      cross-replica write, or, once a step has changed the variable, the
+//      one held by an up-to-date replica (primary first).
+//
+// Replicated steps (S1-S5) run on the StepCoordinator: a step opens only when
+// no cross-replica write is in flight, and while it is open cross-replica
+// writes are refused; a committed step is one record.
+//
+// Thread-safe. Lifecycle: construct, serve, ShutdownStepWaiters(), destroy.
+#ifndef REPVAR_SERVER_CORE_COORDINATOR_H_
+#define REPVAR_SERVER_CORE_COORDINATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/base/clock.h"
+#include "common/model/step.h"
+#include "common/model/variable.h"
+#include "server/core/collective_groups.h"
+#include "server/core/registry.h"
+#include "server/core/replication.h"
+#include "server/core/state_log.h"
+#include "server/core/step_coordinator.h"
+#include "server/core/worker_client.h"
+
+namespace repvar::server {
+
+struct CoordinatorOptions {
+  MembershipOptions membership;
+  // Largest variable accepted (RESOURCE_EXHAUSTED above it).
+  uint64_t max_variable_bytes = uint64_t{64} << 30;
+  // Answers of mutating requests kept for retries (C6).
+  size_t dedup_capacity = 100000;
+  absl::Duration dedup_window = absl::Hours(1);
+  ReplicationOptions replication;
+};
+
+class Coordinator {
+ public:
+  // `log` receives every record before it is applied; null: a
+  // VolatileStateLog (nothing survives a restart).
+  Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient* workers,
+              StateLog* log = nullptr);
+
+  Registry& registry() { return registry_; }
+  RendezvousStore& store() { return groups_.store(); }
+
+  // ---- Membership ----
+  // T1 plus F2: after a new incarnation registers, its replicas of
+  // initialized variables are rewritten from the committed values before this
+  // returns. Errors: as Registry::Register; a failed resync leaves the
+  // replicas STALE and is reported in the log, not to the worker.
+  absl::StatusOr<int64_t> RegisterWorker(const WorkerRegistration& reg);
+  // Errors: as Registry::Heartbeat.
+  absl::StatusOr<int64_t> Heartbeat(const TaskKey& key, uint64_t incarnation);
+  // Periodic work at `now`: declares silent workers dead (T5), fails the
+  // open step when a participant died (F1), times out step barriers (S4).
+  void Tick(absl::Time now);
+  // Periodic repair, off the ticker (it moves bytes): see
+  // Replication::ResyncStale.
+  void ResyncStale() { replication_.ResyncStale(); }
+
+  // ---- Variables (see Registry and Replication for the errors) ----
+  absl::StatusOr<CreateResult> CreateVariables(const RequestKey& key,
+                                               const std::vector<CreateItem>& items) {
+    return registry_.CreateVariables(key, items);
+  }
+  absl::StatusOr<VariableView> GetVariable(absl::string_view name) const {
+    return registry_.GetVariable(name);
+  }
+  std::vector<VariableView> ListVariables(absl::string_view collection) const {
+    return registry_.ListVariables(collection);
+  }
+  absl::Status DeleteVariable(const RequestKey& key, absl::string_view name) {
+    return replication_.Delete(key, name);
+  }
+  absl::StatusOr<std::vector<InitializeResult>> Initialize(
+      const RequestKey& key, const std::vector<InitializeItem>& items) {
+    return replication_.Initialize(key, items);
+  }
+  absl::StatusOr<WriteResult> Assign(const RequestKey& key, const Assignment& item);
+  absl::StatusOr<std::vector<WriteResult>> AssignBatch(const RequestKey& key,
+                                                       const std::vector<Assignment>& items) {
+    return replication_.Assign(key, items);
+  }
+  absl::StatusOr<ReadResult> Read(absl::string_view name) { return replication_.Read(name); }
+
+  // ---- Replicated steps (see StepCoordinator) ----
+  absl::StatusOr<StepInfo> BeginStep(int64_t step, absl::Duration barrier_timeout);
+  absl::StatusOr<StepInfo> GetStep(uint64_t epoch) const;
+  absl::StatusOr<SharedStep> BeginStepShared(int64_t step, absl::Duration barrier_timeout) {
+    return steps_.BeginStep(step, barrier_timeout);
+  }
+  absl::StatusOr<SharedStep> GetStepShared(uint64_t epoch) const { return steps_.GetStep(epoch); }
+  absl::Status AbortStep(uint64_t epoch, absl::string_view reason) {
+    return steps_.AbortStep(epoch, reason);
+  }
+  absl::Status ReportStep(const WorkerReport& report) { return steps_.ReportStep(report); }
+  absl::Status FinishStep(const WorkerFinish& finish) { return steps_.FinishStep(finish); }
+  absl::StatusOr<std::variant<StepPlan, StepResolution>> WaitStepPlan(uint64_t epoch,
+                                                                      absl::Time deadline) {
+    return steps_.WaitStepPlan(epoch, deadline);
+  }
+  absl::StatusOr<StepResolution> WaitStepResolution(uint64_t epoch, absl::Time deadline) {
+    return steps_.WaitStepResolution(epoch, deadline);
+  }
+  void WhenStepPlanned(uint64_t epoch, StepCoordinator::PlanCallback done) {
+    steps_.WhenStepPlanned(epoch, std::move(done));
+  }
+  void WhenStepResolved(uint64_t epoch, StepCoordinator::ResolutionCallback done) {
+    steps_.WhenStepResolved(epoch, std::move(done));
+  }
+  void ShutdownStepWaiters() { steps_.ShutdownWaiters(); }
+  StepsStatus GetSteps() const { return steps_.GetSteps(); }
+  std::vector<StepEvent> WaitStepEvents(int64_t after_seq, absl::Time deadline) {
+    return steps_.WaitStepEvents(after_seq, deadline);
+  }
+
+ private:
+  std::unique_ptr<StateLog> owned_log_;  // when none was given
+  Registry registry_;
+  CollectiveGroups groups_;
+  StepCoordinator steps_;
+  Replication replication_;
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_CORE_COORDINATOR_H_

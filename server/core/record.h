@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+// Records: every change of the coordinator's state that must survive a
+// restart, as data. Callers build a Record; Registry::Commit appends it to the
+// StateLog and hands it to ClusterState::Apply, the only code that changes
+// that state (LevelDB's DBImpl::Write: the log first, then the memtable; one
+// path whoever calls). A record's changes apply together, in order.
+#ifndef REPVAR_SERVER_CORE_RECORD_H_
+#define REPVAR_SERVER_CORE_RECORD_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/model/device_name.h"
+#include "common/model/initializer.h"
+#include "common/model/task.h"
+#include "common/model/variable.h"
+#include "common/tensor/tensor.h"
+
+namespace repvar::server {
+
+// A mutating request's identity: the caller's id and a digest of its payload.
+struct RequestKey {
+  std::string id;       // empty: not deduplicated
+  uint64_t digest = 0;  // the same id with another digest is refused
+};
+
+// What a retry of a mutating request gets back (C6). Versions and checksums,
+// never tensor bytes.
+struct CreateAnswer {
+  std::vector<std::string> names;
+  std::vector<bool> created;
+  std::vector<std::string> warnings;
+};
+struct WriteOutcome {
+  int64_t version = 0;
+  uint64_t checksum = 0;
+};
+using Answer = std::variant<std::monostate,  // delete
+                            CreateAnswer, std::vector<InitializeResult>, std::vector<WriteOutcome>>;
+
+// A replica that acknowledged holding a value, and the incarnation of the
+// worker that holds it.
+struct Holder {
+  int32_t replica = 0;
+  uint64_t incarnation = 0;
+};
+
+// Changes. Each names what happened, with what Apply needs to redo it.
+struct WorkerRegistered {
+  TaskKey task;
+  std::string address;
+  uint64_t incarnation = 0;
+  std::vector<DeviceName> devices;  // sorted
+};
+struct WorkerDied {
+  TaskKey task;
+  uint64_t incarnation = 0;
+};
+struct VariableCreated {
+  uint64_t id = 0;
+  VariableDef def;
+  std::vector<Placement> placement;  // replica i on placement[i]
+  Initializer initializer;
+};
+struct VariableDeleted {
+  uint64_t id = 0;
+};
+// A new committed value (initialize, assign, a step that changed it) and the
+// replicas that acknowledged holding it; every other replica missed it.
+struct ValueCommitted {
+  uint64_t id = 0;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  // The value, when the coordinator keeps it (cross-replica writes); null
+  // when only the replicas hold it (a step changed it).
+  std::shared_ptr<const Tensor> value;
+  std::vector<Holder> holders;
+  // Initialize with an initializer of its own: it replaces the one given at
+  // create.
+  std::optional<Initializer> initializer;
+};
+// Replicas that now hold (version, checksum): the committed value again (a
+// resync, a step's repair) or an uncommitted one (a write that failed
+// elsewhere).
+struct ReplicasWritten {
+  uint64_t id = 0;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  std::vector<Holder> holders;
+};
+struct ResyncFlagged {
+  uint64_t id = 0;
+  bool needs_resync = false;
+};
+struct StepBegun {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+};
+// The step's variable changes ride in the same record (ValueCommitted,
+// ReplicasWritten): one record, one fsync, per step (DESIGN.md §4).
+struct StepCommitted {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+};
+struct StepFailed {
+  int64_t step = 0;
+  uint64_t epoch = 0;
+};
+struct RequestRecorded {
+  RequestKey key;
+  std::string op;
+  Answer answer;
+  absl::Time at;
+};
+
+using Change = std::variant<WorkerRegistered, WorkerDied, VariableCreated, VariableDeleted,
+                            ValueCommitted, ReplicasWritten, ResyncFlagged, StepBegun,
+                            StepCommitted, StepFailed, RequestRecorded>;
+
+struct Record {
+  std::vector<Change> changes;
+  bool empty() const { return changes.empty(); }
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_CORE_RECORD_H_

@@ -1,0 +1,292 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/core/registry.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/status_util.h"
+#include "spdlog/spdlog.h"
+
+namespace repvar::server {
+
+Registry::Registry(RegistryOptions options, Clock* clock, StateLog* log)
+    : options_(std::move(options)), clock_(clock), log_(log), state_(options_.state) {}
+
+absl::Status Registry::CommitLocked(Record record) {
+  if (record.empty()) return absl::OkStatus();
+  REPVAR_RETURN_IF_ERROR(log_->Append(record));
+  state_.Apply(record);
+  return absl::OkStatus();
+}
+
+absl::Status Registry::Commit(Builder build) {
+  RankedLock lock(&mu_);
+  REPVAR_ASSIGN_OR_RETURN(Record record, build(state_));
+  return CommitLocked(std::move(record));
+}
+
+// ---- Membership ----
+
+absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg) {
+  // Validate everything before touching state.
+  if (!IsValidJobName(reg.job)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid job name \"", reg.job, "\": must match [a-z][a-z0-9_]*"));
+  }
+  if (reg.task < 0) return absl::InvalidArgumentError("task must be >= 0");
+  if (reg.address.empty()) return absl::InvalidArgumentError("worker address is empty");
+  if (reg.incarnation == 0) return absl::InvalidArgumentError("incarnation must not be 0");
+  const TaskKey key{reg.job, reg.task};
+  std::vector<DeviceName> devices;
+  std::set<DeviceName> seen;
+  for (size_t i = 0; i < reg.devices.size(); ++i) {
+    auto d = DeviceName::Parse(reg.devices[i]);
+    if (!d.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("devices[", i, "]: ", d.status().message()));
+    }
+    if (d->job != reg.job || d->task != reg.task) {
+      return absl::InvalidArgumentError(absl::StrCat("devices[", i, "] ", d->ToString(),
+                                                     " does not belong to task ", key.ToString()));
+    }
+    if (!seen.insert(*d).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("devices[", i, "] ", d->ToString(), " is listed twice"));
+    }
+    devices.push_back(*std::move(d));
+  }
+  std::sort(devices.begin(), devices.end());
+
+  RankedLock lock(&mu_);
+  const WorkerRecord* w = state_.Worker(key);
+  if (w != nullptr && w->state == WorkerState::kLive) {
+    if (w->incarnation != reg.incarnation) {
+      return absl::AbortedError(absl::StrCat(
+          "task ", key.ToString(), " is live under incarnation ", w->incarnation, "; incarnation ",
+          reg.incarnation, " can register once the old one is declared dead (heartbeat timeout ",
+          absl::FormatDuration(options_.membership.heartbeat_timeout), ")"));
+    }
+    if (w->devices != devices || w->address != reg.address) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("task ", key.ToString(), " incarnation ", reg.incarnation,
+                       " registered before with other devices or address; use a new incarnation"));
+    }
+    last_heartbeat_[key] = clock_->Now();
+    return state_.topology_version();  // the same process again: idempotent
+  }
+  REPVAR_RETURN_IF_ERROR(CommitLocked(
+      Record{{WorkerRegistered{key, reg.address, reg.incarnation, std::move(devices)}}}));
+  last_heartbeat_[key] = clock_->Now();
+  return state_.topology_version();
+}
+
+absl::StatusOr<int64_t> Registry::Heartbeat(const TaskKey& key, uint64_t incarnation) {
+  RankedLock lock(&mu_);
+  const WorkerRecord* w = state_.Worker(key);
+  if (w == nullptr || w->state != WorkerState::kLive) {
+    return absl::NotFoundError(absl::StrCat("task ", key.ToString(),
+                                            " is not registered (or was declared dead); "
+                                            "register again"));
+  }
+  if (w->incarnation != incarnation) {
+    return absl::AbortedError(absl::StrCat("task ", key.ToString(), " incarnation ", incarnation,
+                                           " is stale; live incarnation is ", w->incarnation));
+  }
+  last_heartbeat_[key] = clock_->Now();
+  return state_.topology_version();
+}
+
+std::vector<LiveTask> Registry::CheckHeartbeats(absl::Time now) {
+  std::vector<LiveTask> dead;
+  {
+    RankedLock lock(&mu_);
+    Record record;
+    for (const auto& [key, w] : state_.workers()) {
+      if (w.state != WorkerState::kLive) continue;
+      const absl::Time last = last_heartbeat_[key];
+      if (now - last <= options_.membership.heartbeat_timeout) continue;
+      record.changes.push_back(WorkerDied{key, w.incarnation});
+      dead.push_back(LiveTask{key, w.address, w.incarnation, w.devices, last});
+    }
+    if (absl::Status s = CommitLocked(std::move(record)); !s.ok()) {
+      spdlog::error("cannot record dead workers: {}", s.ToString());
+      return {};
+    }
+  }
+  for (const LiveTask& t : dead) {
+    spdlog::warn("worker {} (incarnation {}) missed heartbeats for {}; declared dead",
+                 t.key.ToString(), t.incarnation, absl::FormatDuration(now - t.last_heartbeat));
+  }
+  return dead;
+}
+
+TopologySnapshot Registry::SnapshotLocked() const {
+  TopologySnapshot s = state_.Topology(options_.membership.expected_tasks);
+  for (LiveTask& t : s.tasks) {
+    auto it = last_heartbeat_.find(t.key);
+    if (it != last_heartbeat_.end()) t.last_heartbeat = it->second;
+  }
+  return s;
+}
+
+TopologySnapshot Registry::Snapshot() const {
+  RankedLock lock(&mu_);
+  return SnapshotLocked();
+}
+
+TopologySnapshot Registry::WaitForChange(int64_t after_version, absl::Time deadline) const {
+  RankedLock lock(&mu_);
+  auto changed = [this, after_version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_.topology_version() > after_version;
+  };
+  mu_.native()->AwaitWithDeadline(absl::Condition(&changed), deadline);
+  return SnapshotLocked();
+}
+
+absl::StatusOr<TopologySnapshot> Registry::WaitForExpected(absl::Time deadline) const {
+  RankedLock lock(&mu_);
+  auto formed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_.Topology(options_.membership.expected_tasks).missing_tasks.empty();
+  };
+  if (!mu_.native()->AwaitWithDeadline(absl::Condition(&formed), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("cluster did not form in time; missing tasks: ",
+                     absl::StrJoin(SnapshotLocked().missing_tasks, ", ")));
+  }
+  return SnapshotLocked();
+}
+
+std::optional<LiveTask> Registry::Find(const TaskKey& key) const {
+  RankedLock lock(&mu_);
+  const WorkerRecord* w = state_.Worker(key);
+  if (w == nullptr || w->state != WorkerState::kLive) return std::nullopt;
+  auto hb = last_heartbeat_.find(key);
+  return LiveTask{key, w->address, w->incarnation, w->devices,
+                  hb == last_heartbeat_.end() ? absl::InfinitePast() : hb->second};
+}
+
+// ---- Variables ----
+
+absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
+                                                       const std::vector<CreateItem>& items) {
+  if (items.empty()) return absl::InvalidArgumentError("create needs at least one variable");
+  for (const CreateItem& item : items) {
+    REPVAR_RETURN_IF_ERROR(ValidateVariableDef(item.def, options_.max_variable_bytes));
+    if (item.initializer.kind == InitializerKind::kValue &&
+        (item.initializer.value == nullptr || !(item.initializer.value->spec == item.def.tensor))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", item.def.name, ": initializer value does not match its spec"));
+    }
+  }
+  CreateAnswer answer;
+  REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> cached, Outcome(key, "create"));
+  if (cached) {
+    answer = std::get<CreateAnswer>(*cached);
+  } else {
+    REPVAR_RETURN_IF_ERROR(Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+      const TopologySnapshot topo = state.Topology({});
+      // Validate the whole batch against the registry before recording anything.
+      std::map<std::string, const VariableDef*, std::less<>> in_batch;
+      for (const CreateItem& item : items) {
+        const VariableDef& def = item.def;
+        const VariableRecord* existing = state.Find(def.name);
+        if (existing != nullptr && !(existing->def == def)) {
+          const VariableDef& old = existing->def;
+          return absl::AlreadyExistsError(absl::StrCat(
+              "variable ", def.name, " already exists as ", old.tensor.ToString(), " x",
+              old.replica_count, " (aggregation ", AggregationName(old.aggregation), ", trainable ",
+              old.trainable, "); the request asks for ", def.tensor.ToString(), " x",
+              def.replica_count, " (aggregation ", AggregationName(def.aggregation), ", trainable ",
+              def.trainable, ")"));
+        }
+        auto [b, fresh] = in_batch.emplace(def.name, &def);
+        if (!fresh && !(*b->second == def)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "variable ", def.name, " appears twice in the batch with different specs"));
+        }
+        if (existing == nullptr &&
+            static_cast<size_t>(def.replica_count) > topo.accelerators.size()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("variable ", def.name, " asks for ", def.replica_count,
+                           " replicas but the cluster has ", topo.accelerators.size(),
+                           " accelerators (topology version ", topo.version,
+                           "); wait for the cluster to form or lower the replica count"));
+        }
+      }
+      Record record;
+      uint64_t next_id = state.next_variable_id();
+      std::set<std::string> made;
+      for (const CreateItem& item : items) {
+        const VariableDef& def = item.def;
+        answer.names.push_back(def.name);
+        const bool fresh = state.Find(def.name) == nullptr && made.insert(def.name).second;
+        answer.created.push_back(fresh);
+        if (!fresh) continue;
+        // V1: replica i on ordinal i, recorded; it never moves.
+        std::vector<Placement> placement;
+        std::set<TaskKey> hosts;
+        for (int32_t i = 0; i < def.replica_count; ++i) {
+          placement.push_back(Placement{topo.accelerators[i].device, topo.accelerators[i].task});
+          hosts.insert(topo.accelerators[i].task);
+        }
+        if (hosts.size() == 1) {
+          answer.warnings.push_back(absl::StrCat(
+              "variable ", def.name, ": all ", def.replica_count, " replica(s) sit on one host (",
+              hosts.begin()->ToString(), "); in-step data cannot survive the loss of that host"));
+        }
+        record.changes.push_back(
+            VariableCreated{next_id++, def, std::move(placement), item.initializer});
+      }
+      record.changes.push_back(RequestRecorded{key, "create", answer, clock_->Now()});
+      return record;
+    }));
+    for (const std::string& w : answer.warnings) spdlog::warn("{}", w);
+  }
+  return Read([&](const ClusterState& state) -> absl::StatusOr<CreateResult> {
+    CreateResult result;
+    for (size_t i = 0; i < answer.names.size(); ++i) {
+      const VariableRecord* v = state.Find(answer.names[i]);
+      if (v == nullptr) {
+        return absl::NotFoundError(
+            absl::StrCat("variable \"", answer.names[i], "\" was deleted since it was created"));
+      }
+      result.variables.push_back(state.View(*v));
+      result.created.push_back(answer.created[i]);
+    }
+    result.warnings = answer.warnings;
+    return result;
+  });
+}
+
+absl::StatusOr<VariableView> Registry::GetVariable(absl::string_view name) const {
+  RankedLock lock(&mu_);
+  const VariableRecord* v = state_.Find(name);
+  if (v == nullptr)
+    return absl::NotFoundError(absl::StrCat("variable \"", name, "\" does not exist"));
+  return state_.View(*v);
+}
+
+std::vector<VariableView> Registry::ListVariables(absl::string_view collection) const {
+  RankedLock lock(&mu_);
+  std::vector<VariableView> out;
+  for (const auto& [id, v] : state_.variables()) {
+    VariableView view = state_.View(v);
+    if (collection.empty() || std::find(view.collections.begin(), view.collections.end(),
+                                        collection) != view.collections.end()) {
+      out.push_back(std::move(view));
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const VariableView& a, const VariableView& b) { return a.def.name < b.def.name; });
+  return out;
+}
+
+absl::StatusOr<std::optional<Answer>> Registry::Outcome(const RequestKey& key,
+                                                        absl::string_view op) const {
+  const absl::Time now = clock_->Now();
+  RankedLock lock(&mu_);
+  return state_.Outcome(key, op, now);
+}
+
+}  // namespace repvar::server

@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+// The registry: who is in the cluster (T1-T5), which variables exist and
+// where their replicas live (V1-V3), and the one commit point of the
+// coordinator's state. It owns the ClusterState; every change goes through
+// Commit(), which builds a record from the current state under the lock,
+// appends it to the StateLog and applies it:
+//
+//   caller --build(state)--> Record --StateLog::Append--> ClusterState::Apply
+//
+// Building under the lock makes check-then-act atomic (a name is free, a
+// worker is still live) without the callers holding anything. Heartbeats are
+// liveness only: kept here, recorded nowhere.
+//
+// Thread-safe (a monitor, rank kRegistryRank); never calls out while holding
+// its lock except to the StateLog.
+#ifndef REPVAR_SERVER_CORE_REGISTRY_H_
+#define REPVAR_SERVER_CORE_REGISTRY_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "common/base/clock.h"
+#include "common/base/ranked_mutex.h"
+#include "common/model/topology.h"
+#include "common/model/variable.h"
+#include "server/core/cluster_state.h"
+#include "server/core/lock_order.h"
+#include "server/core/state_log.h"
+
+namespace repvar::server {
+
+struct MembershipOptions {
+  // A worker silent for longer is declared dead (T5).
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // job -> number of tasks expected (tasks 0..n-1); WaitForExpected waits for them.
+  std::map<std::string, int32_t> expected_tasks;
+};
+
+struct RegistryOptions {
+  MembershipOptions membership;
+  // Largest variable accepted (RESOURCE_EXHAUSTED above it).
+  uint64_t max_variable_bytes = uint64_t{64} << 30;
+  ClusterStateOptions state;
+};
+
+class Registry {
+ public:
+  Registry(RegistryOptions options, Clock* clock, StateLog* log);
+
+  const MembershipOptions& membership_options() const { return options_.membership; }
+
+  // ---- The commit point. ----
+  // Builds a record from the current state and commits it: appended to the
+  // log, then applied. An error from `build` or from the log changes nothing
+  // and is returned. An empty record is not committed.
+  using Builder = absl::FunctionRef<absl::StatusOr<Record>(const ClusterState&)>;
+  absl::Status Commit(Builder build) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `read` on the state under the lock and returns what it returns.
+  template <typename F>
+  auto Read(F&& read) const ABSL_LOCKS_EXCLUDED(mu_) {
+    RankedLock lock(&mu_);
+    return read(static_cast<const ClusterState&>(state_));
+  }
+
+  // ---- Membership (T1-T5). ----
+  // T1. Errors: INVALID_ARGUMENT (empty or malformed job/address/device,
+  // duplicate device, device of another task, incarnation 0, same
+  // incarnation with other devices), ABORTED ((job, task) live under
+  // another incarnation). Nothing changes on error. Returns the topology
+  // version.
+  absl::StatusOr<int64_t> Register(const WorkerRegistration& reg) ABSL_LOCKS_EXCLUDED(mu_);
+  // Errors: NOT_FOUND (unknown or declared-dead task: re-register), ABORTED
+  // (stale incarnation).
+  absl::StatusOr<int64_t> Heartbeat(const TaskKey& key, uint64_t incarnation)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // T5: declares dead every live task silent for longer than the timeout at
+  // `now` (one record); returns them.
+  std::vector<LiveTask> CheckHeartbeats(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  TopologySnapshot Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Blocks until the topology version exceeds `after_version` or `deadline`
+  // passes; returns the snapshot either way.
+  TopologySnapshot WaitForChange(int64_t after_version, absl::Time deadline) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // T4: blocks until every expected task is live. Errors: DEADLINE_EXCEEDED
+  // naming the missing tasks.
+  absl::StatusOr<TopologySnapshot> WaitForExpected(absl::Time deadline) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<LiveTask> Find(const TaskKey& key) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- Variables (V1-V3, V6). ----
+  // All-or-nothing. Errors: INVALID_ARGUMENT (name, spec, empty batch,
+  // duplicate names with different specs in one batch), FAILED_PRECONDITION
+  // (replica_count > accelerators), ALREADY_EXISTS (same name, different
+  // spec), RESOURCE_EXHAUSTED (larger than max_variable_bytes).
+  absl::StatusOr<CreateResult> CreateVariables(const RequestKey& key,
+                                               const std::vector<CreateItem>& items)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Errors: NOT_FOUND.
+  absl::StatusOr<VariableView> GetVariable(absl::string_view name) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Variables in `collection` (all when empty), by name.
+  std::vector<VariableView> ListVariables(absl::string_view collection) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The answer recorded for a retried request (C6); nullopt when none.
+  // Errors: INVALID_ARGUMENT (the id was used for another payload).
+  absl::StatusOr<std::optional<Answer>> Outcome(const RequestKey& key, absl::string_view op) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Status CommitLocked(Record record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TopologySnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const RegistryOptions options_;
+  Clock* const clock_;
+
+  // State below is protected by mu_.
+  mutable RankedMutex mu_{kRegistryRank, "Registry::mu_"};
+  StateLog* const log_ ABSL_PT_GUARDED_BY(mu_);
+  ClusterState state_ ABSL_GUARDED_BY(mu_);
+  std::map<TaskKey, absl::Time> last_heartbeat_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_CORE_REGISTRY_H_

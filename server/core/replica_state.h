@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a replica holds, as the coordinator records it, and the only legal
+// ways that changes. ClusterState::Apply moves every replica through
+// TransitionReplica(); nothing else writes a replica's state.
+//
+//        created
+//           |
+//           v                 acked
+//     UNINITIALIZED ---------------------------> UP_TO_DATE --.
+//           |                                  ^  |      ^    | acked
+//           | missed                    acked  |  | missed '----'
+//           '-----------------------> STALE ---'  |
+//                                      ^  ^ '-----'
+//                               missed '--'
+//
+//   UNINITIALIZED, UP_TO_DATE, STALE --lost--> UNAVAILABLE (missed: stays)
+//   UNAVAILABLE --returned holding-------> UP_TO_DATE
+//   UNAVAILABLE --returned empty---------> STALE
+//   UNAVAILABLE --returned uninitialized-> UNINITIALIZED
+//
+//   acked     its worker acknowledged holding the committed value (a
+//             cross-replica write, a resync, a step it took part in)
+//   missed    a value was committed that this replica does not hold (it sat
+//             a step out, or holds an uncommitted version of a failed write)
+//   lost      its worker was declared dead
+//   returned  its worker registered again
+//
+// An event outside the table is a bug in the code that built the record:
+// it crashes, naming the replica, its state and the event.
+#ifndef REPVAR_SERVER_CORE_REPLICA_STATE_H_
+#define REPVAR_SERVER_CORE_REPLICA_STATE_H_
+
+#include <optional>
+#include <string>
+
+#include "repvar/types.h"
+
+namespace repvar::server {
+
+enum class ReplicaEvent {
+  kAcked,
+  kMissed,
+  kLost,
+  kReturnedHolding,
+  kReturnedEmpty,
+  kReturnedUninitialized,
+};
+
+const char* ReplicaEventName(ReplicaEvent event);
+
+// The state after `event` in `from`; nullopt when the event cannot happen
+// there.
+std::optional<ReplicaState> NextReplicaState(ReplicaState from, ReplicaEvent event);
+
+// Moves `state` through `event`. Crashes, naming `replica` ("w/3"), when the
+// transition is not in the table.
+void TransitionReplica(ReplicaState& state, ReplicaEvent event, const std::string& replica);
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_CORE_REPLICA_STATE_H_

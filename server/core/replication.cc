@@ -1,0 +1,605 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/core/replication.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/status_util.h"
+#include "common/tensor/element_math.h"
+#include "spdlog/spdlog.h"
+
+namespace repvar::server {
+namespace {
+
+// A collective's timeout: a base plus time for its bytes.
+absl::Duration CollectiveTimeout(uint64_t bytes) {
+  return absl::Seconds(30) + absl::Seconds(static_cast<double>(bytes) / 50e6);
+}
+
+// Holders still live under the incarnation that acknowledged: an
+// acknowledgement from a worker declared dead since is not recorded.
+std::vector<Holder> LiveHolders(const ClusterState& state, const VariableRecord& v,
+                                const std::vector<Holder>& holders) {
+  std::vector<Holder> out;
+  for (const Holder& h : holders) {
+    if (state.IsLive(v.placement[h.replica].task, h.incarnation)) out.push_back(h);
+  }
+  return out;
+}
+
+absl::Status NotFound(absl::string_view name) {
+  return absl::NotFoundError(absl::StrCat("variable \"", name, "\" does not exist"));
+}
+
+}  // namespace
+
+// Takes the write locks of variables in id order, so that batches never
+// deadlock, before any ranked lock (lock_order.h).
+class Replication::WriteLocks {
+ public:
+  WriteLocks(Replication* r, std::vector<uint64_t> ids) {
+    RankedMutex::AssertNoneHeld("variable write locks");
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (uint64_t id : ids) mutexes_.push_back(r->WriteLockOf(id));
+    for (auto& mu : mutexes_) locks_.push_back(std::make_unique<absl::MutexLock>(mu.get()));
+  }
+
+ private:
+  std::vector<std::shared_ptr<absl::Mutex>> mutexes_;
+  std::vector<std::unique_ptr<absl::MutexLock>> locks_;  // destroyed first
+};
+
+Replication::Replication(ReplicationOptions options, Clock* clock, Registry* registry,
+                         StepCoordinator* steps, CollectiveGroups* groups, WorkerClient* workers)
+    : options_(options),
+      clock_(clock),
+      registry_(registry),
+      steps_(steps),
+      groups_(groups),
+      workers_(workers) {}
+
+std::shared_ptr<absl::Mutex> Replication::WriteLockOf(uint64_t id) {
+  RankedLock lock(&mu_);
+  auto& mu = write_locks_[id];
+  if (mu == nullptr) mu = std::make_shared<absl::Mutex>();
+  return mu;
+}
+
+absl::StatusOr<uint64_t> Replication::IdOf(absl::string_view name) const {
+  return registry_->Read([&](const ClusterState& s) -> absl::StatusOr<uint64_t> {
+    const VariableRecord* v = s.Find(name);
+    if (v == nullptr) return NotFound(name);
+    return v->id;
+  });
+}
+
+// ---- Delivery ----
+
+Replication::Delivery Replication::Deliver(const std::vector<PlannedWrite>& writes) {
+  // Group the replicas each live worker holds.
+  struct Batch {
+    WorkerTarget target;
+    std::vector<ReplicaWrite> writes;
+  };
+  std::vector<Batch> batches = registry_->Read([&](const ClusterState& state) {
+    std::map<TaskKey, Batch> per_task;
+    for (const PlannedWrite& w : writes) {
+      const VariableRecord* v = state.FindId(w.id);
+      if (v == nullptr) continue;
+      std::map<TaskKey, std::vector<int32_t>> replicas;
+      for (size_t i = 0; i < v->placement.size(); ++i) {
+        const WorkerRecord* worker = state.Worker(v->placement[i].task);
+        if (worker != nullptr && worker->state == WorkerState::kLive) {
+          replicas[v->placement[i].task].push_back(static_cast<int32_t>(i));
+        }
+      }
+      for (auto& [task, idx] : replicas) {
+        Batch& b = per_task[task];
+        const WorkerRecord& worker = *state.Worker(task);
+        b.target = WorkerTarget{task, worker.address, worker.incarnation};
+        b.writes.push_back(ReplicaWrite{w.id, w.name, w.version, std::move(idx), w.value, {}});
+      }
+    }
+    std::vector<Batch> out;
+    for (auto& [task, b] : per_task) out.push_back(std::move(b));
+    return out;
+  });
+
+  auto fan_out = [&]() -> std::vector<absl::Status> {
+    CallGroup calls(batches.size());
+    for (size_t i = 0; i < batches.size(); ++i) {
+      workers_->WriteReplicasAsync(batches[i].target, batches[i].writes, calls.Callback(i));
+    }
+    return calls.Wait();
+  };
+  // The data plane carries single large writes to enough workers (during a
+  // step the workers' data plane belongs to the step's collectives).
+  bool collective = options_.data_plane && batches.size() >= 2 &&
+                    batches.size() >= static_cast<size_t>(options_.data_plane_min_workers);
+  for (const Batch& b : batches) {
+    collective = collective && b.writes.size() == 1 &&
+                 b.writes[0].value->bytes.size() >= options_.data_plane_min_bytes;
+  }
+  collective = collective && !steps_->IsOpen();
+  std::vector<absl::Status> statuses;
+  if (collective) {
+    std::vector<GroupMember> members;
+    for (const Batch& b : batches) members.push_back({b.target.task, b.target.incarnation});
+    (void)groups_->RunBroadcast(members, [&](const std::string& group, uint32_t tag) {
+      const int32_t size = static_cast<int32_t>(batches.size());
+      for (size_t i = 0; i < batches.size(); ++i) {
+        batches[i].writes[0].collective =
+            CollectiveSpec{group, static_cast<int32_t>(i),
+                           size,  /*root=*/0,
+                           tag,   CollectiveTimeout(batches[0].writes[0].value->bytes.size())};
+      }
+      statuses = fan_out();
+      for (const absl::Status& s : statuses) REPVAR_RETURN_IF_ERROR(s);
+      return absl::OkStatus();
+    });
+  } else {
+    statuses = fan_out();
+  }
+
+  Delivery d;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const WorkerTarget& t = batches[i].target;
+    if (!statuses[i].ok()) {
+      d.failures.push_back(absl::StrCat(t.task.ToString(), ": ", statuses[i].ToString()));
+      continue;
+    }
+    for (const ReplicaWrite& w : batches[i].writes) {
+      for (int32_t r : w.replicas) d.holders[w.variable_id].push_back(Holder{r, t.incarnation});
+    }
+  }
+  return d;
+}
+
+absl::Status Replication::CommitWrites(const std::vector<PlannedWrite>& writes,
+                                       const Delivery& delivery,
+                                       const std::map<uint64_t, Initializer>& initializers,
+                                       std::optional<RequestRecorded> outcome) {
+  const bool delivered = delivery.failures.empty();
+  REPVAR_RETURN_IF_ERROR(
+      registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+        Record record;
+        for (const PlannedWrite& w : writes) {
+          const VariableRecord* v = state.FindId(w.id);
+          if (v == nullptr) continue;
+          auto h = delivery.holders.find(w.id);
+          std::vector<Holder> holders = LiveHolders(
+              state, *v, h == delivery.holders.end() ? std::vector<Holder>{} : h->second);
+          if (delivered) {
+            auto init = initializers.find(w.id);
+            record.changes.push_back(ValueCommitted{
+                w.id, w.version, w.value->checksum, w.value, std::move(holders),
+                init == initializers.end() ? std::nullopt
+                                           : std::optional<Initializer>(init->second)});
+            if (v->needs_resync) record.changes.push_back(ResyncFlagged{w.id, false});
+          } else {
+            // The replicas that got it now hold an uncommitted version: they are
+            // STALE, not silently ahead.
+            if (!holders.empty()) {
+              record.changes.push_back(
+                  ReplicasWritten{w.id, w.version, w.value->checksum, std::move(holders)});
+            }
+            record.changes.push_back(ResyncFlagged{w.id, true});
+          }
+        }
+        if (delivered && outcome) record.changes.push_back(*std::move(outcome));
+        return record;
+      }));
+  if (delivered) return absl::OkStatus();
+  std::vector<std::string> names;
+  for (const PlannedWrite& w : writes) names.push_back(w.name);
+  return absl::UnavailableError(
+      absl::StrCat("write of ", absl::StrJoin(names, ", "), " did not reach every live replica (",
+                   absl::StrJoin(delivery.failures, "; "),
+                   "); the committed version is unchanged and the variable is marked for resync; "
+                   "retry with the same request_id"));
+}
+
+// ---- Initialize ----
+
+absl::StatusOr<std::vector<InitializeResult>> Replication::Initialize(
+    const RequestKey& key, const std::vector<InitializeItem>& items) {
+  if (items.empty()) return absl::InvalidArgumentError("initialize needs at least one variable");
+  std::vector<uint64_t> ids;
+  for (const InitializeItem& item : items) {
+    REPVAR_ASSIGN_OR_RETURN(uint64_t id, IdOf(item.name));
+    ids.push_back(id);
+  }
+  WriteLocks locks(this, ids);
+  REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> cached, registry_->Outcome(key, "initialize"));
+  if (cached) return std::get<std::vector<InitializeResult>>(*cached);
+
+  // Who still needs a value, with which initializer (the first caller wins).
+  struct Todo {
+    std::string name;
+    Initializer initializer;
+    TensorSpec spec;
+    bool allow_nonfinite = false;
+  };
+  REPVAR_ASSIGN_OR_RETURN(
+      auto todo,
+      registry_->Read([&](const ClusterState& state) -> absl::StatusOr<std::map<uint64_t, Todo>> {
+        std::map<uint64_t, Todo> out;
+        for (size_t i = 0; i < items.size(); ++i) {
+          const VariableRecord* v = state.FindId(ids[i]);
+          if (v == nullptr) {
+            return absl::NotFoundError(
+                absl::StrCat("variable \"", items[i].name, "\" was deleted"));
+          }
+          if (v->version > 0 || out.contains(v->id)) continue;
+          out[v->id] = Todo{v->def.name, items[i].initializer.value_or(v->initializer),
+                            v->def.tensor, v->def.allow_nonfinite};
+        }
+        return out;
+      }));
+  std::vector<PlannedWrite> writes;
+  std::map<uint64_t, Initializer> initializers;  // those given with this call
+  std::vector<bool> now(items.size(), false);    // this call initializes item i
+  for (size_t i = 0; i < items.size(); ++i) {
+    auto t = todo.find(ids[i]);
+    if (t == todo.end()) continue;  // initialized already, or earlier in this batch
+    auto value = MakeInitialValue(t->second.initializer, t->second.spec);
+    if (!value.ok()) {
+      return absl::Status(value.status().code(),
+                          absl::StrCat("variable ", items[i].name, ": ", value.status().message()));
+    }
+    if (!t->second.allow_nonfinite) {
+      if (int64_t bad = FirstNonFinite(*value); bad >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("variable ", items[i].name, ": initial value has a non-finite element at ",
+                         bad, " (allow_nonfinite is off)"));
+      }
+    }
+    if (items[i].initializer) initializers[ids[i]] = *items[i].initializer;
+    writes.push_back(
+        PlannedWrite{ids[i], t->second.name, 1, std::make_shared<const Tensor>(*std::move(value))});
+    now[i] = true;
+    todo.erase(t);
+  }
+  const Delivery delivery = Deliver(writes);
+  // The answer, as it is once the writes commit.
+  std::map<uint64_t, const PlannedWrite*> planned;
+  for (const PlannedWrite& w : writes) planned[w.id] = &w;
+  std::vector<InitializeResult> results;
+  REPVAR_RETURN_IF_ERROR(registry_->Read([&](const ClusterState& state) -> absl::Status {
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (auto w = planned.find(ids[i]); w != planned.end()) {
+        results.push_back(InitializeResult{items[i].name, now[i], w->second->version,
+                                           w->second->value->checksum});
+        continue;
+      }
+      const VariableRecord* v = state.FindId(ids[i]);
+      if (v == nullptr) return NotFound(items[i].name);
+      results.push_back(InitializeResult{items[i].name, false, v->version, v->checksum});
+    }
+    return absl::OkStatus();
+  }));
+  REPVAR_RETURN_IF_ERROR(CommitWrites(writes, delivery, initializers,
+                                      RequestRecorded{key, "initialize", results, clock_->Now()}));
+  return results;
+}
+
+// ---- Assign ----
+
+absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& key,
+                                                             const std::vector<Assignment>& items) {
+  if (items.empty()) return absl::InvalidArgumentError("assign needs at least one variable");
+  REPVAR_RETURN_IF_ERROR(steps_->EnterWriteGate());
+  struct Leave {
+    StepCoordinator* steps;
+    ~Leave() { steps->LeaveWriteGate(); }
+  } leave{steps_};
+  std::vector<uint64_t> ids;
+  std::set<absl::string_view> names;
+  for (const Assignment& item : items) {
+    if (!names.insert(item.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", item.name, " appears twice in one batched assign"));
+    }
+    REPVAR_ASSIGN_OR_RETURN(uint64_t id, IdOf(item.name));
+    ids.push_back(id);
+  }
+  WriteLocks locks(this, ids);
+  const absl::string_view op = items.size() == 1 ? "assign" : "assign_batch";
+  REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> cached, registry_->Outcome(key, op));
+  if (cached) {
+    std::vector<WriteResult> results;
+    for (const WriteOutcome& w : std::get<std::vector<WriteOutcome>>(*cached)) {
+      results.push_back(WriteResult{w.version, w.checksum, nullptr});
+    }
+    return results;
+  }
+
+  // The write locks are held: versions and values cannot move under us.
+  struct Target {
+    int64_t version = 0;
+    bool allow_nonfinite = false;
+  };
+  std::vector<Target> targets;
+  REPVAR_RETURN_IF_ERROR(registry_->Read([&](const ClusterState& state) -> absl::Status {
+    for (size_t i = 0; i < items.size(); ++i) {
+      const Assignment& item = items[i];
+      const VariableRecord* v = state.FindId(ids[i]);
+      if (v == nullptr) {
+        return absl::NotFoundError(absl::StrCat("variable \"", item.name, "\" was deleted"));
+      }
+      if (item.value == nullptr) return absl::InvalidArgumentError("assign without a value");
+      if (!(item.value->spec == v->def.tensor)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("variable ", item.name, " is ", v->def.tensor.ToString(),
+                         "; the value is ", item.value->spec.ToString()));
+      }
+      if (item.op != AssignOp::kAssign && v->version == 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("variable ", item.name,
+                         " is uninitialized; assign or initialize it before adding to it"));
+      }
+      if (!v->def.allow_nonfinite) {
+        if (int64_t bad = FirstNonFinite(*item.value); bad >= 0) {
+          return absl::InvalidArgumentError(absl::StrCat("variable ", item.name,
+                                                         ": non-finite value at element ", bad,
+                                                         " (allow_nonfinite is off)"));
+        }
+      }
+      targets.push_back(Target{v->version + 1, v->def.allow_nonfinite});
+    }
+    return absl::OkStatus();
+  }));
+  // C3: the new value is computed once, from the committed value (fetched
+  // from a replica when a step changed it).
+  std::vector<PlannedWrite> writes;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Assignment& item = items[i];
+    std::shared_ptr<const Tensor> value = item.value;
+    if (item.op != AssignOp::kAssign) {
+      REPVAR_ASSIGN_OR_RETURN(ReadResult base, CommittedValue(ids[i]));
+      REPVAR_ASSIGN_OR_RETURN(
+          Tensor sum, AddScaled(*base.value, *item.value, item.op == AssignOp::kAdd ? 1 : -1));
+      if (!targets[i].allow_nonfinite) {
+        if (int64_t bad = FirstNonFinite(sum); bad >= 0) {
+          return absl::InvalidArgumentError(absl::StrCat("variable ", item.name,
+                                                         ": the result is non-finite at element ",
+                                                         bad, "; nothing changed"));
+        }
+      }
+      value = std::make_shared<const Tensor>(std::move(sum));
+    }
+    writes.push_back(PlannedWrite{ids[i], item.name, targets[i].version, std::move(value)});
+  }
+  const Delivery delivery = Deliver(writes);
+  std::vector<WriteOutcome> answer;
+  for (const PlannedWrite& w : writes) answer.push_back(WriteOutcome{w.version, w.value->checksum});
+  REPVAR_RETURN_IF_ERROR(CommitWrites(
+      writes, delivery, {}, RequestRecorded{key, std::string(op), answer, clock_->Now()}));
+  std::vector<WriteResult> results;
+  for (const PlannedWrite& w : writes) {
+    results.push_back(WriteResult{w.version, w.value->checksum, w.value});
+  }
+  return results;
+}
+
+// ---- Reads ----
+
+absl::StatusOr<ReadResult> Replication::Read(absl::string_view name) {
+  REPVAR_ASSIGN_OR_RETURN(uint64_t id, IdOf(name));
+  return CommittedValue(id);
+}
+
+absl::StatusOr<ReadResult> Replication::CommittedValue(uint64_t id) {
+  struct Source {
+    int32_t replica;
+    WorkerTarget target;
+  };
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  std::string name;
+  std::vector<Source> sources;  // up-to-date replicas, primary first
+  std::optional<ReadResult> kept;
+  REPVAR_RETURN_IF_ERROR(registry_->Read([&](const ClusterState& state) -> absl::Status {
+    const VariableRecord* v = state.FindId(id);
+    if (v == nullptr)
+      return absl::NotFoundError(absl::StrCat("variable id ", id, " does not exist"));
+    if (v->version == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "variable ", v->def.name, " is uninitialized; initialize or assign it first"));
+    }
+    version = v->version;
+    checksum = v->checksum;
+    name = v->def.name;
+    if (v->value != nullptr) {
+      kept = ReadResult{v->version, v->value};
+      return absl::OkStatus();
+    }
+    for (size_t i = 0; i < v->placement.size(); ++i) {
+      if (v->replicas[i].state != ReplicaState::kUpToDate) continue;
+      const WorkerRecord& w = *state.Worker(v->placement[i].task);
+      sources.push_back(Source{static_cast<int32_t>(i), {w.task, w.address, w.incarnation}});
+    }
+    return absl::OkStatus();
+  }));
+  if (kept) return *kept;
+  {
+    RankedLock lock(&mu_);
+    auto it = fetched_.find(id);
+    if (it != fetched_.end() && it->second.version == version) return it->second;
+  }
+  std::string last_error = "no up-to-date replica is live";
+  for (const Source& source : sources) {
+    absl::StatusOr<WorkerClient::ReplicaValue> got;
+    CallGroup call(1);
+    workers_->ReadReplicaAsync(
+        source.target, id, source.replica, version,
+        [&got, done = call.Callback(0)](absl::StatusOr<WorkerClient::ReplicaValue> r) mutable {
+          got = std::move(r);
+          std::move(done)(absl::OkStatus());
+        });
+    call.Wait();
+    if (!got.ok()) {
+      last_error = absl::StrCat(source.target.task.ToString(), ": ", got.status().ToString());
+      continue;
+    }
+    if (got->version != version || got->value->checksum != checksum) {
+      last_error = absl::StrCat(source.target.task.ToString(), " holds version ", got->version);
+      continue;
+    }
+    ReadResult r{version, got->value};
+    RankedLock lock(&mu_);
+    fetched_[id] = r;
+    return r;
+  }
+  return absl::UnavailableError(
+      absl::StrCat("variable ", name, ": no up-to-date replica could be read (", last_error, ")"));
+}
+
+// ---- Delete ----
+
+absl::Status Replication::Delete(const RequestKey& key, absl::string_view name) {
+  REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> cached, registry_->Outcome(key, "delete"));
+  if (cached) return absl::OkStatus();
+  REPVAR_ASSIGN_OR_RETURN(uint64_t id, IdOf(name));
+  if (std::optional<int64_t> step = steps_->OpenStepOf(id)) {
+    return absl::FailedPreconditionError(absl::StrCat("variable ", name,
+                                                      " takes part in the open step ", *step,
+                                                      "; delete it after the step resolves"));
+  }
+  std::vector<WorkerTarget> holders;
+  {
+    WriteLocks locks(this, {id});  // waits for an in-flight write
+    REPVAR_RETURN_IF_ERROR(
+        registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+          const VariableRecord* v = state.FindId(id);
+          if (v == nullptr) return NotFound(name);
+          std::set<TaskKey> tasks;
+          for (const Placement& p : v->placement) tasks.insert(p.task);
+          for (const TaskKey& t : tasks) {
+            const WorkerRecord* w = state.Worker(t);
+            if (w != nullptr && w->state == WorkerState::kLive) {
+              holders.push_back(WorkerTarget{t, w->address, w->incarnation});
+            }
+          }
+          return Record{{VariableDeleted{id}, RequestRecorded{key, "delete", {}, clock_->Now()}}};
+        }));
+    RankedLock lock(&mu_);
+    fetched_.erase(id);
+  }
+  CallGroup drops(holders.size());
+  for (size_t i = 0; i < holders.size(); ++i) {
+    workers_->DropVariableAsync(holders[i], id, drops.Callback(i));
+  }
+  std::vector<absl::Status> statuses = drops.Wait();
+  for (size_t i = 0; i < holders.size(); ++i) {
+    if (!statuses[i].ok()) {
+      spdlog::warn("drop of {} on {} failed: {}", std::string(name), holders[i].task.ToString(),
+                   statuses[i].ToString());
+    }
+  }
+  RankedLock lock(&mu_);
+  write_locks_.erase(id);
+  return absl::OkStatus();
+}
+
+// ---- Repair ----
+
+void Replication::ResyncTask(const TaskKey& task) {
+  std::optional<LiveTask> live = registry_->Find(task);
+  if (!live) return;
+  const WorkerTarget target{task, live->address, live->incarnation};
+  std::vector<uint64_t> ids = registry_->Read([&](const ClusterState& state) {
+    std::vector<uint64_t> out;
+    for (const auto& [id, v] : state.variables()) {
+      for (const Placement& p : v.placement) {
+        if (p.task == task) {
+          out.push_back(id);
+          break;
+        }
+      }
+    }
+    return out;
+  });
+  if (ids.empty()) return;
+  WriteLocks locks(this, ids);
+  std::vector<ReplicaWrite> writes;
+  for (uint64_t id : ids) {
+    auto [name, stale] = registry_->Read([&](const ClusterState& state) {
+      std::pair<std::string, std::vector<int32_t>> out;
+      const VariableRecord* v = state.FindId(id);
+      if (v == nullptr || v->version == 0) return out;
+      out.first = v->def.name;
+      for (size_t i = 0; i < v->placement.size(); ++i) {
+        if (v->placement[i].task == task && v->replicas[i].state == ReplicaState::kStale) {
+          out.second.push_back(static_cast<int32_t>(i));
+        }
+      }
+      return out;
+    });
+    if (stale.empty()) continue;
+    // The committed value first (a step may have left only replicas holding it).
+    absl::StatusOr<ReadResult> r = CommittedValue(id);
+    if (!r.ok()) {
+      spdlog::warn("resync of {} on {}: {}", name, task.ToString(), r.status().ToString());
+      continue;
+    }
+    writes.push_back(ReplicaWrite{id, name, r->version, std::move(stale), r->value, {}});
+  }
+  if (writes.empty()) return;
+  CallGroup call(1);
+  workers_->WriteReplicasAsync(target, writes, call.Callback(0));
+  if (absl::Status s = call.Wait()[0]; !s.ok()) {
+    spdlog::warn("resync of {} replica set(s) on {} failed: {}", writes.size(), task.ToString(),
+                 s.ToString());
+    return;
+  }
+  absl::Status s = registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+    Record record;
+    for (const ReplicaWrite& w : writes) {
+      const VariableRecord* v = state.FindId(w.variable_id);
+      if (v == nullptr) continue;
+      std::vector<Holder> holders;
+      for (int32_t r : w.replicas) holders.push_back(Holder{r, target.incarnation});
+      holders = LiveHolders(state, *v, holders);
+      if (holders.empty()) continue;
+      record.changes.push_back(
+          ReplicasWritten{w.variable_id, w.version, w.value->checksum, std::move(holders)});
+    }
+    return record;
+  });
+  if (!s.ok()) {
+    spdlog::error("cannot record the resync of {}: {}", task.ToString(), s.ToString());
+    return;
+  }
+  spdlog::info("resynced {} variable(s) on {}", writes.size(), task.ToString());
+}
+
+void Replication::ResyncStale() {
+  std::set<TaskKey> tasks = registry_->Read([](const ClusterState& state) {
+    std::set<TaskKey> out;
+    for (const auto& [id, v] : state.variables()) {
+      for (size_t i = 0; i < v.placement.size(); ++i) {
+        if (v.replicas[i].state == ReplicaState::kStale) out.insert(v.placement[i].task);
+      }
+    }
+    return out;
+  });
+  for (const TaskKey& t : tasks) ResyncTask(t);
+  absl::Status s = registry_->Commit([](const ClusterState& state) -> absl::StatusOr<Record> {
+    Record record;
+    for (const auto& [id, v] : state.variables()) {
+      if (!v.needs_resync) continue;
+      const bool stale =
+          std::any_of(v.replicas.begin(), v.replicas.end(),
+                      [](const ReplicaRecord& r) { return r.state == ReplicaState::kStale; });
+      if (!stale) record.changes.push_back(ResyncFlagged{id, false});
+    }
+    return record;
+  });
+  if (!s.ok()) spdlog::error("cannot record cleared resync flags: {}", s.ToString());
+}
+
+}  // namespace repvar::server

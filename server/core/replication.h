@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+// Cross-replica writes and reads (DESIGN.md C1-C7, F2): a new value is
+// computed once, named version n+1, sent to every live replica, and
+// committed only when all of them acknowledged it; reads return the
+// committed value, fetched from an up-to-date replica (primary first) once a
+// step left it on the replicas only; stale replicas on live workers are
+// rewritten (repair) and a returning worker is resynced before it serves.
+//
+//   1. gate      the write enters the step coordinator's write gate (S5)
+//   2. lock      the variables' write locks, in id order (C4: one writer per
+//                variable; held across the broadcast)
+//   3. validate  against the registry's state; AssignAdd/Sub read the base
+//   4. deliver   to every live worker holding replicas, asynchronously
+//                (WorkerClient): a large write to 3+ workers goes to one root
+//                worker that broadcasts it over the data plane (gloo), in the
+//                CollectiveGroups' order; else the coordinator writes each
+//   5. commit    one record: the new version and the replicas that hold it,
+//                with the request's answer (C6); if a live replica missed
+//                it, the replicas that got it and a resync flag instead, and
+//                the caller gets UNAVAILABLE (C2: never silently half-written)
+//
+// Thread-safe. A broadcast to N workers uses no thread per worker: the
+// calling thread waits while the WorkerClient's callbacks complete.
+#ifndef REPVAR_SERVER_CORE_REPLICATION_H_
+#define REPVAR_SERVER_CORE_REPLICATION_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "common/base/clock.h"
+#include "common/base/ranked_mutex.h"
+#include "common/model/variable.h"
+#include "server/core/collective_groups.h"
+#include "server/core/lock_order.h"
+#include "server/core/registry.h"
+#include "server/core/step_coordinator.h"
+#include "server/core/worker_client.h"
+
+namespace repvar::server {
+
+struct ReplicationOptions {
+  // Data plane (DESIGN.md §4): a single write of at least `data_plane_min_bytes`
+  // to at least `data_plane_min_workers` workers goes to one root worker, which
+  // broadcasts it to the others over gloo. Otherwise the coordinator writes
+  // every worker itself.
+  bool data_plane = false;
+  uint64_t data_plane_min_bytes = 1 << 20;
+  int data_plane_min_workers = 3;
+};
+
+class Replication {
+ public:
+  Replication(ReplicationOptions options, Clock* clock, Registry* registry, StepCoordinator* steps,
+              CollectiveGroups* groups, WorkerClient* workers);
+
+  // C5: initialize-if-uninitialized; the first caller wins. Errors:
+  // NOT_FOUND, INVALID_ARGUMENT (no or bad initializer, non-finite value),
+  // UNAVAILABLE (a live replica could not be written).
+  absl::StatusOr<std::vector<InitializeResult>> Initialize(
+      const RequestKey& key, const std::vector<InitializeItem>& items);
+  // C2, C3, C6, C7, V6: validates every item, then writes them all in one
+  // broadcast. Errors: NOT_FOUND, FAILED_PRECONDITION (spec mismatch;
+  // ADD/SUB of an uninitialized variable; a step is open), INVALID_ARGUMENT
+  // (non-finite value or result, reused request id, a name twice),
+  // UNAVAILABLE (see the file comment, step 5).
+  absl::StatusOr<std::vector<WriteResult>> Assign(const RequestKey& key,
+                                                  const std::vector<Assignment>& items);
+  // C1. Errors: NOT_FOUND, FAILED_PRECONDITION (uninitialized), UNAVAILABLE
+  // (a step changed it and no up-to-date replica answered).
+  absl::StatusOr<ReadResult> Read(absl::string_view name);
+  // Deletes a variable and drops its replicas. Errors: NOT_FOUND,
+  // FAILED_PRECONDITION (it takes part in the open step).
+  absl::Status Delete(const RequestKey& key, absl::string_view name);
+
+  // F2: rewrites the replicas `task` holds that are not up to date from the
+  // committed values. Failures are logged; the replicas stay STALE.
+  void ResyncTask(const TaskKey& task);
+  // Repair: resyncs every live worker with a stale replica (a write that
+  // missed it, a step it sat out) and clears needs_resync once every live
+  // replica of a variable is up to date.
+  void ResyncStale();
+
+ private:
+  class WriteLocks;
+  struct PlannedWrite {
+    uint64_t id = 0;
+    std::string name;
+    int64_t version = 0;
+    std::shared_ptr<const Tensor> value;
+  };
+  // Which replicas acknowledged, and which live workers could not be written.
+  struct Delivery {
+    std::map<uint64_t, std::vector<Holder>> holders;
+    std::vector<std::string> failures;
+  };
+  Delivery Deliver(const std::vector<PlannedWrite>& writes);
+  // Commits `writes` as the delivery left them (see the file comment, step
+  // 5) with `outcome` when all of them reached every live replica.
+  absl::Status CommitWrites(const std::vector<PlannedWrite>& writes, const Delivery& delivery,
+                            const std::map<uint64_t, Initializer>& initializers,
+                            std::optional<RequestRecorded> outcome);
+  absl::StatusOr<ReadResult> CommittedValue(uint64_t id);
+  absl::StatusOr<uint64_t> IdOf(absl::string_view name) const;
+  std::shared_ptr<absl::Mutex> WriteLockOf(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const ReplicationOptions options_;
+  Clock* const clock_;
+  Registry* const registry_;
+  StepCoordinator* const steps_;
+  CollectiveGroups* const groups_;
+  WorkerClient* const workers_;
+
+  // State below is protected by mu_.
+  RankedMutex mu_{kLeafRank, "Replication::mu_"};
+  absl::flat_hash_map<uint64_t, std::shared_ptr<absl::Mutex>> write_locks_ ABSL_GUARDED_BY(mu_);
+  // Committed values fetched from replicas (a step left them there): a
+  // cache, not state; keyed by variable id, valid for its version.
+  absl::flat_hash_map<uint64_t, ReadResult> fetched_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_CORE_REPLICATION_H_

@@ -1,0 +1,357 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/core/step_coordinator.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
+#include "spdlog/spdlog.h"
+
+namespace repvar::server {
+
+// Wakes the waiters a change concerns, and only those: long polls of reports
+// and finishes wait on step_cv_ (and the registered wakers), which move only
+// when a step opens, starts aggregating or resolves (not on each of 32
+// reports); watchers of events wait on events_cv_.
+class StepCoordinator::ChangeNotifier {
+ public:
+  ChangeNotifier(StepCoordinator* c, Wakers* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_)
+      : c_(c), wake_(wake), seq_(c->steps_.next_event_seq()), state_(State()) {}
+  ~ChangeNotifier() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (c_->steps_.next_event_seq() != seq_) c_->events_cv_.SignalAll();
+    if (State() != state_) {
+      c_->step_cv_.SignalAll();
+      for (auto& f : c_->wakers_) wake_->fns.push_back(std::move(f));
+      c_->wakers_.clear();
+    }
+  }
+
+ private:
+  std::pair<uint64_t, int> State() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const StepInfo* open = c_->steps_.open();
+    return open ? std::pair<uint64_t, int>{open->epoch, static_cast<int>(c_->steps_.open_state())}
+                : std::pair<uint64_t, int>{0, 0};
+  }
+  StepCoordinator* const c_;
+  Wakers* const wake_;
+  const int64_t seq_;
+  const std::pair<uint64_t, int> state_;
+};
+
+StepCoordinator::StepCoordinator(Clock* clock, Registry* registry, CollectiveGroups* groups)
+    : clock_(clock),
+      registry_(registry),
+      groups_(groups),
+      steps_([this](const std::vector<StepParticipant>& p, size_t n,
+                    bool fresh) { return Group(p, n, fresh); },
+             [this](const StepRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS { return RecordCommit(r); },
+             [this](int64_t step, uint64_t epoch)
+                 ABSL_NO_THREAD_SAFETY_ANALYSIS { RecordFailure(step, epoch); },
+             registry->Read([](const ClusterState& s) { return s.last_epoch() + 1; }),
+             registry->Read([](const ClusterState& s) { return s.last_committed_step(); })) {}
+
+// ---- The write gate ----
+
+absl::Status StepCoordinator::EnterWriteGate() {
+  RankedLock lock(&mu_);
+  if (const StepInfo* open = steps_.open()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", open->step, " is open: cross-replica writes are refused until it resolves (S5)"));
+  }
+  if (step_beginning_) {
+    return absl::FailedPreconditionError(
+        "a step is beginning: cross-replica writes are refused until it resolves (S5)");
+  }
+  ++writes_in_flight_;
+  return absl::OkStatus();
+}
+
+void StepCoordinator::LeaveWriteGate() {
+  RankedLock lock(&mu_);
+  --writes_in_flight_;
+  step_cv_.SignalAll();
+}
+
+bool StepCoordinator::IsOpen() const {
+  RankedLock lock(&mu_);
+  return steps_.open() != nullptr;
+}
+
+std::optional<int64_t> StepCoordinator::OpenStepOf(uint64_t variable_id) const {
+  RankedLock lock(&mu_);
+  const StepInfo* open = steps_.open();
+  if (open == nullptr) return std::nullopt;
+  for (const StepVariable& sv : open->variables) {
+    if (sv.id == variable_id) return open->step;
+  }
+  return std::nullopt;
+}
+
+// ---- Steps ----
+
+StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout) const {
+  return registry_->Read([&](const ClusterState& state) {
+    // Participants: the live tasks (in task order) holding an up-to-date
+    // replica of an initialized variable, in that order.
+    std::vector<const WorkerRecord*> live;
+    std::map<TaskKey, int32_t> index;
+    for (const auto& [key, w] : state.workers()) {
+      if (w.state != WorkerState::kLive) continue;
+      index[key] = static_cast<int32_t>(live.size());
+      live.push_back(&w);
+    }
+    StepInfo info;
+    info.step = step;
+    info.barrier_timeout = barrier_timeout;
+    std::vector<bool> holds(live.size(), false);
+    for (const auto& [id, v] : state.variables()) {  // by id
+      if (v.version == 0) continue;
+      StepVariable sv;
+      sv.id = v.id;
+      sv.name = v.def.name;
+      sv.aggregation = v.def.aggregation;
+      sv.spec = v.def.tensor;
+      sv.begin_version = v.version;
+      sv.begin_checksum = v.checksum;
+      sv.allow_nonfinite = v.def.allow_nonfinite;
+      sv.replica_participant.reserve(v.placement.size());
+      for (size_t i = 0; i < v.placement.size(); ++i) {
+        auto l = index.find(v.placement[i].task);
+        const bool up = l != index.end() && v.replicas[i].state == ReplicaState::kUpToDate;
+        // For now the index in `live`; remapped to participants below.
+        sv.replica_participant.push_back(up ? l->second : -1);
+        if (up) holds[l->second] = true;
+      }
+      info.variables.push_back(std::move(sv));
+    }
+    std::vector<int32_t> rank(live.size(), -1);
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (!holds[i]) continue;
+      rank[i] = static_cast<int32_t>(info.participants.size());
+      info.participants.push_back(
+          StepParticipant{live[i]->task, live[i]->incarnation, live[i]->address});
+    }
+    for (StepVariable& sv : info.variables) {
+      for (int32_t& p : sv.replica_participant) {
+        if (p >= 0) p = rank[p];
+      }
+    }
+    info.layout_id = LayoutId(info);
+    return info;
+  });
+}
+
+absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
+                                                      absl::Duration barrier_timeout) {
+  if (barrier_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("a step needs a positive barrier timeout");
+  }
+  Wakers wake;  // run after the lock below is released
+  RankedLock lock(&mu_);
+  while (step_beginning_) step_cv_.Wait(mu_.native());
+  REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<const StepInfo> open, steps_.CheckBegin(step));
+  if (open) return SharedStep{open, *steps_.state(open->epoch)};
+  // S1: no new cross-replica write may start; wait for those in flight.
+  step_beginning_ = true;
+  while (writes_in_flight_ > 0) step_cv_.Wait(mu_.native());
+  StepInfo info = Describe(step, barrier_timeout);
+  const uint64_t epoch = steps_.next_epoch();
+  absl::Status recorded = registry_->Commit([&](const ClusterState&) -> absl::StatusOr<Record> {
+    return Record{{StepBegun{step, epoch}}};
+  });
+  step_beginning_ = false;
+  step_cv_.SignalAll();
+  REPVAR_RETURN_IF_ERROR(recorded);
+  ChangeNotifier notify(this, &wake);
+  steps_.Open(std::move(info), clock_->Now());
+  SharedStep opened{steps_.shared_info(epoch), *steps_.state(epoch)};
+  spdlog::debug("step {} (epoch {}) begun: {} participant(s), {} variable(s)", step, epoch,
+                opened.info->participants.size(), opened.info->variables.size());
+  return opened;
+}
+
+absl::StatusOr<SharedStep> StepCoordinator::GetStep(uint64_t epoch) const {
+  RankedLock lock(&mu_);
+  std::shared_ptr<const StepInfo> info = steps_.shared_info(epoch);
+  if (!info) return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+  return SharedStep{std::move(info), *steps_.state(epoch)};
+}
+
+absl::Status StepCoordinator::AbortStep(uint64_t epoch, absl::string_view reason) {
+  Wakers wake;
+  RankedLock lock(&mu_);
+  ChangeNotifier notify(this, &wake);
+  return steps_.Abort(epoch, reason, clock_->Now());
+}
+
+absl::Status StepCoordinator::ReportStep(const WorkerReport& report) {
+  Wakers wake;
+  RankedLock lock(&mu_);
+  ChangeNotifier notify(this, &wake);
+  return steps_.Report(report, clock_->Now());
+}
+
+absl::Status StepCoordinator::FinishStep(const WorkerFinish& finish) {
+  Wakers wake;
+  RankedLock lock(&mu_);
+  ChangeNotifier notify(this, &wake);
+  return steps_.Finish(finish, clock_->Now());
+}
+
+absl::StatusOr<std::variant<StepPlan, StepResolution>> StepCoordinator::WaitStepPlan(
+    uint64_t epoch, absl::Time deadline) {
+  RankedLock lock(&mu_);
+  while (true) {
+    if (const StepPlan* p = steps_.plan(epoch)) return *p;
+    if (const StepResolution* r = steps_.resolution(epoch)) return *r;
+    if (!steps_.state(epoch)) {
+      return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+    }
+    if (step_cv_.WaitWithDeadline(mu_.native(), deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the barrier of epoch ", epoch, " has not resolved yet"));
+    }
+  }
+}
+
+absl::StatusOr<StepResolution> StepCoordinator::WaitStepResolution(uint64_t epoch,
+                                                                   absl::Time deadline) {
+  RankedLock lock(&mu_);
+  while (true) {
+    if (const StepResolution* r = steps_.resolution(epoch)) return *r;
+    if (!steps_.state(epoch)) {
+      return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+    }
+    if (step_cv_.WaitWithDeadline(mu_.native(), deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the step of epoch ", epoch, " has not resolved yet"));
+    }
+  }
+}
+
+void StepCoordinator::WhenStepPlanned(uint64_t epoch, PlanCallback done) {
+  absl::StatusOr<std::variant<StepPlan, StepResolution>> ready;
+  {
+    RankedLock lock(&mu_);
+    if (shut_down_) {
+      ready = absl::UnavailableError("the coordinator is shutting down");
+    } else if (const StepPlan* p = steps_.plan(epoch)) {
+      ready = *p;
+    } else if (const StepResolution* r = steps_.resolution(epoch)) {
+      ready = *r;
+    } else if (!steps_.state(epoch)) {
+      ready = absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+    } else {
+      // Checked and registered under one lock: no change can slip between.
+      wakers_.push_back([this, epoch, done] { WhenStepPlanned(epoch, done); });
+      return;
+    }
+  }
+  done(std::move(ready));
+}
+
+void StepCoordinator::WhenStepResolved(uint64_t epoch, ResolutionCallback done) {
+  absl::StatusOr<StepResolution> ready;
+  {
+    RankedLock lock(&mu_);
+    if (shut_down_) {
+      ready = absl::UnavailableError("the coordinator is shutting down");
+    } else if (const StepResolution* r = steps_.resolution(epoch)) {
+      ready = *r;
+    } else if (!steps_.state(epoch)) {
+      ready = absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+    } else {
+      wakers_.push_back([this, epoch, done] { WhenStepResolved(epoch, done); });
+      return;
+    }
+  }
+  done(std::move(ready));
+}
+
+void StepCoordinator::ShutdownWaiters() {
+  Wakers wake;
+  RankedLock lock(&mu_);
+  shut_down_ = true;
+  wake.fns.swap(wakers_);
+}
+
+StepsStatus StepCoordinator::GetSteps() const {
+  RankedLock lock(&mu_);
+  StepsStatus out;
+  if (const StepInfo* open = steps_.open()) {
+    out.open = *open;
+    out.open->state = steps_.open_state();
+  }
+  out.progress = steps_.progress(clock_->Now());
+  out.recent.assign(steps_.recent().begin(), steps_.recent().end());
+  out.last_committed_step = steps_.last_committed_step();
+  return out;
+}
+
+std::vector<StepEvent> StepCoordinator::WaitStepEvents(int64_t after_seq, absl::Time deadline) {
+  RankedLock lock(&mu_);
+  while (steps_.next_event_seq() <= after_seq + 1) {
+    if (events_cv_.WaitWithDeadline(mu_.native(), deadline)) break;
+  }
+  return steps_.EventsAfter(after_seq);
+}
+
+void StepCoordinator::Tick(absl::Time now, const std::vector<LiveTask>& dead) {
+  Wakers wake;
+  RankedLock lock(&mu_);
+  ChangeNotifier notify(this, &wake);
+  for (const LiveTask& t : dead) steps_.WorkerDied(t.key, t.incarnation, now);
+  steps_.Tick(now, [&](const TaskKey& task) -> std::string {
+    std::optional<LiveTask> live = registry_->Find(task);
+    if (!live) return "declared dead";
+    return absl::StrCat("last heartbeat ", absl::ToDoubleSeconds(now - live->last_heartbeat),
+                        " s ago");
+  });
+}
+
+// ---- The barrier's hooks ----
+
+std::pair<std::string, uint32_t> StepCoordinator::Group(
+    const std::vector<StepParticipant>& participants, size_t tags, bool fresh) {
+  std::vector<GroupMember> members;
+  for (const StepParticipant& p : participants) members.push_back({p.task, p.incarnation});
+  return groups_->ForStep(members, tags, fresh);
+}
+
+absl::Status StepCoordinator::RecordCommit(const StepRecord& step) {
+  return registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+    Record record;
+    for (const StepRecord::Variable& rv : step.variables) {
+      const VariableRecord* v = state.FindId(rv.id);
+      if (v == nullptr) continue;  // deleted since (not while in the step: refused)
+      std::vector<Holder> holders;
+      for (const auto& [replica, incarnation] : rv.replicas) {
+        // Only a worker still live under the incarnation that took part
+        // acknowledges; any other misses the value (and is resynced).
+        if (state.IsLive(v->placement[replica].task, incarnation)) {
+          holders.push_back(Holder{replica, incarnation});
+        }
+      }
+      if (rv.changed) {
+        // The value now lives on the replicas only.
+        record.changes.push_back(
+            ValueCommitted{rv.id, rv.version, rv.checksum, nullptr, std::move(holders), {}});
+      } else {
+        record.changes.push_back(
+            ReplicasWritten{rv.id, rv.version, rv.checksum, std::move(holders)});
+      }
+    }
+    record.changes.push_back(StepCommitted{step.step, step.epoch});
+    return record;
+  });
+}
+
+void StepCoordinator::RecordFailure(int64_t step, uint64_t epoch) {
+  absl::Status s = registry_->Commit([&](const ClusterState&) -> absl::StatusOr<Record> {
+    return Record{{StepFailed{step, epoch}}};
+  });
+  if (!s.ok()) spdlog::error("cannot record the failure of step {}: {}", step, s.ToString());
+}
+
+}  // namespace repvar::server

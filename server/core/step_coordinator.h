@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+// Replicated steps on the coordinator (DESIGN.md S1-S5, F1): the
+// StepBarrier (the state machine), the write gate between steps and
+// cross-replica writes, and the waiters of the workers' long polls. Every
+// step that begins, commits or fails is recorded through the registry's
+// commit point; a committed step is one record.
+//
+// The write gate: a cross-replica write enters it before it takes any
+// variable's write lock and leaves it when it is done. BeginStep closes the
+// gate, waits for the writes inside to leave, then opens the step; while a
+// step is open or beginning, writes are refused (S5).
+//
+// Thread-safe (a monitor, rank kStepsRank); callbacks run outside the lock.
+#ifndef REPVAR_SERVER_CORE_STEP_COORDINATOR_H_
+#define REPVAR_SERVER_CORE_STEP_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/base/clock.h"
+#include "common/base/ranked_mutex.h"
+#include "common/model/step.h"
+#include "common/model/topology.h"
+#include "server/core/collective_groups.h"
+#include "server/core/lock_order.h"
+#include "server/core/registry.h"
+#include "server/core/step_barrier.h"
+
+namespace repvar::server {
+
+// A step's description shared without copying it (1,000s of variables): as
+// opened, with the current state beside it.
+struct SharedStep {
+  std::shared_ptr<const StepInfo> info;
+  StepState state = StepState::kOpen;
+};
+
+class StepCoordinator {
+ public:
+  StepCoordinator(Clock* clock, Registry* registry, CollectiveGroups* groups);
+
+  // ---- The write gate (S1, S5). ----
+  // Errors: FAILED_PRECONDITION (a step is open or beginning).
+  absl::Status EnterWriteGate() ABSL_LOCKS_EXCLUDED(mu_);
+  void LeaveWriteGate() ABSL_LOCKS_EXCLUDED(mu_);
+  bool IsOpen() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The open step's id when variable `id` takes part in it.
+  std::optional<int64_t> OpenStepOf(uint64_t variable_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- Steps. ----
+  // S1. Waits for cross-replica writes in flight, then opens `step` with
+  // every up-to-date replica on a live worker taking part. Errors: as
+  // StepBarrier::CheckBegin, INVALID_ARGUMENT for a non-positive timeout.
+  absl::StatusOr<SharedStep> BeginStep(int64_t step, absl::Duration barrier_timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Errors: NOT_FOUND (unknown epoch).
+  absl::StatusOr<SharedStep> GetStep(uint64_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status AbortStep(uint64_t epoch, absl::string_view reason) ABSL_LOCKS_EXCLUDED(mu_);
+  // Errors: as StepBarrier::Report / Finish. Neither waits.
+  absl::Status ReportStep(const WorkerReport& report) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status FinishStep(const WorkerFinish& finish) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until `deadline` for the barrier of `epoch`: the plan (the step is
+  // aggregating) or its resolution. DEADLINE_EXCEEDED: still open;
+  // NOT_FOUND: unknown epoch.
+  absl::StatusOr<std::variant<StepPlan, StepResolution>> WaitStepPlan(uint64_t epoch,
+                                                                      absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<StepResolution> WaitStepResolution(uint64_t epoch, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The same without a waiting thread: `done` is called exactly once, on
+  // this thread when the answer is ready now, else from the thread that
+  // changes the step (outside every lock), or with UNAVAILABLE after
+  // ShutdownWaiters(). For the gRPC callback handlers.
+  using PlanCallback = std::function<void(absl::StatusOr<std::variant<StepPlan, StepResolution>>)>;
+  void WhenStepPlanned(uint64_t epoch, PlanCallback done) ABSL_LOCKS_EXCLUDED(mu_);
+  using ResolutionCallback = std::function<void(absl::StatusOr<StepResolution>)>;
+  void WhenStepResolved(uint64_t epoch, ResolutionCallback done) ABSL_LOCKS_EXCLUDED(mu_);
+  // Answers every pending When* with UNAVAILABLE, and any later one at once.
+  void ShutdownWaiters() ABSL_LOCKS_EXCLUDED(mu_);
+  StepsStatus GetSteps() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Events after `after_seq`, waiting until `deadline` for one.
+  std::vector<StepEvent> WaitStepEvents(int64_t after_seq, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Periodic work at `now`: F1 (a participant in `dead` fails the open
+  // step) and barrier timeouts with straggler warnings (S4).
+  void Tick(absl::Time now, const std::vector<LiveTask>& dead) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  // Callbacks to run once mu_ is released: declare before the lock.
+  struct Wakers {
+    std::vector<std::function<void()>> fns;
+    ~Wakers() {
+      for (auto& f : fns) f();
+    }
+  };
+  class ChangeNotifier;
+
+  // The step's participants and variables from the registry's state.
+  StepInfo Describe(int64_t step, absl::Duration barrier_timeout) const;
+  // The barrier's hooks, called with mu_ held.
+  absl::Status RecordCommit(const StepRecord& record);
+  void RecordFailure(int64_t step, uint64_t epoch);
+  std::pair<std::string, uint32_t> Group(const std::vector<StepParticipant>& participants,
+                                         size_t tags, bool fresh);
+
+  Clock* const clock_;
+  Registry* const registry_;
+  CollectiveGroups* const groups_;
+
+  // State below is protected by mu_.
+  mutable RankedMutex mu_{kStepsRank, "StepCoordinator::mu_"};
+  StepBarrier steps_ ABSL_GUARDED_BY(mu_);
+  int writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool step_beginning_ ABSL_GUARDED_BY(mu_) = false;
+  // step_cv_: a step opened, started aggregating or resolved, or
+  // writes_in_flight_ moved. events_cv_: a step event was recorded.
+  absl::CondVar step_cv_;
+  absl::CondVar events_cv_;
+  // One-shot callbacks run when the step state changes (see WhenStepPlanned).
+  std::vector<std::function<void()>> wakers_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_CORE_STEP_COORDINATOR_H_

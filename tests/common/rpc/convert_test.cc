@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: Apache-2.0
+// proto <-> model: what goes out comes back the same, and what a peer can
+// get wrong is refused with INVALID_ARGUMENT naming it.
+#include <gtest/gtest.h>
+
+#include "common/rpc/chunks.h"
+#include "common/rpc/from_proto.h"
+#include "common/rpc/to_proto.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+std::shared_ptr<const Tensor> F32(std::vector<float> v) {
+  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
+                             std::as_bytes(std::span(v)));
+  return std::make_shared<const Tensor>(*std::move(t));
+}
+
+TEST(Convert, VariableDef_RoundTrips_CollectionsSortedAndUnique) {
+  VariableDef def;
+  def.name = "model/w";
+  def.tensor = TensorSpec{DType::kBFloat16, {2, 3}};
+  def.trainable = false;
+  def.collections = {"b", "a", "b"};
+  def.replica_count = 4;
+  def.aggregation = Aggregation::kMean;
+  def.allow_nonfinite = true;
+  v1::VariableSpec proto;
+  VariableDefToProto(def, &proto);
+  auto back = VariableDefFromProto(proto);
+  ASSERT_OK(back);
+  def.collections = {"a", "b"};
+  EXPECT_EQ(*back, def);
+}
+
+TEST(Convert, VariableDef_BadFields_InvalidArgumentNamingThem) {
+  v1::VariableSpec proto;
+  proto.set_name("w");
+  proto.mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+  proto.set_aggregation(static_cast<v1::Aggregation>(42));
+  EXPECT_THAT(VariableDefFromProto(proto), StatusIs(absl::StatusCode::kInvalidArgument, "42"));
+  proto.set_aggregation(v1::AGGREGATION_UNSPECIFIED);
+  ASSERT_OK(VariableDefFromProto(proto));  // unspecified reads as NONE
+  EXPECT_EQ(VariableDefFromProto(proto)->aggregation, Aggregation::kNone);
+  proto.mutable_tensor()->set_dtype(static_cast<v1::DType>(99));
+  EXPECT_THAT(VariableDefFromProto(proto), StatusIs(absl::StatusCode::kInvalidArgument, "99"));
+  proto.mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+  proto.set_name("../x");
+  EXPECT_THAT(VariableDefFromProto(proto), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(AssignOpFromProto(7), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(*AssignOpFromProto(0), AssignOp::kAssign);
+}
+
+TEST(Convert, Tensor_RoundTrips_BadChecksumRefused) {
+  auto t = F32({1, 2, 3});
+  v1::Tensor proto;
+  TensorToProto(*t, &proto);
+  auto back = TensorFromProto(proto);
+  ASSERT_OK(back);
+  EXPECT_EQ(back->checksum, t->checksum);
+  proto.mutable_header()->set_checksum(t->checksum + 1);
+  EXPECT_THAT(TensorFromProto(proto), StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
+  proto.mutable_header()->set_byte_size(13);
+  EXPECT_THAT(TensorFromProto(proto), StatusIs(absl::StatusCode::kInvalidArgument, "13"));
+}
+
+TEST(Convert, Initializer_RoundTripsEveryKind) {
+  for (InitializerKind kind :
+       {InitializerKind::kNone, InitializerKind::kZeros, InitializerKind::kOnes,
+        InitializerKind::kConstant, InitializerKind::kRandomNormal, InitializerKind::kRandomUniform,
+        InitializerKind::kValue}) {
+    Initializer init;
+    init.kind = kind;
+    init.constant = 2.5;
+    init.a = -1;
+    init.b = 3;
+    init.seed = 77;
+    if (kind == InitializerKind::kValue) init.value = F32({4, 5});
+    v1::Initializer proto;
+    InitializerToProto(init, &proto);
+    auto back = InitializerFromProto(proto);
+    ASSERT_OK(back);
+    EXPECT_EQ(back->kind, kind);
+    if (kind == InitializerKind::kConstant) {
+      EXPECT_EQ(back->constant, 2.5);
+    }
+    if (kind == InitializerKind::kRandomNormal || kind == InitializerKind::kRandomUniform) {
+      EXPECT_EQ(back->a, -1);
+      EXPECT_EQ(back->b, 3);
+      EXPECT_EQ(back->seed, 77u);
+    }
+    if (kind == InitializerKind::kValue) {
+      EXPECT_EQ(back->value->checksum, init.value->checksum);
+    }
+  }
+  v1::Initializer bad;
+  bad.mutable_random_normal()->set_generator(static_cast<v1::RandomGenerator>(9));
+  EXPECT_THAT(InitializerFromProto(bad), StatusIs(absl::StatusCode::kInvalidArgument, "generator"));
+}
+
+TEST(Convert, StepInfo_RoundTrips) {
+  StepInfo info;
+  info.step = 3;
+  info.epoch = 11;
+  info.state = StepState::kAggregating;
+  info.barrier_timeout = absl::Seconds(7);
+  info.begun = absl::FromUnixMillis(1234);
+  info.layout_id = 99;
+  info.participants.push_back(StepParticipant{TaskKey{"tpu_worker", 1}, 5, "h:1"});
+  StepVariable v;
+  v.id = 4;
+  v.name = "w";
+  v.aggregation = Aggregation::kSum;
+  v.spec = TensorSpec{DType::kInt64, {2}};
+  v.replica_participant = {0, -1};
+  v.allow_nonfinite = true;
+  info.variables.push_back(v);
+  v1::StepInfo proto;
+  StepInfoToProto(info, &proto);
+  auto back = StepInfoFromProto(proto);
+  ASSERT_OK(back);
+  EXPECT_EQ(back->step, 3);
+  EXPECT_EQ(back->epoch, 11u);
+  EXPECT_EQ(back->state, StepState::kAggregating);
+  EXPECT_EQ(back->barrier_timeout, absl::Seconds(7));
+  EXPECT_EQ(back->begun, absl::FromUnixMillis(1234));
+  EXPECT_EQ(back->layout_id, 99u);
+  ASSERT_EQ(back->participants.size(), 1u);
+  EXPECT_EQ(back->participants[0].task, (TaskKey{"tpu_worker", 1}));
+  EXPECT_EQ(back->participants[0].address, "h:1");
+  ASSERT_EQ(back->variables.size(), 1u);
+  EXPECT_EQ(back->variables[0].spec, v.spec);
+  EXPECT_EQ(back->variables[0].replica_participant, v.replica_participant);
+  EXPECT_EQ(back->variables[0].aggregation, Aggregation::kSum);
+  EXPECT_TRUE(back->variables[0].allow_nonfinite);
+}
+
+TEST(Convert, ReportsFinishesPlansResolutions_RoundTrip) {
+  WorkerReport report{3, 11, TaskKey{"w", 0}, 5, {ReplicaReport{4, 1, 77, -1}}};
+  v1::ReportStepRequest rp;
+  ReportToProto(report, &rp);
+  WorkerReport rback = ReportFromProto(rp);
+  EXPECT_EQ(rback.task, report.task);
+  EXPECT_EQ(rback.replicas, report.replicas);
+
+  WorkerFinish finish{3, 11, TaskKey{"w", 0}, 5, {PreparedVariable{4, 88, 2, 1}}, ""};
+  v1::FinishStepRequest fp;
+  FinishToProto(finish, &fp);
+  WorkerFinish fback = FinishFromProto(fp);
+  ASSERT_EQ(fback.variables.size(), 1u);
+  EXPECT_EQ(fback.variables[0].nonfinite_replica, 1);
+  EXPECT_EQ(fback.variables[0].first_nonfinite, 2);
+
+  StepPlan plan;
+  plan.step = 3;
+  plan.group = "g1";
+  plan.timeout = absl::Seconds(2);
+  plan.collectives.push_back(
+      StepCollective{StepCollective::Kind::kBroadcast, 7, {4}, 1, 2, 99, {0, 3}});
+  plan.changed_ids = {4};
+  plan.changed_checksums = {99};
+  v1::StepPlan pp;
+  PlanToProto(plan, &pp);
+  auto pback = std::get<StepPlan>(PlanFromProto(pp));
+  EXPECT_EQ(pback.group, "g1");
+  ASSERT_EQ(pback.collectives.size(), 1u);
+  EXPECT_EQ(pback.collectives[0].kind, StepCollective::Kind::kBroadcast);
+  EXPECT_EQ(pback.collectives[0].targets, (std::vector<int32_t>{0, 3}));
+
+  StepResolution failed;
+  failed.state = StepState::kFailed;
+  failed.status = absl::DeadlineExceededError("missing: w:1");
+  v1::StepResolution sp;
+  StepResolutionToProto(failed, &sp);
+  StepResolution sback = ResolutionFromProto(sp);
+  EXPECT_THAT(sback.status, StatusIs(absl::StatusCode::kDeadlineExceeded, "missing: w:1"));
+  sp.set_code(0);  // a failure without a code reads as UNKNOWN, never OK
+  EXPECT_THAT(ResolutionFromProto(sp).status, StatusIs(absl::StatusCode::kUnknown));
+  *pp.mutable_resolution() = sp;
+  EXPECT_TRUE(std::holds_alternative<StepResolution>(PlanFromProto(pp)));
+}
+
+TEST(Chunks, SendChunks_SplitsInOrderAndStopsAtTheFirstFailedWrite) {
+  std::vector<std::byte> bytes(10, std::byte{1});
+  std::vector<uint64_t> offsets;
+  EXPECT_TRUE(SendChunks<v1::TensorChunk>(
+      bytes, 4,
+      [&](const v1::TensorChunk& c) {
+        offsets.push_back(c.offset());
+        return true;
+      },
+      [](v1::TensorChunk& c) { return &c; }));
+  EXPECT_EQ(offsets, (std::vector<uint64_t>{0, 4, 8}));
+  int writes = 0;
+  EXPECT_FALSE(SendChunks<v1::TensorChunk>(
+      bytes, 4, [&](const v1::TensorChunk&) { return ++writes < 2; },
+      [](v1::TensorChunk& c) { return &c; }));
+  EXPECT_EQ(writes, 2);
+}
+
+}  // namespace
+}  // namespace repvar

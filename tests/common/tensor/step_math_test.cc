@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/tensor/step_math.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/tensor/element_math.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+Tensor Make(DType dtype, const std::vector<double>& v) {
+  Tensor t = *Tensor::Zeros(TensorSpec{dtype, {static_cast<int64_t>(v.size())}});
+  for (size_t i = 0; i < v.size(); ++i) StoreElement(t, static_cast<int64_t>(i), v[i]);
+  t.UpdateChecksum();
+  return t;
+}
+
+TEST(StepMathTest, S4_Mean_BeginPlusMeanOfDeltas_Float32Exact) {
+  Tensor begin = Make(DType::kFloat32, {10, 20});
+  std::vector<std::byte> acc(2 * AccumSize(AccumType::kFloat32));
+  for (int r = 1; r <= 4; ++r) {
+    ASSERT_TRUE(AddDelta(begin, Make(DType::kFloat32, {10.0 + r, 20.0 - r}), acc).ok());
+  }
+  auto out = ApplyReduced(begin, acc, 4);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(LoadElement(out->value, 0), 12.5);
+  EXPECT_EQ(LoadElement(out->value, 1), 17.5);
+  EXPECT_EQ(out->value.checksum, Checksum(out->value.bytes.span()));
+  EXPECT_EQ(out->first_nonfinite, -1);
+}
+
+TEST(StepMathTest, S4_BFloat16AccumulatesInFloat32) {
+  // 256 + 1 + 1 is 256 in bfloat16 step by step, 258 when accumulated in f32.
+  Tensor begin = Make(DType::kBFloat16, {256});
+  std::vector<std::byte> acc(AccumSize(AccumTypeFor(DType::kBFloat16)));
+  ASSERT_EQ(AccumTypeFor(DType::kBFloat16), AccumType::kFloat32);
+  Tensor plus_one = Make(DType::kBFloat16, {257});  // rounds to 256 in bf16
+  ASSERT_TRUE(AddDelta(begin, plus_one, acc).ok());
+  float one = 2.0f;
+  std::memcpy(acc.data(), &one, 4);  // two replicas each adding 1, as the ring delivers
+  auto out = ApplyReduced(begin, acc, 1);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(LoadElement(out->value, 0), 258);
+}
+
+TEST(StepMathTest, S4_FusedPass_ChecksumAndFirstNonFiniteOverManyBlocks) {
+  std::vector<double> zeros(100000, 0.0);
+  Tensor begin = Make(DType::kFloat32, zeros);
+  std::vector<double> local = zeros;
+  local[70000] = std::numeric_limits<double>::infinity();
+  std::vector<std::byte> acc(zeros.size() * 4);
+  ASSERT_TRUE(AddDelta(begin, Make(DType::kFloat32, local), acc, /*overwrite=*/true).ok());
+  auto out = ApplyReduced(begin, acc, 2);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->first_nonfinite, 70000);
+  EXPECT_EQ(out->value.checksum, Checksum(out->value.bytes.span()));
+}
+
+TEST(StepMathTest, S4_IntegerSumOverflow_OutOfRange) {
+  Tensor begin = Make(DType::kInt32, {2147483600});
+  std::vector<std::byte> acc(AccumSize(AccumType::kInt64));
+  ASSERT_TRUE(AddDelta(begin, Make(DType::kInt32, {2147483647}), acc).ok());
+  ASSERT_TRUE(AddDelta(begin, Make(DType::kInt32, {2147483647}), acc).ok());
+  EXPECT_EQ(ApplyReduced(begin, acc, 1).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace repvar

@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+// ClusterState::Apply, change by change: what each record does to workers,
+// variables and replica states, and that a record contradicting the state
+// crashes rather than corrupting it.
+#include "server/core/cluster_state.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/status_matchers.h"
+
+namespace repvar::server {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+std::shared_ptr<const Tensor> F32(std::vector<float> v) {
+  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
+                             std::as_bytes(std::span(v)));
+  return std::make_shared<const Tensor>(*std::move(t));
+}
+
+DeviceName Tpu(int task, int id) {
+  return *DeviceName::Parse(
+      absl::StrCat("/job:tpu_worker/replica:0/task:", task, "/device:TPU:", id));
+}
+
+// Records built field by field (GCC 12 misreads nested aggregate braces).
+Change Registered(int task, uint64_t incarnation) {
+  WorkerRegistered w;
+  w.task = TaskKey{"tpu_worker", task};
+  w.address = absl::StrCat("h", task);
+  w.incarnation = incarnation;
+  w.devices = {Tpu(task, 0)};
+  return w;
+}
+Change Died(int task, uint64_t incarnation) {
+  WorkerDied d;
+  d.task = TaskKey{"tpu_worker", task};
+  d.incarnation = incarnation;
+  return d;
+}
+Change Request(const std::string& id, uint64_t digest, absl::Time at) {
+  RequestRecorded r;
+  r.key.id = id;
+  r.key.digest = digest;
+  r.op = "delete";
+  r.at = at;
+  return r;
+}
+
+class ClusterStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int t : {0, 1}) {
+      state_.Apply(Record{{Registered(t, Inc(t))}});
+    }
+    VariableDef def;
+    def.name = "w";
+    def.tensor = TensorSpec{DType::kFloat32, {2}};
+    def.replica_count = 2;
+    state_.Apply({{VariableCreated{
+        1,
+        def,
+        {Placement{Tpu(0, 0), {"tpu_worker", 0}}, Placement{Tpu(1, 0), {"tpu_worker", 1}}},
+        {}}}});
+  }
+  static uint64_t Inc(int task) { return 100 + task; }
+  ReplicaState StateOf(int replica) { return state_.FindId(1)->replicas[replica].state; }
+  void Commit(int64_t version, std::shared_ptr<const Tensor> v, std::vector<Holder> holders) {
+    state_.Apply({{ValueCommitted{1, version, v->checksum, v, std::move(holders), {}}}});
+  }
+
+  ClusterState state_{ClusterStateOptions{3, absl::Minutes(1)}};
+};
+
+TEST_F(ClusterStateTest, Registration_BumpsTheVersionOncePerRecord) {
+  EXPECT_EQ(state_.topology_version(), 2);
+  auto topo = state_.Topology({{"tpu_worker", 3}});
+  EXPECT_EQ(topo.tasks.size(), 2u);
+  EXPECT_EQ(topo.missing_tasks, (std::vector<std::string>{"tpu_worker:2"}));
+  EXPECT_EQ(topo.infeed_host->task, (TaskKey{"tpu_worker", 0}));
+  state_.Apply(Record{{Died(0, Inc(0)), Died(1, Inc(1))}});
+  EXPECT_EQ(state_.topology_version(), 3);
+  EXPECT_TRUE(state_.Topology({}).tasks.empty());
+}
+
+TEST_F(ClusterStateTest, ValueCommitted_HoldersUpToDateOthersStale) {
+  EXPECT_EQ(StateOf(0), ReplicaState::kUninitialized);
+  Commit(1, F32({1, 2}), {{0, Inc(0)}});
+  EXPECT_EQ(StateOf(0), ReplicaState::kUpToDate);
+  EXPECT_EQ(StateOf(1), ReplicaState::kStale);
+  auto v = F32({1, 2});
+  state_.Apply({{ReplicasWritten{1, 1, v->checksum, {{1, Inc(1)}}}}});  // a resync
+  EXPECT_EQ(StateOf(1), ReplicaState::kUpToDate);
+  // A failed write: replica 0 got version 2, which never committed.
+  state_.Apply({{ReplicasWritten{1, 2, 12345, {{0, Inc(0)}}}, ResyncFlagged{1, true}}});
+  EXPECT_EQ(StateOf(0), ReplicaState::kStale);
+  EXPECT_TRUE(state_.FindId(1)->needs_resync);
+  EXPECT_EQ(state_.FindId(1)->version, 1);
+}
+
+TEST_F(ClusterStateTest, WorkerDeathAndReturn_SameProcessHoldsNewOneIsStale) {
+  Commit(1, F32({1, 2}), {{0, Inc(0)}, {1, Inc(1)}});
+  state_.Apply(Record{{Died(0, Inc(0)), Died(1, Inc(1))}});
+  EXPECT_EQ(StateOf(0), ReplicaState::kUnavailable);
+  EXPECT_EQ(StateOf(1), ReplicaState::kUnavailable);
+  // The same incarnation comes back holding the committed value; a new one is empty.
+  state_.Apply(Record{{Registered(0, Inc(0))}});
+  state_.Apply(Record{{Registered(1, 999)}});
+  EXPECT_EQ(StateOf(0), ReplicaState::kUpToDate);
+  EXPECT_EQ(StateOf(1), ReplicaState::kStale);
+}
+
+TEST_F(ClusterStateTest, Outcomes_BoundedInCountAndAge_OtherPayloadRefused) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  for (int i = 0; i < 4; ++i) {
+    state_.Apply(Record{{Request(absl::StrCat("r", i), 7, t0)}});
+  }
+  EXPECT_FALSE(state_.Outcome({"r0", 7}, "delete", t0)->has_value());  // evicted: capacity 3
+  EXPECT_TRUE(state_.Outcome({"r3", 7}, "delete", t0)->has_value());
+  EXPECT_THAT(state_.Outcome({"r3", 8}, "delete", t0),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(state_.Outcome({"r3", 7}, "assign", t0),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_FALSE(state_.Outcome({"r3", 7}, "delete", t0 + absl::Minutes(2))->has_value());
+}
+
+TEST_F(ClusterStateTest, Dump_SameRecordsSameDump) {
+  ClusterState other{ClusterStateOptions{3, absl::Minutes(1)}};
+  EXPECT_NE(other.Dump(), state_.Dump());
+}
+
+TEST_F(ClusterStateTest, StepIds_Increase) {
+  state_.Apply(Record{{StepBegun{1, 1}, StepCommitted{1, 1}}});
+  state_.Apply(Record{{StepBegun{2, 2}, StepFailed{2, 2}}});
+  EXPECT_EQ(state_.last_committed_step(), 1);
+  EXPECT_EQ(state_.last_epoch(), 2u);
+}
+
+using ClusterStateDeathTest = ClusterStateTest;
+
+TEST_F(ClusterStateDeathTest, ContradictingRecords_Crash) {
+  auto v = F32({1, 2});
+  EXPECT_DEATH(state_.Apply({{ValueCommitted{7, 1, v->checksum, v, {}, {}}}}),
+               "ValueCommitted names variable id 7, which does not exist");
+  Commit(1, v, {});
+  EXPECT_DEATH(Commit(1, v, {}), "from version 1 to 1");
+  state_.Apply(Record{{Died(1, Inc(1))}});
+  EXPECT_DEATH(state_.Apply({{ReplicasWritten{1, 1, v->checksum, {{1, Inc(1)}}}}}),
+               "a worker that is not live");
+  EXPECT_DEATH(state_.Apply({{StepBegun{1, 0}}}), "reuses epoch 0");
+}
+
+}  // namespace
+}  // namespace repvar::server
