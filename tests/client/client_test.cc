@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+// The C++ client library against a real coordinator gRPC server on
+// 127.0.0.1:0 in this process (its core with fake workers): options, scopes,
+// the trainer- and admin-facing calls, and statuses as the API documents them.
+#include "repvar/client.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "tests/testing/in_process_coordinator.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    coordinator_.RegisterWorkers(2, 2);
+    auto c = Client::Connect({.coordinator_address = coordinator_.address()});
+    ASSERT_OK(c);
+    client_ = *std::move(c);
+  }
+  repvar::testing::InProcessCoordinator coordinator_{/*listen=*/true};
+  std::unique_ptr<Client> client_;
+};
+
+TEST(ClientConnect, NoAddress_InvalidArgument) {
+  unsetenv("REPVAR_COORDINATOR_ADDRESS");
+  EXPECT_THAT(Client::Connect({}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "REPVAR_COORDINATOR_ADDRESS"));
+  EXPECT_THAT(Client::Connect({.coordinator_address = "x:1", .chunk_bytes = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "chunk_bytes"));
+}
+
+TEST_F(ClientTest, V4_ReplicatedScope_PrefixAndReplicaCount) {
+  {
+    ReplicatedScope outer(4, "model");
+    ReplicatedScope inner(2, "layer1");
+    auto v = client_->CreateVariable({.name = "w",
+                                      .dtype = DType::kFloat32,
+                                      .shape = {3},
+                                      .initializer = InitializerSpec::Ones()});
+    ASSERT_OK(v);
+    EXPECT_EQ(v->spec.name, "model/layer1/w");
+    EXPECT_EQ(v->spec.replica_count, 2);
+    EXPECT_TRUE(v->created);
+  }
+  auto topo = client_->GetTopology();
+  ASSERT_OK(topo);
+  EXPECT_EQ(topo->accelerators.size(), 4u);
+  EXPECT_EQ(topo->infeed_host->job, "tpu_worker");
+}
+
+TEST_F(ClientTest, WriteRead_RoundTrip_AndDtypeChecked) {
+  ASSERT_OK(client_->CreateVariable(
+      {.name = "w", .dtype = DType::kFloat32, .shape = {2}, .replica_count = 4}));
+  std::vector<float> v = {1.5f, -2};
+  auto ack = client_->Assign<float>("w", v, /*read_value=*/true);
+  ASSERT_OK(ack);
+  EXPECT_EQ(ack->version, 1);
+  ASSERT_TRUE(ack->value.has_value());
+  auto back = client_->Read("w");
+  ASSERT_OK(back);
+  EXPECT_EQ(std::vector<float>(back->as<float>().begin(), back->as<float>().end()), v);
+  std::vector<int32_t> ints = {1, 2};
+  EXPECT_THAT(client_->Assign<int32_t>("w", ints),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "int32"));
+  EXPECT_THAT(client_->Read("nope"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(ClientTest, Admin_DeleteAndClusterStatus) {
+  ASSERT_OK(client_->CreateVariable(
+      {.name = "w", .dtype = DType::kFloat32, .shape = {2}, .replica_count = 2}));
+  auto status = client_->GetClusterStatus();
+  ASSERT_OK(status);
+  EXPECT_EQ(status->topology.tasks.size(), 2u);
+  ASSERT_EQ(status->variables.size(), 1u);
+  EXPECT_EQ(status->steps.front(), "last committed step: 0");
+  ASSERT_OK(client_->DeleteVariable("w"));
+  EXPECT_THAT(client_->DeleteVariable("w"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_TRUE(client_->GetClusterStatus()->variables.empty());
+}
+
+}  // namespace
+}  // namespace repvar

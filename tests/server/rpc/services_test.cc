@@ -1,0 +1,241 @@
+// SPDX-License-Identifier: Apache-2.0
+// The coordinator's three gRPC adapters over an in-process channel, backed
+// by the real core with fake workers: proto <-> model conversion, status
+// mapping, bad input answered with a clear status and nothing changed. The
+// logic itself is tested in tests/server/core.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "common/rpc/grpc_status.h"
+#include "common/tensor/tensor.h"
+#include "repvar/v1/coordinator.grpc.pb.h"
+#include "tests/testing/in_process_coordinator.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar::server {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+std::unique_ptr<grpc::ClientContext> Ctx() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return ctx;
+}
+
+std::string Floats(std::vector<float> v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+class ServicesTest : public ::testing::Test {
+ protected:
+  void SetUp() override { coordinator_.RegisterWorkers(2, 2); }
+
+  v1::CreateVariablesRequest CreateW() {
+    v1::CreateVariablesRequest req;
+    req.set_request_id("create-w");
+    v1::VariableSpec* s = req.add_items()->mutable_spec();
+    s->set_name("w");
+    s->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
+    s->mutable_tensor()->add_dims(2);
+    s->set_replica_count(4);
+    s->add_collections("extra");
+    s->set_aggregation(v1::AGGREGATION_MEAN);
+    return req;
+  }
+  absl::Status Assign(const std::vector<v1::AssignVariableRequest>& msgs,
+                      v1::AssignVariableResponse* resp) {
+    auto ctx = Ctx();
+    auto stream = trainers_->AssignVariable(ctx.get(), resp);
+    for (const auto& m : msgs) stream->Write(m);
+    stream->WritesDone();
+    return FromGrpcStatus(stream->Finish());
+  }
+  v1::AssignVariableRequest Header(const std::string& data, uint64_t checksum) {
+    v1::AssignVariableRequest m;
+    v1::AssignHeader* h = m.mutable_header();
+    h->set_name("w");
+    h->set_read_value(true);
+    h->mutable_tensor()->mutable_spec()->set_dtype(v1::DTYPE_FLOAT32);
+    h->mutable_tensor()->mutable_spec()->add_dims(2);
+    h->mutable_tensor()->set_byte_size(data.size());
+    h->mutable_tensor()->set_checksum(checksum);
+    return m;
+  }
+  v1::AssignVariableRequest Chunk(const std::string& data, uint64_t checksum) {
+    v1::AssignVariableRequest m;
+    m.mutable_chunk()->set_offset(0);
+    m.mutable_chunk()->set_data(data);
+    m.mutable_chunk()->set_checksum(checksum);
+    return m;
+  }
+  static uint64_t Sum(const std::string& s) {
+    return Checksum(std::as_bytes(std::span(s.data(), s.size())));
+  }
+
+  repvar::testing::InProcessCoordinator coordinator_;
+  std::unique_ptr<v1::CoordinatorWorkers::Stub> workers_ =
+      v1::CoordinatorWorkers::NewStub(coordinator_.channel());
+  std::unique_ptr<v1::CoordinatorTrainers::Stub> trainers_ =
+      v1::CoordinatorTrainers::NewStub(coordinator_.channel());
+  std::unique_ptr<v1::CoordinatorAdmin::Stub> admin_ =
+      v1::CoordinatorAdmin::NewStub(coordinator_.channel());
+};
+
+TEST_F(ServicesTest, Workers_RegisterWorker_ConvertedAndBadDevicesRefusedUnchanged) {
+  v1::RegisterWorkerRequest req;
+  req.set_job("tpu_worker");
+  req.set_task(2);
+  req.set_address("h2:1");
+  req.set_incarnation(7);
+  req.add_devices("/job:tpu_worker/replica:0/task:2/device:TPU:0");
+  v1::RegisterWorkerResponse resp;
+  ASSERT_OK(FromGrpcStatus(workers_->RegisterWorker(Ctx().get(), req, &resp)));
+  EXPECT_EQ(resp.topology_version(), 3);
+  EXPECT_EQ(resp.heartbeat_interval_ms(), 2500);  // a quarter of the 10 s timeout
+  req.set_task(3);
+  req.set_devices(0, "/job:tpu_worker/replica:0/task:3/device:tpu:0");
+  EXPECT_THAT(FromGrpcStatus(workers_->RegisterWorker(Ctx().get(), req, &resp)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "devices[0]"));
+  v1::Topology topo;
+  ASSERT_OK(FromGrpcStatus(trainers_->GetTopology(Ctx().get(), {}, &topo)));
+  EXPECT_EQ(topo.version(), 3);
+  EXPECT_EQ(topo.tasks_size(), 3);
+  EXPECT_EQ(topo.infeed_host().cpu_device(), "/job:tpu_worker/replica:0/task:0/device:CPU:0");
+}
+
+TEST_F(ServicesTest, Trainers_CreateVariables_SpecAndViewsConverted_BadSpecRefused) {
+  v1::CreateVariablesResponse resp;
+  ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &resp)));
+  ASSERT_EQ(resp.variables_size(), 1);
+  const v1::VariableInfo& v = resp.variables(0);
+  EXPECT_TRUE(resp.created(0));
+  EXPECT_EQ(v.spec().aggregation(), v1::AGGREGATION_MEAN);
+  EXPECT_EQ(v.replicas_size(), 4);
+  EXPECT_EQ(v.replicas(3).device(), "/job:tpu_worker/replica:0/task:1/device:TPU:1");
+  EXPECT_EQ(v.replicas(3).state(), v1::REPLICA_STATE_UNINITIALIZED);
+  EXPECT_EQ(v.collections_size(), 2);  // GLOBAL_VARIABLES and "extra" (not trainable)
+  v1::CreateVariablesRequest bad = CreateW();
+  bad.mutable_items(0)->mutable_spec()->set_name("x");
+  bad.mutable_items(0)->mutable_spec()->set_aggregation(static_cast<v1::Aggregation>(9));
+  EXPECT_THAT(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), bad, &resp)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "aggregation"));
+  bad = CreateW();
+  bad.set_request_id("create-y");
+  bad.mutable_items(0)->mutable_spec()->set_name("y");
+  bad.mutable_items(0)->mutable_spec()->set_replica_count(5);  // 4 accelerators
+  EXPECT_THAT(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), bad, &resp)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "4 accelerators"));
+  v1::ListVariablesResponse list;
+  ASSERT_OK(FromGrpcStatus(trainers_->ListVariables(Ctx().get(), {}, &list)));
+  EXPECT_EQ(list.variables_size(), 1);
+}
+
+TEST_F(ServicesTest, Trainers_AssignAndRead_ChunkStreams_BadChunkRefusedNothingChanged) {
+  v1::CreateVariablesResponse created;
+  ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
+  const std::string data = Floats({1.5f, -2});
+  v1::AssignVariableResponse resp;
+  EXPECT_THAT(Assign({Header(data, Sum(data)), Chunk(data, Sum(data) + 1)}, &resp),
+              StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
+  EXPECT_THAT(Assign({Chunk(data, Sum(data))}, &resp),
+              StatusIs(absl::StatusCode::kInvalidArgument, "AssignHeader"));
+  EXPECT_EQ(coordinator_.core().GetVariable("w")->version, 0);
+  ASSERT_OK(Assign({Header(data, Sum(data)), Chunk(data, Sum(data))}, &resp));
+  EXPECT_EQ(resp.version(), 1);
+  EXPECT_EQ(resp.value().data(), data);  // read_value
+  auto ctx = Ctx();
+  v1::ReadVariableRequest read;
+  read.set_name("w");
+  auto reader = trainers_->ReadVariable(ctx.get(), read);
+  v1::ReadVariableResponse msg;
+  std::string back;
+  int64_t version = 0;
+  while (reader->Read(&msg)) {
+    if (msg.has_header()) version = msg.header().version();
+    if (msg.has_chunk()) back += msg.chunk().data();
+  }
+  ASSERT_OK(FromGrpcStatus(reader->Finish()));
+  EXPECT_EQ(version, 1);
+  EXPECT_EQ(back, data);
+}
+
+TEST_F(ServicesTest, Admin_DeleteAndClusterStatus) {
+  v1::DeleteVariableRequest del;
+  del.set_name("nope");
+  v1::DeleteVariableResponse deleted;
+  EXPECT_THAT(FromGrpcStatus(admin_->DeleteVariable(Ctx().get(), del, &deleted)),
+              StatusIs(absl::StatusCode::kNotFound, "nope"));
+  del.set_request_id(std::string(80, 'x'));
+  EXPECT_THAT(FromGrpcStatus(admin_->DeleteVariable(Ctx().get(), del, &deleted)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  v1::CreateVariablesResponse created;
+  ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
+  v1::ClusterStatus status;
+  ASSERT_OK(FromGrpcStatus(admin_->GetClusterStatus(Ctx().get(), {}, &status)));
+  EXPECT_EQ(status.topology().tasks_size(), 2);
+  ASSERT_EQ(status.variables_size(), 1);
+  EXPECT_EQ(status.variables(0).spec().name(), "w");
+  EXPECT_FALSE(status.steps().has_open());
+  del.set_request_id("");
+  del.set_name("w");
+  ASSERT_OK(FromGrpcStatus(admin_->DeleteVariable(Ctx().get(), del, &deleted)));
+  ASSERT_OK(FromGrpcStatus(admin_->GetClusterStatus(Ctx().get(), {}, &status)));
+  EXPECT_EQ(status.variables_size(), 0);
+}
+
+TEST_F(ServicesTest, Steps_BeginOnTrainers_ReportOnWorkers_ResolvedAndListed) {
+  v1::CreateVariablesResponse created;
+  ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
+  v1::InitializeVariablesRequest init;
+  init.add_items()->set_name("w");
+  init.mutable_items(0)->mutable_initializer()->set_zeros(true);
+  v1::InitializeVariablesResponse initialized;
+  ASSERT_OK(FromGrpcStatus(trainers_->InitializeVariables(Ctx().get(), init, &initialized)));
+  v1::BeginStepRequest begin;
+  begin.set_step(1);
+  begin.set_barrier_timeout_ms(10000);
+  v1::StepInfo info;
+  ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), begin, &info)));
+  ASSERT_EQ(info.participants_size(), 2);
+  // The same layout again: the answer leaves it out.
+  begin.set_known_layout(info.layout_id());
+  v1::StepInfo again;
+  ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), begin, &again)));
+  EXPECT_TRUE(again.layout_omitted());
+  EXPECT_EQ(again.participants_size(), 0);
+  // Nothing changed: the second report resolves the step, and both long
+  // polls are answered with the resolution.
+  auto report = [&](int task, v1::StepPlan* plan) {
+    v1::ReportStepRequest req;
+    req.set_step(1);
+    req.set_epoch(info.epoch());
+    req.set_job("tpu_worker");
+    req.set_task(task);
+    req.set_incarnation(100 + task);
+    return FromGrpcStatus(workers_->ReportStep(Ctx().get(), req, plan));
+  };
+  v1::StepPlan first, second;
+  absl::Status first_status;
+  std::thread waiting([&] { first_status = report(0, &first); });
+  ASSERT_OK(report(1, &second));
+  waiting.join();
+  ASSERT_OK(first_status);
+  EXPECT_EQ(first.resolution().state(), v1::STEP_STATE_COMMITTED);
+  EXPECT_EQ(second.resolution().state(), v1::STEP_STATE_COMMITTED);
+  v1::StepsStatus steps;
+  ASSERT_OK(FromGrpcStatus(trainers_->GetSteps(Ctx().get(), {}, &steps)));
+  EXPECT_EQ(steps.last_committed_step(), 1);
+  // A report from a stranger maps to PERMISSION_DENIED or a closed step.
+  v1::ReportStepRequest stranger;
+  stranger.set_step(1);
+  stranger.set_epoch(info.epoch());
+  stranger.set_job("other");
+  v1::StepPlan plan;
+  EXPECT_THAT(FromGrpcStatus(workers_->ReportStep(Ctx().get(), stranger, &plan)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "closed"));
+}
+
+}  // namespace
+}  // namespace repvar::server

@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// A step plan's collectives on one worker, with fake collectives: the fused
+// MEAN reduction applied to the begin value, and a repair broadcast checked
+// against its checksum.
+#include "worker/core/plan_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "tests/testing/status_matchers.h"
+
+namespace repvar::worker {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+std::shared_ptr<const Tensor> F32(std::vector<float> v) {
+  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
+                             std::as_bytes(std::span(v)));
+  return std::make_shared<const Tensor>(*std::move(t));
+}
+
+std::vector<float> Floats(const Tensor& t) {
+  std::vector<float> out(t.bytes.size() / 4);
+  std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
+  return out;
+}
+
+// Another member adds `others` to every element; a broadcast delivers `root`.
+class FakeCollectives final : public Collectives {
+ public:
+  absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) override {
+    seen.push_back(c);
+    if (c.rank != c.root) std::memcpy(bytes.data(), root->bytes.data(), bytes.size());
+    return absl::OkStatus();
+  }
+  absl::Status Allreduce(const CollectiveSpec& c, AccumType, std::span<std::byte> bytes) override {
+    seen.push_back(c);
+    auto* f = reinterpret_cast<float*>(bytes.data());
+    for (size_t i = 0; i < bytes.size() / 4; ++i) f[i] += others;
+    return absl::OkStatus();
+  }
+  float others = 0;
+  std::shared_ptr<const Tensor> root;
+  std::vector<CollectiveSpec> seen;
+};
+
+class PlanRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // This worker is participant 1 of 2 and holds replicas 2 and 3 of w (of 4).
+    auto layout = std::make_shared<StepLayout>();
+    layout->info.participants.resize(2);
+    layout->me = 1;
+    StepVariable w;
+    w.id = 1;
+    w.name = "w";
+    w.aggregation = Aggregation::kMean;
+    w.spec = TensorSpec{DType::kFloat32, {2}};
+    w.replica_participant = {0, 0, 1, 1};
+    layout->info.variables.push_back(w);
+    layout->vars[1] = 0;
+    step_.layout = layout;
+    store_.Apply({ReplicaWrite{1, "w", 5, {2, 3}, F32({1, 2}), std::nullopt}});
+  }
+  ReplicaStore store_;
+  FakeCollectives collectives_;
+  PlanRunner runner_{&store_, &collectives_};
+  LocalStep step_;
+};
+
+TEST_F(PlanRunnerTest, Allreduce_BeginPlusSumOfDeltasOverReplicaCount) {
+  step_.written[{1, 2}] = F32({5, 6});  // +4 each; replica 3 untouched: +0
+  collectives_.others = 8;              // the other host's deltas
+  StepPlan plan;
+  plan.group = "g";
+  plan.collectives.push_back(StepCollective{StepCollective::Kind::kAllreduce, 4, {1}, 0, 0, 0, {}});
+  auto out = runner_.Run(step_, plan);
+  ASSERT_OK(out);
+  EXPECT_EQ(Floats(*out->values.at(1)), (std::vector<float>{4, 5}));  // 1,2 + 12/4
+  EXPECT_EQ(out->reduced_nonfinite.at(1), -1);
+  ASSERT_EQ(collectives_.seen.size(), 1u);
+  EXPECT_EQ(collectives_.seen[0].rank, 1) << "rank = participant index";
+  EXPECT_EQ(collectives_.seen[0].size, 2);
+  EXPECT_EQ(collectives_.seen[0].tag, 4u);
+}
+
+TEST_F(PlanRunnerTest, Broadcast_ReceivedValueCheckedAgainstThePlannedChecksum) {
+  collectives_.root = F32({7, 7});
+  StepPlan plan;
+  plan.collectives.push_back(StepCollective{StepCollective::Kind::kBroadcast,
+                                            0,
+                                            {1},
+                                            /*root=*/0,
+                                            0,
+                                            collectives_.root->checksum,
+                                            {2, 3}});
+  auto out = runner_.Run(step_, plan);
+  ASSERT_OK(out);
+  EXPECT_EQ(Floats(*out->values.at(1)), (std::vector<float>{7, 7}));
+  plan.collectives[0].checksum ^= 1;
+  EXPECT_THAT(runner_.Run(step_, plan), StatusIs(absl::StatusCode::kDataLoss, "bad checksum"));
+  plan.collectives[0].variable_ids = {99};
+  EXPECT_THAT(runner_.Run(step_, plan), StatusIs(absl::StatusCode::kInvalidArgument, "unknown"));
+}
+
+}  // namespace
+}  // namespace repvar::worker

@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+// Receiving writes as chunk streams: all of a stream's writes apply together
+// at the end or none do; fencing by incarnation; the data plane delivers
+// bytes to the members that do not get them in the stream.
+#include "worker/core/write_sessions.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "tests/testing/status_matchers.h"
+
+namespace repvar::worker {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+constexpr uint64_t kInc = 7;
+
+std::vector<std::byte> Bytes(std::vector<float> v) {
+  std::vector<std::byte> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+ReplicaWriteHeader Header(uint64_t id, const std::vector<std::byte>& bytes,
+                          uint64_t incarnation = kInc) {
+  ReplicaWriteHeader h;
+  h.incarnation = incarnation;
+  h.write.variable_id = id;
+  h.write.name = absl::StrCat("v", id);
+  h.write.version = 3;
+  h.write.replicas = {0, 1};
+  h.tensor = TensorHeader{TensorSpec{DType::kFloat32, {static_cast<int64_t>(bytes.size() / 4)}},
+                          bytes.size(), Checksum(bytes)};
+  return h;
+}
+
+// The root's bytes as the data plane delivers them to another member.
+class FakeBroadcast final : public Collectives {
+ public:
+  absl::Status Broadcast(const CollectiveSpec&, std::span<std::byte> bytes) override {
+    std::memcpy(bytes.data(), root.data(), std::min(bytes.size(), root.size()));
+    return absl::OkStatus();
+  }
+  absl::Status Allreduce(const CollectiveSpec&, AccumType, std::span<std::byte>) override {
+    return absl::OkStatus();
+  }
+  std::vector<std::byte> root;
+};
+
+TEST(ReplicaWriteSession, AllWritesApplyTogetherAtTheEnd_ABadOneAppliesNone) {
+  ReplicaStore store;
+  const auto a = Bytes({1, 2});
+  const auto b = Bytes({3, 4, 5});
+  {
+    ReplicaWriteSession session(kInc, &store, nullptr);
+    ASSERT_OK(session.OnHeader(Header(1, a), a));  // inline
+    ASSERT_OK(session.OnHeader(Header(2, b), {}));
+    EXPECT_THAT(session.OnChunk(0, b, Checksum(b) + 1),
+                StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
+  }
+  EXPECT_TRUE(store.List().empty());
+  ReplicaWriteSession session(kInc, &store, nullptr);
+  ASSERT_OK(session.OnHeader(Header(1, a), a));
+  ASSERT_OK(session.OnHeader(Header(2, b), {}));
+  ASSERT_OK(session.OnChunk(0, b, Checksum(b)));
+  EXPECT_TRUE(store.List().empty()) << "nothing before Finish";
+  EXPECT_EQ(*session.Finish(), Checksum(b));
+  EXPECT_EQ(store.List().size(), 4u);
+  EXPECT_EQ(store.Get(2, 1)->version, 3);
+}
+
+TEST(ReplicaWriteSession, Refusals) {
+  ReplicaStore store;
+  const auto a = Bytes({1, 2});
+  ReplicaWriteSession session(kInc, &store, nullptr);
+  EXPECT_THAT(session.OnHeader(Header(1, a, kInc + 1), a),
+              StatusIs(absl::StatusCode::kAborted, "meant for incarnation 8"));
+  EXPECT_THAT(session.OnChunk(0, a, Checksum(a)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "without a header"));
+  ReplicaWriteHeader h = Header(1, a);
+  h.write.collective = CollectiveSpec{"g", 1, 2, 0, 0, absl::Seconds(1)};
+  ASSERT_OK(session.OnHeader(h, {}));
+  EXPECT_THAT(session.Finish(), StatusIs(absl::StatusCode::kFailedPrecondition, "no data plane"));
+}
+
+TEST(ReplicaWriteSession, DataPlaneMember_GetsTheRootsBytes_ChecksumVerified) {
+  ReplicaStore store;
+  FakeBroadcast plane;
+  const auto a = Bytes({1, 2});
+  ReplicaWriteHeader h = Header(1, a);
+  h.write.collective = CollectiveSpec{"g", 1, 2, 0, 0, absl::Seconds(1)};
+  plane.root = Bytes({9, 9});  // not what the header announced
+  {
+    ReplicaWriteSession session(kInc, &store, &plane);
+    ASSERT_OK(session.OnHeader(h, {}));
+    EXPECT_THAT(session.Finish(), StatusIs(absl::StatusCode::kDataLoss, "bad checksum"));
+  }
+  EXPECT_TRUE(store.List().empty());
+  plane.root = a;
+  ReplicaWriteSession session(kInc, &store, &plane);
+  ASSERT_OK(session.OnHeader(h, {}));
+  ASSERT_OK(session.Finish());
+  EXPECT_EQ(store.Get(1, 0)->checksum, Checksum(a));
+}
+
+TEST(StepWriteSession, OneStepPerStream) {
+  ReplicaStore store;
+  StepTable table(WorkerIdentity{"w", 0, kInc, {"TPU:0"}}, &store, nullptr, nullptr);
+  StepWriteSession session(&table);
+  const auto a = Bytes({1, 2});
+  StepWriteHeader h;
+  h.step = 3;
+  h.epoch = 11;
+  h.tensor = TensorHeader{TensorSpec{DType::kFloat32, {2}}, a.size(), Checksum(a)};
+  ASSERT_OK(session.OnHeader(h, a));
+  h.epoch = 12;
+  EXPECT_THAT(session.OnHeader(h, a), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               "one step write stream writes one step"));
+}
+
+}  // namespace
+}  // namespace repvar::worker
