@@ -4,8 +4,11 @@
 //   repvarctl vars [COLLECTION]
 //   repvarctl read NAME
 //   repvarctl assign NAME --value=1,2,3   (also assign_add, assign_sub)
+//   repvarctl status                      (the admin service: the whole cluster)
+//   repvarctl delete NAME                 (the admin service)
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "absl/flags/flag.h"
@@ -252,10 +255,34 @@ int Watch(repvar::Client& c) {
 
 }  // namespace
 
+// The operator's view (CoordinatorAdmin.GetClusterStatus): tasks, every
+// variable with its replicas' states, the steps.
+int Status(repvar::Client& c) {
+  auto st = c.GetClusterStatus();
+  if (!st.ok()) return Fail(st.status());
+  std::cout << "topology version " << st->topology.version << ", " << st->topology.tasks.size()
+            << " live task(s), " << st->topology.accelerators.size() << " accelerator(s)\n";
+  for (const auto& t : st->topology.tasks) {
+    std::cout << "  " << t.job << ":" << t.task << " at " << t.address << ", " << t.devices.size()
+              << " device(s)\n";
+  }
+  for (const auto& m : st->topology.missing_tasks) std::cout << "  missing " << m << "\n";
+  std::map<std::string, int> states;
+  for (const auto& v : st->variables) {
+    for (const auto& r : v.replicas) ++states[repvar::ReplicaStateName(r.state)];
+  }
+  std::cout << st->variables.size() << " variable(s); replicas:";
+  for (const auto& [state, n] : states) std::cout << " " << n << " " << state;
+  std::cout << "\n";
+  for (const std::string& line : st->steps) std::cout << line << "\n";
+  return 0;
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "repvarctl [--coordinator=H:P] [--json] topology | vars [COLLECTION] | read NAME | "
-      "assign|assign_add|assign_sub NAME --value=v1,v2,... | steps | watch [--watch_for=D]");
+      "assign|assign_add|assign_sub NAME --value=v1,v2,... | steps | watch [--watch_for=D] | "
+      "status | delete NAME");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
@@ -271,6 +298,11 @@ int main(int argc, char** argv) {
   if (cmd == "read" && args.size() == 3) return Read(**client, args[2], json);
   if (cmd == "steps") return Steps(**client);
   if (cmd == "watch") return Watch(**client);
+  if (cmd == "status") return Status(**client);
+  if (cmd == "delete" && args.size() == 3) {
+    absl::Status s = (*client)->DeleteVariable(args[2]);
+    return s.ok() ? 0 : Fail(s);
+  }
   if ((cmd == "assign" || cmd == "assign_add" || cmd == "assign_sub") && args.size() == 3) {
     return Assign(**client, cmd, args[2], json);
   }

@@ -133,3 +133,23 @@ def test_request_id_retry_returns_original_answer(client):
     b = client.assign("idem", delta, op="add", request_id="py-retry-1")
     assert a.version == b.version == 2
     assert client.read("idem")[0].tolist() == [1.0]
+
+
+def test_repvarctl_status_and_delete_use_the_admin_service(client, cluster):
+    import os
+    import subprocess
+    from conftest import BUILD
+    ctl = os.path.join(BUILD, "client/repvarctl")
+    env = dict(os.environ, REPVAR_COORDINATOR_ADDRESS=cluster)
+    client.create("ops/doomed", "float32", (2,), replica_count=3, initializer=repvar.zeros())
+    client.initialize(["ops/doomed"])
+    out = subprocess.run([ctl, "status"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert "live task(s)" in out and "tpu_worker:0 at" in out, out
+    assert "UP_TO_DATE" in out and "last committed step:" in out, out
+    subprocess.run([ctl, "delete", "ops/doomed"], env=env, check=True)
+    gone = subprocess.run([ctl, "delete", "ops/doomed"], env=env, capture_output=True, text=True)
+    assert gone.returncode != 0 and "NOT_FOUND" in gone.stderr, gone.stderr
+    with pytest.raises(grpc.RpcError) as e:
+        client.variable("ops/doomed")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND

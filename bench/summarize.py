@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Prints bench/run.sh's results: a table of the raw figures, then one line
+per goal of ../shared/BENCHMARKS.md ("Output format"):
+
+    NAME ratio=X goal<=Y [baseline=Z]
+
+X is repvar / peer (or the speed ratio where the goal says so, or value /
+goal for absolute goals), measured in this run next to its peer. Lines
+starting "baseline " in the results come from another build's repvar_bench
+run in the same session (run.sh --baseline DIR); their ratio, against the
+same peers, is printed as baseline=Z. A row this run cannot measure prints
+ratio=nan and why.
+
+Usage: summarize.py RESULTS_FILE
+"""
+import math
+import re
+import sys
+
+kv = lambda line: dict(re.findall(r"(\w+)=([\w.\-]+)", line))
+
+
+def parse(lines):
+    out = {"mpi": {}, "gloo": {}, "redis": {}, "cur": {}, "base": {}}
+    for line in lines:
+        line = line.strip()
+        who = "cur"
+        if line.startswith("baseline "):
+            who, line = "base", line[len("baseline "):]
+        d = kv(line)
+        if line.startswith("mpi "):
+            out["mpi"][(int(d["size"]), int(d["mib"]))] = float(d["bcast_ms"])
+        elif line.startswith("gloo "):
+            out["gloo"][(int(d["size"]), int(d["mib"]))] = (float(d["bcast_ms"]),
+                                                             float(d["allreduce_ms"]))
+        elif line.startswith("redis "):
+            out["redis"][d["test"]] = float(d["p50_us"])
+        elif line.startswith("repvar_"):
+            kind = line.split()[0]
+            r = out[who].setdefault(kind, [])
+            r.append({k: float(v) for k, v in d.items()})
+    return out
+
+
+def goals(res, who):
+    """(name, ratio or None, comparison, goal, note) for one build's figures."""
+    r = res[who]
+    mpi, gloo, redis = res["mpi"], res["gloo"], res["redis"]
+    rows = []
+
+    def first(kind, **match):
+        for x in r.get(kind, []):
+            if all(x.get(k) == v for k, v in match.items()):
+                return x
+        return None
+
+    b = first("repvar_bcast", workers=8, mib=256)
+    m, g = mpi.get((8, 256)), gloo.get((8, 256), (None, None))[0]
+    rows.append(("bcast_256m_8w_vs_mpi", b["assign_ms"] / m if b and m else None, "<=", 0.8,
+                 "" if b and m else "no 256 MiB x 8 broadcast in this run"))
+    rows.append(("bcast_256m_8w_vs_gloo", b["assign_ms"] / g if b and g else None, "<=", 1.15,
+                 "gloo timed at its root (last-receiver timing: issue 8)"))
+    rows.append(("p2p_vs_tcp", None, ">=", 0.7, "no loopback TCP peer in run.sh yet (issue 8)"))
+    rows.append(("durable_write_vs_etcd", None, "<=", 0.6, "writes are not durable before issue 5"))
+    rows.append(("assign_add_8r_vs_etcd", None, "<=", 0.6, "writes are not durable before issue 5"))
+    s = first("repvar_small")
+    get = redis.get("GET")
+    rows.append(("read_vs_redis", s["read_p50_us"] / get if s and get else None, "<=", 1.5, ""))
+    bt = first("repvar_batch")
+    for name, key in (("batch_create_1000", "create1000_ms"),
+                      ("batch_init_1000", "initialize1000_ms"),
+                      ("batch_read_1000", "read1000_ms")):
+        rows.append((name, bt[key] / bt["single_create_ms"] if bt else None, "<=", 20,
+                     "one single create is the unit"))
+    loc = first("repvar_local")
+    rows.append(("step_write_vs_memcpy", loc["memcpy_ms"] / loc["write_ms"] if loc else None, ">=",
+                 0.7, "speed"))
+    rows.append(("step_mapread_vs_memcpy",
+                 loc["memcpy_ms"] / loc["mapped_read_ms"] if loc else None, ">=", 0.8, "speed"))
+    st = first("repvar_steps", writes=0)
+    rows.append(("steps_per_s_32x1000", st["steps_per_s"] / 100 if st else None, ">=", 1,
+                 "report path" if st else "not run"))
+    rows.append(("coordinator_cpu_32x1000",
+                 st["coordinator_cpu_share"] / 0.5 if st else None, "<=", 1, ""))
+    mean = first("repvar_mean_step")
+    ga = gloo.get((int(mean["workers"]), int(mean["mib"])), (None, None))[1] if mean else None
+    rows.append(("mean_64m_8r_vs_gloo", mean["commit_ms"] / ga if mean and ga else None, "<=",
+                 1.05, ""))
+    rows.append(("torch_step_vs_ddp", None, "<=", 1.2, "repvar.torch is issue 7"))
+    rows.append(("restart_10k_1g", None, "<=", 1, "no restart before issue 5"))
+    rows.append(("rss_worker_1g", None, "<=", 1, "not measured by run.sh yet (issue 8)"))
+    rows.append(("rss_coordinator_1g", None, "<=", 1, "not measured by run.sh yet (issue 8)"))
+    return rows
+
+
+def main(path):
+    res = parse(open(path))
+    print(f"{'broadcast':<22}{'repvar ms':>11}{'MPI tcp ms':>12}{'gloo ms':>10}")
+    for x in res["cur"].get("repvar_bcast", []):
+        w, m = int(x["workers"]), int(x["mib"])
+        print(f"{f'{m} MiB -> {w} workers':<22}{x['assign_ms']:>11.1f}"
+              f"{res['mpi'].get((w, m), math.nan):>12.1f}"
+              f"{res['gloo'].get((w, m), (math.nan,))[0]:>10.1f}")
+    for kind in ("repvar_small", "repvar_batch", "repvar_local", "repvar_mean_step", "repvar_steps"):
+        for x in res["cur"].get(kind, []):
+            print(kind, " ".join(f"{k}={v:g}" for k, v in x.items()))
+    print()
+    cur = goals(res, "cur")
+    base = goals(res, "base") if res["base"] else None
+    for i, (name, ratio, cmp, goal, note) in enumerate(cur):
+        line = f"{name} ratio={'nan' if ratio is None else f'{ratio:.3f}'} goal{cmp}{goal:g}"
+        if base is not None:
+            b = base[i][1]
+            line += f" baseline={'nan' if b is None else f'{b:.3f}'}"
+        if note:
+            line += f"  # {note}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
