@@ -15,10 +15,12 @@
 #include "repvar/v1/worker.grpc.pb.h"
 #include "tests/testing/cluster.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace repvar {
 namespace {
 
+using ::repvar::testing::FloatBytes;
 using ::repvar::testing::Scaled;
 using ::repvar::testing::StatusIs;
 using Code = absl::StatusCode;
@@ -101,10 +103,6 @@ class BadInputTest : public ::testing::Test {
     *m.mutable_chunk() = c;
     return m;
   }
-  static std::string Floats(std::vector<float> v) {
-    return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
-  }
-
   static testing::TestCluster* cluster_;
   static Client* client_;
   static v1::CoordinatorTrainers::Stub* stub_;
@@ -212,7 +210,7 @@ TEST_F(BadInputTest, CreateVariables_InitializerValueOfAnotherShape_InvalidArgum
   item->mutable_spec()->mutable_tensor()->set_dtype(v1::DTYPE_FLOAT32);
   item->mutable_spec()->mutable_tensor()->add_dims(4);
   item->mutable_spec()->set_replica_count(1);
-  std::string three = Floats({1, 2, 3});
+  std::string three = FloatBytes({1, 2, 3});
   *item->mutable_initializer()->mutable_value()->mutable_header() = HeaderFor(three, {3});
   item->mutable_initializer()->mutable_value()->set_data(three);
   v1::CreateVariablesResponse resp;
@@ -227,7 +225,7 @@ TEST_F(BadInputTest, UnknownVariable_NotFoundEverywhere) {
   EXPECT_THAT(client_->Initialize({"nope"}), StatusIs(Code::kNotFound));
   EXPECT_THAT(client_->IsInitialized({"nope"}), StatusIs(Code::kNotFound));
   EXPECT_THAT(client_->DeleteVariable("nope"), StatusIs(Code::kNotFound));
-  std::string data = Floats({1, 2, 3, 4});
+  std::string data = FloatBytes({1, 2, 3, 4});
   EXPECT_THAT(SendAssign({Head(HeaderFor(data, {4}), "nope"), Body(Chunk(0, data))}),
               StatusIs(Code::kNotFound));
 }
@@ -240,7 +238,7 @@ TEST_F(BadInputTest, ReadUninitialized_FailedPrecondition) {
 }
 
 TEST_F(BadInputTest, AssignVariable_DtypeOrShapeMismatch_FailedPrecondition) {
-  std::string data = Floats({1, 2, 3, 4});
+  std::string data = FloatBytes({1, 2, 3, 4});
   EXPECT_THAT(SendAssign({Head(HeaderFor(data, {2, 2})), Body(Chunk(0, data))}),
               StatusIs(Code::kFailedPrecondition));
   EXPECT_THAT(SendAssign({Head(HeaderFor(data, {2}, v1::DTYPE_FLOAT64)), Body(Chunk(0, data))}),
@@ -251,7 +249,7 @@ TEST_F(BadInputTest, AssignVariable_DtypeOrShapeMismatch_FailedPrecondition) {
 }
 
 TEST_F(BadInputTest, AssignVariable_MalformedStreams_InvalidArgument) {
-  std::string data = Floats({5, 6, 7, 8});
+  std::string data = FloatBytes({5, 6, 7, 8});
   v1::TensorHeader h = HeaderFor(data, {4});
   // No header first.
   EXPECT_THAT(SendAssign({Body(Chunk(0, data))}), StatusIs(Code::kInvalidArgument, "AssignHeader"));
@@ -310,8 +308,8 @@ TEST_F(BadInputTest, AssignVariable_NonFinite_InvalidArgument) {
 TEST_F(BadInputTest, AssignVariable_RequestIdReusedWithOtherPayload_InvalidArgument) {
   ASSERT_OK(client_->CreateVariable(
       {.name = "dedup", .dtype = DType::kFloat32, .shape = {4}, .replica_count = 6}));
-  std::string a = Floats({1, 1, 1, 1});
-  std::string b = Floats({2, 2, 2, 2});
+  std::string a = FloatBytes({1, 1, 1, 1});
+  std::string b = FloatBytes({2, 2, 2, 2});
   ASSERT_OK(SendAssign({Head(HeaderFor(a, {4}), "dedup", "rid-1"), Body(Chunk(0, a))}));
   // Same id, same payload: the original answer, no second version.
   ASSERT_OK(SendAssign({Head(HeaderFor(a, {4}), "dedup", "rid-1"), Body(Chunk(0, a))}));
@@ -325,7 +323,7 @@ TEST_F(BadInputTest, AssignVariables_CorruptInlineTensor_InvalidArgument) {
   v1::AssignVariablesRequest req;
   auto* item = req.add_items();
   item->set_name("w");
-  std::string data = Floats({7, 7, 7, 7});
+  std::string data = FloatBytes({7, 7, 7, 7});
   *item->mutable_value()->mutable_header() = HeaderFor(data, {4});
   data[0] ^= 1;
   item->mutable_value()->set_data(data);
@@ -344,7 +342,7 @@ TEST_F(BadInputTest, WorkerWriteReplicas_StaleIncarnation_Aborted) {
   m.mutable_header()->set_incarnation(1);  // not the worker's
   m.mutable_header()->set_variable_id(client_->GetVariable("w")->id);
   m.mutable_header()->add_replicas(0);
-  std::string data = Floats({0, 0, 0, 0});
+  std::string data = FloatBytes({0, 0, 0, 0});
   *m.mutable_header()->mutable_tensor() = HeaderFor(data, {4});
   stream->Write(m);
   stream->WritesDone();
@@ -355,7 +353,7 @@ TEST_F(BadInputTest, WorkerWriteSmallReplicas_BadHeaders_RefusedAndNothingApplie
   auto stub = v1::WorkerReplicas::NewStub(
       grpc::CreateChannel(cluster_->worker_address(0), grpc::InsecureChannelCredentials()));
   uint64_t id = client_->GetVariable("w")->id;
-  std::string data = Floats({9, 9, 9, 9});
+  std::string data = FloatBytes({9, 9, 9, 9});
   auto header = [&](uint64_t incarnation) {
     v1::WriteSmallReplicasRequest req;
     v1::WriteReplicasHeader* h = req.add_writes();

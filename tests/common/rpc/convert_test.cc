@@ -7,17 +7,13 @@
 #include "common/rpc/from_proto.h"
 #include "common/rpc/to_proto.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace repvar {
 namespace {
 
+using ::repvar::testing::F32;
 using ::repvar::testing::StatusIs;
-
-std::shared_ptr<const Tensor> F32(std::vector<float> v) {
-  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
-                             std::as_bytes(std::span(v)));
-  return std::make_shared<const Tensor>(*std::move(t));
-}
 
 TEST(Convert, VariableDef_RoundTrips_CollectionsSortedAndUnique) {
   VariableDef def;

@@ -7,17 +7,13 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace repvar::server {
 namespace {
 
+using ::repvar::testing::F32;
 using ::repvar::testing::StatusIs;
-
-std::shared_ptr<const Tensor> F32(std::vector<float> v) {
-  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
-                             std::as_bytes(std::span(v)));
-  return std::make_shared<const Tensor>(*std::move(t));
-}
 
 DeviceName Tpu(int task, int id) {
   return *DeviceName::Parse(

@@ -10,10 +10,12 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_client.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace repvar::server {
 namespace {
 
+using ::repvar::testing::F32;
 using ::repvar::testing::StatusIs;
 
 VariableDef Def(const std::string& name, int replicas, std::vector<int64_t> dims) {
@@ -22,12 +24,6 @@ VariableDef Def(const std::string& name, int replicas, std::vector<int64_t> dims
   d.tensor = TensorSpec{DType::kFloat32, std::move(dims)};
   d.replica_count = replicas;
   return d;
-}
-
-std::shared_ptr<const Tensor> F32(std::vector<float> v) {
-  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
-                             std::as_bytes(std::span(v)));
-  return std::make_shared<const Tensor>(*std::move(t));
 }
 
 TEST(DataPlaneTest, LargeWrite_OneRootGetsBytesAllMembersGetOneGroupAndTag) {

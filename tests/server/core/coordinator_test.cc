@@ -15,23 +15,14 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_client.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace repvar::server {
 namespace {
 
+using ::repvar::testing::F32;
+using ::repvar::testing::Floats;
 using ::repvar::testing::StatusIs;
-
-std::shared_ptr<const Tensor> F32(std::vector<float> v, std::vector<int64_t> dims = {}) {
-  if (dims.empty() && v.size() != 1) dims = {static_cast<int64_t>(v.size())};
-  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, dims}, std::as_bytes(std::span(v)));
-  return std::make_shared<const Tensor>(*std::move(t));
-}
-
-std::vector<float> Floats(const Tensor& t) {
-  std::vector<float> out(t.bytes.size() / 4);
-  std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
-  return out;
-}
 
 VariableDef Def(const std::string& name, int replicas, std::vector<int64_t> dims = {3},
                 DType dtype = DType::kFloat32) {

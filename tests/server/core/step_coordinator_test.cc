@@ -13,17 +13,13 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_client.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace repvar::server {
 namespace {
 
+using ::repvar::testing::F32;
 using ::repvar::testing::StatusIs;
-
-std::shared_ptr<const Tensor> F32(std::vector<float> v) {
-  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
-                             std::as_bytes(std::span(v)));
-  return std::make_shared<const Tensor>(*std::move(t));
-}
 
 constexpr uint64_t kA = 0xA, kB = 0xB;  // stand-in checksums of local values
 

@@ -12,20 +12,18 @@
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "tests/testing/in_process_coordinator.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace repvar::server {
 namespace {
 
+using ::repvar::testing::FloatBytes;
 using ::repvar::testing::StatusIs;
 
 std::unique_ptr<grpc::ClientContext> Ctx() {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   return ctx;
-}
-
-std::string Floats(std::vector<float> v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
 class ServicesTest : public ::testing::Test {
@@ -135,7 +133,7 @@ TEST_F(ServicesTest, Trainers_CreateVariables_SpecAndViewsConverted_BadSpecRefus
 TEST_F(ServicesTest, Trainers_AssignAndRead_ChunkStreams_BadChunkRefusedNothingChanged) {
   v1::CreateVariablesResponse created;
   ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
-  const std::string data = Floats({1.5f, -2});
+  const std::string data = FloatBytes({1.5f, -2});
   v1::AssignVariableResponse resp;
   EXPECT_THAT(Assign({Header(data, Sum(data)), Chunk(data, Sum(data) + 1)}, &resp),
               StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));

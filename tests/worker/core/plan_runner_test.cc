@@ -9,23 +9,14 @@
 #include <cstring>
 
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 
 namespace repvar::worker {
 namespace {
 
+using ::repvar::testing::F32;
+using ::repvar::testing::Floats;
 using ::repvar::testing::StatusIs;
-
-std::shared_ptr<const Tensor> F32(std::vector<float> v) {
-  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
-                             std::as_bytes(std::span(v)));
-  return std::make_shared<const Tensor>(*std::move(t));
-}
-
-std::vector<float> Floats(const Tensor& t) {
-  std::vector<float> out(t.bytes.size() / 4);
-  std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
-  return out;
-}
 
 // Another member adds `others` to every element; a broadcast delivers `root`.
 class FakeCollectives final : public Collectives {

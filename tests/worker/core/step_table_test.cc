@@ -10,27 +10,18 @@
 #include <thread>
 
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 #include "worker/core/step_resolver.h"
 
 namespace repvar::worker {
 namespace {
 
+using ::repvar::testing::F32;
+using ::repvar::testing::Floats;
 using ::repvar::testing::StatusIs;
 
 constexpr uint64_t kInc = 7;
 constexpr uint64_t kW = 1;  // variable id
-
-std::shared_ptr<const Tensor> F32(std::vector<float> v) {
-  auto t = Tensor::FromBytes(TensorSpec{DType::kFloat32, {static_cast<int64_t>(v.size())}},
-                             std::as_bytes(std::span(v)));
-  return std::make_shared<const Tensor>(*std::move(t));
-}
-
-std::vector<float> Floats(const Tensor& t) {
-  std::vector<float> out(t.bytes.size() / 4);
-  std::memcpy(out.data(), t.bytes.data(), t.bytes.size());
-  return out;
-}
 
 // The coordinator as the worker sees it: answers from the test's script.
 class FakeLink final : public StepLink {
