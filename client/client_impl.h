@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "client/retry.h"
 #include "common/model/step.h"
 #include "common/rpc/channel.h"
@@ -85,12 +86,25 @@ class Client::Impl {
   }
 
   // The trainer-facing service of the worker at `address` (channels are
-  // kept and reused).
+  // kept and reused). A new channel connects before its first call, within
+  // the client's deadline: step calls are not retried, and a first connect
+  // lost on a loaded host should not fail a step.
   v1::WorkerSteps::Stub* WorkerStub(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    auto& stub = workers_[address];
-    if (stub == nullptr) stub = v1::WorkerSteps::NewStub(OpenChannel(address));
-    return stub.get();
+    std::shared_ptr<grpc::Channel> fresh;
+    v1::WorkerSteps::Stub* stub = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto& slot = workers_[address];
+      if (slot == nullptr) {
+        fresh = OpenChannel(address);
+        slot = v1::WorkerSteps::NewStub(fresh);
+      }
+      stub = slot.get();
+    }
+    if (fresh != nullptr) {
+      (void)fresh->WaitForConnected(absl::ToChronoTime(absl::Now() + options_.deadline));
+    }
+    return stub;
   }
 
  private:

@@ -48,10 +48,14 @@ grpc::Status ReplicasService::WriteSmallReplicas(grpc::ServerContext*,
 grpc::Status ReplicasService::ReadReplica(grpc::ServerContext* ctx,
                                           const v1::ReadReplicaRequest* req,
                                           grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
-  // A step's new value may be a moment from installed: wait for it, within
-  // the call's deadline (capped: a lost step must not hold a thread long).
-  const absl::Time deadline =
-      std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Seconds(10));
+  // A step's new value may be a moment from installed: wait for it, but give
+  // up early enough that "not yet" reaches the caller before its deadline
+  // does (at most a second, at most half the time left), and never longer
+  // than 10 s (a lost step must not hold a thread long).
+  const absl::Time now = absl::Now();
+  const absl::Duration left = absl::FromChrono(ctx->deadline()) - now;
+  const absl::Duration margin = std::min(left / 2, absl::Seconds(1));
+  const absl::Time deadline = now + std::min(left - margin, absl::Seconds(10));
   auto r = store_->WaitFor(req->variable_id(), req->replica(), req->min_version(), deadline);
   if (!r.ok()) return ToGrpcStatus(r.status());
   return SendReplica(ctx, *r, req->chunk_bytes(), writer);

@@ -10,12 +10,14 @@
 #include "common/rpc/grpc_status.h"
 #include "common/tensor/tensor.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/tensors.h"
 #include "worker/rpc/replicas_service.h"
 #include "worker/rpc/steps_service.h"
 
 namespace repvar::worker {
 namespace {
 
+using ::repvar::testing::FloatBytes;
 using ::repvar::testing::StatusIs;
 
 constexpr uint64_t kInc = 7;
@@ -26,9 +28,6 @@ std::unique_ptr<grpc::ClientContext> Ctx(absl::Duration d = absl::Seconds(10)) {
   return ctx;
 }
 
-std::string Floats(std::vector<float> v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-}
 uint64_t Sum(const std::string& s) {
   return Checksum(std::as_bytes(std::span(s.data(), s.size())));
 }
@@ -147,15 +146,17 @@ class WorkerServicesTest : public ::testing::Test {
 };
 
 TEST_F(WorkerServicesTest, Replicas_WriteRead_StaleIncarnationAndBadChunkRefused) {
-  const std::string data = Floats({3, 4});
+  const std::string data = FloatBytes({3, 4});
   EXPECT_THAT(Write(kInc + 1, data, Sum(data)),
               StatusIs(absl::StatusCode::kAborted, "incarnation"));
   EXPECT_THAT(Write(kInc, data, Sum(data) + 1), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(store_.List().empty()) << "nothing applied";
   ASSERT_OK(Write(kInc, data, Sum(data)));
   EXPECT_EQ(*Read(4, absl::Seconds(5)), data);
-  // A version the replica does not reach in time: UNAVAILABLE, not a wrong value.
-  EXPECT_THAT(Read(5, absl::Milliseconds(100)).status(),
+  // A version the replica does not reach in time: UNAVAILABLE, not a wrong
+  // value, and answered before the caller's deadline (the worker gives up
+  // when half of the call's time is left).
+  EXPECT_THAT(Read(5, absl::Seconds(1)).status(),
               StatusIs(absl::StatusCode::kUnavailable, "not yet 5"));
   v1::GetReplicaStatusResponse status;
   ASSERT_OK(FromGrpcStatus(replicas_stub_->GetReplicaStatus(Ctx().get(), {}, &status)));
@@ -172,7 +173,7 @@ TEST_F(WorkerServicesTest, Replicas_WriteRead_StaleIncarnationAndBadChunkRefused
 }
 
 TEST_F(WorkerServicesTest, Replicas_WriteSmall_OnlyWholeInlineTensors) {
-  const std::string data = Floats({3, 4});
+  const std::string data = FloatBytes({3, 4});
   v1::WriteSmallReplicasRequest req;
   v1::WriteReplicasHeader* h = req.add_writes();
   h->set_incarnation(kInc);
@@ -196,7 +197,7 @@ TEST_F(WorkerServicesTest, Steps_WriteReadCommit_Converted_BadHeaderRefused) {
       {0},
       std::make_shared<const Tensor>(*Tensor::Zeros(TensorSpec{DType::kFloat32, {2}})),
       std::nullopt}});
-  const std::string data = Floats({5, 6});
+  const std::string data = FloatBytes({5, 6});
   v1::StepWriteSmallRequest req;
   v1::StepWriteHeader* h = req.add_writes();
   h->set_step(3);
