@@ -45,7 +45,8 @@ wait_port() {  # file -> prints the port once the daemon has written it
 }
 
 "$build/server/repvar-coordinator" --listen_address=127.0.0.1:0 --port_file="$data/coordinator.port" \
-  --expected_tasks=tpu_worker:3,worker:1 --heartbeat_timeout=5s 2>"$data/coordinator.log" &
+  --expected_tasks=tpu_worker:3,worker:1 --heartbeat_timeout=5s --data_dir="$data/coordinator-data" \
+  2>"$data/coordinator.log" &
 pids+=($!)
 port=$(wait_port "$data/coordinator.port")
 export REPVAR_COORDINATOR_ADDRESS=127.0.0.1:$port

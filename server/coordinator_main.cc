@@ -23,6 +23,7 @@
 #include "server/rpc/grpc_worker_client.h"
 #include "server/rpc/trainers_service.h"
 #include "server/rpc/workers_service.h"
+#include "server/store/rocks_state_log.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen_address, "127.0.0.1:0",
@@ -37,6 +38,18 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
 ABSL_FLAG(bool, data_plane, true,
           "large writes to 3+ workers go to one root worker, which broadcasts them over gloo");
 ABSL_FLAG(int64_t, data_plane_min_bytes, 1 << 20, "smallest write the data plane carries");
+ABSL_FLAG(std::string, data_dir, "",
+          "keep the coordinator's state here (RocksDB and blob files), synced before every "
+          "answer; a restart on the same dir recovers it. One of --data_dir and --ephemeral.");
+ABSL_FLAG(bool, ephemeral, false,
+          "keep the state in memory only: a restart forgets every variable and reuses ids. "
+          "One of --data_dir and --ephemeral.");
+ABSL_FLAG(int64_t, min_free_bytes, int64_t{64} << 20,
+          "changes that would leave less free space in --data_dir are refused "
+          "(RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, checkpoint_every, 4096, "records between checkpoints of the state log");
+ABSL_FLAG(bool, unsafe_no_fsync, false,
+          "TESTS ONLY: never sync the state log (acknowledged changes are lost on power loss)");
 
 namespace {
 
@@ -85,8 +98,41 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (data_dir.empty() == !absl::GetFlag(FLAGS_ephemeral)) {
+    std::fprintf(stderr,
+                 "give exactly one of --data_dir=DIR (state kept on disk) and --ephemeral "
+                 "(state in memory, lost on restart)\n");
+    return 2;
+  }
+  std::unique_ptr<repvar::server::StateLog> log;
+  if (data_dir.empty()) {
+    spdlog::warn(
+        "--ephemeral: the state lives in memory only; a restart forgets every variable and "
+        "reuses ids");
+    log = std::make_unique<repvar::server::VolatileStateLog>();
+  } else {
+    repvar::server::RocksStateLogOptions store;
+    store.dir = data_dir;
+    store.min_free_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_min_free_bytes));
+    store.checkpoint_every =
+        static_cast<uint64_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_checkpoint_every)));
+    store.sync = !absl::GetFlag(FLAGS_unsafe_no_fsync);
+    if (!store.sync) spdlog::warn("--unsafe_no_fsync: acknowledged changes can be lost");
+    auto opened = repvar::server::RocksStateLog::Open(store);
+    if (!opened.ok()) {
+      spdlog::error("cannot open the data dir: {}", opened.status().ToString());
+      return 1;
+    }
+    log = *std::move(opened);
+  }
+
   repvar::server::GrpcWorkerClient workers;
-  repvar::server::Coordinator core(options, repvar::RealClock::Get(), &workers);
+  repvar::server::Coordinator core(options, repvar::RealClock::Get(), &workers, log.get());
+  if (absl::Status s = core.Recover(); !s.ok()) {
+    spdlog::error("cannot recover the state in {}: {}", data_dir, s.ToString());
+    return 1;
+  }
   repvar::server::StepInfoCache step_infos;
   repvar::server::WorkersService workers_service(&core, &step_infos);
   repvar::server::TrainersService trainers_service(&core, &step_infos);

@@ -63,6 +63,8 @@ def closure(targets, name, seen=None):
 def owner_of_generated(inc):
     if re.match(r"repvar/[\w/]+\.grpc\.pb\.h$", inc):
         return "repvar_grpc"
+    if re.match(r"repvar/disk/[\w/]+\.pb\.h$", inc):
+        return "repvar_disk_proto"
     if re.match(r"repvar/[\w/]+\.pb\.h$", inc):
         return "repvar_proto"
     return None

@@ -20,7 +20,8 @@ namespace repvar {
 // Serves `services` (and grpc.health.v1) on `address`; port 0 picks a free
 // port, returned in `*port` and, when `port_file` is set, written there
 // atomically. Messages may be up to 64 MiB (tensors stream in chunks far
-// below that). Errors: UNAVAILABLE (cannot listen), INTERNAL (port file).
+// below that). Errors: UNAVAILABLE (cannot listen, e.g. the port is in
+// use), INTERNAL (port file).
 inline absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& address, const std::vector<grpc::Service*>& services,
     const std::string& port_file, int* port) {
@@ -29,6 +30,9 @@ inline absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);
+  // gRPC sets SO_REUSEPORT by default: a second daemon on a busy port would
+  // start and share it. A busy port is a startup error instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *port == 0) {

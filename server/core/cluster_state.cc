@@ -10,6 +10,53 @@
 
 namespace repvar::server {
 
+absl::Status ClusterState::Restore(ClusterStateData data) {
+  REPVAR_CHECK_MSG(variables_.empty() && workers_.empty() && outcomes_.empty() &&
+                       next_variable_id_ == 1 && last_epoch_ == 0,
+                   "ClusterState::Restore into a state that is not empty");
+  absl::flat_hash_map<std::string, uint64_t> names;
+  for (const auto& [id, v] : data.variables) {
+    if (id != v.id || id == 0 || id >= data.next_variable_id) {
+      return absl::DataLossError(absl::StrCat("checkpoint: variable id ", v.id, " filed under ", id,
+                                              " (next id ", data.next_variable_id, ")"));
+    }
+    if (!names.emplace(v.def.name, id).second) {
+      return absl::DataLossError(absl::StrCat("checkpoint: variable name ", v.def.name, " twice"));
+    }
+    if (v.placement.size() != v.replicas.size() ||
+        v.placement.size() != static_cast<size_t>(v.def.replica_count)) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint: variable ", v.def.name, " has ", v.def.replica_count, " replicas, ",
+          v.placement.size(), " placements and ", v.replicas.size(), " replica records"));
+    }
+  }
+  for (const auto& [key, w] : data.workers) {
+    if (!(key == w.task)) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint: worker ", w.task.ToString(), " filed under ", key.ToString()));
+    }
+  }
+  absl::flat_hash_map<std::string, StoredOutcome> outcomes;
+  std::deque<std::string> order;
+  for (auto& [id, o] : data.outcomes) {
+    if (id.empty() || !outcomes.emplace(id, std::move(o)).second) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint: request id \"", id, "\" twice or empty"));
+    }
+    order.push_back(id);
+  }
+  variables_ = std::move(data.variables);
+  names_ = std::move(names);
+  next_variable_id_ = data.next_variable_id;
+  workers_ = std::move(data.workers);
+  topology_version_ = data.topology_version;
+  last_committed_step_ = data.last_committed_step;
+  last_epoch_ = data.last_epoch;
+  outcomes_ = std::move(outcomes);
+  outcome_order_ = std::move(order);
+  return absl::OkStatus();
+}
+
 void ClusterState::Apply(const Record& record) {
   for (const Change& change : record.changes) {
     std::visit([this](const auto& c) { ApplyChange(c); }, change);

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -62,6 +63,26 @@ struct WorkerRecord {
   WorkerState state = WorkerState::kUnknown;
 };
 
+// A mutating request's answer, kept for its retries (C6).
+struct StoredOutcome {
+  std::string op;
+  uint64_t digest = 0;
+  Answer answer;
+  absl::Time at;
+};
+
+// Everything a ClusterState holds, as plain data: what a checkpoint of the
+// state log saves, and what ClusterState::Restore takes back.
+struct ClusterStateData {
+  std::map<uint64_t, VariableRecord> variables;  // by id
+  uint64_t next_variable_id = 1;
+  std::map<TaskKey, WorkerRecord> workers;
+  int64_t topology_version = 0;
+  int64_t last_committed_step = 0;
+  uint64_t last_epoch = 0;
+  std::vector<std::pair<std::string, StoredOutcome>> outcomes;  // by id, oldest first
+};
+
 struct ClusterStateOptions {
   // Answers of mutating requests are kept for retries (C6), bounded in count
   // and age.
@@ -72,6 +93,12 @@ struct ClusterStateOptions {
 class ClusterState {
  public:
   explicit ClusterState(ClusterStateOptions options = {}) : options_(options) {}
+
+  // Takes back a state saved from another ClusterState (a checkpoint). The
+  // state must be empty (nothing applied yet); data that contradicts itself
+  // (a replica count that is not the placement's, a name twice) is an
+  // error, and nothing changes.
+  absl::Status Restore(ClusterStateData data);
 
   // Applies every change of `record`, in order. A change that contradicts
   // the state (an unknown variable, an illegal replica or worker transition)
@@ -104,6 +131,12 @@ class ClusterState {
   // operation or payload.
   absl::StatusOr<std::optional<Answer>> Outcome(const RequestKey& key, absl::string_view op,
                                                 absl::Time now) const;
+
+  // Calls `fn(id, outcome)` for every recorded answer, oldest first.
+  template <typename F>
+  void ForEachOutcome(F&& fn) const {
+    for (const std::string& id : outcome_order_) fn(id, outcomes_.at(id));
+  }
 
   // The whole state as text, in a fixed order: two states are the same when
   // their dumps are.
@@ -139,12 +172,6 @@ class ClusterState {
   int64_t last_committed_step_ = 0;
   uint64_t last_epoch_ = 0;
 
-  struct StoredOutcome {
-    std::string op;
-    uint64_t digest = 0;
-    Answer answer;
-    absl::Time at;
-  };
   absl::flat_hash_map<std::string, StoredOutcome> outcomes_;
   std::deque<std::string> outcome_order_;  // oldest first
 };

@@ -30,6 +30,12 @@ Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient*
       steps_(clock, &registry_, &groups_),
       replication_(options.replication, clock, &registry_, &steps_, &groups_, workers) {}
 
+absl::Status Coordinator::Recover() {
+  REPVAR_RETURN_IF_ERROR(registry_.Recover());
+  steps_.Recovered();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> Coordinator::RegisterWorker(const WorkerRegistration& reg) {
   REPVAR_ASSIGN_OR_RETURN(int64_t version, registry_.Register(reg));
   replication_.ResyncTask(TaskKey{reg.job, reg.task});

@@ -76,6 +76,10 @@ class Coordinator {
               StateLog* log = nullptr);
 
   Registry& registry() { return registry_; }
+
+  // Loads the state the log kept from an earlier run (see
+  // Registry::Recover); call once, before serving.
+  absl::Status Recover();
   RendezvousStore& store() { return groups_.store(); }
 
   // ---- Membership ----

@@ -18,6 +18,27 @@ absl::Status Registry::CommitLocked(Record record) {
   if (record.empty()) return absl::OkStatus();
   REPVAR_RETURN_IF_ERROR(log_->Append(record));
   state_.Apply(record);
+  log_->Applied(state_);
+  return absl::OkStatus();
+}
+
+absl::Status Registry::Recover() {
+  RankedLock lock(&mu_);
+  REPVAR_RETURN_IF_ERROR(log_->Recover(state_));
+  // Workers recorded live get a whole heartbeat timeout from now to be heard
+  // from again (they keep their incarnation across our restart).
+  const absl::Time now = clock_->Now();
+  int live = 0;
+  for (const auto& [key, w] : state_.workers()) {
+    if (w.state != WorkerState::kLive) continue;
+    last_heartbeat_[key] = now;
+    ++live;
+  }
+  spdlog::info(
+      "state recovered: {} variables (next id {}), {} workers recorded live, topology version {}, "
+      "last committed step {}, last epoch {}",
+      state_.variables().size(), state_.next_variable_id(), live, state_.topology_version(),
+      state_.last_committed_step(), state_.last_epoch());
   return absl::OkStatus();
 }
 

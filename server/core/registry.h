@@ -59,6 +59,10 @@ class Registry {
   // and is returned. An empty record is not committed.
   using Builder = absl::FunctionRef<absl::StatusOr<Record>(const ClusterState&)>;
   absl::Status Commit(Builder build) ABSL_LOCKS_EXCLUDED(mu_);
+  // Loads what the log kept from an earlier run (StateLog::Recover); call
+  // once, before serving. Workers recorded live are given a heartbeat
+  // timeout from now to be heard from. On error the registry is unusable.
+  absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `read` on the state under the lock and returns what it returns.
   template <typename F>
   auto Read(F&& read) const ABSL_LOCKS_EXCLUDED(mu_) {

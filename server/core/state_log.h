@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Where records go before they are applied (Registry::Commit): the seam
-// that issue 5's durable log (RocksDB, fsync before the answer) plugs into
-// without touching any caller.
+// Where records go before they are applied (Registry::Commit), and where
+// they come back from at startup: the seam between the coordinator's state
+// and its storage (server/store/rocks_state_log.h keeps it in RocksDB,
+// synced before any answer), so that no caller knows which it is.
 #ifndef REPVAR_SERVER_CORE_STATE_LOG_H_
 #define REPVAR_SERVER_CORE_STATE_LOG_H_
 
@@ -9,17 +10,30 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/core/cluster_state.h"
 #include "server/core/record.h"
 
 namespace repvar::server {
 
-// Called with the registry's mutex held, in commit order. Append returning
-// an error means the record was not kept: it is not applied and the caller's
-// request fails with that error.
+// Called with the registry's mutex held, in commit order.
 class StateLog {
  public:
   virtual ~StateLog() = default;
+  // Keeps `record`; a durable log returns once the record would survive a
+  // crash or power loss. An error means the record was not kept: it is not
+  // applied and the caller's request fails with that error.
   virtual absl::Status Append(const Record& record) = 0;
+  // After `record` was applied: the state it produced. A log may save it as
+  // a checkpoint and forget the records before it.
+  virtual void Applied(const ClusterState& state) { (void)state; }
+  // Loads into `state` (empty) what an earlier run kept: the last checkpoint,
+  // then every record after it, applied in order. Errors: DATA_LOSS (a
+  // checkpoint, record or value that cannot be read back as written), and
+  // what the storage reports; `state` is then to be discarded.
+  virtual absl::Status Recover(ClusterState& state) {
+    (void)state;
+    return absl::OkStatus();
+  }
 };
 
 // Keeps nothing: the coordinator's state lives in memory only and a restart

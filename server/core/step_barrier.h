@@ -48,6 +48,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/base/status_util.h"
 #include "common/model/step.h"
 #include "common/model/topology.h"
 #include "common/tensor/step_math.h"
@@ -84,6 +85,13 @@ class StepBarrier {
   absl::StatusOr<std::shared_ptr<const StepInfo>> CheckBegin(int64_t step) const;
   // The epoch the next Open() gives (the owner records it first).
   uint64_t next_epoch() const { return next_epoch_; }
+  // Continues from the owner's recovered state, before any step opened.
+  void ContinueFrom(uint64_t next_epoch, int64_t last_committed) {
+    REPVAR_CHECK_MSG(!open_ && next_epoch >= next_epoch_,
+                     "StepBarrier::ContinueFrom after a step opened");
+    next_epoch_ = next_epoch;
+    last_committed_ = last_committed;
+  }
   // Opens a step (after CheckBegin said it may); returns its new epoch. A
   // step without participants commits at once.
   uint64_t Open(StepInfo info, absl::Time now);

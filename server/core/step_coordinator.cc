@@ -51,6 +51,14 @@ StepCoordinator::StepCoordinator(Clock* clock, Registry* registry, CollectiveGro
              registry->Read([](const ClusterState& s) { return s.last_epoch() + 1; }),
              registry->Read([](const ClusterState& s) { return s.last_committed_step(); })) {}
 
+void StepCoordinator::Recovered() {
+  const auto [next_epoch, last_committed] = registry_->Read([](const ClusterState& s) {
+    return std::make_pair(s.last_epoch() + 1, s.last_committed_step());
+  });
+  RankedLock lock(&mu_);
+  steps_.ContinueFrom(next_epoch, last_committed);
+}
+
 // ---- The write gate ----
 
 absl::Status StepCoordinator::EnterWriteGate() {

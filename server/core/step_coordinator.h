@@ -44,6 +44,10 @@ class StepCoordinator {
  public:
   StepCoordinator(Clock* clock, Registry* registry, CollectiveGroups* groups);
 
+  // After the registry recovered its state (Registry::Recover): steps go on
+  // from its last epoch and last committed step. Before any step opens.
+  void Recovered() ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- The write gate (S1, S5). ----
   // Errors: FAILED_PRECONDITION (a step is open or beginning).
   absl::Status EnterWriteGate() ABSL_LOCKS_EXCLUDED(mu_);

@@ -58,7 +58,8 @@ def cluster():
         daemons = []
         try:
             coord = Daemon([os.path.join(BUILD, "server/repvar-coordinator"),
-                            "--expected_tasks=tpu_worker:3,worker:1"], d, "coordinator")
+                            "--expected_tasks=tpu_worker:3,worker:1",
+                            f"--data_dir={os.path.join(d, 'coordinator-data')}"], d, "coordinator")
             daemons.append(coord)
             address = f"127.0.0.1:{coord.port}"
             for t in range(3):

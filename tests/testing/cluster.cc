@@ -28,18 +28,6 @@ std::string BinaryPath(const std::string& name) {
   return absl::StrCat(REPVAR_BINARY_DIR, "/", name);
 }
 
-TempDir::TempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "repvar-test-XXXXXX").string();
-  char* p = mkdtemp(tmpl.data());
-  path_ = p != nullptr ? p : "/tmp";
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  if (std::getenv("REPVAR_KEEP_TEST_DIRS") != nullptr) return;
-  if (path_ != "/tmp") std::filesystem::remove_all(path_, ec);
-}
-
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const std::string& binary,
                                                       std::vector<std::string> args,
                                                       const std::string& dir,
@@ -143,17 +131,38 @@ absl::StatusOr<std::unique_ptr<Daemon>> TestCluster::StartWorker(const std::stri
       dir(), absl::StrCat(job, "-", task));
 }
 
-absl::Status TestCluster::Start() {
+absl::StatusOr<std::unique_ptr<Daemon>> TestCluster::StartCoordinator(int port) {
   std::string expected = options_.expected_tasks;
   if (expected.empty()) {
     expected = absl::StrCat("tpu_worker:", options_.tpu_workers);
     if (options_.cpu_host) absl::StrAppend(&expected, ",worker:1");
   }
-  auto c = Daemon::Start(BinaryPath("server/repvar-coordinator"),
-                         {absl::StrCat("--expected_tasks=", expected),
-                          absl::StrCat("--heartbeat_timeout=",
-                                       absl::FormatDuration(Scaled(options_.heartbeat_timeout)))},
-                         dir(), "coordinator");
+  std::vector<std::string> args = {
+      absl::StrCat("--listen_address=127.0.0.1:", port),
+      absl::StrCat("--expected_tasks=", expected),
+      absl::StrCat("--heartbeat_timeout=",
+                   absl::FormatDuration(Scaled(options_.heartbeat_timeout))),
+      options_.durable ? absl::StrCat("--data_dir=", coordinator_data_dir()) : "--ephemeral"};
+  args.insert(args.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
+  return Daemon::Start(BinaryPath("server/repvar-coordinator"), std::move(args), dir(),
+                       "coordinator");
+}
+
+absl::Status TestCluster::RestartCoordinator(int sig) {
+  const int port = coordinator_->port();
+  if (sig == SIGKILL) {
+    coordinator_->Kill(SIGKILL);
+  } else {
+    coordinator_->Stop();
+  }
+  auto c = StartCoordinator(port);
+  if (!c.ok()) return c.status();
+  coordinator_ = *std::move(c);
+  return absl::OkStatus();
+}
+
+absl::Status TestCluster::Start() {
+  auto c = StartCoordinator(0);
   if (!c.ok()) return c.status();
   coordinator_ = *std::move(c);
   for (int t = 0; t < options_.tpu_workers; ++t) {

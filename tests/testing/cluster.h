@@ -14,21 +14,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "tests/testing/temp_dir.h"
 
 namespace repvar::testing {
 
 absl::Duration Scaled(absl::Duration d);
-
-// A fresh temporary directory, removed on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // One daemon process. Stop() sends SIGTERM, then SIGKILL after a grace period.
 class Daemon {
@@ -61,6 +51,10 @@ struct ClusterOptions {
   bool cpu_host = true;  // a /job:worker task without accelerators
   absl::Duration heartbeat_timeout = absl::Seconds(2);
   std::string expected_tasks;  // default: exactly the tasks started
+  // The coordinator keeps its state in <dir>/coordinator-data (false: in
+  // memory, --ephemeral).
+  bool durable = true;
+  std::vector<std::string> coordinator_flags;  // more flags
 };
 
 // A coordinator plus workers; Start() waits until the cluster has formed.
@@ -75,11 +69,16 @@ class TestCluster {
   Daemon& coordinator() { return *coordinator_; }
   // Starts tpu_worker:i again (new incarnation) after it was killed.
   absl::Status RestartWorker(int i);
+  // Stops the coordinator with `sig` (SIGKILL: at once; SIGTERM: cleanly)
+  // and starts it again on the same port and data dir.
+  absl::Status RestartCoordinator(int sig);
+  std::string coordinator_data_dir() const { return dir() + "/coordinator-data"; }
   std::string worker_address(int i) const;
   const std::string& dir() const { return dir_.path(); }
 
  private:
   absl::StatusOr<std::unique_ptr<Daemon>> StartWorker(const std::string& job, int task, int tpus);
+  absl::StatusOr<std::unique_ptr<Daemon>> StartCoordinator(int port);
   ClusterOptions options_;
   TempDir dir_;
   std::unique_ptr<Daemon> coordinator_;

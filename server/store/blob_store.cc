@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "server/store/blob_store.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/base/status_util.h"
+
+namespace repvar::server {
+namespace {
+
+const rocksdb::IOOptions kIo;
+
+}  // namespace
+
+absl::Status FromIo(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  const std::string message = absl::StrCat(what, ": ", s.ToString());
+  if (s.IsNoSpace()) return absl::ResourceExhaustedError(message);
+  if (s.IsCorruption()) return absl::DataLossError(message);
+  return absl::InternalError(message);
+}
+
+BlobStore::BlobStore(rocksdb::FileSystem* fs, std::string dir, BlobStoreOptions options)
+    : fs_(fs), dir_(std::move(dir)), options_(options) {}
+
+absl::Status BlobStore::Open() {
+  REPVAR_RETURN_IF_ERROR(FromIo(fs_->CreateDirIfMissing(dir_, kIo, nullptr), "create " + dir_));
+  std::vector<std::string> children;
+  REPVAR_RETURN_IF_ERROR(FromIo(fs_->GetChildren(dir_, kIo, &children, nullptr), "list " + dir_));
+  for (const std::string& name : children) {
+    if (absl::StartsWith(name, "tmp-")) {
+      REPVAR_RETURN_IF_ERROR(
+          FromIo(fs_->DeleteFile(dir_ + "/" + name, kIo, nullptr), "delete " + name));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string BlobStore::BlobNameOf(const Tensor& t) const {
+  if (BlobBytes(t) == 0) return "";
+  return absl::StrFormat("%016x-%d.bin", t.checksum, t.bytes.size());
+}
+
+void BlobStore::Describe(const Tensor& t, disk::TensorRef* ref) const {
+  auto* spec = ref->mutable_spec();
+  spec->set_dtype(static_cast<int>(t.spec.dtype));
+  for (int64_t d : t.spec.dims) spec->add_dims(d);
+  ref->set_byte_size(t.bytes.size());
+  ref->set_checksum(t.checksum);
+  if (BlobBytes(t) == 0) {
+    ref->set_inline_bytes(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+    return;
+  }
+  ref->set_blob(BlobNameOf(t));
+  ref->set_chunk_bytes(options_.chunk_bytes);
+  ForEachChunk(t.bytes.span(), options_.chunk_bytes,
+               [&](uint64_t, std::span<const std::byte> chunk) {
+                 ref->add_chunk_checksums(Checksum(chunk));
+               });
+}
+
+absl::Status BlobStore::Keep(const Tensor& t, disk::TensorRef* ref) {
+  Describe(t, ref);
+  if (BlobBytes(t) == 0) return absl::OkStatus();
+  const std::string& name = ref->blob();
+  uint64_t size = 0;
+  if (fs_->GetFileSize(dir_ + "/" + name, kIo, &size, nullptr).ok() && size == t.bytes.size()) {
+    // The same bytes are on disk already (Load checks them). Its directory
+    // entry may be from a run that crashed before syncing it.
+    return options_.sync ? SyncDir() : absl::OkStatus();
+  }
+  return Write(name, t);
+}
+
+absl::Status BlobStore::Write(const std::string& name, const Tensor& t) {
+  const std::string tmp = dir_ + "/tmp-" + name;
+  const std::string path = dir_ + "/" + name;
+  auto written = [&]() -> absl::Status {
+    std::unique_ptr<rocksdb::FSWritableFile> file;
+    REPVAR_RETURN_IF_ERROR(
+        FromIo(fs_->NewWritableFile(tmp, rocksdb::FileOptions(), &file, nullptr), "create " + tmp));
+    absl::Status s;
+    ForEachChunk(
+        t.bytes.span(), options_.chunk_bytes, [&](uint64_t, std::span<const std::byte> chunk) {
+          if (!s.ok()) return;
+          s = FromIo(file->Append(
+                         rocksdb::Slice(reinterpret_cast<const char*>(chunk.data()), chunk.size()),
+                         kIo, nullptr),
+                     "write " + tmp);
+        });
+    REPVAR_RETURN_IF_ERROR(s);
+    if (options_.sync) REPVAR_RETURN_IF_ERROR(FromIo(file->Sync(kIo, nullptr), "sync " + tmp));
+    REPVAR_RETURN_IF_ERROR(FromIo(file->Close(kIo, nullptr), "close " + tmp));
+    REPVAR_RETURN_IF_ERROR(FromIo(fs_->RenameFile(tmp, path, kIo, nullptr), "rename " + tmp));
+    return options_.sync ? SyncDir() : absl::OkStatus();
+  }();
+  if (!written.ok()) {
+    (void)fs_->DeleteFile(tmp, kIo, nullptr);
+    return written;
+  }
+  ++blobs_written_;
+  return absl::OkStatus();
+}
+
+absl::Status BlobStore::SyncDir() {
+  std::unique_ptr<rocksdb::FSDirectory> dir;
+  REPVAR_RETURN_IF_ERROR(FromIo(fs_->NewDirectory(dir_, kIo, &dir, nullptr), "open " + dir_));
+  REPVAR_RETURN_IF_ERROR(
+      FromIo(dir->FsyncWithDirOptions(
+                 kIo, nullptr, rocksdb::DirFsyncOptions(rocksdb::DirFsyncOptions::kNewFileSynced)),
+             "sync " + dir_));
+  return FromIo(dir->Close(kIo, nullptr), "close " + dir_);
+}
+
+absl::StatusOr<std::shared_ptr<const Tensor>> BlobStore::Load(const disk::TensorRef& ref) {
+  TensorSpec spec;
+  auto dtype = DTypeFromInt(ref.spec().dtype());
+  if (!dtype.ok()) return absl::DataLossError(absl::StrCat("tensor dtype ", ref.spec().dtype()));
+  spec.dtype = *dtype;
+  spec.dims.assign(ref.spec().dims().begin(), ref.spec().dims().end());
+  auto size = spec.ByteSize();
+  if (!size.ok() || static_cast<uint64_t>(*size) != ref.byte_size()) {
+    return absl::DataLossError(absl::StrCat("a tensor of ", spec.ToString(), " recorded with ",
+                                            ref.byte_size(), " bytes"));
+  }
+  if (ref.where_case() == disk::TensorRef::kInlineBytes) {
+    const std::string& data = ref.inline_bytes();
+    auto t =
+        Tensor::FromBytes(spec, std::as_bytes(std::span<const char>(data.data(), data.size())));
+    if (!t.ok() || t->checksum != ref.checksum()) {
+      return absl::DataLossError(
+          absl::StrCat("an inline tensor of ", spec.ToString(), " does not match its checksum"));
+    }
+    return std::make_shared<const Tensor>(*std::move(t));
+  }
+  if (ref.where_case() != disk::TensorRef::kBlob || ref.blob().empty() ||
+      ref.blob().find('/') != std::string::npos) {
+    return absl::DataLossError("a tensor recorded with neither bytes nor a blob name");
+  }
+  const std::string path = dir_ + "/" + ref.blob();
+  const uint64_t chunk = ref.chunk_bytes();
+  const uint64_t n = ref.byte_size();
+  if (chunk == 0 || static_cast<uint64_t>(ref.chunk_checksums_size()) != (n + chunk - 1) / chunk) {
+    return absl::DataLossError(absl::StrCat("blob ", path, ": recorded with ",
+                                            ref.chunk_checksums_size(), " chunk checksums"));
+  }
+  uint64_t on_disk = 0;
+  if (rocksdb::Status s = fs_->GetFileSize(path, kIo, &on_disk, nullptr); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("blob ", path, " is missing: ", s.ToString()));
+  }
+  if (on_disk != n) {
+    return absl::DataLossError(absl::StrCat("blob ", path, " has ", on_disk,
+                                            " bytes; its record says ", n, " (damaged at offset ",
+                                            std::min(on_disk, n), ")"));
+  }
+  std::unique_ptr<rocksdb::FSRandomAccessFile> file;
+  REPVAR_RETURN_IF_ERROR(FromIo(
+      fs_->NewRandomAccessFile(path, rocksdb::FileOptions(), &file, nullptr), "open " + path));
+  REPVAR_ASSIGN_OR_RETURN(Tensor t, Tensor::ForOverwrite(spec));
+  for (uint64_t off = 0, i = 0; off < n; off += chunk, ++i) {
+    const size_t len = static_cast<size_t>(std::min(chunk, n - off));
+    char* dst = reinterpret_cast<char*>(t.bytes.data() + off);
+    rocksdb::Slice got;
+    REPVAR_RETURN_IF_ERROR(FromIo(file->Read(off, len, kIo, &got, dst, nullptr), "read " + path));
+    if (got.size() != len) {
+      return absl::DataLossError(
+          absl::StrCat("blob ", path, ": short read at offset ", off + got.size()));
+    }
+    if (got.data() != dst) std::memcpy(dst, got.data(), len);
+    if (Checksum(std::as_bytes(std::span<const char>(dst, len))) != ref.chunk_checksums(i)) {
+      return absl::DataLossError(absl::StrCat("blob ", path, ": bytes ", off, "..", off + len,
+                                              " do not match their checksum (damaged at offset ",
+                                              off, " or after)"));
+    }
+  }
+  t.UpdateChecksum();
+  if (t.checksum != ref.checksum()) {
+    return absl::DataLossError(absl::StrCat("blob ", path, " does not match its checksum"));
+  }
+  return std::make_shared<const Tensor>(std::move(t));
+}
+
+absl::StatusOr<int> BlobStore::CollectGarbage(const absl::flat_hash_set<std::string>& live) {
+  std::vector<std::string> children;
+  REPVAR_RETURN_IF_ERROR(FromIo(fs_->GetChildren(dir_, kIo, &children, nullptr), "list " + dir_));
+  int deleted = 0;
+  for (const std::string& name : children) {
+    if (!absl::EndsWith(name, ".bin") || live.contains(name)) continue;
+    REPVAR_RETURN_IF_ERROR(
+        FromIo(fs_->DeleteFile(dir_ + "/" + name, kIo, nullptr), "delete " + name));
+    ++deleted;
+  }
+  return deleted;
+}
+
+}  // namespace repvar::server

@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+// The coordinator's state on disk: a StateLog in RocksDB, with checkpoints.
+//
+//   <data_dir>/db      RocksDB (its LOCK keeps a second coordinator out)
+//     "format"              "repvar-state 1"
+//     "l/" <seq, 8 bytes BE> one record (disk::Record), written with sync
+//                           before it is applied and before any answer
+//     "c/meta"              the last checkpoint: counters and the last
+//                           sequence it includes
+//     "c/w/", "c/v/", "c/o/" its workers, variables and recorded answers
+//   <data_dir>/blobs   tensors of more than 16 KiB (BlobStore), synced
+//                      before the record that names them
+//
+// Startup (Recover) loads the checkpoint and applies the records after it,
+// then writes a new checkpoint. A checkpoint is one WriteBatch that replaces
+// the old one and deletes the records it includes; blobs no longer named are
+// deleted after it is synced.
+//
+// Failures: no room for a change (free space below the reserve, or RocksDB
+// reporting no space) fails it with RESOURCE_EXHAUSTED before anything is
+// applied; any other write or sync error is fatal: the process stops, and a
+// restart recovers what was synced (RELIABILITY.md §2.1, fsyncgate). RocksDB
+// tolerates a torn tail of its write-ahead log (the record was never
+// acknowledged) and refuses anything else (kTolerateCorruptedTailRecords);
+// a damaged blob or record is DATA_LOSS naming it, and the coordinator does
+// not start.
+//
+// Called under the registry's lock (StateLog), so one thread at a time.
+#ifndef REPVAR_SERVER_STORE_ROCKS_STATE_LOG_H_
+#define REPVAR_SERVER_STORE_ROCKS_STATE_LOG_H_
+
+#include <rocksdb/db.h>
+#include <rocksdb/env.h>
+#include <rocksdb/file_system.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/core/state_log.h"
+#include "server/store/blob_store.h"
+
+namespace repvar::server {
+
+struct RocksStateLogOptions {
+  std::string dir;  // the data dir
+  // Where files go; null: the local file system. Tests pass one that
+  // injects faults or loses what was not synced.
+  std::shared_ptr<rocksdb::FileSystem> fs;
+  // A checkpoint after this many records.
+  uint64_t checkpoint_every = 4096;
+  // A change that would leave less free space in the data dir is refused.
+  uint64_t min_free_bytes = uint64_t{64} << 20;
+  BlobStoreOptions blobs;
+  // false: nothing is synced. Only for the negative control of the
+  // power-loss tests, which must then lose acknowledged records.
+  bool sync = true;
+  // A storage failure after which memory and disk may disagree. Null: log
+  // it and abort the process. A test whose file system lost its power sets
+  // one that notes it; the change then fails and nothing is applied.
+  std::function<void(const absl::Status&)> on_fatal;
+};
+
+class RocksStateLog final : public StateLog {
+ public:
+  // Opens (or creates) the data dir. Errors: FAILED_PRECONDITION (another
+  // process holds it; a format this build does not read), DATA_LOSS (RocksDB
+  // reports corruption), INTERNAL (I/O).
+  static absl::StatusOr<std::unique_ptr<RocksStateLog>> Open(RocksStateLogOptions options);
+  ~RocksStateLog() override;
+
+  // Errors: RESOURCE_EXHAUSTED (no room), FAILED_PRECONDITION (before
+  // Recover). Other storage errors stop the process.
+  absl::Status Append(const Record& record) override;
+  void Applied(const ClusterState& state) override;
+  absl::Status Recover(ClusterState& state) override;
+
+  struct Stats {
+    uint64_t records = 0;      // appended by this process
+    uint64_t replayed = 0;     // applied by Recover after the checkpoint
+    uint64_t checkpoints = 0;  // written by this process
+    uint64_t last_sequence = 0;
+    uint64_t blobs_written = 0;
+  };
+  Stats stats() const;
+
+ private:
+  RocksStateLog(RocksStateLogOptions options, std::shared_ptr<rocksdb::FileSystem> fs,
+                std::unique_ptr<rocksdb::Env> env);
+  absl::Status CheckSpace(uint64_t bytes) const;
+  absl::Status WriteCheckpoint(const ClusterState& state);
+  absl::Status LoadCheckpoint(ClusterStateData& data, uint64_t& last_sequence);
+  // The process stops here unless options_.on_fatal returns; then `s`.
+  absl::Status Fatal(absl::Status s);
+
+  const RocksStateLogOptions options_;
+  const std::shared_ptr<rocksdb::FileSystem> fs_;
+  const std::unique_ptr<rocksdb::Env> env_;
+  std::unique_ptr<rocksdb::DB> db_;
+  BlobStore blobs_;
+  bool recovered_ = false;
+  bool needs_resume_ = false;  // RocksDB stopped writes after running out of space
+  uint64_t next_sequence_ = 1;
+  uint64_t since_checkpoint_ = 0;
+  Stats stats_;
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_STORE_ROCKS_STATE_LOG_H_

@@ -1,0 +1,212 @@
+// SPDX-License-Identifier: Apache-2.0
+// F3, F6 against real processes: the coordinator is killed (SIGKILL) and
+// started again on its data dir and port while workers and clients keep
+// running. Every acknowledged write is there with its version and bytes;
+// ids, versions, step ids and epochs go on; an open step is aborted; the
+// same client and the same worker processes carry on. Startup refuses what
+// would split the state: no data dir choice, a data dir in use, a busy port.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "repvar/client.h"
+#include "repvar/step.h"
+#include "tests/testing/started_cluster.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace repvar {
+namespace {
+
+using ::repvar::testing::BinaryPath;
+using ::repvar::testing::Scaled;
+using ::repvar::testing::StatusIs;
+
+std::vector<float> Ramp(int n, float base) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = base + static_cast<float>(i);
+  return v;
+}
+
+class RestartTest : public testing::StartedCluster {
+ protected:
+  VariableInfo Create(const std::string& name, int64_t elements, Aggregation agg) {
+    VariableSpec s{.name = name, .dtype = DType::kFloat32, .shape = {elements}};
+    s.replica_count = 6;
+    s.aggregation = agg;
+    s.initializer = InitializerSpec::Zeros();
+    auto info = client_->CreateVariable(s);
+    EXPECT_OK(info);
+    EXPECT_OK(client_->Initialize({name}));
+    return info.ok() ? *info : VariableInfo{};
+  }
+
+  std::map<std::string, uint64_t> Incarnations() {
+    std::map<std::string, uint64_t> out;
+    auto topo = client_->GetTopology();
+    EXPECT_OK(topo);
+    if (topo.ok()) {
+      for (const TaskInfo& t : topo->tasks) out[absl::StrCat(t.job, ":", t.task)] = t.incarnation;
+    }
+    return out;
+  }
+
+  // Every replica of `name` on the workers themselves, as "version:checksum".
+  std::set<std::string> HeldOnWorkers(const std::string& name) {
+    std::set<std::string> out;
+    for (int h = 0; h < 3; ++h) {
+      const v1::GetReplicaStatusResponse status = testing::WorkerStatus(cluster_.worker_address(h));
+      for (const v1::LocalReplica& r : status.replicas()) {
+        if (r.name() == name) out.insert(absl::StrCat(r.version(), ":", r.checksum()));
+      }
+    }
+    return out;
+  }
+
+  std::vector<absl::StatusOr<StepResult>> RunStep(int64_t step, float value) {
+    std::vector<absl::StatusOr<StepResult>> out(3, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int h = 0; h < 3; ++h) {
+      threads.emplace_back([&, h] {
+        auto scope = StepScope::Begin(*client_, step, Options(h));
+        if (!scope.ok()) {
+          out[h] = scope.status();
+          return;
+        }
+        auto local = (*scope)->LocalReplicas("w");
+        for (int32_t r : local.ok() ? *local : std::vector<int32_t>{}) {
+          std::vector<float> v(4, value);
+          if (absl::Status s = (*scope)->Write<float>("w", r, v); !s.ok()) {
+            out[h] = s;
+            return;
+          }
+        }
+        out[h] = (*scope)->Commit();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return out;
+  }
+  StepOptions Options(int host) {
+    return StepOptions{.worker = absl::StrCat("tpu_worker:", host),
+                       .barrier_timeout = Scaled(absl::Seconds(20))};
+  }
+};
+
+TEST_F(RestartTest, F3_CoordinatorKilled_AcknowledgedWritesIdsAndWorkersSurvive) {
+  const VariableInfo small = Create("small", 4, Aggregation::kNone);
+  const VariableInfo big = Create("big", 1 << 16, Aggregation::kNone);  // 256 KiB: a blob file
+  WriteAck small_ack, big_ack;
+  for (int i = 1; i <= 5; ++i) {
+    auto a = client_->Assign<float>("small", Ramp(4, static_cast<float>(i)));
+    ASSERT_OK(a);
+    small_ack = *a;
+  }
+  auto b = client_->AssignAdd<float>("big", Ramp(1 << 16, 0.5f));
+  ASSERT_OK(b);
+  big_ack = *b;
+  const auto incarnations = Incarnations();
+
+  ASSERT_OK(cluster_.RestartCoordinator(SIGKILL));
+
+  // The same client, without reconnecting by hand.
+  auto small_read = client_->Read("small");
+  ASSERT_OK(small_read);
+  EXPECT_EQ(small_read->version, small_ack.version);
+  EXPECT_EQ(small_read->checksum, small_ack.checksum);
+  EXPECT_EQ(std::vector<float>(small_read->as<float>().begin(), small_read->as<float>().end()),
+            Ramp(4, 5));
+  auto big_read = client_->Read("big");
+  ASSERT_OK(big_read);
+  EXPECT_EQ(big_read->version, big_ack.version);
+  EXPECT_EQ(big_read->checksum, big_ack.checksum);
+  // The workers were not restarted and are not registered again.
+  EXPECT_EQ(Incarnations(), incarnations);
+  // Ids never repeat; versions go on; the workers take the new version.
+  auto again = client_->GetVariable("big");
+  ASSERT_OK(again);
+  EXPECT_EQ(again->id, big.id);
+  VariableSpec fresh{.name = "fresh", .dtype = DType::kFloat32, .shape = {2}};
+  auto created = client_->CreateVariable(fresh);
+  ASSERT_OK(created);
+  EXPECT_GT(created->id, std::max(small.id, big.id));
+  auto next = client_->Assign<float>("small", Ramp(4, 100));
+  ASSERT_OK(next);
+  EXPECT_EQ(next->version, small_ack.version + 1);
+  EXPECT_EQ(HeldOnWorkers("small"),
+            std::set<std::string>{absl::StrCat(next->version, ":", next->checksum)});
+}
+
+TEST_F(RestartTest, F6_StepIdsAndEpochsGoOn_AnOpenStepIsAbortedByTheRestart) {
+  Create("w", 4, Aggregation::kMean);
+  auto first = RunStep(1, 2.0f);
+  for (auto& r : first) ASSERT_OK(r);
+  const uint64_t epoch1 = first[0]->epoch;
+  auto open = StepScope::Begin(*client_, 2, Options(0));
+  ASSERT_OK(open);
+  const uint64_t open_epoch = (*open)->epoch();
+
+  ASSERT_OK(cluster_.RestartCoordinator(SIGKILL));
+
+  // The step open at the crash is gone: its commit fails, naming it.
+  auto orphan = (*open)->Commit();
+  EXPECT_FALSE(orphan.ok());
+  // Step 1 stays committed: it cannot be begun again.
+  EXPECT_THAT(StepScope::Begin(*client_, 1, Options(1)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "last committed step 1"));
+  auto second = RunStep(2, 6.0f);
+  for (auto& r : second) ASSERT_OK(r);
+  EXPECT_GT(second[0]->epoch, open_epoch);
+  EXPECT_GT(open_epoch, epoch1);
+  auto w = client_->Read("w");
+  ASSERT_OK(w);
+  EXPECT_EQ(w->version, 3);  // initialize, step 1, step 2
+  EXPECT_EQ(w->as<float>()[0], 6.0f);
+}
+
+// Runs the coordinator with `flags`; its exit code (124: still running
+// after 20 s).
+int RunCoordinator(const std::string& dir, const std::vector<std::string>& flags) {
+  const std::string cmd = absl::StrCat("timeout 20 ", BinaryPath("server/repvar-coordinator"), " ",
+                                       absl::StrJoin(flags, " "), " >>", dir, "/refused.log 2>&1");
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(CoordinatorStartup, ExactlyOneOfDataDirAndEphemeral_ElseExit2) {
+  testing::TempDir dir;
+  EXPECT_EQ(RunCoordinator(dir.path(), {}), 2);
+  EXPECT_EQ(RunCoordinator(dir.path(), {"--ephemeral", "--data_dir=" + dir.path() + "/d"}), 2);
+  EXPECT_THAT(ReadAll(dir.path() + "/refused.log"),
+              ::testing::HasSubstr("give exactly one of --data_dir=DIR"));
+}
+
+TEST_F(RestartTest, SecondCoordinatorOnTheDataDirOrThePort_Refused) {
+  const std::string log = cluster_.dir() + "/refused.log";
+  EXPECT_EQ(RunCoordinator(cluster_.dir(), {"--listen_address=127.0.0.1:0",
+                                            "--data_dir=" + cluster_.coordinator_data_dir()}),
+            1);
+  EXPECT_THAT(ReadAll(log), ::testing::HasSubstr("in use by another coordinator"));
+  testing::TempDir other;
+  EXPECT_EQ(RunCoordinator(cluster_.dir(), {absl::StrCat("--listen_address=127.0.0.1:",
+                                                         cluster_.coordinator().port()),
+                                            "--data_dir=" + other.path() + "/d"}),
+            1);
+  EXPECT_THAT(ReadAll(log), ::testing::HasSubstr("cannot listen on 127.0.0.1"));
+  // The cluster's own coordinator still answers.
+  EXPECT_OK(client_->GetTopology());
+}
+
+}  // namespace
+}  // namespace repvar

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+// A coordinator core driven by random operations (registrations, deaths,
+// creates, initializes, assigns, deletes, steps, repairs, failing workers)
+// from a seed, on a fake clock and fake workers: what the replay and
+// storage tests run to reach every kind of record.
+#ifndef REPVAR_TESTS_TESTING_RANDOM_CLUSTER_H_
+#define REPVAR_TESTS_TESTING_RANDOM_CLUSTER_H_
+
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/core/coordinator.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_worker_client.h"
+
+namespace repvar::testing {
+
+constexpr int kTasks = 4;
+constexpr absl::Duration kHeartbeatTimeout = absl::Seconds(10);
+
+class RandomCluster {
+ public:
+  // Commits go to `log` (a MemoryStateLog when null). `value_elements`:
+  // the float32 elements of each variable.
+  explicit RandomCluster(uint64_t seed, server::StateLog* log = nullptr, int value_elements = 3)
+      : rng_(seed), n_(value_elements) {
+    server::CoordinatorOptions options;
+    options.membership.heartbeat_timeout = kHeartbeatTimeout;
+    options.dedup_capacity = 50;
+    core_ = std::make_unique<server::Coordinator>(options, &clock_, &workers_,
+                                                  log != nullptr ? log : &log_);
+  }
+
+  // Registers the workers, then runs `operations` random operations.
+  void Run(int operations) {
+    Start();
+    for (int i = 0; i < operations; ++i) Step();
+  }
+  void Start() {
+    for (int i = 0; i < kTasks; ++i) Register(i);
+  }
+  // One random operation.
+  void Step() {
+    switch (Pick(12)) {
+      case 0: {  // a worker goes silent and is declared dead, or comes back
+        const int t = Pick(kTasks);
+        if (core_->registry().Find({"tpu_worker", t})) {
+          Pass(kHeartbeatTimeout / 2, t);
+          Pass(kHeartbeatTimeout / 2 + absl::Seconds(1), t);
+        } else {
+          Register(t);
+        }
+        break;
+      }
+      case 1: {
+        VariableDef def;
+        def.name = Name();
+        def.tensor = TensorSpec{DType::kFloat32, {n_}};
+        def.replica_count = 1 + Pick(2 * kTasks);
+        def.aggregation = Pick(2) ? Aggregation::kMean : Aggregation::kNone;
+        Initializer init;
+        init.kind = InitializerKind::kConstant;
+        init.constant = Pick(10);
+        (void)core_->CreateVariables({absl::StrCat("c", Pick(20)), 1}, {{def, init}});
+        break;
+      }
+      case 2:
+        (void)core_->Initialize({absl::StrCat("i", Pick(20)), 2}, {{Name(), std::nullopt}});
+        break;
+      case 3:
+      case 4: {
+        const AssignOp op = Pick(2) ? AssignOp::kAssign : AssignOp::kAdd;
+        (void)core_->Assign({absl::StrCat("a", Pick(30)), static_cast<uint64_t>(Pick(3))},
+                            {Name(), op, Value(n_)});
+        break;
+      }
+      case 5:
+        (void)core_->DeleteVariable({absl::StrCat("d", Pick(20)), 3}, Name());
+        break;
+      case 6: {  // a worker fails its calls for a while
+        const int t = Pick(kTasks);
+        if (Pick(2)) {
+          workers_.Fail(Task(t), absl::UnavailableError("down"));
+        } else {
+          workers_.Heal(Task(t));
+        }
+        break;
+      }
+      case 7:
+        core_->ResyncStale();
+        break;
+      case 8:
+      case 9:
+      case 10:
+        RunStep();
+        break;
+      default:
+        Pass(absl::Seconds(1), -1);
+        break;
+    }
+  }
+
+  server::Coordinator& core() { return *core_; }
+  std::string CoordinatorState() {
+    return core_->registry().Read([](const server::ClusterState& s) { return s.Dump(); });
+  }
+  const std::vector<server::Record>& records() const { return log_.records(); }
+  static server::ClusterStateOptions StateOptions() {
+    return server::ClusterStateOptions{50, absl::Hours(1)};
+  }
+
+ private:
+  int Pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
+  std::string Name() { return absl::StrCat("v", Pick(6)); }
+  std::string Task(int t) { return absl::StrCat("tpu_worker:", t); }
+  std::shared_ptr<const Tensor> Value(int n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = static_cast<float>(Pick(100));
+    return std::make_shared<const Tensor>(
+        *Tensor::FromBytes(TensorSpec{DType::kFloat32, {n}}, std::as_bytes(std::span(v))));
+  }
+
+  void Register(int t) {
+    WorkerRegistration r{"tpu_worker", t, absl::StrCat("h", t, ":1"), ++incarnation_[t], {}};
+    for (int d = 0; d < 2; ++d) {
+      r.devices.push_back(absl::StrCat("/job:tpu_worker/replica:0/task:", t, "/device:TPU:", d));
+    }
+    (void)core_->RegisterWorker(r);
+  }
+
+  // Keeps every live worker but `silent` alive across `d`.
+  void Pass(absl::Duration d, int silent) {
+    for (int t = 0; t < kTasks; ++t) {
+      if (t != silent) (void)core_->Heartbeat({"tpu_worker", t}, incarnation_[t]);
+    }
+    clock_.Advance(d);
+    core_->Tick(clock_.Now());
+  }
+
+  // A replicated step driven as workers would: reports with some replicas
+  // changed, the plan's finishes agreeing (or not), or an abort.
+  void RunStep() {
+    auto info = core_->BeginStep(++step_, absl::Seconds(30));
+    if (!info.ok()) return;
+    if (Pick(6) == 0) {
+      (void)core_->AbortStep(info->epoch, "test");
+      return;
+    }
+    for (size_t p = 0; p < info->participants.size(); ++p) {
+      WorkerReport report{info->step,
+                          info->epoch,
+                          info->participants[p].task,
+                          info->participants[p].incarnation,
+                          {}};
+      for (const StepVariable& v : info->variables) {
+        for (size_t r = 0; r < v.replica_participant.size(); ++r) {
+          if (v.replica_participant[r] == static_cast<int32_t>(p) && Pick(3) == 0) {
+            report.replicas.push_back(ReplicaReport{v.id, static_cast<int32_t>(r),
+                                                    static_cast<uint64_t>(1 + Pick(3)), -1});
+          }
+        }
+      }
+      (void)core_->ReportStep(report);
+    }
+    auto plan = core_->WaitStepPlan(info->epoch, absl::InfinitePast());
+    if (!plan.ok() || !std::holds_alternative<StepPlan>(*plan)) return;
+    const StepPlan& p = std::get<StepPlan>(*plan);
+    const uint64_t agreed = 1000 + Pick(1000);
+    for (const StepParticipant& part : info->participants) {
+      WorkerFinish finish{info->step, info->epoch, part.task, part.incarnation, {}, ""};
+      for (size_t c = 0; c < p.changed_ids.size(); ++c) {
+        uint64_t sum = p.changed_checksums[c] != 0 ? p.changed_checksums[c] : agreed;
+        if (Pick(20) == 0) sum ^= 1;  // a worker that disagrees fails the step
+        finish.variables.push_back(PreparedVariable{p.changed_ids[c], sum, -1, -1});
+      }
+      (void)core_->FinishStep(finish);
+    }
+  }
+
+  std::mt19937_64 rng_;
+  const int n_;
+  repvar::testing::FakeClock clock_;
+  repvar::testing::FakeWorkerClient workers_;
+  server::MemoryStateLog log_;
+  std::unique_ptr<server::Coordinator> core_;
+  std::map<int, uint64_t> incarnation_;
+  int64_t step_ = 0;
+};
+
+}  // namespace repvar::testing
+
+#endif  // REPVAR_TESTS_TESTING_RANDOM_CLUSTER_H_
