@@ -21,6 +21,14 @@ struct ReplicaWrite {
   int64_t version = 0;
   std::vector<int32_t> replicas;
   std::shared_ptr<const Tensor> value;
+  // The coordinator's fencing token (Registry::NextFence): larger for every
+  // later write, across coordinator restarts. A worker refuses a write of a
+  // variable whose token is below one it already applied for that
+  // variable, so a write delayed past its own failure (a paused worker, a
+  // coordinator that crashed before committing it) can never land on top of
+  // the repair that followed. 0 only for a worker's own installs of a
+  // step's result.
+  uint64_t fence = 0;
   // Set when the bytes travel worker to worker over the data plane.
   std::optional<CollectiveSpec> collective;
 };

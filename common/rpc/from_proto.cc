@@ -152,6 +152,7 @@ absl::StatusOr<ReplicaWriteHeader> WriteHeaderFromProto(const v1::WriteReplicasH
   h.write.variable_id = proto.variable_id();
   h.write.name = proto.name();
   h.write.version = proto.version();
+  h.write.fence = proto.fence();
   h.write.replicas.assign(proto.replicas().begin(), proto.replicas().end());
   if (proto.has_collective()) h.write.collective = CollectiveFromProto(proto.collective());
   REPVAR_ASSIGN_OR_RETURN(h.tensor, TensorHeaderFromProto(proto.tensor()));

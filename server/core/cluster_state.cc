@@ -52,6 +52,7 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
   topology_version_ = data.topology_version;
   last_committed_step_ = data.last_committed_step;
   last_epoch_ = data.last_epoch;
+  fences_reserved_ = data.fences_reserved;
   outcomes_ = std::move(outcomes);
   outcome_order_ = std::move(order);
   return absl::OkStatus();
@@ -206,6 +207,13 @@ void ClusterState::ApplyChange(const StepFailed& c) {
                    absl::StrCat("StepFailed of epoch ", c.epoch, ", which never began"));
 }
 
+void ClusterState::ApplyChange(const FencesReserved& c) {
+  REPVAR_CHECK_MSG(c.up_to > fences_reserved_,
+                   absl::StrCat("FencesReserved moves the reservation from ", fences_reserved_,
+                                " to ", c.up_to));
+  fences_reserved_ = c.up_to;
+}
+
 void ClusterState::ApplyChange(const RequestRecorded& c) {
   if (c.key.id.empty()) return;
   auto [it, fresh] =
@@ -352,7 +360,7 @@ std::string ClusterState::Dump() const {
   std::string out;
   absl::StrAppend(&out, "next_variable_id ", next_variable_id_, "\ntopology_version ",
                   topology_version_, "\nlast_committed_step ", last_committed_step_,
-                  "\nlast_epoch ", last_epoch_, "\n");
+                  "\nlast_epoch ", last_epoch_, "\nfences_reserved ", fences_reserved_, "\n");
   for (const auto& [key, w] : workers_) {
     std::vector<std::string> devices;
     for (const DeviceName& d : w.devices) devices.push_back(d.ToString());

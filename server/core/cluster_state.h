@@ -80,6 +80,7 @@ struct ClusterStateData {
   int64_t topology_version = 0;
   int64_t last_committed_step = 0;
   uint64_t last_epoch = 0;
+  uint64_t fences_reserved = 0;
   std::vector<std::pair<std::string, StoredOutcome>> outcomes;  // by id, oldest first
 };
 
@@ -126,6 +127,10 @@ class ClusterState {
   int64_t last_committed_step() const { return last_committed_step_; }
   uint64_t last_epoch() const { return last_epoch_; }
 
+  // Fencing tokens (ReplicaWrite::fence) at or below this were reserved;
+  // tokens handed out after a restart are above it.
+  uint64_t fences_reserved() const { return fences_reserved_; }
+
   // The answer recorded for `key` (nullopt: none, or older than the window
   // at `now`). Errors: INVALID_ARGUMENT when the id was used for another
   // operation or payload.
@@ -154,6 +159,7 @@ class ClusterState {
   void ApplyChange(const StepCommitted& c);
   void ApplyChange(const StepFailed& c);
   void ApplyChange(const RequestRecorded& c);
+  void ApplyChange(const FencesReserved& c);
   VariableRecord& MustFind(uint64_t id, const char* change);
   // Records what `h` acknowledged and moves its replica through the event
   // that follows from it (acked when it is the committed value).
@@ -171,6 +177,7 @@ class ClusterState {
 
   int64_t last_committed_step_ = 0;
   uint64_t last_epoch_ = 0;
+  uint64_t fences_reserved_ = 0;
 
   absl::flat_hash_map<std::string, StoredOutcome> outcomes_;
   std::deque<std::string> outcome_order_;  // oldest first

@@ -33,12 +33,15 @@ Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient*
 absl::Status Coordinator::Recover() {
   REPVAR_RETURN_IF_ERROR(registry_.Recover());
   steps_.Recovered();
+  // What the workers hold may not be what was recorded: a write in flight
+  // when we stopped may have reached some of them.
+  replication_.VerifyAll();
   return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> Coordinator::RegisterWorker(const WorkerRegistration& reg) {
   REPVAR_ASSIGN_OR_RETURN(int64_t version, registry_.Register(reg));
-  replication_.ResyncTask(TaskKey{reg.job, reg.task});
+  replication_.Rejoin(TaskKey{reg.job, reg.task});
   return version;
 }
 

@@ -78,14 +78,15 @@ class Coordinator {
   Registry& registry() { return registry_; }
 
   // Loads the state the log kept from an earlier run (see
-  // Registry::Recover); call once, before serving.
+  // Registry::Recover), then verifies what the workers recorded live hold
+  // (Replication::VerifyAll); call once, before serving.
   absl::Status Recover();
   RendezvousStore& store() { return groups_.store(); }
 
   // ---- Membership ----
-  // T1 plus F2: after a new incarnation registers, its replicas of
-  // initialized variables are rewritten from the committed values before this
-  // returns. Errors: as Registry::Register; a failed resync leaves the
+  // T1 plus F2: after a worker registers, what it holds is verified and its
+  // replicas of initialized variables that are not up to date are rewritten
+  // from the committed values before this returns (Replication::Rejoin). Errors: as Registry::Register; a failed resync leaves the
   // replicas STALE and is reported in the log, not to the worker.
   absl::StatusOr<int64_t> RegisterWorker(const WorkerRegistration& reg);
   // Errors: as Registry::Heartbeat.

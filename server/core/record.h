@@ -112,6 +112,12 @@ struct StepFailed {
   int64_t step = 0;
   uint64_t epoch = 0;
 };
+// Fencing tokens up to `up_to` may be handed out (Registry::NextFence).
+// Reserved in blocks so that a token is never handed out twice, across
+// restarts too, without a record per write (Percolator's timestamp oracle).
+struct FencesReserved {
+  uint64_t up_to = 0;
+};
 struct RequestRecorded {
   RequestKey key;
   std::string op;
@@ -121,7 +127,7 @@ struct RequestRecorded {
 
 using Change = std::variant<WorkerRegistered, WorkerDied, VariableCreated, VariableDeleted,
                             ValueCommitted, ReplicasWritten, ResyncFlagged, StepBegun,
-                            StepCommitted, StepFailed, RequestRecorded>;
+                            StepCommitted, StepFailed, RequestRecorded, FencesReserved>;
 
 struct Record {
   std::vector<Change> changes;

@@ -12,7 +12,13 @@
 namespace repvar::server {
 
 Registry::Registry(RegistryOptions options, Clock* clock, StateLog* log)
-    : options_(std::move(options)), clock_(clock), log_(log), state_(options_.state) {}
+    : options_(std::move(options)), clock_(clock), log_(log), state_(options_.state) {
+  // Fences start at the clock (in microseconds), so that a coordinator with
+  // nothing recorded (--ephemeral, a new data dir) still fences above what
+  // an earlier one sent to workers that outlived it; a recovered
+  // reservation raises it further (Recover).
+  last_fence_ = static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMicros(clock_->Now())));
+}
 
 absl::Status Registry::CommitLocked(Record record) {
   if (record.empty()) return absl::OkStatus();
@@ -28,6 +34,8 @@ absl::Status Registry::Recover() {
   // Workers recorded live get a whole heartbeat timeout from now to be heard
   // from again (they keep their incarnation across our restart).
   const absl::Time now = clock_->Now();
+  // Tokens of the earlier run are at most the reservation; ours are above.
+  last_fence_ = std::max(last_fence_, state_.fences_reserved());
   int live = 0;
   for (const auto& [key, w] : state_.workers()) {
     if (w.state != WorkerState::kLive) continue;
@@ -40,6 +48,17 @@ absl::Status Registry::Recover() {
       state_.variables().size(), state_.next_variable_id(), live, state_.topology_version(),
       state_.last_committed_step(), state_.last_epoch());
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Registry::NextFence() {
+  constexpr uint64_t kBlock = 1 << 16;
+  RankedLock lock(&mu_);
+  if (last_fence_ >= state_.fences_reserved()) {
+    Record record;
+    record.changes.push_back(FencesReserved{last_fence_ + kBlock});
+    REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)));
+  }
+  return ++last_fence_;
 }
 
 absl::Status Registry::Commit(Builder build) {

@@ -70,6 +70,11 @@ class Registry {
     return read(static_cast<const ClusterState&>(state_));
   }
 
+  // A fencing token for a write to workers (ReplicaWrite::fence): larger
+  // than every token handed out before, in this run or an earlier one.
+  // Tokens are reserved in blocks by a record. Errors: the log's.
+  absl::StatusOr<uint64_t> NextFence() ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- Membership (T1-T5). ----
   // T1. Errors: INVALID_ARGUMENT (empty or malformed job/address/device,
   // duplicate device, device of another task, incarnation 0, same
@@ -126,6 +131,7 @@ class Registry {
   StateLog* const log_ ABSL_PT_GUARDED_BY(mu_);
   ClusterState state_ ABSL_GUARDED_BY(mu_);
   std::map<TaskKey, absl::Time> last_heartbeat_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_fence_ ABSL_GUARDED_BY(mu_) = 0;  // the last token handed out
 };
 
 }  // namespace repvar::server

@@ -78,7 +78,9 @@ absl::StatusOr<uint64_t> Replication::IdOf(absl::string_view name) const {
 
 // ---- Delivery ----
 
-Replication::Delivery Replication::Deliver(const std::vector<PlannedWrite>& writes) {
+absl::StatusOr<Replication::Delivery> Replication::Deliver(
+    const std::vector<PlannedWrite>& writes) {
+  REPVAR_ASSIGN_OR_RETURN(const uint64_t fence, registry_->NextFence());
   // Group the replicas each live worker holds.
   struct Batch {
     WorkerTarget target;
@@ -100,7 +102,7 @@ Replication::Delivery Replication::Deliver(const std::vector<PlannedWrite>& writ
         Batch& b = per_task[task];
         const WorkerRecord& worker = *state.Worker(task);
         b.target = WorkerTarget{task, worker.address, worker.incarnation};
-        b.writes.push_back(ReplicaWrite{w.id, w.name, w.version, std::move(idx), w.value, {}});
+        b.writes.push_back(ReplicaWrite{w.id, w.name, w.version, std::move(idx), w.value, fence});
       }
     }
     std::vector<Batch> out;
@@ -149,6 +151,10 @@ Replication::Delivery Replication::Deliver(const std::vector<PlannedWrite>& writ
     const WorkerTarget& t = batches[i].target;
     if (!statuses[i].ok()) {
       d.failures.push_back(absl::StrCat(t.task.ToString(), ": ", statuses[i].ToString()));
+      // Whether it holds the new version, the old one or neither is unknown.
+      for (const ReplicaWrite& w : batches[i].writes) {
+        for (int32_t r : w.replicas) d.unknown[w.variable_id].push_back(Holder{r, t.incarnation});
+      }
       continue;
     }
     for (const ReplicaWrite& w : batches[i].writes) {
@@ -185,6 +191,16 @@ absl::Status Replication::CommitWrites(const std::vector<PlannedWrite>& writes,
             if (!holders.empty()) {
               record.changes.push_back(
                   ReplicasWritten{w.id, w.version, w.value->checksum, std::move(holders)});
+            }
+            // The replicas that did not answer may hold either value (the
+            // answer may be what was lost): STALE too, until repair
+            // rewrites them with a higher fence and checks what they hold.
+            auto u = delivery.unknown.find(w.id);
+            if (u != delivery.unknown.end() && v->version > 0) {
+              std::vector<Holder> unknown = LiveHolders(state, *v, u->second);
+              if (!unknown.empty()) {
+                record.changes.push_back(ReplicasWritten{w.id, 0, 0, std::move(unknown)});
+              }
             }
             record.changes.push_back(ResyncFlagged{w.id, true});
           }
@@ -263,7 +279,7 @@ absl::StatusOr<std::vector<InitializeResult>> Replication::Initialize(
     now[i] = true;
     todo.erase(t);
   }
-  const Delivery delivery = Deliver(writes);
+  REPVAR_ASSIGN_OR_RETURN(const Delivery delivery, Deliver(writes));
   // The answer, as it is once the writes commit.
   std::map<uint64_t, const PlannedWrite*> planned;
   for (const PlannedWrite& w : writes) planned[w.id] = &w;
@@ -373,7 +389,7 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
     }
     writes.push_back(PlannedWrite{ids[i], item.name, targets[i].version, std::move(value)});
   }
-  const Delivery delivery = Deliver(writes);
+  REPVAR_ASSIGN_OR_RETURN(const Delivery delivery, Deliver(writes));
   std::vector<WriteOutcome> answer;
   for (const PlannedWrite& w : writes) answer.push_back(WriteOutcome{w.version, w.value->checksum});
   REPVAR_RETURN_IF_ERROR(CommitWrites(
@@ -507,11 +523,8 @@ absl::Status Replication::Delete(const RequestKey& key, absl::string_view name) 
 
 // ---- Repair ----
 
-void Replication::ResyncTask(const TaskKey& task) {
-  std::optional<LiveTask> live = registry_->Find(task);
-  if (!live) return;
-  const WorkerTarget target{task, live->address, live->incarnation};
-  std::vector<uint64_t> ids = registry_->Read([&](const ClusterState& state) {
+std::vector<uint64_t> Replication::IdsOn(const TaskKey& task) const {
+  return registry_->Read([&](const ClusterState& state) {
     std::vector<uint64_t> out;
     for (const auto& [id, v] : state.variables()) {
       for (const Placement& p : v.placement) {
@@ -523,6 +536,13 @@ void Replication::ResyncTask(const TaskKey& task) {
     }
     return out;
   });
+}
+
+void Replication::ResyncTask(const TaskKey& task) {
+  std::optional<LiveTask> live = registry_->Find(task);
+  if (!live) return;
+  const WorkerTarget target{task, live->address, live->incarnation};
+  std::vector<uint64_t> ids = IdsOn(task);
   if (ids.empty()) return;
   WriteLocks locks(this, ids);
   std::vector<ReplicaWrite> writes;
@@ -546,9 +566,17 @@ void Replication::ResyncTask(const TaskKey& task) {
       spdlog::warn("resync of {} on {}: {}", name, task.ToString(), r.status().ToString());
       continue;
     }
-    writes.push_back(ReplicaWrite{id, name, r->version, std::move(stale), r->value, {}});
+    writes.push_back(ReplicaWrite{id, name, r->version, std::move(stale), r->value});
   }
   if (writes.empty()) return;
+  // A fence above every write sent before: one of those still in flight can
+  // no longer land on top of this repair.
+  absl::StatusOr<uint64_t> fence = registry_->NextFence();
+  if (!fence.ok()) {
+    spdlog::error("resync of {}: {}", task.ToString(), fence.status().ToString());
+    return;
+  }
+  for (ReplicaWrite& w : writes) w.fence = *fence;
   CallGroup call(1);
   workers_->WriteReplicasAsync(target, writes, call.Callback(0));
   if (absl::Status s = call.Wait()[0]; !s.ok()) {
@@ -577,25 +605,205 @@ void Replication::ResyncTask(const TaskKey& task) {
   spdlog::info("resynced {} variable(s) on {}", writes.size(), task.ToString());
 }
 
+namespace {
+
+// Waits for one ListReplicasAsync.
+absl::StatusOr<std::vector<WorkerClient::HeldReplica>> ListNow(WorkerClient* workers,
+                                                               const WorkerTarget& target,
+                                                               uint64_t fence_floor,
+                                                               absl::Time deadline) {
+  absl::StatusOr<std::vector<WorkerClient::HeldReplica>> got;
+  CallGroup call(1);
+  workers->ListReplicasAsync(
+      target, fence_floor, deadline,
+      [&got, done = call.Callback(0)](
+          absl::StatusOr<std::vector<WorkerClient::HeldReplica>> r) mutable {
+        got = std::move(r);
+        std::move(done)(absl::OkStatus());
+      });
+  call.Wait();
+  return got;
+}
+
+}  // namespace
+
+absl::Status Replication::VerifyTask(const TaskKey& task, absl::Time deadline) {
+  std::optional<LiveTask> live = registry_->Find(task);
+  if (!live) return absl::FailedPreconditionError(absl::StrCat(task.ToString(), " is not live"));
+  const WorkerTarget target{task, live->address, live->incarnation};
+  // No write of ours to it is in flight while it lists (a write that was
+  // cut off is: the fence keeps it from landing later).
+  WriteLocks locks(this, IdsOn(task));
+  REPVAR_ASSIGN_OR_RETURN(const uint64_t floor, registry_->NextFence());
+  REPVAR_ASSIGN_OR_RETURN(std::vector<WorkerClient::HeldReplica> held,
+                          ListNow(workers_, target, floor, deadline));
+  return Reconcile(target, held);
+}
+
+absl::Status Replication::Reconcile(const WorkerTarget& target,
+                                    const std::vector<WorkerClient::HeldReplica>& held) {
+  std::map<std::pair<uint64_t, int32_t>, const WorkerClient::HeldReplica*> by;
+  for (const WorkerClient::HeldReplica& h : held) by[{h.variable_id, h.replica}] = &h;
+  std::set<uint64_t> gone;
+  int demoted = 0;
+  int promoted = 0;
+  REPVAR_RETURN_IF_ERROR(
+      registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+        gone.clear();
+        demoted = promoted = 0;
+        if (!state.IsLive(target.task, target.incarnation)) {
+          return absl::AbortedError(absl::StrCat(target.task.ToString(), " incarnation ",
+                                                 target.incarnation, " is no longer live"));
+        }
+        for (const auto& [key, h] : by) {
+          if (state.FindId(key.first) == nullptr) gone.insert(key.first);
+        }
+        Record record;
+        for (const auto& [id, v] : state.variables()) {
+          if (v.version == 0) continue;  // an initialize overwrites whatever is there
+          std::map<std::pair<int64_t, uint64_t>, std::vector<Holder>> found;
+          for (size_t i = 0; i < v.placement.size(); ++i) {
+            if (v.placement[i].task != target.task) continue;
+            auto it = by.find({id, static_cast<int32_t>(i)});
+            const int64_t version = it == by.end() ? 0 : it->second->version;
+            const uint64_t checksum = it == by.end() ? 0 : it->second->checksum;
+            const bool holds = version == v.version && checksum == v.checksum;
+            const ReplicaState state_now = v.replicas[i].state;
+            if ((state_now == ReplicaState::kUpToDate && !holds) ||
+                (state_now == ReplicaState::kStale && holds)) {
+              found[{version, checksum}].push_back(
+                  Holder{static_cast<int32_t>(i), target.incarnation});
+              ++(holds ? promoted : demoted);
+            }
+          }
+          for (auto& [vc, holders] : found) {
+            record.changes.push_back(ReplicasWritten{id, vc.first, vc.second, std::move(holders)});
+          }
+        }
+        return record;
+      }));
+  if (demoted > 0) {
+    spdlog::warn("{} holds {} replica(s) other than the committed value; marked for repair",
+                 target.task.ToString(), demoted);
+  }
+  if (promoted > 0) {
+    spdlog::info("{} holds the committed value of {} stale replica(s)", target.task.ToString(),
+                 promoted);
+  }
+  for (uint64_t id : gone) {
+    spdlog::info("{} holds variable id {}, which does not exist; dropping it",
+                 target.task.ToString(), id);
+    workers_->DropVariableAsync(target, id, [task = target.task, id](absl::Status s) {
+      if (!s.ok()) spdlog::warn("drop of id {} on {}: {}", id, task.ToString(), s.ToString());
+    });
+  }
+  return absl::OkStatus();
+}
+
+void Replication::MarkUnverified(const TaskKey& task, uint64_t incarnation) {
+  absl::Status s = registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+    Record record;
+    if (!state.IsLive(task, incarnation)) return record;
+    for (const auto& [id, v] : state.variables()) {
+      if (v.version == 0) continue;
+      std::vector<Holder> holders;
+      for (size_t i = 0; i < v.placement.size(); ++i) {
+        if (v.placement[i].task == task && v.replicas[i].state == ReplicaState::kUpToDate) {
+          holders.push_back(Holder{static_cast<int32_t>(i), incarnation});
+        }
+      }
+      if (!holders.empty()) record.changes.push_back(ReplicasWritten{id, 0, 0, std::move(holders)});
+    }
+    return record;
+  });
+  if (!s.ok()) spdlog::error("cannot mark {} unverified: {}", task.ToString(), s.ToString());
+}
+
+void Replication::Rejoin(const TaskKey& task) {
+  std::optional<LiveTask> live = registry_->Find(task);
+  if (!live) return;
+  if (absl::Status s = VerifyTask(task, clock_->Now() + options_.verify_timeout); !s.ok()) {
+    spdlog::warn("{} could not be verified ({}); its replicas are marked for repair",
+                 task.ToString(), s.ToString());
+    MarkUnverified(task, live->incarnation);
+  }
+  ResyncTask(task);
+}
+
+void Replication::VerifyAll() {
+  const absl::Time deadline = clock_->Now() + options_.verify_timeout;
+  std::vector<WorkerTarget> targets = registry_->Read([](const ClusterState& state) {
+    std::vector<WorkerTarget> out;
+    for (const auto& [key, w] : state.workers()) {
+      if (w.state == WorkerState::kLive) out.push_back(WorkerTarget{key, w.address, w.incarnation});
+    }
+    return out;
+  });
+  if (targets.empty()) return;
+  absl::StatusOr<uint64_t> floor = registry_->NextFence();
+  if (!floor.ok()) {
+    spdlog::error("cannot verify the workers: {}", floor.status().ToString());
+    for (const WorkerTarget& t : targets) MarkUnverified(t.task, t.incarnation);
+    return;
+  }
+  // All at once: a dead worker costs the deadline once, not once each.
+  std::vector<absl::StatusOr<std::vector<WorkerClient::HeldReplica>>> got(targets.size());
+  CallGroup calls(targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) {
+    workers_->ListReplicasAsync(
+        targets[i], *floor, deadline,
+        [&got, i, done = calls.Callback(i)](
+            absl::StatusOr<std::vector<WorkerClient::HeldReplica>> r) mutable {
+          got[i] = std::move(r);
+          std::move(done)(absl::OkStatus());
+        });
+  }
+  calls.Wait();
+  for (size_t i = 0; i < targets.size(); ++i) {
+    absl::Status s = got[i].ok() ? Reconcile(targets[i], *got[i]) : got[i].status();
+    if (!s.ok()) {
+      spdlog::warn("{} could not be verified ({}); its replicas are marked for repair",
+                   targets[i].task.ToString(), s.ToString());
+      MarkUnverified(targets[i].task, targets[i].incarnation);
+    }
+  }
+}
+
 void Replication::ResyncStale() {
   std::set<TaskKey> tasks = registry_->Read([](const ClusterState& state) {
     std::set<TaskKey> out;
     for (const auto& [id, v] : state.variables()) {
       for (size_t i = 0; i < v.placement.size(); ++i) {
-        if (v.replicas[i].state == ReplicaState::kStale) out.insert(v.placement[i].task);
+        const WorkerRecord* w = state.Worker(v.placement[i].task);
+        if (w == nullptr || w->state != WorkerState::kLive) continue;
+        if (v.needs_resync || v.replicas[i].state == ReplicaState::kStale) {
+          out.insert(v.placement[i].task);
+        }
       }
     }
     return out;
   });
-  for (const TaskKey& t : tasks) ResyncTask(t);
-  absl::Status s = registry_->Commit([](const ClusterState& state) -> absl::StatusOr<Record> {
+  std::set<TaskKey> verified;
+  for (const TaskKey& t : tasks) {
+    if (absl::Status s = VerifyTask(t, clock_->Now() + options_.verify_timeout); !s.ok()) {
+      spdlog::warn("repair cannot verify {}: {}", t.ToString(), s.ToString());
+      continue;
+    }
+    verified.insert(t);
+    ResyncTask(t);
+  }
+  absl::Status s = registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
     Record record;
     for (const auto& [id, v] : state.variables()) {
       if (!v.needs_resync) continue;
-      const bool stale =
-          std::any_of(v.replicas.begin(), v.replicas.end(),
-                      [](const ReplicaRecord& r) { return r.state == ReplicaState::kStale; });
-      if (!stale) record.changes.push_back(ResyncFlagged{id, false});
+      bool clean = true;
+      for (size_t i = 0; i < v.placement.size() && clean; ++i) {
+        const WorkerRecord* w = state.Worker(v.placement[i].task);
+        if (w == nullptr || w->state != WorkerState::kLive) continue;  // resynced on return
+        clean = v.replicas[i].state != ReplicaState::kStale &&
+                verified.contains(v.placement[i].task);
+      }
+      if (clean) record.changes.push_back(ResyncFlagged{id, false});
     }
     return record;
   });

@@ -45,6 +45,8 @@
 namespace repvar::server {
 
 struct ReplicationOptions {
+  // How long repair waits for a worker to list its replicas.
+  absl::Duration verify_timeout = absl::Seconds(5);
   // Data plane (DESIGN.md §4): a single write of at least `data_plane_min_bytes`
   // to at least `data_plane_min_workers` workers goes to one root worker, which
   // broadcasts it to the others over gloo. Otherwise the coordinator writes
@@ -81,9 +83,26 @@ class Replication {
   // F2: rewrites the replicas `task` holds that are not up to date from the
   // committed values. Failures are logged; the replicas stay STALE.
   void ResyncTask(const TaskKey& task);
-  // Repair: resyncs every live worker with a stale replica (a write that
-  // missed it, a step it sat out) and clears needs_resync once every live
-  // replica of a variable is up to date.
+  // Repair's eyes (F2): fences `task` off from every write sent to it
+  // before now (WorkerClient::ListReplicasAsync), asks what it holds and
+  // brings the records in line in one record: a replica recorded up to date
+  // that holds anything but the committed (version, checksum) becomes
+  // STALE; a STALE one that holds it is acknowledged; replicas of variables
+  // that no longer exist are dropped. Errors: FAILED_PRECONDITION (not
+  // live), the worker's, the log's; nothing changes then.
+  absl::Status VerifyTask(const TaskKey& task, absl::Time deadline);
+  // A worker (re)registered: verifies what it holds (its up-to-date
+  // replicas become STALE when it cannot be asked), then resyncs it.
+  void Rejoin(const TaskKey& task);
+  // At startup, before serving (Coordinator::Recover): verifies every worker
+  // recorded live, all at once, for up to verify_timeout. The up-to-date replicas of
+  // one that does not answer become STALE: a write the crash left
+  // unrecorded may have reached it.
+  void VerifyAll();
+  // Repair, run periodically: every live worker holding a STALE replica or
+  // a replica of a variable flagged for resync is verified, then resynced;
+  // a flag is cleared once every live replica of its variable is up to date
+  // and its worker was verified in the same pass.
   void ResyncStale();
 
  private:
@@ -94,18 +113,29 @@ class Replication {
     int64_t version = 0;
     std::shared_ptr<const Tensor> value;
   };
-  // Which replicas acknowledged, and which live workers could not be written.
+  // Which replicas acknowledged, which did not answer (their contents are
+  // unknown), and why.
   struct Delivery {
     std::map<uint64_t, std::vector<Holder>> holders;
+    std::map<uint64_t, std::vector<Holder>> unknown;
     std::vector<std::string> failures;
   };
-  Delivery Deliver(const std::vector<PlannedWrite>& writes);
+  // Errors: those of Registry::NextFence; nothing was sent then.
+  absl::StatusOr<Delivery> Deliver(const std::vector<PlannedWrite>& writes);
   // Commits `writes` as the delivery left them (see the file comment, step
   // 5) with `outcome` when all of them reached every live replica.
   absl::Status CommitWrites(const std::vector<PlannedWrite>& writes, const Delivery& delivery,
                             const std::map<uint64_t, Initializer>& initializers,
                             std::optional<RequestRecorded> outcome);
   absl::StatusOr<ReadResult> CommittedValue(uint64_t id);
+  // VerifyTask's second half: `held` is what `target` listed after being
+  // fenced.
+  absl::Status Reconcile(const WorkerTarget& target,
+                         const std::vector<WorkerClient::HeldReplica>& held);
+  // Marks the up-to-date replicas of `task` STALE: what it holds is unknown.
+  void MarkUnverified(const TaskKey& task, uint64_t incarnation);
+  // Ids of the variables with a replica on `task`.
+  std::vector<uint64_t> IdsOn(const TaskKey& task) const;
   absl::StatusOr<uint64_t> IdOf(absl::string_view name) const;
   std::shared_ptr<absl::Mutex> WriteLockOf(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -50,11 +50,16 @@ class VolatileStateLog final : public StateLog {
   uint64_t records_ = 0;
 };
 
-// Keeps every record in memory, in order: for tests that replay them.
+// Keeps every record in memory, in order: for tests that replay them, or
+// that restart a coordinator on them (Recover applies them all).
 class MemoryStateLog final : public StateLog {
  public:
   absl::Status Append(const Record& record) override {
     records_.push_back(record);
+    return absl::OkStatus();
+  }
+  absl::Status Recover(ClusterState& state) override {
+    for (const Record& r : records_) state.Apply(r);
     return absl::OkStatus();
   }
   const std::vector<Record>& records() const { return records_; }

@@ -11,6 +11,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/model/replica_write.h"
 #include "common/model/task.h"
 #include "common/tensor/tensor.h"
@@ -39,6 +40,14 @@ class WorkerClient {
     std::shared_ptr<const Tensor> value;
   };
   using ReadDone = absl::AnyInvocable<void(absl::StatusOr<ReplicaValue>) &&>;
+  // A replica as the worker holds it.
+  struct HeldReplica {
+    uint64_t variable_id = 0;
+    int32_t replica = 0;
+    int64_t version = 0;
+    uint64_t checksum = 0;
+  };
+  using ListDone = absl::AnyInvocable<void(absl::StatusOr<std::vector<HeldReplica>>) &&>;
 
   virtual ~WorkerClient() = default;
   // Writes every item, in order, in one exchange. OK means the worker holds
@@ -54,6 +63,13 @@ class WorkerClient {
                                 int64_t min_version, ReadDone done) = 0;
   // Forgets a deleted variable.
   virtual void DropVariableAsync(const WorkerTarget& target, uint64_t variable_id, Done done) = 0;
+  // Every replica the worker holds, with its version and checksum: what
+  // repair compares with the committed state. The worker first refuses
+  // every later write fenced below `fence_floor` (ReplicaWrite::fence), so
+  // nothing sent before it can land after the list. Errors: UNAVAILABLE,
+  // ABORTED (another incarnation), DEADLINE_EXCEEDED.
+  virtual void ListReplicasAsync(const WorkerTarget& target, uint64_t fence_floor,
+                                 absl::Time deadline, ListDone done) = 0;
 };
 
 // Waits for a group of asynchronous calls: hand Callback(i) to call i, then

@@ -24,6 +24,7 @@ bool FillHeader(const WorkerTarget& target, const ReplicaWrite& w, v1::WriteRepl
   h->set_variable_id(w.variable_id);
   h->set_name(w.name);
   h->set_version(w.version);
+  h->set_fence(w.fence);
   h->mutable_replicas()->Assign(w.replicas.begin(), w.replicas.end());
   HeaderToProto(*w.value, h->mutable_tensor());
   if (w.collective) {
@@ -229,6 +230,36 @@ void GrpcWorkerClient::DropVariableAsync(const WorkerTarget& target, uint64_t va
       ->async()
       ->DropVariable(&call->ctx, &call->req, &call->resp, [call, target](grpc::Status s) {
         std::move(call->done)(Named(target, FromGrpcStatus(s)));
+        delete call;
+      });
+}
+
+void GrpcWorkerClient::ListReplicasAsync(const WorkerTarget& target, uint64_t fence_floor,
+                         absl::Time deadline, ListDone done) {
+  using Call = UnaryCall<v1::GetReplicaStatusRequest, v1::GetReplicaStatusResponse, ListDone>;
+  auto* call = new Call;
+  call->ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + options_.base_deadline)));
+  call->req.set_fence_floor(fence_floor);
+  call->req.set_incarnation(target.incarnation);
+  call->done = std::move(done);
+  StubFor(target.address)
+      ->async()
+      ->GetReplicaStatus(&call->ctx, &call->req, &call->resp, [call, target](grpc::Status s) {
+        absl::StatusOr<std::vector<HeldReplica>> out;
+        if (!s.ok()) {
+          out = Named(target, FromGrpcStatus(s));
+        } else if (call->resp.incarnation() != target.incarnation) {
+          out = Named(target, absl::AbortedError(absl::StrCat(
+                                  "incarnation ", call->resp.incarnation(), " answered, not ",
+                                  target.incarnation)));
+        } else {
+          std::vector<HeldReplica> held;
+          for (const v1::LocalReplica& r : call->resp.replicas()) {
+            held.push_back(HeldReplica{r.variable_id(), r.replica(), r.version(), r.checksum()});
+          }
+          out = std::move(held);
+        }
+        std::move(call->done)(std::move(out));
         delete call;
       });
 }

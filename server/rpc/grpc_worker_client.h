@@ -32,6 +32,8 @@ class GrpcWorkerClient final : public WorkerClient {
   void ReadReplicaAsync(const WorkerTarget& target, uint64_t variable_id, int32_t replica,
                         int64_t min_version, ReadDone done) override;
   void DropVariableAsync(const WorkerTarget& target, uint64_t variable_id, Done done) override;
+  void ListReplicasAsync(const WorkerTarget& target, uint64_t fence_floor,
+                         absl::Time deadline, ListDone done) override;
 
  private:
   v1::WorkerReplicas::Stub* StubFor(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);

@@ -251,6 +251,7 @@ absl::Status RocksStateLog::WriteCheckpoint(const ClusterState& state) {
   meta.set_topology_version(state.topology_version());
   meta.set_last_committed_step(state.last_committed_step());
   meta.set_last_epoch(state.last_epoch());
+  meta.set_fences_reserved(state.fences_reserved());
   batch.Put(kMetaKey, meta.SerializeAsString());
   for (const auto& [key, w] : state.workers()) {
     disk::WorkerRecord row;
@@ -297,6 +298,7 @@ absl::Status RocksStateLog::LoadCheckpoint(ClusterStateData& data, uint64_t& las
   data.topology_version = meta.topology_version();
   data.last_committed_step = meta.last_committed_step();
   data.last_epoch = meta.last_epoch();
+  data.fences_reserved = meta.fences_reserved();
 
   rocksdb::ReadOptions r;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(r));

@@ -259,6 +259,10 @@ struct ChangeEncoder {
     out->mutable_step_failed()->set_epoch(c.epoch);
     return absl::OkStatus();
   }
+  absl::Status operator()(const FencesReserved& c) {
+    out->mutable_fences_reserved()->set_up_to(c.up_to);
+    return absl::OkStatus();
+  }
   absl::Status operator()(const RequestRecorded& c) {
     EncodeOutcome(c.key.id, StoredOutcome{c.op, c.key.digest, c.answer, c.at},
                   out->mutable_request_recorded());
@@ -320,6 +324,8 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) 
       return Change(
           RequestRecorded{RequestKey{std::move(id), o.digest}, o.op, std::move(o.answer), o.at});
     }
+    case disk::Change::kFencesReserved:
+      return Change(FencesReserved{in.fences_reserved().up_to()});
     case disk::Change::CHANGE_NOT_SET:
       break;
   }

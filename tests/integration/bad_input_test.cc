@@ -4,6 +4,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <cmath>
 #include <cstring>
 
@@ -359,6 +361,8 @@ TEST_F(BadInputTest, WorkerWriteSmallReplicas_BadHeaders_RefusedAndNothingApplie
     v1::WriteReplicasHeader* h = req.add_writes();
     h->set_incarnation(incarnation);
     h->set_variable_id(id);
+    h->set_version(1);
+    h->set_fence(UINT64_MAX);  // above any floor: only the case at hand refuses it
     h->add_replicas(0);
     *h->mutable_tensor() = HeaderFor(data, {4});
     h->set_inline_data(data);
@@ -380,6 +384,24 @@ TEST_F(BadInputTest, WorkerWriteSmallReplicas_BadHeaders_RefusedAndNothingApplie
   collective.mutable_writes(0)->mutable_collective()->set_size(2);
   EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), collective, &resp)),
               StatusIs(Code::kInvalidArgument));
+  // Fields a worker checks before taking any byte.
+  struct Bad {
+    const char* what;
+    std::function<void(v1::WriteReplicasHeader*)> spoil;
+  };
+  for (const Bad& bad : std::vector<Bad>{
+           {"version", [](auto* h) { h->set_version(-1); }},
+           {"replica index", [](auto* h) { h->set_replicas(0, -1); }},
+           {"replica index", [](auto* h) { h->add_replicas(0); }},
+           {"no replica", [](auto* h) { h->clear_replicas(); }},
+           {"variable id 0", [](auto* h) { h->set_variable_id(0); }},
+           {"without a fence", [](auto* h) { h->set_fence(0); }},
+       }) {
+    v1::WriteSmallReplicasRequest req = header(status.incarnation());
+    bad.spoil(req.mutable_writes(0));
+    EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), req, &resp)),
+                StatusIs(Code::kInvalidArgument, bad.what));
+  }
   // Corrupt inline bytes: the checksum catches them.
   v1::WriteSmallReplicasRequest corrupt = header(status.incarnation());
   corrupt.mutable_writes(0)->mutable_inline_data()->at(0) ^= 1;

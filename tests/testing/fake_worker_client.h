@@ -2,6 +2,7 @@
 #ifndef REPVAR_TESTS_TESTING_FAKE_WORKER_CLIENT_H_
 #define REPVAR_TESTS_TESTING_FAKE_WORKER_CLIENT_H_
 
+#include <algorithm>
 #include <deque>
 #include <functional>
 #include <map>
@@ -67,6 +68,49 @@ class FakeWorkerClient final : public server::WorkerClient {
     std::move(done)(absl::OkStatus());
   }
 
+  void ListReplicasAsync(const server::WorkerTarget& target, uint64_t fence_floor,
+                         absl::Time /*deadline*/, ListDone done) override {
+    absl::StatusOr<std::vector<HeldReplica>> out;
+    {
+      absl::MutexLock lock(&mu_);
+      ++lists_;
+      uint64_t& floor = floors_[target.task.ToString()];
+      floor = std::max(floor, fence_floor);
+      auto f = failures_.find(target.task.ToString());
+      if (f != failures_.end()) {
+        out = f->second;
+      } else {
+        std::vector<HeldReplica> held;
+        for (const auto& [key, h] : held_) {
+          // A new incarnation is a new process: it holds nothing of the old one.
+          if (std::get<0>(key) != target.task.ToString() || h.incarnation != target.incarnation) {
+            continue;
+          }
+          held.push_back(HeldReplica{std::get<1>(key), std::get<2>(key), h.version, h.checksum});
+        }
+        out = std::move(held);
+      }
+    }
+    std::move(done)(std::move(out));
+  }
+
+  // Makes `task` hold `held` as replica `replica` of `variable_id` (what a
+  // write the coordinator never heard back from may leave).
+  void Plant(const std::string& task, uint64_t variable_id, int32_t replica, Held held) {
+    absl::MutexLock lock(&mu_);
+    held_[{task, variable_id, replica}] = std::move(held);
+  }
+  int lists() {
+    absl::MutexLock lock(&mu_);
+    return lists_;
+  }
+  // The highest fence a write to `task` carried (0: none yet).
+  uint64_t fence(const std::string& task) {
+    absl::MutexLock lock(&mu_);
+    auto it = fences_.find(task);
+    return it == fences_.end() ? 0 : it->second;
+  }
+
   // Parks every write of `variable_id` until ReleaseWrites() (a write in
   // flight).
   void HoldWritesOf(uint64_t variable_id) {
@@ -106,6 +150,33 @@ class FakeWorkerClient final : public server::WorkerClient {
   void CompleteAll() {
     while (CompleteNext()) {
     }
+  }
+
+  // Every write to `task` fails with DEADLINE_EXCEEDED as far as the
+  // coordinator can tell, but is kept: LandLate() applies it afterwards, as
+  // a worker paused mid-write does when it resumes (fenced as a worker
+  // fences, unless `fenced` is false: the negative control).
+  void LoseAnswersOf(const std::string& task) {
+    absl::MutexLock lock(&mu_);
+    lose_answers_ = task;
+  }
+  // Applies the kept writes; returns how many of them landed.
+  int LandLate(bool fenced = true) {
+    std::vector<std::pair<server::WorkerTarget, std::vector<ReplicaWrite>>> late;
+    {
+      absl::MutexLock lock(&mu_);
+      lose_answers_.clear();
+      late.swap(late_);
+    }
+    int landed = 0;
+    for (auto& [target, writes] : late) {
+      if (!fenced) {
+        for (ReplicaWrite& w : writes) w.fence = UINT64_MAX;
+      }
+      absl::MutexLock lock(&mu_);
+      landed += Apply(target, writes).ok() ? 1 : 0;
+    }
+    return landed;
   }
 
   // Every call to `task` ("job:task") fails with `status` until cleared.
@@ -160,7 +231,26 @@ class FakeWorkerClient final : public server::WorkerClient {
     absl::MutexLock lock(&mu_);
     auto f = failures_.find(target.task.ToString());
     if (f != failures_.end()) return f->second;
+    if (target.task.ToString() == lose_answers_) {
+      late_.push_back({target, writes});
+      return absl::DeadlineExceededError("no answer in time");
+    }
+    return Apply(target, writes);
+  }
+
+  absl::Status Apply(const server::WorkerTarget& target, const std::vector<ReplicaWrite>& writes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // Fenced as a worker fences (worker/core/replica_store.h).
     for (const auto& w : writes) {
+      const uint64_t floor = std::max(floors_[target.task.ToString()],
+                                      variable_fences_[{target.task.ToString(), w.variable_id}]);
+      if (w.fence < floor) return absl::AbortedError("superseded by a later write");
+    }
+    for (const auto& w : writes) {
+      uint64_t& vf = variable_fences_[{target.task.ToString(), w.variable_id}];
+      vf = std::max(vf, w.fence);
+      uint64_t& tf = fences_[target.task.ToString()];
+      tf = std::max(tf, w.fence);
       if (w.collective) collectives_.push_back({target.task.ToString(), *w.collective});
       for (int32_t r : w.replicas) {
         auto copy = Tensor::FromBytes(w.value->spec, w.value->bytes.span());
@@ -189,6 +279,13 @@ class FakeWorkerClient final : public server::WorkerClient {
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int reads_ ABSL_GUARDED_BY(mu_) = 0;
+  int lists_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint64_t> fences_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> floors_ ABSL_GUARDED_BY(mu_);
+  std::string lose_answers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<server::WorkerTarget, std::vector<ReplicaWrite>>> late_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, uint64_t>, uint64_t> variable_fences_ ABSL_GUARDED_BY(mu_);
   uint64_t hold_ ABSL_GUARDED_BY(mu_) = 0;
   bool manual_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::pair<std::string, CollectiveSpec>> collectives_ ABSL_GUARDED_BY(mu_);

@@ -1,17 +1,33 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "worker/core/replica_store.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 
 namespace repvar::worker {
 
-void ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
+absl::Status ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
   // Old values are released after the lock is dropped (munmap can be slow).
   std::vector<std::shared_ptr<const Tensor>> released;
   absl::MutexLock lock(&mu_);
+  for (const ReplicaWrite& item : items) {
+    if (item.fence == 0) continue;
+    auto f = fences_.find(item.variable_id);
+    const uint64_t floor = std::max(fence_floor_, f == fences_.end() ? 0 : f->second);
+    if (item.fence < floor) {
+      return absl::AbortedError(absl::StrCat("write of ", item.name, " version ", item.version,
+                                             " (fence ", item.fence,
+                                             ") was superseded by a later write or repair (fence ",
+                                             floor, "); nothing applied"));
+    }
+  }
   for (ReplicaWrite& item : items) {
+    if (item.fence != 0) {
+      uint64_t& f = fences_[item.variable_id];
+      f = std::max(f, item.fence);
+    }
     for (int32_t r : item.replicas) {
       StoredReplica& s = replicas_[{item.variable_id, r}];
       if (s.value) released.push_back(std::move(s.value));
@@ -20,6 +36,7 @@ void ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
     }
   }
   applied_.SignalAll();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StoredReplica> ReplicaStore::WaitFor(uint64_t variable_id, int32_t replica,
@@ -59,6 +76,14 @@ void ReplicaStore::Drop(uint64_t variable_id) {
     released.push_back(std::move(it->second.value));
     it = replicas_.erase(it);
   }
+}
+
+std::vector<StoredReplica> ReplicaStore::FenceAndList(uint64_t floor) {
+  absl::MutexLock lock(&mu_);
+  fence_floor_ = std::max(fence_floor_, floor);
+  std::vector<StoredReplica> out;
+  for (const auto& [key, r] : replicas_) out.push_back(r);
+  return out;
 }
 
 std::vector<StoredReplica> ReplicaStore::List() const {

@@ -29,11 +29,16 @@ struct StoredReplica {
 // gives every local replica of a variable the same immutable value, so the
 // bytes are held once per worker; readers keep a reference to the version
 // they read, so a concurrent write never tears a read. The coordinator is the
-// authority on versions: the store keeps what it is told. Thread-safe.
+// authority on versions: the store keeps what it is told, except a write
+// fenced off by a later one (ReplicaWrite::fence). Thread-safe.
 class ReplicaStore {
  public:
-  // Applies all items or none (they are validated by the caller).
-  void Apply(std::vector<ReplicaWrite> items) ABSL_LOCKS_EXCLUDED(mu_);
+  // Applies all items or none (they are validated by the caller). Items
+  // with a fence (the coordinator's writes) are refused with ABORTED when a
+  // write with a higher fence of the same variable was applied here, even
+  // if the variable was dropped since; items without one (this worker's
+  // installs of a step's result) are not fenced.
+  absl::Status Apply(std::vector<ReplicaWrite> items) ABSL_LOCKS_EXCLUDED(mu_);
   // Errors: NOT_FOUND.
   absl::StatusOr<StoredReplica> Get(uint64_t variable_id, int32_t replica) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -44,6 +49,10 @@ class ReplicaStore {
                                         absl::Time deadline) const ABSL_LOCKS_EXCLUDED(mu_);
   void Drop(uint64_t variable_id) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<StoredReplica> List() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Raises the floor below which every fenced write is refused to `floor`
+  // (never lowers it), then lists, atomically: no write with a lower fence
+  // lands after the list was taken.
+  std::vector<StoredReplica> FenceAndList(uint64_t floor) ABSL_LOCKS_EXCLUDED(mu_);
   // Bytes of distinct tensors held.
   uint64_t BytesHeld() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -51,6 +60,10 @@ class ReplicaStore {
   mutable absl::Mutex mu_;
   mutable absl::CondVar applied_;  // Apply() ran
   std::map<std::pair<uint64_t, int32_t>, StoredReplica> replicas_ ABSL_GUARDED_BY(mu_);
+  // The highest fence applied per variable id; kept after a drop, so that a
+  // delayed write cannot bring a dropped variable back (16 bytes per id).
+  std::map<uint64_t, uint64_t> fences_ ABSL_GUARDED_BY(mu_);
+  uint64_t fence_floor_ ABSL_GUARDED_BY(mu_) = 0;  // for every variable
 };
 
 }  // namespace repvar::worker

@@ -156,9 +156,11 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, const StepR
                     StepName(s.header), var->name);
       continue;
     }
-    items.push_back(ReplicaWrite{id, var->name, vc.first, std::move(local), *value, std::nullopt});
+    items.push_back(ReplicaWrite{id, var->name, vc.first, std::move(local), *value,
+                                 /*fence=*/0, std::nullopt});
   }
-  store_->Apply(std::move(items));
+  // Unfenced: installing a step's result cannot be refused.
+  (void)store_->Apply(std::move(items));
 }
 
 }  // namespace repvar::worker

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "worker/core/write_sessions.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
 
@@ -16,6 +18,30 @@ absl::StatusOr<ChunkAssembler> Start(const TensorHeader& header,
   return a;
 }
 
+// Every field a coordinator's write carries, checked before any byte is
+// taken: an id, a version and a fence of at least 1, and distinct replica
+// indexes of at least 0.
+absl::Status Validate(const ReplicaWrite& w) {
+  if (w.variable_id == 0) return absl::InvalidArgumentError("write of variable id 0");
+  if (w.version < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("write of ", w.name, " with version ", w.version, " (at least 1)"));
+  }
+  if (w.fence == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("write of ", w.name, " without a fence"));
+  }
+  if (w.replicas.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("write of ", w.name, " names no replica"));
+  }
+  std::vector<int32_t> sorted = w.replicas;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.front() < 0 || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("write of ", w.name, " names a negative or repeated replica index"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ReplicaWriteSession::OnHeader(const ReplicaWriteHeader& h,
@@ -25,6 +51,7 @@ absl::Status ReplicaWriteSession::OnHeader(const ReplicaWriteHeader& h,
     return absl::AbortedError(absl::StrCat("write meant for incarnation ", h.incarnation,
                                            "; this worker is ", incarnation_));
   }
+  REPVAR_RETURN_IF_ERROR(Validate(h.write));
   const std::optional<CollectiveSpec>& c = h.write.collective;
   if (!c || c->rank == c->root) {
     REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, Start(h.tensor, inline_data));
@@ -77,8 +104,9 @@ absl::Status ReplicaWriteSession::FinishCurrent() {
 absl::StatusOr<uint64_t> ReplicaWriteSession::Finish() {
   REPVAR_RETURN_IF_ERROR(FinishCurrent());
   const uint64_t checksum = items_.empty() ? 0 : items_.back().value->checksum;
-  store_->Apply(std::move(items_));
+  absl::Status applied = store_->Apply(std::move(items_));
   items_.clear();
+  REPVAR_RETURN_IF_ERROR(applied);
   return checksum;
 }
 

@@ -71,10 +71,15 @@ grpc::Status ReplicasService::DropVariable(grpc::ServerContext*, const v1::DropV
 }
 
 grpc::Status ReplicasService::GetReplicaStatus(grpc::ServerContext*,
-                                               const v1::GetReplicaStatusRequest*,
+                                               const v1::GetReplicaStatusRequest* req,
                                                v1::GetReplicaStatusResponse* resp) {
+  if (req->fence_floor() != 0 && req->incarnation() != incarnation_) {
+    return ToGrpcStatus(absl::AbortedError(absl::StrCat("fence meant for incarnation ",
+                                                        req->incarnation(), "; this worker is ",
+                                                        incarnation_)));
+  }
   resp->set_incarnation(incarnation_);
-  for (const StoredReplica& r : store_->List()) {
+  for (const StoredReplica& r : store_->FenceAndList(req->fence_floor())) {
     v1::LocalReplica* p = resp->add_replicas();
     p->set_variable_id(r.variable_id);
     p->set_name(r.name);

@@ -147,6 +147,18 @@ TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired)
   workers_.Heal("tpu_worker:1");
   auto view = core_.GetVariable("w");
   EXPECT_TRUE(view->needs_resync);
+  // tpu_worker:1 did not answer, so what it holds is unknown (STALE) until
+  // repair asks it; the others cannot be asked this time.
+  EXPECT_EQ(view->replicas[2].state, ReplicaState::kStale);
+  workers_.Fail("tpu_worker:0", absl::UnavailableError("busy"));
+  workers_.Fail("tpu_worker:2", absl::UnavailableError("busy"));
+  core_.ResyncStale();
+  workers_.Heal("tpu_worker:0");
+  workers_.Heal("tpu_worker:2");
+  view = core_.GetVariable("w");
+  EXPECT_EQ(view->replicas[2].state, ReplicaState::kUpToDate);  // it holds version 1
+  EXPECT_EQ(view->replicas[0].state, ReplicaState::kStale);
+  EXPECT_TRUE(view->needs_resync);
   auto s = core_.BeginStep(1, absl::Seconds(10));
   ASSERT_OK(s);
   // Committed is still version 1: the replicas that got version 2 sit out.

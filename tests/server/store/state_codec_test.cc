@@ -60,6 +60,7 @@ TEST_F(StateCodecTest, CheckpointRows_RoundTrip_RestoreGivesTheSameState) {
       data.topology_version = s.topology_version();
       data.last_committed_step = s.last_committed_step();
       data.last_epoch = s.last_epoch();
+      data.fences_reserved = s.fences_reserved();
       for (const auto& [key, w] : s.workers()) {
         disk::WorkerRecord row;
         EncodeWorker(w, &row);

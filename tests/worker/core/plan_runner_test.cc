@@ -53,7 +53,7 @@ class PlanRunnerTest : public ::testing::Test {
     layout->info.variables.push_back(w);
     layout->vars[1] = 0;
     step_.layout = layout;
-    store_.Apply({ReplicaWrite{1, "w", 5, {2, 3}, F32({1, 2}), std::nullopt}});
+    ASSERT_TRUE(store_.Apply({ReplicaWrite{1, "w", 5, {2, 3}, F32({1, 2})}}).ok());
   }
   ReplicaStore store_;
   FakeCollectives collectives_;

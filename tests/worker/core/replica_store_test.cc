@@ -18,7 +18,7 @@ std::shared_ptr<const Tensor> Value(float x) {
 
 TEST(ReplicaStore, Apply_AllReplicasShareOneValue) {
   ReplicaStore store;
-  store.Apply({{7, "w", 1, {0, 1}, Value(1.0f)}});
+  ASSERT_OK(store.Apply({{7, "w", 1, {0, 1}, Value(1.0f)}}));
   auto r0 = store.Get(7, 0);
   auto r1 = store.Get(7, 1);
   ASSERT_OK(r0);
@@ -31,14 +31,57 @@ TEST(ReplicaStore, Apply_AllReplicasShareOneValue) {
 
 TEST(ReplicaStore, ReaderKeepsItsVersionAcrossAWrite) {
   ReplicaStore store;
-  store.Apply({{7, "w", 1, {0}, Value(1.0f)}});
+  ASSERT_OK(store.Apply({{7, "w", 1, {0}, Value(1.0f)}}));
   auto held = store.Get(7, 0);
-  store.Apply({{7, "w", 2, {0}, Value(2.0f)}});
+  ASSERT_OK(store.Apply({{7, "w", 2, {0}, Value(2.0f)}}));
   EXPECT_EQ(held->version, 1);
   EXPECT_EQ(LoadElement(*held->value, 0), 1.0);
   EXPECT_EQ(LoadElement(*store.Get(7, 0)->value, 0), 2.0);
   store.Drop(7);
   EXPECT_TRUE(store.List().empty());
+}
+
+ReplicaWrite Fenced(uint64_t id, int64_t version, std::vector<int32_t> replicas, float x,
+                    uint64_t fence) {
+  ReplicaWrite w{id, "w", version, std::move(replicas), Value(x)};
+  w.fence = fence;
+  return w;
+}
+
+// A write delayed past its own failure (the coordinator gave up, repaired
+// the replica with a later fence) must not land on top of the repair.
+TEST(ReplicaStore, F2_WriteWithALowerFence_Aborted_NothingApplied) {
+  ReplicaStore store;
+  ASSERT_OK(store.Apply({Fenced(7, 1, {0}, 1.0f, /*fence=*/20)}));
+  EXPECT_THAT(store.Apply({Fenced(8, 1, {0}, 5.0f, 10), Fenced(7, 2, {0}, 2.0f, 19)}),
+              StatusIs(absl::StatusCode::kAborted, "superseded"));
+  EXPECT_EQ(store.Get(7, 0)->version, 1);
+  EXPECT_THAT(store.Get(8, 0), StatusIs(absl::StatusCode::kNotFound));  // all or nothing
+  // The same fence again (a retried delivery) and a higher one land.
+  ASSERT_OK(store.Apply({Fenced(7, 2, {0}, 2.0f, 20)}));
+  ASSERT_OK(store.Apply({Fenced(7, 3, {0}, 3.0f, 21)}));
+  EXPECT_EQ(store.Get(7, 0)->version, 3);
+  // The fence outlives a drop: a delayed write cannot bring it back.
+  store.Drop(7);
+  EXPECT_THAT(store.Apply({Fenced(7, 2, {0}, 2.0f, 20)}), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(store.Get(7, 0), StatusIs(absl::StatusCode::kNotFound));
+  // A step's result (no fence) is this worker's own: never refused.
+  ASSERT_OK(store.Apply({Fenced(8, 4, {0}, 4.0f, 0)}));
+}
+
+TEST(ReplicaStore, F2_FenceAndList_RefusesEveryEarlierWrite_ThenLists) {
+  ReplicaStore store;
+  ASSERT_OK(store.Apply({Fenced(7, 1, {0, 1}, 1.0f, 5)}));
+  std::vector<StoredReplica> listed = store.FenceAndList(/*floor=*/30);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].version, 1);
+  // Any variable, even one never written here: nothing sent before the
+  // floor lands after the list.
+  EXPECT_THAT(store.Apply({Fenced(9, 1, {0}, 1.0f, 29)}), StatusIs(absl::StatusCode::kAborted));
+  ASSERT_OK(store.Apply({Fenced(9, 1, {0}, 1.0f, 30)}));
+  // The floor never goes down.
+  store.FenceAndList(3);
+  EXPECT_THAT(store.Apply({Fenced(7, 2, {0}, 2.0f, 10)}), StatusIs(absl::StatusCode::kAborted));
 }
 
 }  // namespace

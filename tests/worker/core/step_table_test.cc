@@ -94,7 +94,7 @@ class LocalStepsTest : public ::testing::Test {
     info.variables.push_back(w);
     info.layout_id = 77;
     auto begin = F32({1, 2});
-    store_.Apply({ReplicaWrite{kW, "w", 5, {0, 1}, begin}});
+    ASSERT_TRUE(store_.Apply({ReplicaWrite{kW, "w", 5, {0, 1}, begin}}).ok());
   }
   absl::StatusOr<StepResolution> Commit(int64_t step, uint64_t epoch,
                                         std::vector<std::string> devices, absl::Duration wait) {

@@ -30,6 +30,7 @@ ReplicaWriteHeader Header(uint64_t id, const std::vector<std::byte>& bytes,
   h.write.variable_id = id;
   h.write.name = absl::StrCat("v", id);
   h.write.version = 3;
+  h.write.fence = 1;
   h.write.replicas = {0, 1};
   h.tensor = TensorHeader{TensorSpec{DType::kFloat32, {static_cast<int64_t>(bytes.size() / 4)}},
                           bytes.size(), Checksum(bytes)};
@@ -79,6 +80,15 @@ TEST(ReplicaWriteSession, Refusals) {
               StatusIs(absl::StatusCode::kAborted, "meant for incarnation 8"));
   EXPECT_THAT(session.OnChunk(0, a, Checksum(a)),
               StatusIs(absl::StatusCode::kInvalidArgument, "without a header"));
+  ReplicaWriteHeader bad = Header(1, a);
+  bad.write.version = 0;
+  EXPECT_THAT(session.OnHeader(bad, a), StatusIs(absl::StatusCode::kInvalidArgument, "version"));
+  bad = Header(1, a);
+  bad.write.replicas = {0, -1};
+  EXPECT_THAT(session.OnHeader(bad, a), StatusIs(absl::StatusCode::kInvalidArgument, "replica"));
+  bad = Header(1, a);
+  bad.write.fence = 0;
+  EXPECT_THAT(session.OnHeader(bad, a), StatusIs(absl::StatusCode::kInvalidArgument, "fence"));
   ReplicaWriteHeader h = Header(1, a);
   h.write.collective = CollectiveSpec{"g", 1, 2, 0, 0, absl::Seconds(1)};
   ASSERT_OK(session.OnHeader(h, {}));

@@ -109,6 +109,7 @@ class WorkerServicesTest : public ::testing::Test {
     head.mutable_header()->set_variable_id(1);
     head.mutable_header()->set_name("w");
     head.mutable_header()->set_version(4);
+    head.mutable_header()->set_fence(1);
     head.mutable_header()->add_replicas(0);
     Tensor2(data, head.mutable_header()->mutable_tensor());
     v1::WriteReplicasRequest chunk;
@@ -178,6 +179,8 @@ TEST_F(WorkerServicesTest, Replicas_WriteSmall_OnlyWholeInlineTensors) {
   v1::WriteReplicasHeader* h = req.add_writes();
   h->set_incarnation(kInc);
   h->set_variable_id(1);
+  h->set_version(1);
+  h->set_fence(1);
   h->add_replicas(0);
   Tensor2(data, h->mutable_tensor());
   h->set_inline_data(data.substr(0, 4));  // half of it
@@ -190,13 +193,9 @@ TEST_F(WorkerServicesTest, Replicas_WriteSmall_OnlyWholeInlineTensors) {
 }
 
 TEST_F(WorkerServicesTest, Steps_WriteReadCommit_Converted_BadHeaderRefused) {
-  store_.Apply({ReplicaWrite{
-      1,
-      "w",
-      1,
-      {0},
-      std::make_shared<const Tensor>(*Tensor::Zeros(TensorSpec{DType::kFloat32, {2}})),
-      std::nullopt}});
+  ASSERT_OK(store_.Apply({ReplicaWrite{
+      1, "w", 1, {0},
+      std::make_shared<const Tensor>(*Tensor::Zeros(TensorSpec{DType::kFloat32, {2}}))}}));
   const std::string data = FloatBytes({5, 6});
   v1::StepWriteSmallRequest req;
   v1::StepWriteHeader* h = req.add_writes();
