@@ -48,6 +48,10 @@ ABSL_FLAG(int64_t, min_free_bytes, int64_t{64} << 20,
           "changes that would leave less free space in --data_dir are refused "
           "(RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, checkpoint_every, 4096, "records between checkpoints of the state log");
+ABSL_FLAG(absl::Duration, idempotency_window, absl::Hours(1),
+          "how long the answer to a request with an id is kept for its retries (never less)");
+ABSL_FLAG(int64_t, idempotency_capacity, 1000000,
+          "answers kept within the window; beyond it new request ids get RESOURCE_EXHAUSTED");
 ABSL_FLAG(bool, unsafe_no_fsync, false,
           "TESTS ONLY: never sync the state log (acknowledged changes are lost on power loss)");
 
@@ -90,6 +94,13 @@ int main(int argc, char** argv) {
   }
   options.membership.expected_tasks = *expected;
   options.max_variable_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_variable_bytes));
+  options.idempotency_window = absl::GetFlag(FLAGS_idempotency_window);
+  options.idempotency_capacity = static_cast<size_t>(absl::GetFlag(FLAGS_idempotency_capacity));
+  if (options.idempotency_window <= absl::ZeroDuration() ||
+      absl::GetFlag(FLAGS_idempotency_capacity) < 1) {
+    std::fprintf(stderr, "--idempotency_window and --idempotency_capacity must be positive\n");
+    return 2;
+  }
   options.replication.data_plane = absl::GetFlag(FLAGS_data_plane);
   options.replication.data_plane_min_bytes =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_data_plane_min_bytes));

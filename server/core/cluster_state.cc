@@ -219,12 +219,11 @@ void ClusterState::ApplyChange(const RequestRecorded& c) {
   auto [it, fresh] =
       outcomes_.try_emplace(c.key.id, StoredOutcome{c.op, c.key.digest, c.answer, c.at});
   if (fresh) outcome_order_.push_back(c.key.id);
-  // Bounded in count and age: the oldest go first.
+  // Bounded by age only: an answer inside the window is never forgotten
+  // (admission refuses new ids at the capacity instead: Outcome()).
   while (!outcome_order_.empty()) {
     auto oldest = outcomes_.find(outcome_order_.front());
-    const bool too_many = outcomes_.size() > options_.outcome_capacity;
-    const bool too_old = c.at - oldest->second.at > options_.outcome_window;
-    if (!too_many && !too_old) break;
+    if (c.at - oldest->second.at <= options_.outcome_window) break;
     outcomes_.erase(oldest);
     outcome_order_.pop_front();
   }
@@ -317,6 +316,24 @@ absl::StatusOr<std::optional<Answer>> ClusterState::Outcome(const RequestKey& ke
   if (key.id.empty()) return std::optional<Answer>();
   auto it = outcomes_.find(key.id);
   if (it == outcomes_.end() || now - it->second.at > options_.outcome_window) {
+    // Room for its answer? Answers past the window go at the next record.
+    size_t expired = 0;
+    for (const std::string& id : outcome_order_) {
+      if (now - outcomes_.at(id).at <= options_.outcome_window) break;
+      ++expired;
+    }
+    const size_t within = outcomes_.size() - expired;
+    if (within >= options_.outcome_capacity) {
+      const absl::Duration wait =
+          outcomes_.at(outcome_order_[expired]).at + options_.outcome_window - now;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the request-id table holds ", within, " answers from the last ",
+          absl::FormatDuration(options_.outcome_window),
+          " (its capacity); none may be forgotten inside that window, so a new request with an "
+          "id is refused for ",
+          absl::FormatDuration(wait),
+          "; nothing was changed (retry later, or raise --idempotency_capacity)"));
+    }
     return std::optional<Answer>();
   }
   if (it->second.op != op || it->second.digest != key.digest) {

@@ -85,9 +85,11 @@ struct ClusterStateData {
 };
 
 struct ClusterStateOptions {
-  // Answers of mutating requests are kept for retries (C6), bounded in count
-  // and age.
-  size_t outcome_capacity = 100000;
+  // Answers of mutating requests are kept for retries (C6) for the window,
+  // never forgotten inside it. At the capacity, a new request with an id is
+  // refused (RESOURCE_EXHAUSTED) until the oldest answers age out; requests
+  // in flight when it filled may take it a little past (they were admitted).
+  size_t outcome_capacity = 1000000;
   absl::Duration outcome_window = absl::Hours(1);
 };
 
@@ -133,7 +135,9 @@ class ClusterState {
 
   // The answer recorded for `key` (nullopt: none, or older than the window
   // at `now`). Errors: INVALID_ARGUMENT when the id was used for another
-  // operation or payload.
+  // operation or payload; RESOURCE_EXHAUSTED when there is none and the
+  // table already holds `outcome_capacity` answers from within the window
+  // (a new request would have no room for its answer).
   absl::StatusOr<std::optional<Answer>> Outcome(const RequestKey& key, absl::string_view op,
                                                 absl::Time now) const;
 

@@ -10,8 +10,8 @@ RegistryOptions RegistryOptionsOf(const CoordinatorOptions& o) {
   RegistryOptions r;
   r.membership = o.membership;
   r.max_variable_bytes = o.max_variable_bytes;
-  r.state.outcome_capacity = o.dedup_capacity;
-  r.state.outcome_window = o.dedup_window;
+  r.state.outcome_capacity = o.idempotency_capacity;
+  r.state.outcome_window = o.idempotency_window;
   return r;
 }
 

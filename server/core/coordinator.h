@@ -62,9 +62,11 @@ struct CoordinatorOptions {
   MembershipOptions membership;
   // Largest variable accepted (RESOURCE_EXHAUSTED above it).
   uint64_t max_variable_bytes = uint64_t{64} << 30;
-  // Answers of mutating requests kept for retries (C6).
-  size_t dedup_capacity = 100000;
-  absl::Duration dedup_window = absl::Hours(1);
+  // Answers of mutating requests kept for retries (C6): never forgotten
+  // within the window; at the capacity new request ids are refused
+  // (ClusterStateOptions).
+  size_t idempotency_capacity = 1000000;
+  absl::Duration idempotency_window = absl::Hours(1);
   ReplicationOptions replication;
 };
 

@@ -50,6 +50,11 @@ absl::Status Registry::Recover() {
   return absl::OkStatus();
 }
 
+absl::Status Registry::CheckRoom(uint64_t value_bytes) const {
+  RankedLock lock(&mu_);
+  return log_->CheckRoom(value_bytes);
+}
+
 absl::StatusOr<uint64_t> Registry::NextFence() {
   constexpr uint64_t kBlock = 1 << 16;
   RankedLock lock(&mu_);

@@ -70,6 +70,8 @@ class Registry {
     return read(static_cast<const ClusterState&>(state_));
   }
 
+  // StateLog::CheckRoom: whether a record with `value_bytes` of values fits.
+  absl::Status CheckRoom(uint64_t value_bytes) const ABSL_LOCKS_EXCLUDED(mu_);
   // A fencing token for a write to workers (ReplicaWrite::fence): larger
   // than every token handed out before, in this run or an earlier one.
   // Tokens are reserved in blocks by a record. Errors: the log's.

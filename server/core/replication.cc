@@ -80,6 +80,11 @@ absl::StatusOr<uint64_t> Replication::IdOf(absl::string_view name) const {
 
 absl::StatusOr<Replication::Delivery> Replication::Deliver(
     const std::vector<PlannedWrite>& writes) {
+  // Room for the record before anything leaves: a full disk refuses the
+  // write here, with nothing changed anywhere.
+  uint64_t value_bytes = 0;
+  for (const PlannedWrite& w : writes) value_bytes += w.value->bytes.size();
+  REPVAR_RETURN_IF_ERROR(registry_->CheckRoom(value_bytes));
   REPVAR_ASSIGN_OR_RETURN(const uint64_t fence, registry_->NextFence());
   // Group the replicas each live worker holds.
   struct Batch {
@@ -169,7 +174,7 @@ absl::Status Replication::CommitWrites(const std::vector<PlannedWrite>& writes,
                                        const std::map<uint64_t, Initializer>& initializers,
                                        std::optional<RequestRecorded> outcome) {
   const bool delivered = delivery.failures.empty();
-  REPVAR_RETURN_IF_ERROR(
+  absl::Status committed =
       registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
         Record record;
         for (const PlannedWrite& w : writes) {
@@ -207,7 +212,14 @@ absl::Status Replication::CommitWrites(const std::vector<PlannedWrite>& writes,
         }
         if (delivered && outcome) record.changes.push_back(*std::move(outcome));
         return record;
-      }));
+      });
+  if (!committed.ok()) {
+    // The workers took values the log could not record (a disk that filled
+    // after CheckRoom): the records still name the old ones. Repair asks.
+    RankedLock lock(&mu_);
+    for (const PlannedWrite& w : writes) suspect_.insert(w.id);
+    return committed;
+  }
   if (delivered) return absl::OkStatus();
   std::vector<std::string> names;
   for (const PlannedWrite& w : writes) names.push_back(w.name);
@@ -770,13 +782,19 @@ void Replication::VerifyAll() {
 }
 
 void Replication::ResyncStale() {
-  std::set<TaskKey> tasks = registry_->Read([](const ClusterState& state) {
+  std::set<uint64_t> suspect;
+  {
+    RankedLock lock(&mu_);
+    suspect.swap(suspect_);
+  }
+  std::set<TaskKey> tasks = registry_->Read([&](const ClusterState& state) {
     std::set<TaskKey> out;
     for (const auto& [id, v] : state.variables()) {
       for (size_t i = 0; i < v.placement.size(); ++i) {
         const WorkerRecord* w = state.Worker(v.placement[i].task);
         if (w == nullptr || w->state != WorkerState::kLive) continue;
-        if (v.needs_resync || v.replicas[i].state == ReplicaState::kStale) {
+        if (v.needs_resync || v.replicas[i].state == ReplicaState::kStale ||
+            suspect.contains(id)) {
           out.insert(v.placement[i].task);
         }
       }
@@ -784,9 +802,11 @@ void Replication::ResyncStale() {
     return out;
   });
   std::set<TaskKey> verified;
+  bool all_verified = true;
   for (const TaskKey& t : tasks) {
     if (absl::Status s = VerifyTask(t, clock_->Now() + options_.verify_timeout); !s.ok()) {
       spdlog::warn("repair cannot verify {}: {}", t.ToString(), s.ToString());
+      all_verified = false;
       continue;
     }
     verified.insert(t);
@@ -808,6 +828,10 @@ void Replication::ResyncStale() {
     return record;
   });
   if (!s.ok()) spdlog::error("cannot record cleared resync flags: {}", s.ToString());
+  if (!all_verified) {
+    RankedLock lock(&mu_);
+    suspect_.insert(suspect.begin(), suspect.end());  // ask again next time
+  }
 }
 
 }  // namespace repvar::server

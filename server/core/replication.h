@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -120,7 +121,8 @@ class Replication {
     std::map<uint64_t, std::vector<Holder>> unknown;
     std::vector<std::string> failures;
   };
-  // Errors: those of Registry::NextFence; nothing was sent then.
+  // Errors: RESOURCE_EXHAUSTED (no room for its record on disk), those of
+  // Registry::NextFence; nothing was sent then.
   absl::StatusOr<Delivery> Deliver(const std::vector<PlannedWrite>& writes);
   // Commits `writes` as the delivery left them (see the file comment, step
   // 5) with `outcome` when all of them reached every live replica.
@@ -152,6 +154,9 @@ class Replication {
   // Committed values fetched from replicas (a step left them there): a
   // cache, not state; keyed by variable id, valid for its version.
   absl::flat_hash_map<uint64_t, ReadResult> fetched_ ABSL_GUARDED_BY(mu_);
+  // Variables whose workers may hold a value the log failed to record:
+  // repair verifies their workers (not state: a restart verifies them all).
+  std::set<uint64_t> suspect_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace repvar::server

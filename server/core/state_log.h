@@ -23,6 +23,14 @@ class StateLog {
   // crash or power loss. An error means the record was not kept: it is not
   // applied and the caller's request fails with that error.
   virtual absl::Status Append(const Record& record) = 0;
+  // Whether a record carrying `value_bytes` of tensor values would fit now.
+  // A write asks before it sends anything to any worker, so that a full
+  // disk refuses it (RESOURCE_EXHAUSTED) with nothing changed anywhere
+  // rather than after the workers took it.
+  virtual absl::Status CheckRoom(uint64_t value_bytes) const {
+    (void)value_bytes;
+    return absl::OkStatus();
+  }
   // After `record` was applied: the state it produced. A log may save it as
   // a checkpoint and forget the records before it.
   virtual void Applied(const ClusterState& state) { (void)state; }

@@ -195,6 +195,10 @@ absl::Status RocksStateLog::CheckSpace(uint64_t bytes) const {
   return absl::OkStatus();
 }
 
+absl::Status RocksStateLog::CheckRoom(uint64_t value_bytes) const {
+  return CheckSpace(value_bytes + (uint64_t{1} << 20));
+}
+
 absl::Status RocksStateLog::Append(const Record& record) {
   if (!recovered_) return absl::FailedPreconditionError("the state log appends after Recover");
   if (needs_resume_) {

@@ -31,7 +31,7 @@ class RandomCluster {
       : rng_(seed), n_(value_elements) {
     server::CoordinatorOptions options;
     options.membership.heartbeat_timeout = kHeartbeatTimeout;
-    options.dedup_capacity = 50;
+    options.idempotency_capacity = 50;
     core_ = std::make_unique<server::Coordinator>(options, &clock_, &workers_,
                                                   log != nullptr ? log : &log_);
   }

@@ -107,18 +107,33 @@ TEST_F(ClusterStateTest, WorkerDeathAndReturn_SameProcessHoldsNewOneIsStale) {
   EXPECT_EQ(StateOf(1), ReplicaState::kStale);
 }
 
-TEST_F(ClusterStateTest, Outcomes_BoundedInCountAndAge_OtherPayloadRefused) {
+// C6 with issue 5's bound: an answer is kept for the whole window, whatever
+// the traffic; at the capacity a new id is refused before anything runs.
+TEST_F(ClusterStateTest, C6_Outcomes_NeverForgottenInsideTheWindow_NewIdsRefusedAtCapacity) {
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_FALSE(state_.Outcome({absl::StrCat("r", i), 7}, "delete", t0)->has_value());
     state_.Apply(Record{{Request(absl::StrCat("r", i), 7, t0)}});
   }
-  EXPECT_FALSE(state_.Outcome({"r0", 7}, "delete", t0)->has_value());  // evicted: capacity 3
-  EXPECT_TRUE(state_.Outcome({"r3", 7}, "delete", t0)->has_value());
-  EXPECT_THAT(state_.Outcome({"r3", 8}, "delete", t0),
+  // Full (capacity 3): a new id is refused, the old answers all still there.
+  EXPECT_THAT(state_.Outcome({"r3", 7}, "delete", t0 + absl::Seconds(10)),
+              StatusIs(absl::StatusCode::kResourceExhausted, "refused for 50s"));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(state_.Outcome({absl::StrCat("r", i), 7}, "delete", t0)->has_value()) << i;
+  }
+  // Requests without an id need no room; a retry of a kept one gets its answer.
+  EXPECT_FALSE(state_.Outcome({"", 7}, "delete", t0)->has_value());
+  EXPECT_TRUE(state_.Outcome({"r0", 7}, "delete", t0 + absl::Seconds(10))->has_value());
+  EXPECT_THAT(state_.Outcome({"r0", 8}, "delete", t0),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(state_.Outcome({"r3", 7}, "assign", t0),
+  EXPECT_THAT(state_.Outcome({"r0", 7}, "assign", t0),
               StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_FALSE(state_.Outcome({"r3", 7}, "delete", t0 + absl::Minutes(2))->has_value());
+  // Past the window (1 minute) they age out and make room.
+  const absl::Time later = t0 + absl::Minutes(2);
+  EXPECT_FALSE(state_.Outcome({"r0", 7}, "delete", later)->has_value());
+  EXPECT_FALSE(state_.Outcome({"r3", 7}, "delete", later)->has_value());
+  state_.Apply(Record{{Request("r3", 7, later)}});
+  EXPECT_TRUE(state_.Outcome({"r3", 7}, "delete", later)->has_value());
 }
 
 TEST_F(ClusterStateTest, Dump_SameRecordsSameDump) {

@@ -27,6 +27,26 @@ using ::repvar::testing::F32;
 using ::repvar::testing::Floats;
 using ::repvar::testing::StatusIs;
 
+// A log whose disk can fill: before a write asks (CheckRoom) or between the
+// asking and the record (Append).
+class FillableLog final : public StateLog {
+ public:
+  absl::Status Append(const Record& record) override {
+    if (refuse_appends) return absl::ResourceExhaustedError("disk full");
+    return records_.Append(record);
+  }
+  absl::Status CheckRoom(uint64_t) const override {
+    return no_room ? absl::ResourceExhaustedError("disk full") : absl::OkStatus();
+  }
+  absl::Status Recover(ClusterState& state) override { return records_.Recover(state); }
+
+  bool no_room = false;
+  bool refuse_appends = false;
+
+ private:
+  MemoryStateLog records_;
+};
+
 class ReplicationTruthTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -41,8 +61,9 @@ class ReplicationTruthTest : public ::testing::Test {
     ASSERT_OK(Assign({1, 2, 3}));
   }
   std::unique_ptr<Coordinator> Start() {
-    auto core = std::make_unique<Coordinator>(CoordinatorOptions{}, &clock_, &workers_, &log_);
-    return core;
+    CoordinatorOptions options;
+    options.idempotency_capacity = 5;
+    return std::make_unique<Coordinator>(options, &clock_, &workers_, &log_);
   }
   void Register(int task, uint64_t incarnation) {
     WorkerRegistration r{"tpu_worker", task, absl::StrCat("h", task, ":1"), incarnation, {}};
@@ -74,7 +95,7 @@ class ReplicationTruthTest : public ::testing::Test {
 
   repvar::testing::FakeClock clock_;
   repvar::testing::FakeWorkerClient workers_;
-  MemoryStateLog log_;
+  FillableLog log_;
   std::unique_ptr<Coordinator> core_;
 };
 
@@ -171,6 +192,47 @@ TEST_F(ReplicationTruthTest, F3_FencesGrowAcrossRestarts) {
   ASSERT_OK(Assign({4, 5, 6}));
   EXPECT_GT(workers_.fence("tpu_worker:0"), before);
   EXPECT_THAT(Disagreements(), ::testing::IsEmpty());
+}
+
+TEST_F(ReplicationTruthTest, F4_DiskFullBeforeAWrite_ResourceExhausted_NothingSentAnywhere) {
+  const int calls = workers_.calls();
+  log_.no_room = true;
+  EXPECT_THAT(Assign({7, 7, 7}), StatusIs(absl::StatusCode::kResourceExhausted, "disk full"));
+  EXPECT_EQ(workers_.calls(), calls);
+  EXPECT_EQ(core_->GetVariable("w")->version, 1);
+  EXPECT_THAT(Disagreements(), ::testing::IsEmpty());
+  log_.no_room = false;
+  ASSERT_OK(Assign({7, 7, 7}));
+}
+
+TEST_F(ReplicationTruthTest, F4_DiskFullAfterTheWorkersTookIt_RepairFindsAndRewrites) {
+  log_.refuse_appends = true;
+  EXPECT_THAT(Assign({7, 7, 7}), StatusIs(absl::StatusCode::kResourceExhausted));
+  log_.refuse_appends = false;
+  // The workers hold version 2; the records still say version 1, current.
+  EXPECT_THAT(Disagreements(), ::testing::Not(::testing::IsEmpty()));
+  core_->ResyncStale();
+  EXPECT_THAT(Disagreements(), ::testing::IsEmpty());
+  EXPECT_EQ(Floats(*core_->Read("w")->value), (std::vector<float>{1, 2, 3}));
+}
+
+TEST_F(ReplicationTruthTest, C6_IdempotencyTableFull_NewIdRefusedBeforeFanOut_RetriesAnswered) {
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK(core_->Assign({absl::StrCat("r", i), 1}, {"w", AssignOp::kAdd, F32({1, 1, 1})}));
+  }
+  const int calls = workers_.calls();
+  EXPECT_THAT(
+      core_->Assign({"r5", 1}, {"w", AssignOp::kAdd, F32({1, 1, 1})}).status(),
+      StatusIs(absl::StatusCode::kResourceExhausted, "request-id table"));
+  EXPECT_EQ(workers_.calls(), calls);
+  // A retry of a kept request is still answered (not applied twice).
+  auto retry = core_->Assign({"r0", 1}, {"w", AssignOp::kAdd, F32({1, 1, 1})});
+  ASSERT_OK(retry);
+  EXPECT_EQ(retry->version, 2);
+  EXPECT_EQ(core_->GetVariable("w")->version, 6);
+  // Once the oldest answers age out of the window there is room again.
+  clock_.Advance(absl::Hours(1) + absl::Seconds(1));
+  ASSERT_OK(core_->Assign({"r5", 1}, {"w", AssignOp::kAdd, F32({1, 1, 1})}));
 }
 
 }  // namespace
