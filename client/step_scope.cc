@@ -222,6 +222,7 @@ absl::Status StepScope::Write(const std::string& name, int32_t replica,
   auto writer = impl_->worker->StepWrite(&ctx, &resp);
   v1::StepWriteRequest msg;
   impl_->FillHeader(*var, replica, bytes, msg.mutable_header());
+  msg.mutable_header()->set_stream_writes(1);
   (void)(writer->Write(msg) && SendChunks<v1::StepWriteRequest>(
                                    bytes, impl_->client->options().chunk_bytes,
                                    [&](const v1::StepWriteRequest& m) { return writer->Write(m); },

@@ -52,6 +52,9 @@ ABSL_FLAG(absl::Duration, idempotency_window, absl::Hours(1),
           "how long the answer to a request with an id is kept for its retries (never less)");
 ABSL_FLAG(int64_t, idempotency_capacity, 1000000,
           "answers kept within the window; beyond it new request ids get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
+          "memory lent to tensors being received or computed at once; beyond it requests get "
+          "RESOURCE_EXHAUSTED (0: half the machine's memory)");
 ABSL_FLAG(bool, unsafe_no_fsync, false,
           "TESTS ONLY: never sync the state log (acknowledged changes are lost on power loss)");
 
@@ -100,6 +103,9 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_idempotency_capacity) < 1) {
     std::fprintf(stderr, "--idempotency_window and --idempotency_capacity must be positive\n");
     return 2;
+  }
+  if (int64_t inflight = absl::GetFlag(FLAGS_max_inflight_bytes); inflight > 0) {
+    options.max_inflight_bytes = static_cast<uint64_t>(inflight);
   }
   options.replication.data_plane = absl::GetFlag(FLAGS_data_plane);
   options.replication.data_plane_min_bytes =

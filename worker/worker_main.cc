@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/base/daemon.h"
+#include "common/base/memory_budget.h"
 #include "common/base/logging.h"
 #include "common/base/random.h"
 #include "common/model/device_name.h"
@@ -41,6 +42,9 @@ ABSL_FLAG(int32_t, tpu_devices, -1,
           "instead of --devices: this many virtual TPU devices (plus CPU:0)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port here (atomically) once serving");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
+          "memory lent to tensors being received at once; beyond it writes get "
+          "RESOURCE_EXHAUSTED (0: half the machine's memory)");
 
 int main(int argc, char** argv) {
   repvar::TuneMallocForBulkTransfers();
@@ -90,8 +94,11 @@ int main(int argc, char** argv) {
   }
   repvar::worker::StepResolver resolver(identity, &store, &link, &data_plane);
   repvar::worker::StepTable steps(identity, &store, &link, &resolver);
-  repvar::worker::ReplicasService replicas_service(incarnation, &store, &data_plane);
-  repvar::worker::StepsService steps_service(&steps);
+  const int64_t inflight = absl::GetFlag(FLAGS_max_inflight_bytes);
+  repvar::MemoryBudget budget(inflight > 0 ? static_cast<uint64_t>(inflight)
+                                           : repvar::MemoryBudget::HalfOfPhysicalMemory());
+  repvar::worker::ReplicasService replicas_service(incarnation, &store, &data_plane, &budget);
+  repvar::worker::StepsService steps_service(&steps, &budget);
   int port = 0;
   // The port file is written once the agent runs (below), so a waiter sees a
   // worker that serves and registers.

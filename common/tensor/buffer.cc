@@ -108,14 +108,48 @@ absl::StatusOr<Buffer> Buffer::Allocate(size_t size) {
     }
     b.data_ = static_cast<std::byte*>(p);
     b.mapped_ = mapped;
+    b.touched_ = mapped;
   } else {
     b.data_ = static_cast<std::byte*>(::operator new(size, std::align_val_t(kAlign), std::nothrow));
     if (b.data_ == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", size, " bytes"));
     }
+    b.touched_ = size;
   }
   b.size_ = size;
   return b;
+}
+
+absl::StatusOr<Buffer> Buffer::AllocateUntouched(size_t size) {
+  if (size < kMmapThreshold) return Allocate(size);
+  Buffer b;
+  const size_t mapped = RoundToHugePage(size);
+  void* p = MappingPool::Get().Take(mapped, /*shared=*/false).p;
+  if (p != nullptr) {
+    b.touched_ = mapped;  // resident already
+  } else {
+    // NORESERVE: an announced size commits no memory until it is touched.
+    p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+             -1, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes"));
+    }
+    madvise(p, mapped, MADV_HUGEPAGE);
+  }
+  b.data_ = static_cast<std::byte*>(p);
+  b.mapped_ = mapped;
+  b.size_ = size;
+  return b;
+}
+
+size_t Buffer::Prefault(size_t upto) {
+  const size_t end = std::min(mapped_ > 0 ? mapped_ : size_, (upto + 4095) / 4096 * 4096);
+  if (end <= touched_) return 0;
+  volatile char* c = reinterpret_cast<volatile char*>(data_);
+  for (size_t off = touched_; off < end; off += 4096) c[off] = 0;
+  const size_t added = end - touched_;
+  touched_ = end;
+  return added;
 }
 
 absl::StatusOr<Buffer> Buffer::AllocateShared(size_t size) {
@@ -139,6 +173,7 @@ absl::StatusOr<Buffer> Buffer::AllocateShared(size_t size) {
   }
   b.data_ = static_cast<std::byte*>(m.p);
   b.mapped_ = m.mapped;
+  b.touched_ = m.mapped;
   b.fd_ = m.fd;
   b.size_ = size;
   return b;
@@ -154,6 +189,7 @@ void Buffer::Release() {
   data_ = nullptr;
   size_ = 0;
   mapped_ = 0;
+  touched_ = 0;
   fd_ = -1;
 }
 
@@ -163,6 +199,7 @@ Buffer::Buffer(Buffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
       mapped_(std::exchange(other.mapped_, 0)),
+      touched_(std::exchange(other.touched_, 0)),
       fd_(std::exchange(other.fd_, -1)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
@@ -171,6 +208,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     mapped_ = std::exchange(other.mapped_, 0);
+    touched_ = std::exchange(other.touched_, 0);
     fd_ = std::exchange(other.fd_, -1);
   }
   return *this;

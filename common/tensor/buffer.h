@@ -30,6 +30,16 @@ class Buffer {
   // reach a worker's replicas without copying through a socket. Pre-faulted
   // and pooled like large buffers.
   static absl::StatusOr<Buffer> AllocateShared(size_t size);
+  // The same as Allocate, but a large buffer's pages are not touched yet
+  // (a released mapping from the pool is reused as it is): for bytes that
+  // are still to arrive, so that a peer announcing N bytes costs memory only
+  // as it sends them. Touch them with Prefault() as they come.
+  static absl::StatusOr<Buffer> AllocateUntouched(size_t size);
+  // Touches the pages up to `upto` bytes (rounded up to a page) that are not
+  // yet; returns how many bytes that newly made resident (0 when none).
+  size_t Prefault(size_t upto);
+  // Bytes from the start whose pages are resident (all of a small buffer).
+  size_t touched() const { return touched_; }
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -48,6 +58,7 @@ class Buffer {
   std::byte* data_ = nullptr;
   size_t size_ = 0;
   size_t mapped_ = 0;  // > 0 when mmap'ed
+  size_t touched_ = 0;  // pages below this are resident
   int fd_ = -1;        // the memfd of a shared buffer
 };
 

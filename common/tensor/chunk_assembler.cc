@@ -3,12 +3,16 @@
 
 #include <cstring>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
 
 namespace repvar {
 
 absl::StatusOr<ChunkAssembler> ChunkAssembler::Start(const TensorSpec& spec, uint64_t byte_size,
-                                                     uint64_t checksum, uint64_t max_bytes) {
+                                                     uint64_t checksum, uint64_t max_bytes,
+                                                     MemoryBudget* budget) {
   auto size = spec.ByteSize();
   if (!size.ok()) return size.status();
   if (static_cast<uint64_t>(*size) != byte_size) {
@@ -19,9 +23,14 @@ absl::StatusOr<ChunkAssembler> ChunkAssembler::Start(const TensorSpec& spec, uin
     return absl::ResourceExhaustedError(
         absl::StrCat("tensor of ", byte_size, " bytes exceeds the limit of ", max_bytes));
   }
-  auto buf = Buffer::Allocate(byte_size);
+  auto buf = Buffer::AllocateUntouched(byte_size);
   if (!buf.ok()) return buf.status();
   ChunkAssembler a;
+  a.charge_ = MemoryCharge(budget);
+  // A small buffer is resident at once; charge it now.
+  if (absl::Status s = a.charge_.Add(buf->touched(), "a tensor being received"); !s.ok()) {
+    return s;
+  }
   a.tensor_.spec = spec;
   a.tensor_.bytes = *std::move(buf);
   a.expected_checksum_ = checksum;
@@ -50,6 +59,17 @@ absl::Status ChunkAssembler::Add(uint64_t offset, std::span<const std::byte> dat
   }
   if (Checksum(data) != checksum) {
     return absl::InvalidArgumentError(absl::StrCat("checksum mismatch in chunk at ", offset));
+  }
+  // Make the pages resident a little ahead of the bytes (fewer, larger
+  // steps), never more than a few chunks past what has arrived.
+  Buffer& buf = tensor_.bytes;
+  const uint64_t want = received_ + data.size();
+  if (want > buf.touched()) {
+    const uint64_t ahead = std::min<uint64_t>(buf.size(), want + 3 * data.size());
+    const uint64_t page_end = (ahead + 4095) / 4096 * 4096;
+    REPVAR_RETURN_IF_ERROR(charge_.Add(page_end - std::min<uint64_t>(page_end, buf.touched()),
+                                       "a tensor being received"));
+    buf.Prefault(ahead);
   }
   std::memcpy(tensor_.bytes.data() + received_, data.data(), data.size());
   XXH3_64bits_update(state_.get(), data.data(), data.size());

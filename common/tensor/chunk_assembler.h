@@ -9,6 +9,7 @@
 #include <span>
 
 #include "absl/status/statusor.h"
+#include "common/base/memory_budget.h"
 #include "common/tensor/tensor.h"
 
 namespace repvar {
@@ -17,31 +18,44 @@ namespace repvar {
 // every chunk checksum and, at Finish(), the whole-tensor checksum and length.
 // On any error the partial tensor is dropped by the caller: nothing has been
 // published. Not thread-safe.
+//
+// Memory follows the bytes, not the header: the buffer for the announced
+// size is mapped but untouched (Buffer::AllocateUntouched), and its pages
+// are made resident a little ahead of the chunks as they arrive, charged to
+// the budget (if any) until Finish() hands the tensor over or the assembler
+// is dropped. A header announcing 1 GiB followed by nothing costs nothing.
 class ChunkAssembler {
  public:
   // Errors: INVALID_ARGUMENT for a bad spec or a byte_size that does not
   // match it; RESOURCE_EXHAUSTED when byte_size exceeds `max_bytes`.
   static absl::StatusOr<ChunkAssembler> Start(const TensorSpec& spec, uint64_t byte_size,
-                                              uint64_t checksum, uint64_t max_bytes);
-  static absl::StatusOr<ChunkAssembler> Start(const TensorHeader& header, uint64_t max_bytes) {
-    return Start(header.spec, header.byte_size, header.checksum, max_bytes);
+                                              uint64_t checksum, uint64_t max_bytes,
+                                              MemoryBudget* budget = nullptr);
+  static absl::StatusOr<ChunkAssembler> Start(const TensorHeader& header, uint64_t max_bytes,
+                                              MemoryBudget* budget = nullptr) {
+    return Start(header.spec, header.byte_size, header.checksum, max_bytes, budget);
   }
   ChunkAssembler(ChunkAssembler&&) = default;
   ChunkAssembler& operator=(ChunkAssembler&&) = default;
   ~ChunkAssembler();
 
   // Errors: INVALID_ARGUMENT when the chunk is out of order, overruns the
-  // tensor, is larger than kMaxChunkBytes or fails its checksum.
+  // tensor, is larger than kMaxChunkBytes or fails its checksum;
+  // RESOURCE_EXHAUSTED when the budget has no room for its bytes.
   absl::Status Add(uint64_t offset, std::span<const std::byte> data, uint64_t checksum);
   // Errors: INVALID_ARGUMENT when bytes are missing or the whole-tensor
   // checksum differs.
   absl::StatusOr<Tensor> Finish();
+  // The memory charged for the tensor, for the caller to hold while it holds
+  // the tensor (else it is released when the assembler goes).
+  MemoryCharge TakeCharge() { return std::move(charge_); }
 
  private:
   ChunkAssembler() = default;
   Tensor tensor_;
   uint64_t expected_checksum_ = 0;
   uint64_t received_ = 0;
+  MemoryCharge charge_;
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_{nullptr, &XXH3_freeState};
 };
 

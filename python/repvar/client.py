@@ -283,7 +283,7 @@ class Step:
         pieces = tensors.to_chunks(array, dtype)
         h = next(pieces)
         hdr = dict(step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica,
-                   tensor=h)
+                   tensor=h, stream_writes=1)
 
         def stream():
             yield self._wpb.StepWriteRequest(header=self._wpb.StepWriteHeader(**hdr))

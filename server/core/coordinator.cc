@@ -25,10 +25,11 @@ StepInfo Copy(const SharedStep& s) {
 
 Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient* workers,
                          StateLog* log)
-    : owned_log_(log == nullptr ? std::make_unique<VolatileStateLog>() : nullptr),
+    : budget_(options.max_inflight_bytes),
+      owned_log_(log == nullptr ? std::make_unique<VolatileStateLog>() : nullptr),
       registry_(RegistryOptionsOf(options), clock, log != nullptr ? log : owned_log_.get()),
       steps_(clock, &registry_, &groups_),
-      replication_(options.replication, clock, &registry_, &steps_, &groups_, workers) {}
+      replication_(options.replication, clock, &registry_, &steps_, &groups_, workers, &budget_) {}
 
 absl::Status Coordinator::Recover() {
   REPVAR_RETURN_IF_ERROR(registry_.Recover());

@@ -47,6 +47,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/clock.h"
+#include "common/base/memory_budget.h"
 #include "common/model/step.h"
 #include "common/model/variable.h"
 #include "server/core/collective_groups.h"
@@ -68,6 +69,9 @@ struct CoordinatorOptions {
   size_t idempotency_capacity = 1000000;
   absl::Duration idempotency_window = absl::Hours(1);
   ReplicationOptions replication;
+  // Memory lent to requests (tensors being received or computed); beyond it
+  // they get RESOURCE_EXHAUSTED (MemoryBudget).
+  uint64_t max_inflight_bytes = MemoryBudget::HalfOfPhysicalMemory();
 };
 
 class Coordinator {
@@ -78,6 +82,8 @@ class Coordinator {
               StateLog* log = nullptr);
 
   Registry& registry() { return registry_; }
+  // What requests may hold in memory at once (CoordinatorOptions).
+  MemoryBudget* budget() { return &budget_; }
 
   // Loads the state the log kept from an earlier run (see
   // Registry::Recover), then verifies what the workers recorded live hold
@@ -157,6 +163,7 @@ class Coordinator {
   }
 
  private:
+  MemoryBudget budget_;
   std::unique_ptr<StateLog> owned_log_;  // when none was given
   Registry registry_;
   CollectiveGroups groups_;

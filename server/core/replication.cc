@@ -53,13 +53,15 @@ class Replication::WriteLocks {
 };
 
 Replication::Replication(ReplicationOptions options, Clock* clock, Registry* registry,
-                         StepCoordinator* steps, CollectiveGroups* groups, WorkerClient* workers)
+                         StepCoordinator* steps, CollectiveGroups* groups, WorkerClient* workers,
+                         MemoryBudget* budget)
     : options_(options),
       clock_(clock),
       registry_(registry),
       steps_(steps),
       groups_(groups),
-      workers_(workers) {}
+      workers_(workers),
+      budget_(budget) {}
 
 std::shared_ptr<absl::Mutex> Replication::WriteLockOf(uint64_t id) {
   RankedLock lock(&mu_);
@@ -270,9 +272,13 @@ absl::StatusOr<std::vector<InitializeResult>> Replication::Initialize(
   std::vector<PlannedWrite> writes;
   std::map<uint64_t, Initializer> initializers;  // those given with this call
   std::vector<bool> now(items.size(), false);    // this call initializes item i
+  MemoryCharge charge(budget_);                  // the values, while they are sent
   for (size_t i = 0; i < items.size(); ++i) {
     auto t = todo.find(ids[i]);
     if (t == todo.end()) continue;  // initialized already, or earlier in this batch
+    REPVAR_ASSIGN_OR_RETURN(int64_t bytes, t->second.spec.ByteSize());
+    REPVAR_RETURN_IF_ERROR(charge.Add(static_cast<uint64_t>(bytes),
+                                      absl::StrCat("the initial value of ", items[i].name)));
     auto value = MakeInitialValue(t->second.initializer, t->second.spec);
     if (!value.ok()) {
       return absl::Status(value.status().code(),
@@ -383,10 +389,14 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
   // C3: the new value is computed once, from the committed value (fetched
   // from a replica when a step changed it).
   std::vector<PlannedWrite> writes;
+  MemoryCharge charge(budget_);  // the results computed here, while they are sent
   for (size_t i = 0; i < items.size(); ++i) {
     const Assignment& item = items[i];
     std::shared_ptr<const Tensor> value = item.value;
     if (item.op != AssignOp::kAssign) {
+      REPVAR_RETURN_IF_ERROR(charge.Add(item.value->bytes.size(),
+                                        absl::StrCat("the result of ", AssignOpName(item.op),
+                                                     " to ", item.name)));
       REPVAR_ASSIGN_OR_RETURN(ReadResult base, CommittedValue(ids[i]));
       REPVAR_ASSIGN_OR_RETURN(
           Tensor sum, AddScaled(*base.value, *item.value, item.op == AssignOp::kAdd ? 1 : -1));

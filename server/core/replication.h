@@ -35,6 +35,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/base/clock.h"
+#include "common/base/memory_budget.h"
 #include "common/base/ranked_mutex.h"
 #include "common/model/variable.h"
 #include "server/core/collective_groups.h"
@@ -59,8 +60,10 @@ struct ReplicationOptions {
 
 class Replication {
  public:
+  // Values it computes (initial values, AssignAdd results) are charged to
+  // `budget` while the request runs (null: unbounded).
   Replication(ReplicationOptions options, Clock* clock, Registry* registry, StepCoordinator* steps,
-              CollectiveGroups* groups, WorkerClient* workers);
+              CollectiveGroups* groups, WorkerClient* workers, MemoryBudget* budget = nullptr);
 
   // C5: initialize-if-uninitialized; the first caller wins. Errors:
   // NOT_FOUND, INVALID_ARGUMENT (no or bad initializer, non-finite value),
@@ -147,6 +150,7 @@ class Replication {
   StepCoordinator* const steps_;
   CollectiveGroups* const groups_;
   WorkerClient* const workers_;
+  MemoryBudget* const budget_;
 
   // State below is protected by mu_.
   RankedMutex mu_{kLeafRank, "Replication::mu_"};

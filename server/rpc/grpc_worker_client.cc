@@ -100,6 +100,7 @@ class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest
       return;
     }
     chunks_ = FillHeader(target_, writes_[index_], msg_.mutable_header());
+    if (index_ == 0) msg_.mutable_header()->set_stream_writes(static_cast<int32_t>(writes_.size()));
     offset_ = 0;
     if (!chunks_) ++index_;
     StartWrite(&msg_);

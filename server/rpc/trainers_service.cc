@@ -170,8 +170,10 @@ grpc::Status TrainersService::AssignVariable(grpc::ServerContext*,
                                                            view->def.tensor.ToString(),
                                                            "; the value is ", spec->ToString())));
   }
-  auto assembler = ChunkAssembler::Start(*spec, header.tensor().byte_size(),
-                                         header.tensor().checksum(), UINT64_MAX);
+  // Memory follows the bytes as they arrive, within the coordinator's budget.
+  auto assembler =
+      ChunkAssembler::Start(*spec, header.tensor().byte_size(), header.tensor().checksum(),
+                            UINT64_MAX, core_->budget());
   if (!assembler.ok()) return Fail("AssignVariable", assembler.status());
   while (reader->Read(&msg)) {
     if (!msg.has_chunk()) {

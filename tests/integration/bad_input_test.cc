@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // X2 and RELIABILITY.md §4: every bad input to every RPC gets its documented
 // status and changes nothing. Raw stubs, one real cluster for the suite.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <cstdio>
+#include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include <cmath>
 #include <cstring>
@@ -342,6 +347,7 @@ TEST_F(BadInputTest, WorkerWriteReplicas_StaleIncarnation_Aborted) {
   auto stream = stub->WriteReplicas(ctx.get(), &resp);
   v1::WriteReplicasRequest m;
   m.mutable_header()->set_incarnation(1);  // not the worker's
+  m.mutable_header()->set_stream_writes(1);
   m.mutable_header()->set_variable_id(client_->GetVariable("w")->id);
   m.mutable_header()->add_replicas(0);
   std::string data = FloatBytes({0, 0, 0, 0});
@@ -349,6 +355,128 @@ TEST_F(BadInputTest, WorkerWriteReplicas_StaleIncarnation_Aborted) {
   stream->Write(m);
   stream->WritesDone();
   EXPECT_THAT(FromGrpcStatus(stream->Finish()), StatusIs(Code::kAborted));
+}
+
+// Resident memory of a daemon, from /proc.
+uint64_t RssOf(pid_t pid) {
+  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/statm").c_str(), "r");
+  unsigned long pages = 0, resident = 0;
+  if (f == nullptr) return 0;
+  if (std::fscanf(f, "%lu %lu", &pages, &resident) != 2) resident = 0;
+  std::fclose(f);
+  return resident * 4096;
+}
+
+// A few bytes announcing a GiB, then silence: neither daemon takes the GiB
+// (before issue 5 each pre-faulted it: 27 bytes cost the coordinator 1 GiB,
+// and a worker died of 57). Both serve on afterwards.
+TEST_F(BadInputTest, AnnouncedGiB_NoBytes_MemoryStaysFlat_DaemonsServeOn) {
+  const int64_t n = int64_t{1} << 28;  // 1 GiB of float32
+  ASSERT_OK(client_->CreateVariable(
+      {.name = "huge", .dtype = DType::kFloat32, .shape = {n}, .replica_count = 1}));
+  const uint64_t id = client_->GetVariable("huge")->id;
+  v1::TensorHeader announced;
+  announced.mutable_spec()->set_dtype(v1::DTYPE_FLOAT32);
+  announced.mutable_spec()->add_dims(n);
+  announced.set_byte_size(uint64_t(n) * 4);
+  announced.set_checksum(1);
+  const pid_t coordinator = cluster_->coordinator().pid();
+  const pid_t worker = cluster_->worker(0).pid();
+  const uint64_t coordinator_before = RssOf(coordinator);
+  const uint64_t worker_before = RssOf(worker);
+
+  auto ctx = Ctx();
+  v1::AssignVariableResponse resp;
+  auto assign = stub_->AssignVariable(ctx.get(), &resp);
+  ASSERT_TRUE(assign->Write(Head(announced, "huge")));
+
+  auto wstub = v1::WorkerReplicas::NewStub(
+      grpc::CreateChannel(cluster_->worker_address(0), grpc::InsecureChannelCredentials()));
+  v1::GetReplicaStatusResponse status;
+  ASSERT_TRUE(wstub->GetReplicaStatus(Ctx().get(), {}, &status).ok());
+  auto wctx = Ctx();
+  v1::WriteReplicasResponse wresp;
+  auto write = wstub->WriteReplicas(wctx.get(), &wresp);
+  v1::WriteReplicasRequest m;
+  m.mutable_header()->set_incarnation(status.incarnation());
+  m.mutable_header()->set_variable_id(id);
+  m.mutable_header()->set_version(1);
+  m.mutable_header()->set_fence(UINT64_MAX);
+  m.mutable_header()->add_replicas(0);
+  m.mutable_header()->set_stream_writes(1);
+  *m.mutable_header()->mutable_tensor() = announced;
+  ASSERT_TRUE(write->Write(m));
+
+  // Give both time to act on the headers (a pre-fault of 1 GiB takes well
+  // under this), watching memory all along.
+  uint64_t coordinator_peak = 0, worker_peak = 0;
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    coordinator_peak = std::max(coordinator_peak, RssOf(coordinator));
+    worker_peak = std::max(worker_peak, RssOf(worker));
+  }
+  EXPECT_LT(coordinator_peak, coordinator_before + (uint64_t{64} << 20));
+  EXPECT_LT(worker_peak, worker_before + (uint64_t{64} << 20));
+  ctx->TryCancel();
+  wctx->TryCancel();
+  assign->Finish();
+  write->Finish();
+  ASSERT_OK(client_->Read("w"));
+  ASSERT_TRUE(wstub->GetReplicaStatus(Ctx().get(), {}, &status).ok());
+  ASSERT_OK(client_->DeleteVariable("huge"));
+}
+
+// gRPC ends a server's stream quietly at a message it cannot parse; the
+// count in the first header shows the stream was cut, and nothing applies.
+TEST_F(BadInputTest, WorkerWriteReplicas_UnparseableMessage_InvalidArgument_NothingApplied) {
+  auto channel =
+      grpc::CreateChannel(cluster_->worker_address(0), grpc::InsecureChannelCredentials());
+  auto stub = v1::WorkerReplicas::NewStub(channel);
+  v1::GetReplicaStatusResponse status;
+  ASSERT_TRUE(stub->GetReplicaStatus(Ctx().get(), {}, &status).ok());
+  const std::string data = FloatBytes({9, 9, 9, 9});
+  v1::WriteReplicasRequest m;
+  v1::WriteReplicasHeader* h = m.mutable_header();
+  h->set_incarnation(status.incarnation());
+  h->set_variable_id(client_->GetVariable("w")->id);
+  h->set_version(1);
+  h->set_fence(UINT64_MAX);
+  h->add_replicas(0);
+  *h->mutable_tensor() = HeaderFor(data, {4});
+  h->set_inline_data(data);
+  h->set_stream_writes(2);  // a second write follows ... as bytes that do not parse
+
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto wait = [&cq](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  auto call = generic.PrepareCall(&ctx, "/repvar.v1.WorkerReplicas/WriteReplicas", &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(wait(1));
+  auto write = [&](const std::string& bytes, intptr_t tag) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, reinterpret_cast<void*>(tag));
+    return wait(tag);
+  };
+  ASSERT_TRUE(write(m.SerializeAsString(), 2));
+  write(std::string("\xff\xff\xff", 3), 3);  // not a WriteReplicasRequest
+  call->WritesDone(reinterpret_cast<void*>(4));
+  wait(4);
+  grpc::Status finished;
+  call->Finish(&finished, reinterpret_cast<void*>(5));
+  wait(5);
+  EXPECT_EQ(finished.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << finished.error_message();
+  v1::GetReplicaStatusResponse after;
+  ASSERT_TRUE(stub->GetReplicaStatus(Ctx().get(), {}, &after).ok());
+  EXPECT_EQ(after.DebugString(), status.DebugString());
 }
 
 TEST_F(BadInputTest, WorkerWriteSmallReplicas_BadHeaders_RefusedAndNothingApplied) {

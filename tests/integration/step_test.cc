@@ -652,6 +652,7 @@ TEST_F(StepTest, X2_BadInStepWrites_RefusedAndNothingChanges) {
     float good[4] = {7, 7, 7, 7};
     v1::StepWriteRequest m1;
     *m1.mutable_header() = *h;
+    m1.mutable_header()->set_stream_writes(2);
     m1.mutable_header()->set_inline_data(reinterpret_cast<const char*>(good), sizeof(good));
     m1.mutable_header()->mutable_tensor()->set_checksum(
         Checksum(std::as_bytes(std::span<const float>(good))));
@@ -661,7 +662,9 @@ TEST_F(StepTest, X2_BadInStepWrites_RefusedAndNothingChanges) {
     EXPECT_TRUE(writer->Write(m1));
     writer->Write(m2);
     writer->WritesDone();
-    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    grpc::Status finished = writer->Finish();
+    EXPECT_EQ(finished.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(finished.error_message(), ::testing::HasSubstr("checksum"));
   }
   EXPECT_EQ((*scope)->Read("w", 0)->as<float>()[0], 1.0f);
   EXPECT_EQ((*scope)->Read("w", 1)->as<float>()[0], 1.0f);

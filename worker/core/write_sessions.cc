@@ -12,8 +12,9 @@ namespace {
 // Starts assembling the tensor `header` announces; a small tensor may come
 // whole in `inline_data` (then it is added as the one chunk at 0).
 absl::StatusOr<ChunkAssembler> Start(const TensorHeader& header,
-                                     std::span<const std::byte> inline_data) {
-  REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, ChunkAssembler::Start(header, UINT64_MAX));
+                                     std::span<const std::byte> inline_data,
+                                     MemoryBudget* budget) {
+  REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, ChunkAssembler::Start(header, UINT64_MAX, budget));
   if (!inline_data.empty()) REPVAR_RETURN_IF_ERROR(a.Add(0, inline_data, Checksum(inline_data)));
   return a;
 }
@@ -54,7 +55,7 @@ absl::Status ReplicaWriteSession::OnHeader(const ReplicaWriteHeader& h,
   REPVAR_RETURN_IF_ERROR(Validate(h.write));
   const std::optional<CollectiveSpec>& c = h.write.collective;
   if (!c || c->rank == c->root) {
-    REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, Start(h.tensor, inline_data));
+    REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, Start(h.tensor, inline_data, budget_));
     assembler_.emplace(std::move(a));
   } else {
     // The bytes come from the root over the data plane; no buffer yet.
@@ -79,9 +80,15 @@ absl::Status ReplicaWriteSession::FinishCurrent() {
   if (const std::optional<CollectiveSpec>& c = header_->write.collective) {
     if (data_plane_ == nullptr)
       return absl::FailedPreconditionError("this worker has no data plane");
+    MemoryCharge charge(budget_);
+    if (c->rank != c->root) {
+      // The broadcast fills it: the whole buffer is needed before it starts.
+      REPVAR_RETURN_IF_ERROR(charge.Add(header_->tensor.byte_size, "a broadcast being received"));
+    }
     t = c->rank == c->root ? assembler_->Finish()
                            : Tensor::ForOverwrite(header_->tensor.spec);  // the broadcast fills it
     if (!t.ok()) return t.status();
+    charges_.push_back(c->rank == c->root ? assembler_->TakeCharge() : std::move(charge));
     REPVAR_RETURN_IF_ERROR(data_plane_->Broadcast(*c, t->bytes.span()));
     t->UpdateChecksum();
     if (t->checksum != header_->tensor.checksum) {
@@ -91,6 +98,7 @@ absl::Status ReplicaWriteSession::FinishCurrent() {
   } else {
     t = assembler_->Finish();
     if (!t.ok()) return t.status();
+    charges_.push_back(assembler_->TakeCharge());
   }
   ReplicaWrite item = std::move(header_->write);
   item.collective.reset();
@@ -106,6 +114,7 @@ absl::StatusOr<uint64_t> ReplicaWriteSession::Finish() {
   const uint64_t checksum = items_.empty() ? 0 : items_.back().value->checksum;
   absl::Status applied = store_->Apply(std::move(items_));
   items_.clear();
+  charges_.clear();  // the store holds the bytes now
   REPVAR_RETURN_IF_ERROR(applied);
   return checksum;
 }
@@ -120,7 +129,7 @@ absl::Status StepWriteSession::OnHeader(const StepWriteHeader& h,
     first_ = h;
     steps_->Hint(h.step, h.epoch, h.layout_id, h.barrier_timeout);
   }
-  REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, Start(h.tensor, inline_data));
+  REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, Start(h.tensor, inline_data, budget_));
   assembler_.emplace(std::move(a));
   header_ = h;
   return absl::OkStatus();
@@ -135,6 +144,7 @@ absl::Status StepWriteSession::OnChunk(uint64_t offset, std::span<const std::byt
 absl::Status StepWriteSession::FinishCurrent() {
   if (!header_) return absl::OkStatus();
   REPVAR_ASSIGN_OR_RETURN(Tensor t, assembler_->Finish());
+  charges_.push_back(assembler_->TakeCharge());
   items_.push_back(StepTable::WriteItem{header_->variable_id, header_->replica,
                                         std::make_shared<const Tensor>(std::move(t))});
   header_.reset();

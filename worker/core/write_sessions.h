@@ -31,8 +31,11 @@ namespace repvar::worker {
 class ReplicaWriteSession {
  public:
   // `data_plane` may be null: writes naming a collective are then refused.
-  ReplicaWriteSession(uint64_t incarnation, ReplicaStore* store, Collectives* data_plane)
-      : incarnation_(incarnation), store_(store), data_plane_(data_plane) {}
+  // Tensors being received are charged to `budget` (null: unbounded) until
+  // the session ends.
+  ReplicaWriteSession(uint64_t incarnation, ReplicaStore* store, Collectives* data_plane,
+                      MemoryBudget* budget = nullptr)
+      : incarnation_(incarnation), store_(store), data_plane_(data_plane), budget_(budget) {}
 
   // Errors: ABORTED (another incarnation), INVALID_ARGUMENT (bad header,
   // chunk or checksum), FAILED_PRECONDITION (no data plane), UNAVAILABLE or
@@ -49,7 +52,9 @@ class ReplicaWriteSession {
   const uint64_t incarnation_;
   ReplicaStore* const store_;
   Collectives* const data_plane_;
+  MemoryBudget* const budget_;
   std::vector<ReplicaWrite> items_;
+  std::vector<MemoryCharge> charges_;  // of items_, until they are applied
   std::optional<ChunkAssembler> assembler_;
   std::optional<ReplicaWriteHeader> header_;
 };
@@ -58,7 +63,8 @@ class ReplicaWriteSession {
 // one per stream.
 class StepWriteSession {
  public:
-  explicit StepWriteSession(StepTable* steps) : steps_(steps) {}
+  explicit StepWriteSession(StepTable* steps, MemoryBudget* budget = nullptr)
+      : steps_(steps), budget_(budget) {}
 
   // Errors: INVALID_ARGUMENT (bad header, chunk or checksum, a second step
   // in one stream); the step table's refusals at Finish().
@@ -70,8 +76,10 @@ class StepWriteSession {
   absl::Status FinishCurrent();
 
   StepTable* const steps_;
+  MemoryBudget* const budget_;
   std::optional<StepWriteHeader> first_;
   std::vector<StepTable::WriteItem> items_;
+  std::vector<MemoryCharge> charges_;
   std::optional<ChunkAssembler> assembler_;
   std::optional<StepWriteHeader> header_;
 };

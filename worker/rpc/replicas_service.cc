@@ -26,7 +26,7 @@ grpc::Status Answer(absl::StatusOr<uint64_t> checksum, v1::WriteReplicasResponse
 grpc::Status ReplicasService::WriteReplicas(grpc::ServerContext*,
                                             grpc::ServerReader<v1::WriteReplicasRequest>* reader,
                                             v1::WriteReplicasResponse* resp) {
-  ReplicaWriteSession session(incarnation_, store_, data_plane_);
+  ReplicaWriteSession session(incarnation_, store_, data_plane_, budget_);
   if (absl::Status s = Drain(session, reader); !s.ok()) return ToGrpcStatus(s);
   return Answer(session.Finish(), resp);
 }
@@ -34,7 +34,7 @@ grpc::Status ReplicasService::WriteReplicas(grpc::ServerContext*,
 grpc::Status ReplicasService::WriteSmallReplicas(grpc::ServerContext*,
                                                  const v1::WriteSmallReplicasRequest* req,
                                                  v1::WriteReplicasResponse* resp) {
-  ReplicaWriteSession session(incarnation_, store_, data_plane_);
+  ReplicaWriteSession session(incarnation_, store_, data_plane_, budget_);
   for (const v1::WriteReplicasHeader& h : req->writes()) {
     if (h.has_collective() || !WholeInline(h.tensor(), h.inline_data())) {
       return ToGrpcStatus(absl::InvalidArgumentError(

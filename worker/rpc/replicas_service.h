@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/base/memory_budget.h"
 #include "repvar/v1/worker.grpc.pb.h"
 #include "worker/core/data_plane.h"
 #include "worker/core/replica_store.h"
@@ -15,8 +16,10 @@ namespace repvar::worker {
 class ReplicasService final : public v1::WorkerReplicas::Service {
  public:
   // `data_plane` may be null: writes asking for a collective are then refused.
-  ReplicasService(uint64_t incarnation, ReplicaStore* store, Collectives* data_plane)
-      : incarnation_(incarnation), store_(store), data_plane_(data_plane) {}
+  // Tensors being received are charged to `budget` (null: unbounded).
+  ReplicasService(uint64_t incarnation, ReplicaStore* store, Collectives* data_plane,
+                  MemoryBudget* budget = nullptr)
+      : incarnation_(incarnation), store_(store), data_plane_(data_plane), budget_(budget) {}
 
   grpc::Status WriteReplicas(grpc::ServerContext*, grpc::ServerReader<v1::WriteReplicasRequest>*,
                              v1::WriteReplicasResponse*) override;
@@ -33,6 +36,7 @@ class ReplicasService final : public v1::WorkerReplicas::Service {
   const uint64_t incarnation_;
   ReplicaStore* const store_;
   Collectives* const data_plane_;
+  MemoryBudget* const budget_;
 };
 
 }  // namespace repvar::worker

@@ -25,7 +25,7 @@ grpc::Status StepsService::StepRead(grpc::ServerContext* ctx, const v1::StepRead
 grpc::Status StepsService::StepWrite(grpc::ServerContext*,
                                      grpc::ServerReader<v1::StepWriteRequest>* reader,
                                      v1::StepWriteResponse*) {
-  StepWriteSession session(steps_);
+  StepWriteSession session(steps_, budget_);
   if (absl::Status s = Drain(session, reader); !s.ok()) return ToGrpcStatus(s);
   return ToGrpcStatus(session.Finish());
 }
@@ -33,7 +33,7 @@ grpc::Status StepsService::StepWrite(grpc::ServerContext*,
 grpc::Status StepsService::StepWriteSmall(grpc::ServerContext*,
                                           const v1::StepWriteSmallRequest* req,
                                           v1::StepWriteResponse*) {
-  StepWriteSession session(steps_);
+  StepWriteSession session(steps_, budget_);
   for (const v1::StepWriteHeader& h : req->writes()) {
     if (!WholeInline(h.tensor(), h.inline_data())) {
       return ToGrpcStatus(absl::InvalidArgumentError(

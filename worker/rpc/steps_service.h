@@ -2,6 +2,7 @@
 #ifndef REPVAR_WORKER_RPC_STEPS_SERVICE_H_
 #define REPVAR_WORKER_RPC_STEPS_SERVICE_H_
 
+#include "common/base/memory_budget.h"
 #include "repvar/v1/worker.grpc.pb.h"
 #include "worker/core/step_table.h"
 
@@ -11,7 +12,9 @@ namespace repvar::worker {
 // (repvar.v1.WorkerSteps): proto -> model -> core -> proto. Thread-safe.
 class StepsService final : public v1::WorkerSteps::Service {
  public:
-  explicit StepsService(StepTable* steps) : steps_(steps) {}
+  // Tensors being received are charged to `budget` (null: unbounded).
+  explicit StepsService(StepTable* steps, MemoryBudget* budget = nullptr)
+      : steps_(steps), budget_(budget) {}
 
   grpc::Status StepRead(grpc::ServerContext*, const v1::StepReadRequest*,
                         grpc::ServerWriter<v1::ReadVariableChunk>*) override;
@@ -30,6 +33,7 @@ class StepsService final : public v1::WorkerSteps::Service {
 
  private:
   StepTable* const steps_;
+  MemoryBudget* const budget_;
 };
 
 }  // namespace repvar::worker

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/from_proto.h"
@@ -30,17 +31,31 @@ inline absl::Status OnHeader(StepWriteSession& session, const v1::StepWriteHeade
 }
 
 // Drains a stream of header/chunk messages into `session`; stops at the
-// first refusal.
+// first refusal. The first header says how many the stream carries
+// (stream_writes): gRPC ends a stream quietly at a message it cannot parse,
+// so a count that does not match is the only sign, and the whole stream is
+// refused with nothing applied.
 template <typename Session, typename Request>
 absl::Status Drain(Session& session, grpc::ServerReader<Request>* reader) {
   Request msg;
+  int64_t announced = 0;
+  int64_t headers = 0;
   while (reader->Read(&msg)) {
     if (msg.has_header()) {
+      if (headers++ == 0) announced = msg.header().stream_writes();
+      if (announced >= 1 && headers > announced) break;
       REPVAR_RETURN_IF_ERROR(OnHeader(session, msg.header()));
     } else if (msg.has_chunk()) {
       REPVAR_RETURN_IF_ERROR(session.OnChunk(msg.chunk().offset(), BytesOf(msg.chunk().data()),
                                              msg.chunk().checksum()));
+    } else {
+      return absl::InvalidArgumentError("a stream message with neither header nor chunk");
     }
+  }
+  if (announced < 1 || headers != announced) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the stream announced ", announced, " write(s) (stream_writes, at least 1) and carried ",
+        headers, "; a message that could not be parsed ends a stream early; nothing applied"));
   }
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -69,6 +70,61 @@ TEST(ChunkAssembler, BadInput_InvalidArgument) {
     EXPECT_THAT(ChunkAssembler::Start(src.spec, bytes.size(), 0, 100),
                 StatusIs(absl::StatusCode::kResourceExhausted));
   }
+}
+
+// Resident memory of this process, from /proc.
+uint64_t RssBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  unsigned long pages = 0, resident = 0;
+  EXPECT_EQ(std::fscanf(f, "%lu %lu", &pages, &resident), 2);
+  std::fclose(f);
+  return resident * 4096;
+}
+
+// A header announcing 1 GiB costs nothing until bytes come; memory then
+// follows the bytes, within the budget, and goes back when the assembly
+// is dropped.
+TEST(ChunkAssembler, AnnouncedBytes_NoMemoryUntilTheyArrive_ThenWithinTheBudget) {
+  MemoryBudget budget(64 << 20);
+  const int64_t n = int64_t{1} << 28;  // 1 GiB of float32
+  const uint64_t before = RssBytes();
+  {
+    auto a = ChunkAssembler::Start(TensorSpec{DType::kFloat32, {n}}, uint64_t(n) * 4, 0,
+                                   UINT64_MAX, &budget);
+    ASSERT_OK(a);
+    EXPECT_EQ(budget.used(), 0u);
+    EXPECT_LT(RssBytes() - before, uint64_t{16} << 20);
+    std::vector<std::byte> chunk(kMaxChunkBytes, std::byte{1});
+    const uint64_t sum = Checksum(chunk);
+    uint64_t offset = 0;
+    absl::Status s;
+    while ((s = a->Add(offset, chunk, sum)).ok()) offset += chunk.size();
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, "bytes of memory"));
+    EXPECT_GT(offset, 0u);
+    EXPECT_LE(budget.used(), budget.capacity());
+    EXPECT_GE(budget.used(), offset);
+    EXPECT_LT(RssBytes() - before, uint64_t{128} << 20);
+  }
+  EXPECT_EQ(budget.used(), 0u);
+}
+
+TEST(ChunkAssembler, SmallTensors_ChargedWhole_ReleasedWithTheCharge) {
+  MemoryBudget budget(1 << 20);
+  Tensor src = Iota(1000);
+  auto a = ChunkAssembler::Start(src.spec, src.bytes.size(), src.checksum, UINT64_MAX, &budget);
+  ASSERT_OK(a);
+  EXPECT_EQ(budget.used(), src.bytes.size());
+  ASSERT_OK(a->Add(0, src.bytes.span(), src.checksum));
+  ASSERT_OK(a->Finish());
+  MemoryCharge held = a->TakeCharge();
+  a = absl::InternalError("dropped");
+  EXPECT_EQ(budget.used(), src.bytes.size()) << "the taker holds it";
+  held.Reset();
+  EXPECT_EQ(budget.used(), 0u);
+  // Too big for the budget at all: refused at Start.
+  Tensor big = Iota(300000);  // 1.2 MiB: a heap buffer, resident at once
+  EXPECT_THAT(ChunkAssembler::Start(big.spec, big.bytes.size(), big.checksum, UINT64_MAX, &budget),
+              StatusIs(absl::StatusCode::kResourceExhausted));
 }
 
 }  // namespace

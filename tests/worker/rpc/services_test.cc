@@ -110,6 +110,7 @@ class WorkerServicesTest : public ::testing::Test {
     head.mutable_header()->set_name("w");
     head.mutable_header()->set_version(4);
     head.mutable_header()->set_fence(1);
+    head.mutable_header()->set_stream_writes(1);
     head.mutable_header()->add_replicas(0);
     Tensor2(data, head.mutable_header()->mutable_tensor());
     v1::WriteReplicasRequest chunk;

@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// A bound on memory a daemon takes on behalf of its peers: bytes of tensors
+// being received or computed, charged as they are actually touched (a
+// message announcing 1 GiB charges nothing until its bytes arrive) and
+// released when the request ends. A charge beyond the capacity is refused
+// with RESOURCE_EXHAUSTED, so an overload is an error to one caller instead
+// of the kernel's OOM killer for everyone.
+#ifndef REPVAR_COMMON_BASE_MEMORY_BUDGET_H_
+#define REPVAR_COMMON_BASE_MEMORY_BUDGET_H_
+
+#include <atomic>
+#include <cstdint>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace repvar {
+
+class MemoryBudget {
+ public:
+  explicit MemoryBudget(uint64_t capacity) : capacity_(capacity) {}
+  MemoryBudget(const MemoryBudget&) = delete;
+  MemoryBudget& operator=(const MemoryBudget&) = delete;
+
+  // Takes `bytes` for `what` (named in the error). Errors: RESOURCE_EXHAUSTED
+  // when the used bytes would exceed the capacity; nothing is taken then.
+  absl::Status Charge(uint64_t bytes, absl::string_view what);
+  void Release(uint64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+  uint64_t used() const { return used_.load(std::memory_order_relaxed); }
+  uint64_t capacity() const { return capacity_; }
+
+  // Half the machine's physical memory: the default capacity of a daemon.
+  static uint64_t HalfOfPhysicalMemory();
+
+ private:
+  const uint64_t capacity_;
+  std::atomic<uint64_t> used_{0};
+};
+
+// Bytes charged to a budget (null: unbounded) for as long as it lives;
+// movable, released on destruction.
+class MemoryCharge {
+ public:
+  MemoryCharge() = default;
+  explicit MemoryCharge(MemoryBudget* budget) : budget_(budget) {}
+  MemoryCharge(MemoryCharge&& other) noexcept
+      : budget_(other.budget_), bytes_(std::exchange(other.bytes_, 0)) {}
+  MemoryCharge& operator=(MemoryCharge&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      budget_ = other.budget_;
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  ~MemoryCharge() { Reset(); }
+
+  // Adds `bytes` to the charge. Errors: as MemoryBudget::Charge.
+  absl::Status Add(uint64_t bytes, absl::string_view what) {
+    if (budget_ != nullptr && bytes > 0) {
+      absl::Status s = budget_->Charge(bytes, what);
+      if (!s.ok()) return s;
+    }
+    bytes_ += bytes;
+    return absl::OkStatus();
+  }
+  void Reset() {
+    if (budget_ != nullptr && bytes_ > 0) budget_->Release(bytes_);
+    bytes_ = 0;
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  MemoryBudget* budget_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_BASE_MEMORY_BUDGET_H_
