@@ -35,8 +35,8 @@ if [ "${REPVAR_SKIP_SANITIZERS:-0}" != 1 ]; then
   asan=${build}-asan
   CC=clang-14 CXX=clang++-14 cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DREPVAR_WERROR=ON -DREPVAR_SANITIZE="address;undefined" -DREPVAR_BUILD_BENCH=OFF >/dev/null
-  cmake --build "$asan" -j "$jobs" --target repvar_common_test repvar_rpc_test repvar_server_test repvar_store_test repvar_worker_test
-  for t in repvar_common_test repvar_rpc_test repvar_server_test repvar_store_test repvar_worker_test; do
+  cmake --build "$asan" -j "$jobs" --target repvar_common_test repvar_rpc_test repvar_server_test repvar_store_test repvar_worker_test repvar_history_test
+  for t in repvar_common_test repvar_rpc_test repvar_server_test repvar_store_test repvar_worker_test repvar_history_test; do
     UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" "$asan/tests/$t" --gtest_brief=1
   done
 fi
