@@ -74,6 +74,14 @@ absl::Status Registry::Commit(Builder build) {
 
 // ---- Membership ----
 
+namespace {
+
+// Bounds on what one registration may carry (it is kept and recorded).
+constexpr size_t kMaxAddressBytes = 256;
+constexpr size_t kMaxDevicesPerTask = 1024;
+
+}  // namespace
+
 absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg) {
   // Validate everything before touching state.
   if (!IsValidJobName(reg.job)) {
@@ -81,7 +89,14 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg) {
         absl::StrCat("invalid job name \"", reg.job, "\": must match [a-z][a-z0-9_]*"));
   }
   if (reg.task < 0) return absl::InvalidArgumentError("task must be >= 0");
-  if (reg.address.empty()) return absl::InvalidArgumentError("worker address is empty");
+  if (reg.address.empty() || reg.address.size() > kMaxAddressBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker address is empty or over ", kMaxAddressBytes, " bytes"));
+  }
+  if (reg.devices.size() > kMaxDevicesPerTask) {
+    return absl::InvalidArgumentError(absl::StrCat("a task registers at most ", kMaxDevicesPerTask,
+                                                   " devices, not ", reg.devices.size()));
+  }
   if (reg.incarnation == 0) return absl::InvalidArgumentError("incarnation must not be 0");
   const TaskKey key{reg.job, reg.task};
   std::vector<DeviceName> devices;

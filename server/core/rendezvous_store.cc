@@ -5,32 +5,64 @@
 
 namespace repvar::server {
 
+void RendezvousStore::DropExpired(absl::Time now) {
+  for (auto it = kv_.begin(); it != kv_.end();) {
+    if (it->second.expires <= now) {
+      bytes_ -= it->first.size() + it->second.value.size();
+      it = kv_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
-  if (key.empty()) return absl::InvalidArgumentError("store key is empty");
+  if (key.empty() || key.size() > kMaxKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store key is empty or over ", kMaxKeyBytes, " bytes"));
+  }
   if (value.size() > kMaxValueBytes) {
     return absl::InvalidArgumentError(absl::StrCat("store value over ", kMaxValueBytes, " bytes"));
   }
+  const absl::Time now = clock_->Now();
   RankedLock lock(&mu_);
-  if (kv_.size() >= kMaxKeys && !kv_.contains(key)) {
-    return absl::ResourceExhaustedError("rendezvous store is full");
+  auto old = kv_.find(key);
+  const size_t freed = old == kv_.end() ? 0 : key.size() + old->second.value.size();
+  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return (kv_.size() < kMaxKeys || kv_.contains(key)) &&
+           bytes_ - freed + key.size() + value.size() <= kMaxTotalBytes;
+  };
+  if (!fits()) DropExpired(now);
+  old = kv_.find(key);
+  const size_t freed_now = old == kv_.end() ? 0 : key.size() + old->second.value.size();
+  if ((kv_.size() >= kMaxKeys && old == kv_.end()) ||
+      bytes_ - freed_now + key.size() + value.size() > kMaxTotalBytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rendezvous store is full (", kv_.size(), " keys, ", bytes_,
+                     " bytes that have not expired)"));
   }
-  kv_[key] = std::move(value);
+  bytes_ = bytes_ - freed_now + key.size() + value.size();
+  kv_[key] = Entry{std::move(value), now + ttl_};
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> RendezvousStore::Get(const std::string& key,
                                                  absl::Time deadline) const {
   RankedLock lock(&mu_);
-  auto present = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return kv_.contains(key); };
+  auto present = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = kv_.find(key);
+    return it != kv_.end() && it->second.expires > clock_->Now();
+  };
   if (!mu_.native()->AwaitWithDeadline(absl::Condition(&present), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat("store key \"", key, "\" never arrived"));
   }
-  return kv_.at(key);
+  return kv_.at(key).value;
 }
 
 void RendezvousStore::DeletePrefix(const std::string& prefix) {
   RankedLock lock(&mu_);
   for (auto it = kv_.lower_bound(prefix); it != kv_.end() && it->first.starts_with(prefix);) {
+    bytes_ -= it->first.size() + it->second.value.size();
     it = kv_.erase(it);
   }
 }

@@ -67,10 +67,18 @@ TEST_F(MembershipTest, T1_Register_DeviceOfAnotherTask_InvalidArgument) {
 
 TEST_F(MembershipTest, T1_Register_BadFields_InvalidArgument) {
   EXPECT_THAT(m_.Register({"", 0, "h:1", 1, {}}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(m_.Snapshot().version, 0);
   EXPECT_THAT(m_.Register({"w", -1, "h:1", 1, {}}), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(m_.Register({"w", 0, "", 1, {}}), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(m_.Register({"w", 0, "h:1", 0, {}}), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_EQ(m_.Snapshot().version, 0);
+  // Bounded: what a registration carries is kept and recorded.
+  EXPECT_THAT(m_.Register({"w", 0, std::string(300, 'h'), 1, {}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "address"));
+  WorkerRegistration many = Tpu("w", 0, 1025);
+  EXPECT_THAT(m_.Register(many), StatusIs(absl::StatusCode::kInvalidArgument, "at most 1024"));
+  many.devices.resize(1024);
+  ASSERT_OK(m_.Register(many));  // the bound itself is fine
+  EXPECT_EQ(m_.Snapshot().version, 1);
 }
 
 TEST_F(MembershipTest, T1_Register_SameIncarnation_Idempotent) {
