@@ -5,6 +5,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+
+#include <signal.h>
+#include <unistd.h>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -81,7 +84,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  const uint64_t incarnation = repvar::RandomNonZero64();
+  const uint64_t incarnation = repvar::NewIncarnation();
   repvar::worker::ReplicaStore store;
   repvar::worker::GrpcCoordinatorLink link(coordinator);
   repvar::worker::GlooDataPlane data_plane(absl::GetFlag(FLAGS_advertise_host), &link);
@@ -118,6 +121,11 @@ int main(int argc, char** argv) {
     while (
         !stop.WaitForNotificationWithTimeout(std::max(next - absl::Now(), absl::ZeroDuration()))) {
       next = agent.Tick(absl::Now());
+      if (agent.state() == repvar::worker::WorkerAgent::State::kFenced) {
+        // A newer process of this task registered: this one must not serve.
+        kill(getpid(), SIGTERM);
+        return;
+      }
       if (agent.state() == repvar::worker::WorkerAgent::State::kRegistered &&
           !registered.HasBeenNotified()) {
         registered.Notify();
@@ -138,5 +146,9 @@ int main(int argc, char** argv) {
   (*server)->GetHealthCheckService()->Shutdown();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   (*server)->Wait();
+  if (agent.state() == repvar::worker::WorkerAgent::State::kFenced) {
+    spdlog::error("exiting: superseded by a newer incarnation of {}:{}", job, task);
+    return 3;
+  }
   return 0;
 }

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/base/random.h"
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
 #include <unistd.h>
 
 #include <random>
@@ -13,6 +16,11 @@ uint64_t RandomNonZero64() {
   uint64_t v = 0;
   while (v == 0) v = rng();
   return v;
+}
+
+uint64_t NewIncarnation() {
+  const uint64_t micros = static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
+  return (micros << 12) | (RandomNonZero64() & 0xfff) | 1;
 }
 
 }  // namespace repvar

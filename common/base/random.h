@@ -10,6 +10,13 @@ namespace repvar {
 // Thread-safe.
 uint64_t RandomNonZero64();
 
+// A worker process's incarnation: the start time in microseconds, shifted
+// left 12 bits, with 12 random bits below. A later process gets a larger
+// one (unless the clock steps back), so the coordinator can tell a
+// restarted worker, which supersedes the old registration, from a paused
+// old process coming back, which is refused (contract T1). Thread-safe.
+uint64_t NewIncarnation();
+
 }  // namespace repvar
 
 #endif  // REPVAR_COMMON_BASE_RANDOM_H_

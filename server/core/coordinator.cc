@@ -25,7 +25,9 @@ StepInfo Copy(const SharedStep& s) {
 
 Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient* workers,
                          StateLog* log)
-    : budget_(options.max_inflight_bytes),
+    : clock_(clock),
+      workers_(workers),
+      budget_(options.max_inflight_bytes),
       owned_log_(log == nullptr ? std::make_unique<VolatileStateLog>() : nullptr),
       registry_(RegistryOptionsOf(options), clock, log != nullptr ? log : owned_log_.get()),
       steps_(clock, &registry_, &groups_),
@@ -41,7 +43,13 @@ absl::Status Coordinator::Recover() {
 }
 
 absl::StatusOr<int64_t> Coordinator::RegisterWorker(const WorkerRegistration& reg) {
-  REPVAR_ASSIGN_OR_RETURN(int64_t version, registry_.Register(reg));
+  std::optional<LiveTask> superseded;
+  REPVAR_ASSIGN_OR_RETURN(int64_t version, registry_.Register(reg, &superseded));
+  if (superseded) {
+    // The old process is gone for us: its calls end now, its step fails.
+    workers_->CancelCalls({superseded->key, superseded->address, superseded->incarnation});
+    steps_.Tick(clock_->Now(), {*superseded});
+  }
   replication_.Rejoin(TaskKey{reg.job, reg.task});
   return version;
 }
@@ -50,7 +58,12 @@ absl::StatusOr<int64_t> Coordinator::Heartbeat(const TaskKey& key, uint64_t inca
   return registry_.Heartbeat(key, incarnation);
 }
 
-void Coordinator::Tick(absl::Time now) { steps_.Tick(now, registry_.CheckHeartbeats(now)); }
+void Coordinator::Tick(absl::Time now) {
+  std::vector<LiveTask> dead = registry_.CheckHeartbeats(now);
+  // F1: what was waiting on a dead worker fails now, not at its deadline.
+  for (const LiveTask& t : dead) workers_->CancelCalls({t.key, t.address, t.incarnation});
+  steps_.Tick(now, dead);
+}
 
 absl::StatusOr<WriteResult> Coordinator::Assign(const RequestKey& key, const Assignment& item) {
   REPVAR_ASSIGN_OR_RETURN(std::vector<WriteResult> r, replication_.Assign(key, {item}));

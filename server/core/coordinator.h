@@ -99,8 +99,9 @@ class Coordinator {
   absl::StatusOr<int64_t> RegisterWorker(const WorkerRegistration& reg);
   // Errors: as Registry::Heartbeat.
   absl::StatusOr<int64_t> Heartbeat(const TaskKey& key, uint64_t incarnation);
-  // Periodic work at `now`: declares silent workers dead (T5), fails the
-  // open step when a participant died (F1), times out step barriers (S4).
+  // Periodic work at `now`: declares silent workers dead (T5), ends the
+  // calls in flight to them and fails the open step when a participant died
+  // (F1), times out step barriers (S4).
   void Tick(absl::Time now);
   // Periodic repair, off the ticker (it moves bytes): see
   // Replication::ResyncStale.
@@ -163,6 +164,8 @@ class Coordinator {
   }
 
  private:
+  Clock* const clock_;
+  WorkerClient* const workers_;
   MemoryBudget budget_;
   std::unique_ptr<StateLog> owned_log_;  // when none was given
   Registry registry_;

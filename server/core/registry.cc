@@ -82,7 +82,8 @@ constexpr size_t kMaxDevicesPerTask = 1024;
 
 }  // namespace
 
-absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg) {
+absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
+                                           std::optional<LiveTask>* superseded) {
   // Validate everything before touching state.
   if (!IsValidJobName(reg.job)) {
     return absl::InvalidArgumentError(
@@ -120,23 +121,34 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg) {
 
   RankedLock lock(&mu_);
   const WorkerRecord* w = state_.Worker(key);
+  Record record;
   if (w != nullptr && w->state == WorkerState::kLive) {
-    if (w->incarnation != reg.incarnation) {
+    if (w->incarnation > reg.incarnation) {
       return absl::AbortedError(absl::StrCat(
-          "task ", key.ToString(), " is live under incarnation ", w->incarnation, "; incarnation ",
-          reg.incarnation, " can register once the old one is declared dead (heartbeat timeout ",
-          absl::FormatDuration(options_.membership.heartbeat_timeout), ")"));
+          "task ", key.ToString(), " is live under incarnation ", w->incarnation,
+          ", newer than ", reg.incarnation, ": this process was superseded and must stop"));
     }
-    if (w->devices != devices || w->address != reg.address) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("task ", key.ToString(), " incarnation ", reg.incarnation,
-                       " registered before with other devices or address; use a new incarnation"));
+    if (w->incarnation < reg.incarnation) {
+      // T1: a newer process of the task supersedes the old one at once; the
+      // old incarnation is fenced (its calls refused, its step failed).
+      if (superseded != nullptr) {
+        *superseded = LiveTask{key, w->address, w->incarnation, w->devices, last_heartbeat_[key]};
+      }
+      spdlog::warn("{} incarnation {} supersedes incarnation {}", key.ToString(), reg.incarnation,
+                   w->incarnation);
+      record.changes.push_back(WorkerDied{key, w->incarnation});
+    } else {
+      if (w->devices != devices || w->address != reg.address) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "task ", key.ToString(), " incarnation ", reg.incarnation,
+            " registered before with other devices or address; use a new incarnation"));
+      }
+      last_heartbeat_[key] = clock_->Now();
+      return state_.topology_version();  // the same process again: idempotent
     }
-    last_heartbeat_[key] = clock_->Now();
-    return state_.topology_version();  // the same process again: idempotent
   }
-  REPVAR_RETURN_IF_ERROR(CommitLocked(
-      Record{{WorkerRegistered{key, reg.address, reg.incarnation, std::move(devices)}}}));
+  record.changes.push_back(WorkerRegistered{key, reg.address, reg.incarnation, std::move(devices)});
+  REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)));
   last_heartbeat_[key] = clock_->Now();
   return state_.topology_version();
 }

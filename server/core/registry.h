@@ -78,12 +78,16 @@ class Registry {
   absl::StatusOr<uint64_t> NextFence() ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Membership (T1-T5). ----
-  // T1. Errors: INVALID_ARGUMENT (empty or malformed job/address/device,
-  // duplicate device, device of another task, incarnation 0, same
-  // incarnation with other devices), ABORTED ((job, task) live under
-  // another incarnation). Nothing changes on error. Returns the topology
-  // version.
-  absl::StatusOr<int64_t> Register(const WorkerRegistration& reg) ABSL_LOCKS_EXCLUDED(mu_);
+  // T1. A newer incarnation of a live (job, task) supersedes it at once:
+  // the old one is declared dead in the same record and returned in
+  // `superseded`. Errors: INVALID_ARGUMENT (empty or malformed
+  // job/address/device, duplicate device, device of another task,
+  // incarnation 0, same incarnation with other devices), ABORTED ((job,
+  // task) live under a newer incarnation: the caller was superseded).
+  // Nothing changes on error. Returns the topology version.
+  absl::StatusOr<int64_t> Register(const WorkerRegistration& reg,
+                                   std::optional<LiveTask>* superseded = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Errors: NOT_FOUND (unknown or declared-dead task: re-register), ABORTED
   // (stale incarnation).
   absl::StatusOr<int64_t> Heartbeat(const TaskKey& key, uint64_t incarnation)

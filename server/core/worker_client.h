@@ -63,6 +63,10 @@ class WorkerClient {
                                 int64_t min_version, ReadDone done) = 0;
   // Forgets a deleted variable.
   virtual void DropVariableAsync(const WorkerTarget& target, uint64_t variable_id, Done done) = 0;
+  // Ends every call in flight to `target` at once (its `done` runs with
+  // CANCELLED): the worker was declared dead or superseded, so waiting for
+  // the call's own deadline would only delay the failure.
+  virtual void CancelCalls(const WorkerTarget& target) = 0;
   // Every replica the worker holds, with its version and checksum: what
   // repair compares with the committed state. The worker first refuses
   // every later write fenced below `fence_floor` (ReplicaWrite::fence), so

@@ -47,7 +47,15 @@ absl::Status Named(const WorkerTarget& target, absl::Status s) {
 // A unary call in flight: owns what the call needs until its callback.
 template <typename Req, typename Resp, typename DoneT>
 struct UnaryCall {
-  grpc::ClientContext ctx;
+  // Tracked in `in_flight` under `key` until it finishes.
+  UnaryCall(std::shared_ptr<GrpcWorkerClient::InFlight> calls, const WorkerTarget& target)
+      : in_flight(std::move(calls)), key(GrpcWorkerClient::InFlight::KeyOf(target)) {
+    in_flight->Add(key, ctx);
+  }
+  ~UnaryCall() { in_flight->Remove(key, ctx.get()); }
+  std::shared_ptr<GrpcWorkerClient::InFlight> in_flight;
+  std::string key;
+  std::shared_ptr<grpc::ClientContext> ctx = std::make_shared<grpc::ClientContext>();
   Req req;
   Resp resp;
   DoneT done;
@@ -58,16 +66,21 @@ struct UnaryCall {
 class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest> {
  public:
   WriteCall(WorkerTarget target, std::vector<ReplicaWrite> writes, size_t chunk_bytes,
-            absl::Time deadline, WorkerClient::Done done)
+            absl::Time deadline, WorkerClient::Done done,
+            std::shared_ptr<GrpcWorkerClient::InFlight> in_flight)
       : target_(std::move(target)),
         writes_(std::move(writes)),
         chunk_bytes_(chunk_bytes),
-        done_(std::move(done)) {
-    ctx_.set_deadline(absl::ToChronoTime(deadline));
+        done_(std::move(done)),
+        in_flight_(std::move(in_flight)),
+        key_(GrpcWorkerClient::InFlight::KeyOf(target_)) {
+    ctx_->set_deadline(absl::ToChronoTime(deadline));
+    in_flight_->Add(key_, ctx_);
   }
+  ~WriteCall() override { in_flight_->Remove(key_, ctx_.get()); }
 
   void Start(v1::WorkerReplicas::Stub* stub) {
-    stub->async()->WriteReplicas(&ctx_, &resp_, this);
+    stub->async()->WriteReplicas(ctx_.get(), &resp_, this);
     WriteNext();
     StartCall();
   }
@@ -110,7 +123,9 @@ class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest
   const std::vector<ReplicaWrite> writes_;
   const size_t chunk_bytes_;
   WorkerClient::Done done_;
-  grpc::ClientContext ctx_;
+  const std::shared_ptr<GrpcWorkerClient::InFlight> in_flight_;
+  const std::string key_;
+  const std::shared_ptr<grpc::ClientContext> ctx_ = std::make_shared<grpc::ClientContext>();
   v1::WriteReplicasResponse resp_;
   v1::WriteReplicasRequest msg_;
   size_t index_ = 0;     // the write being sent
@@ -121,14 +136,20 @@ class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest
 // One ReadReplica stream, rebuilt message by message.
 class ReadCall final : public grpc::ClientReadReactor<v1::ReadVariableChunk> {
  public:
-  ReadCall(WorkerTarget target, absl::Time deadline, WorkerClient::ReadDone done)
-      : target_(std::move(target)), done_(std::move(done)) {
-    ctx_.set_deadline(absl::ToChronoTime(deadline));
+  ReadCall(WorkerTarget target, absl::Time deadline, WorkerClient::ReadDone done,
+           std::shared_ptr<GrpcWorkerClient::InFlight> in_flight)
+      : target_(std::move(target)),
+        done_(std::move(done)),
+        in_flight_(std::move(in_flight)),
+        key_(GrpcWorkerClient::InFlight::KeyOf(target_)) {
+    ctx_->set_deadline(absl::ToChronoTime(deadline));
+    in_flight_->Add(key_, ctx_);
   }
+  ~ReadCall() override { in_flight_->Remove(key_, ctx_.get()); }
 
   void Start(v1::WorkerReplicas::Stub* stub, const v1::ReadReplicaRequest& req) {
     req_ = req;
-    stub->async()->ReadReplica(&ctx_, &req_, this);
+    stub->async()->ReadReplica(ctx_.get(), &req_, this);
     StartRead(&msg_);
     StartCall();
   }
@@ -136,7 +157,7 @@ class ReadCall final : public grpc::ClientReadReactor<v1::ReadVariableChunk> {
     if (!ok) return;  // the stream ended: OnDone follows
     if (error_.ok()) error_ = receiver_.OnMessage(msg_);
     if (!error_.ok()) {
-      ctx_.TryCancel();
+      ctx_->TryCancel();
       return;
     }
     StartRead(&msg_);
@@ -161,7 +182,9 @@ class ReadCall final : public grpc::ClientReadReactor<v1::ReadVariableChunk> {
  private:
   const WorkerTarget target_;
   WorkerClient::ReadDone done_;
-  grpc::ClientContext ctx_;
+  const std::shared_ptr<GrpcWorkerClient::InFlight> in_flight_;
+  const std::string key_;
+  const std::shared_ptr<grpc::ClientContext> ctx_ = std::make_shared<grpc::ClientContext>();
   v1::ReadReplicaRequest req_;
   v1::ReadVariableChunk msg_;
   ReplicaReceiver receiver_;
@@ -169,6 +192,39 @@ class ReadCall final : public grpc::ClientReadReactor<v1::ReadVariableChunk> {
 };
 
 }  // namespace
+
+void GrpcWorkerClient::InFlight::Add(const std::string& key,
+                                     const std::shared_ptr<grpc::ClientContext>& ctx) {
+  absl::MutexLock lock(&mu_);
+  calls_.emplace(key, ctx);
+}
+
+void GrpcWorkerClient::InFlight::Remove(const std::string& key, const grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  auto [begin, end] = calls_.equal_range(key);
+  for (auto it = begin; it != end; ++it) {
+    if (it->second.lock().get() == ctx) {
+      calls_.erase(it);
+      return;
+    }
+  }
+}
+
+void GrpcWorkerClient::InFlight::CancelAll(const std::string& key) {
+  std::vector<std::shared_ptr<grpc::ClientContext>> calls;
+  {
+    absl::MutexLock lock(&mu_);
+    auto [begin, end] = calls_.equal_range(key);
+    for (auto it = begin; it != end; ++it) {
+      if (auto live = it->second.lock()) calls.push_back(std::move(live));
+    }
+  }
+  for (const auto& ctx : calls) ctx->TryCancel();
+}
+
+void GrpcWorkerClient::CancelCalls(const WorkerTarget& target) {
+  in_flight_->CancelAll(InFlight::KeyOf(target));
+}
 
 v1::WorkerReplicas::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
@@ -191,20 +247,21 @@ void GrpcWorkerClient::WriteReplicasAsync(const WorkerTarget& target,
   if (all_small && bytes <= kMaxUnaryBytes) {
     // One message, one unary call: far cheaper than a stream for small writes.
     using Call = UnaryCall<v1::WriteSmallReplicasRequest, v1::WriteReplicasResponse, Done>;
-    auto* call = new Call;
-    call->ctx.set_deadline(absl::ToChronoTime(deadline));
+    auto* call = new Call(in_flight_, target);
+    call->ctx->set_deadline(absl::ToChronoTime(deadline));
     for (const ReplicaWrite& w : writes) FillHeader(target, w, call->req.add_writes());
     call->done = std::move(done);
     StubFor(target.address)
         ->async()
-        ->WriteSmallReplicas(&call->ctx, &call->req, &call->resp, [call, target](grpc::Status s) {
+        ->WriteSmallReplicas(call->ctx.get(), &call->req, &call->resp, [call, target](grpc::Status s) {
           std::move(call->done)(Named(target, FromGrpcStatus(s)));
           delete call;
         });
     return;
   }
   auto* call =
-      new WriteCall(target, std::move(writes), options_.chunk_bytes, deadline, std::move(done));
+      new WriteCall(target, std::move(writes), options_.chunk_bytes, deadline, std::move(done),
+                    in_flight_);
   call->Start(StubFor(target.address));
 }
 
@@ -215,21 +272,22 @@ void GrpcWorkerClient::ReadReplicaAsync(const WorkerTarget& target, uint64_t var
   req.set_replica(replica);
   req.set_min_version(min_version);
   req.set_chunk_bytes(static_cast<int64_t>(options_.chunk_bytes));
-  auto* call = new ReadCall(target, absl::Now() + options_.base_deadline, std::move(done));
+  auto* call =
+      new ReadCall(target, absl::Now() + options_.base_deadline, std::move(done), in_flight_);
   call->Start(StubFor(target.address), req);
 }
 
 void GrpcWorkerClient::DropVariableAsync(const WorkerTarget& target, uint64_t variable_id,
                                          Done done) {
   using Call = UnaryCall<v1::DropVariableRequest, v1::DropVariableResponse, Done>;
-  auto* call = new Call;
-  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.base_deadline));
+  auto* call = new Call(in_flight_, target);
+  call->ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.base_deadline));
   call->req.set_incarnation(target.incarnation);
   call->req.set_variable_id(variable_id);
   call->done = std::move(done);
   StubFor(target.address)
       ->async()
-      ->DropVariable(&call->ctx, &call->req, &call->resp, [call, target](grpc::Status s) {
+      ->DropVariable(call->ctx.get(), &call->req, &call->resp, [call, target](grpc::Status s) {
         std::move(call->done)(Named(target, FromGrpcStatus(s)));
         delete call;
       });
@@ -238,14 +296,14 @@ void GrpcWorkerClient::DropVariableAsync(const WorkerTarget& target, uint64_t va
 void GrpcWorkerClient::ListReplicasAsync(const WorkerTarget& target, uint64_t fence_floor,
                          absl::Time deadline, ListDone done) {
   using Call = UnaryCall<v1::GetReplicaStatusRequest, v1::GetReplicaStatusResponse, ListDone>;
-  auto* call = new Call;
-  call->ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + options_.base_deadline)));
+  auto* call = new Call(in_flight_, target);
+  call->ctx->set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + options_.base_deadline)));
   call->req.set_fence_floor(fence_floor);
   call->req.set_incarnation(target.incarnation);
   call->done = std::move(done);
   StubFor(target.address)
       ->async()
-      ->GetReplicaStatus(&call->ctx, &call->req, &call->resp, [call, target](grpc::Status s) {
+      ->GetReplicaStatus(call->ctx.get(), &call->req, &call->resp, [call, target](grpc::Status s) {
         absl::StatusOr<std::vector<HeldReplica>> out;
         if (!s.ok()) {
           out = Named(target, FromGrpcStatus(s));

@@ -19,6 +19,26 @@ namespace repvar::server {
 // with the bytes it carries. Thread-safe.
 class GrpcWorkerClient final : public WorkerClient {
  public:
+  // The calls in flight to each worker process, so that CancelCalls can end
+  // them. Shared with the calls themselves (a late one may finish after the
+  // client is gone). Thread-safe.
+  class InFlight {
+   public:
+    static std::string KeyOf(const WorkerTarget& t) {
+      return t.address + "#" + std::to_string(t.incarnation);
+    }
+    void Add(const std::string& key, const std::shared_ptr<grpc::ClientContext>& ctx)
+        ABSL_LOCKS_EXCLUDED(mu_);
+    void Remove(const std::string& key, const grpc::ClientContext* ctx) ABSL_LOCKS_EXCLUDED(mu_);
+    // Cancels with no lock held (a call's completion may run inside
+    // TryCancel), keeping each context alive while it does.
+    void CancelAll(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+
+   private:
+    absl::Mutex mu_;
+    std::multimap<std::string, std::weak_ptr<grpc::ClientContext>> calls_ ABSL_GUARDED_BY(mu_);
+  };
+
   struct Options {
     absl::Duration base_deadline = absl::Seconds(30);
     double min_bytes_per_second = 50e6;  // deadline slack for big tensors
@@ -34,6 +54,7 @@ class GrpcWorkerClient final : public WorkerClient {
   void DropVariableAsync(const WorkerTarget& target, uint64_t variable_id, Done done) override;
   void ListReplicasAsync(const WorkerTarget& target, uint64_t fence_floor,
                          absl::Time deadline, ListDone done) override;
+  void CancelCalls(const WorkerTarget& target) override;
 
  private:
   v1::WorkerReplicas::Stub* StubFor(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
@@ -41,6 +62,7 @@ class GrpcWorkerClient final : public WorkerClient {
   const Options options_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<v1::WorkerReplicas::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 
 }  // namespace repvar::server

@@ -41,11 +41,36 @@ class FakeWorkerClient final : public server::WorkerClient {
       held = manual_;
       for (const auto& w : writes) held = held || (hold_ != 0 && w.variable_id == hold_);
     }
+    auto shared_done = std::make_shared<Done>(std::move(done));
     std::function<void()> call = [this, target, writes = std::move(writes),
-                                  done = std::make_shared<Done>(std::move(done))]() mutable {
+                                  done = shared_done]() mutable {
       std::move (*done)(Write(target, writes));
     };
-    Dispatch(std::move(call), held);
+    std::function<void()> cancel = [done = shared_done] {
+      std::move (*done)(absl::CancelledError("cancelled: the worker was declared dead"));
+    };
+    Dispatch(target.task.ToString(), std::move(call), std::move(cancel), held);
+  }
+  // Held calls to `target` end at once with CANCELLED, as gRPC ends them.
+  void CancelCalls(const server::WorkerTarget& target) override {
+    std::vector<std::function<void()>> cancels;
+    {
+      absl::MutexLock lock(&mu_);
+      ++cancels_;
+      for (auto it = queue_.begin(); it != queue_.end();) {
+        if (it->task == target.task.ToString()) {
+          cancels.push_back(std::move(it->cancel));
+          it = queue_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& c : cancels) c();
+  }
+  int cancels() {
+    absl::MutexLock lock(&mu_);
+    return cancels_;
   }
   void ReadReplicaAsync(const server::WorkerTarget& target, uint64_t variable_id, int32_t replica,
                         int64_t, ReadDone done) override {
@@ -141,7 +166,7 @@ class FakeWorkerClient final : public server::WorkerClient {
     {
       absl::MutexLock lock(&mu_);
       if (queue_.empty()) return false;
-      call = std::move(queue_.front());
+      call = std::move(queue_.front().run);
       queue_.pop_front();
     }
     call();
@@ -218,13 +243,19 @@ class FakeWorkerClient final : public server::WorkerClient {
   }
 
  private:
-  void Dispatch(std::function<void()> call, bool held) {
+  struct Pending {
+    std::string task;
+    std::function<void()> run;
+    std::function<void()> cancel;
+  };
+  void Dispatch(std::string task, std::function<void()> call, std::function<void()> cancel,
+                bool held) {
     if (!held) {
       call();
       return;
     }
     absl::MutexLock lock(&mu_);
-    queue_.push_back(std::move(call));
+    queue_.push_back(Pending{std::move(task), std::move(call), std::move(cancel)});
   }
 
   absl::Status Write(const server::WorkerTarget& target, const std::vector<ReplicaWrite>& writes) {
@@ -276,7 +307,8 @@ class FakeWorkerClient final : public server::WorkerClient {
   absl::Mutex mu_;
   std::map<std::tuple<std::string, uint64_t, int32_t>, Held> held_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> failures_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
+  int cancels_ ABSL_GUARDED_BY(mu_) = 0;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   int reads_ ABSL_GUARDED_BY(mu_) = 0;
   int lists_ ABSL_GUARDED_BY(mu_) = 0;

@@ -8,8 +8,15 @@
 namespace repvar::worker {
 
 absl::Time WorkerAgent::Tick(absl::Time now) {
+  if (state_ == State::kFenced) return absl::InfiniteFuture();
   if (state_ == State::kUnregistered) {
     auto interval = link_->Register(reg_);
+    if (absl::IsAborted(interval.status())) {
+      spdlog::error("{}:{} incarnation {} is fenced: {}", reg_.job, reg_.task, reg_.incarnation,
+                    interval.status().ToString());
+      state_ = State::kFenced;
+      return absl::InfiniteFuture();
+    }
     if (!interval.ok()) {
       spdlog::warn("register {}:{} failed: {}; retrying in {}", reg_.job, reg_.task,
                    interval.status().ToString(), absl::FormatDuration(backoff_));
@@ -24,7 +31,13 @@ absl::Time WorkerAgent::Tick(absl::Time now) {
     return now + interval_;
   }
   absl::Status s = link_->Heartbeat(TaskKey{reg_.job, reg_.task}, reg_.incarnation);
-  if (absl::IsNotFound(s) || absl::IsAborted(s)) {
+  if (absl::IsAborted(s)) {
+    spdlog::error("{}:{} incarnation {} is fenced: {}", reg_.job, reg_.task, reg_.incarnation,
+                  s.ToString());
+    state_ = State::kFenced;
+    return absl::InfiniteFuture();
+  }
+  if (absl::IsNotFound(s)) {
     spdlog::warn("coordinator dropped {}:{}: {}; registering again", reg_.job, reg_.task,
                  s.ToString());
     state_ = State::kUnregistered;

@@ -16,15 +16,18 @@ namespace repvar::worker {
 // Keeps this worker registered and heartbeating. Driven by Tick(now), which
 // returns when to call it next; main() runs the loop, tests call it directly.
 //
-//   UNREGISTERED --Register OK--> REGISTERED --Heartbeat NOT_FOUND/ABORTED--> UNREGISTERED
-//        ^  |                         |  ^
-//        '--' Register failed:        '--' Heartbeat OK or UNAVAILABLE
-//             retry with backoff           (transient: keep trying)
+//   UNREGISTERED --Register OK--> REGISTERED --Heartbeat NOT_FOUND--> UNREGISTERED
+//     ^  |   |                      |  ^    |
+//     '--'   | Register ABORTED     '--'    | Heartbeat ABORTED
+//  failed:   v                    OK or     v
+//  backoff  FENCED <--------------------- (a newer incarnation of this task
+//                              UNAVAILABLE  registered: this process must
+//                                           stop; main() exits)
 //
 // Not thread-safe: one thread drives it.
 class WorkerAgent {
  public:
-  enum class State { kUnregistered, kRegistered };
+  enum class State { kUnregistered, kRegistered, kFenced };
   WorkerAgent(WorkerRegistration reg, CoordinatorLink* link) : reg_(std::move(reg)), link_(link) {}
 
   absl::Time Tick(absl::Time now);

@@ -518,6 +518,54 @@ TEST_F(CoordinatorTest, F2_NewIncarnation_ResyncedBeforeRegisterReturns) {
   EXPECT_EQ(view->replicas[3].state, ReplicaState::kUpToDate);
 }
 
+// F1: a write waiting on a worker that is declared dead fails then, not at
+// the call's own deadline (30 s and more before issue 5).
+TEST_F(CoordinatorTest, F1_WorkerDeclaredDeadMidWrite_CallsCancelled_WriteFailsAtOnce) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  const uint64_t id = core_.GetVariable("w")->id;
+  workers_.SetManual(true);  // every write waits until completed or cancelled
+  absl::StatusOr<WriteResult> result;
+  std::thread writer([&] { result = Assign("w", F32({7, 7, 7})); });
+  while (workers_.parked() < 3) std::this_thread::yield();
+  // Two workers answer; tpu_worker:2 went silent.
+  ASSERT_TRUE(workers_.CompleteNext());
+  ASSERT_TRUE(workers_.CompleteNext());
+  clock_.Advance(absl::Seconds(6));
+  for (int t : {0, 1}) ASSERT_OK(core_.Heartbeat({"tpu_worker", t}, 100 + t));
+  ASSERT_OK(core_.Heartbeat({"worker", 0}, 5));
+  clock_.Advance(absl::Seconds(6));
+  core_.Tick(clock_.Now());  // declared dead: its call is cancelled
+  writer.join();
+  workers_.SetManual(false);
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kUnavailable, "CANCELLED"));
+  EXPECT_EQ(workers_.cancels(), 1);
+  EXPECT_EQ(core_.GetVariable("w")->version, 1);
+  EXPECT_EQ(workers_.Get("tpu_worker:0", id, 0)->version, 2);  // took it: STALE until repaired
+  EXPECT_EQ(core_.GetVariable("w")->replicas[0].state, ReplicaState::kStale);
+}
+
+// T1: the newer incarnation supersedes the live one at once; the open step
+// it took part in fails, naming it.
+TEST_F(CoordinatorTest, T1_NewerIncarnation_SupersedesAtOnce_OpenStepFails) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  auto step = core_.BeginStep(1, absl::Seconds(30));
+  ASSERT_OK(step);
+  Register("tpu_worker", 1, 2, 9999);
+  auto resolved = core_.WaitStepResolution(step->epoch, absl::InfinitePast());
+  ASSERT_OK(resolved);
+  EXPECT_EQ(resolved->state, StepState::kFailed);
+  EXPECT_THAT(resolved->status, StatusIs(absl::StatusCode::kUnavailable, "tpu_worker:1"));
+  EXPECT_EQ(workers_.cancels(), 1);
+  // The new process got the committed value before Register returned.
+  auto held = workers_.Get("tpu_worker:1", core_.GetVariable("w")->id, 2);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->incarnation, 9999u);
+  // The old one is fenced.
+  EXPECT_THAT(core_.Heartbeat({"tpu_worker", 1}, 101), StatusIs(absl::StatusCode::kAborted));
+}
+
 TEST_F(CoordinatorTest, Delete_RemovesVariableAndNotFoundAfter) {
   Create(Def("w", 2));
   ASSERT_OK(core_.DeleteVariable({}, "w"));

@@ -97,13 +97,25 @@ TEST_F(MembershipTest, T1_Register_SameIncarnationOtherDevices_InvalidArgument) 
   EXPECT_EQ(m_.Snapshot().accelerators.size(), 2u);
 }
 
-TEST_F(MembershipTest, T1_Register_OtherLiveIncarnation_AbortedAndOriginalKept) {
+// T1 (issue 5): a newer process of a live task supersedes it at once; an
+// older one (a paused process coming back) is refused and changes nothing.
+TEST_F(MembershipTest, T1_Register_NewerIncarnationSupersedes_OlderOneAborted) {
   ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 2, 7)));
   int64_t v = m_.Snapshot().version;
-  EXPECT_THAT(m_.Register(Tpu("tpu_worker", 0, 2, 8)),
-              StatusIs(absl::StatusCode::kAborted, "incarnation 7"));
+  EXPECT_THAT(m_.Register(Tpu("tpu_worker", 0, 2, 6)),
+              StatusIs(absl::StatusCode::kAborted, "superseded"));
   EXPECT_EQ(m_.Snapshot().version, v);
   EXPECT_EQ(m_.Snapshot().tasks[0].incarnation, 7u);
+
+  std::optional<LiveTask> superseded;
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 2, 8), &superseded));
+  ASSERT_TRUE(superseded.has_value());
+  EXPECT_EQ(superseded->incarnation, 7u);
+  EXPECT_EQ(m_.Snapshot().version, v + 1) << "one record: the old one dies, the new one joins";
+  EXPECT_EQ(m_.Snapshot().tasks[0].incarnation, 8u);
+  // The old process is fenced.
+  EXPECT_THAT(m_.Heartbeat({"tpu_worker", 0}, 7), StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(m_.Register(Tpu("tpu_worker", 0, 2, 7)), StatusIs(absl::StatusCode::kAborted));
 }
 
 TEST_F(MembershipTest, T2_Ordinals_DeterministicWhateverTheRegistrationOrder) {

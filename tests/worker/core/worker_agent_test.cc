@@ -36,7 +36,7 @@ TEST(WorkerAgent, RegistersThenHeartbeatsAtTheAdvertisedInterval) {
 
 TEST(WorkerAgent, RegisterFails_RetriesWithBackoff) {
   ScriptedLink link;
-  link.register_status = absl::AbortedError("old incarnation still live");
+  link.register_status = absl::UnavailableError("coordinator restarting");
   WorkerAgent agent({"tpu_worker", 0, "h:1", 5, {}}, &link);
   absl::Time t = absl::FromUnixSeconds(100);
   absl::Time n1 = agent.Tick(t);
@@ -65,6 +65,24 @@ TEST(WorkerAgent, TransientHeartbeatError_StaysRegistered) {
   link.heartbeat_status = absl::UnavailableError("coordinator restarting");
   agent.Tick(t);
   EXPECT_EQ(agent.state(), WorkerAgent::State::kRegistered);
+}
+
+// T1: a newer process of this task registered; this one stops for good.
+TEST(WorkerAgent, Superseded_Fenced_NeverRegistersAgain) {
+  ScriptedLink link;
+  WorkerAgent agent({"tpu_worker", 0, "h:1", 5, {}}, &link);
+  absl::Time t = agent.Tick(absl::FromUnixSeconds(100));
+  link.heartbeat_status = absl::AbortedError("stale incarnation");
+  EXPECT_EQ(agent.Tick(t), absl::InfiniteFuture());
+  EXPECT_EQ(agent.state(), WorkerAgent::State::kFenced);
+  agent.Tick(t + absl::Seconds(5));
+  EXPECT_EQ(link.registers, 1);
+
+  ScriptedLink refused;
+  refused.register_status = absl::AbortedError("live under a newer incarnation");
+  WorkerAgent old({"tpu_worker", 0, "h:1", 4, {}}, &refused);
+  old.Tick(absl::FromUnixSeconds(100));
+  EXPECT_EQ(old.state(), WorkerAgent::State::kFenced);
 }
 
 }  // namespace
