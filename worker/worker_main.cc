@@ -2,12 +2,11 @@
 // repvar-worker: holds the replicas placed on this host's devices.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-
-#include <signal.h>
-#include <unistd.h>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -17,8 +16,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/base/daemon.h"
-#include "common/base/memory_budget.h"
 #include "common/base/logging.h"
+#include "common/base/memory_budget.h"
 #include "common/base/random.h"
 #include "common/model/device_name.h"
 #include "common/rpc/server.h"

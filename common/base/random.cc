@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/base/random.h"
 
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
-
 #include <unistd.h>
 
 #include <random>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace repvar {
 

@@ -57,9 +57,9 @@ class Buffer {
   void Release();
   std::byte* data_ = nullptr;
   size_t size_ = 0;
-  size_t mapped_ = 0;  // > 0 when mmap'ed
+  size_t mapped_ = 0;   // > 0 when mmap'ed
   size_t touched_ = 0;  // pages below this are resident
-  int fd_ = -1;        // the memfd of a shared buffer
+  int fd_ = -1;         // the memfd of a shared buffer
 };
 
 }  // namespace repvar

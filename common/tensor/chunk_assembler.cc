@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/tensor/chunk_assembler.h"
 
-#include <cstring>
-
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"

@@ -124,9 +124,9 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
   Record record;
   if (w != nullptr && w->state == WorkerState::kLive) {
     if (w->incarnation > reg.incarnation) {
-      return absl::AbortedError(absl::StrCat(
-          "task ", key.ToString(), " is live under incarnation ", w->incarnation,
-          ", newer than ", reg.incarnation, ": this process was superseded and must stop"));
+      return absl::AbortedError(absl::StrCat("task ", key.ToString(), " is live under incarnation ",
+                                             w->incarnation, ", newer than ", reg.incarnation,
+                                             ": this process was superseded and must stop"));
     }
     if (w->incarnation < reg.incarnation) {
       // T1: a newer process of the task supersedes the old one at once; the

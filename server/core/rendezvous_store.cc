@@ -37,9 +37,9 @@ absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
   const size_t freed_now = old == kv_.end() ? 0 : key.size() + old->second.value.size();
   if ((kv_.size() >= kMaxKeys && old == kv_.end()) ||
       bytes_ - freed_now + key.size() + value.size() > kMaxTotalBytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("rendezvous store is full (", kv_.size(), " keys, ", bytes_,
-                     " bytes that have not expired)"));
+    return absl::ResourceExhaustedError(absl::StrCat("rendezvous store is full (", kv_.size(),
+                                                     " keys, ", bytes_,
+                                                     " bytes that have not expired)"));
   }
   bytes_ = bytes_ - freed_now + key.size() + value.size();
   kv_[key] = Entry{std::move(value), now + ttl_};

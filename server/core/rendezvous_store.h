@@ -28,8 +28,7 @@ class RendezvousStore {
   static constexpr size_t kMaxKeys = 1 << 16;
   static constexpr size_t kMaxTotalBytes = 64 << 20;
 
-  explicit RendezvousStore(Clock* clock = RealClock::Get(),
-                           absl::Duration ttl = absl::Minutes(10))
+  explicit RendezvousStore(Clock* clock = RealClock::Get(), absl::Duration ttl = absl::Minutes(10))
       : clock_(clock), ttl_(ttl) {}
 
   // Errors: INVALID_ARGUMENT (empty or long key, value too large),

@@ -394,9 +394,9 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
     const Assignment& item = items[i];
     std::shared_ptr<const Tensor> value = item.value;
     if (item.op != AssignOp::kAssign) {
-      REPVAR_RETURN_IF_ERROR(charge.Add(item.value->bytes.size(),
-                                        absl::StrCat("the result of ", AssignOpName(item.op),
-                                                     " to ", item.name)));
+      REPVAR_RETURN_IF_ERROR(
+          charge.Add(item.value->bytes.size(),
+                     absl::StrCat("the result of ", AssignOpName(item.op), " to ", item.name)));
       REPVAR_ASSIGN_OR_RETURN(ReadResult base, CommittedValue(ids[i]));
       REPVAR_ASSIGN_OR_RETURN(
           Tensor sum, AddScaled(*base.value, *item.value, item.op == AssignOp::kAdd ? 1 : -1));
@@ -636,13 +636,12 @@ absl::StatusOr<std::vector<WorkerClient::HeldReplica>> ListNow(WorkerClient* wor
                                                                absl::Time deadline) {
   absl::StatusOr<std::vector<WorkerClient::HeldReplica>> got;
   CallGroup call(1);
-  workers->ListReplicasAsync(
-      target, fence_floor, deadline,
-      [&got, done = call.Callback(0)](
-          absl::StatusOr<std::vector<WorkerClient::HeldReplica>> r) mutable {
-        got = std::move(r);
-        std::move(done)(absl::OkStatus());
-      });
+  workers->ListReplicasAsync(target, fence_floor, deadline,
+                             [&got, done = call.Callback(0)](
+                                 absl::StatusOr<std::vector<WorkerClient::HeldReplica>> r) mutable {
+                               got = std::move(r);
+                               std::move(done)(absl::OkStatus());
+                             });
   call.Wait();
   return got;
 }
@@ -669,41 +668,40 @@ absl::Status Replication::Reconcile(const WorkerTarget& target,
   std::set<uint64_t> gone;
   int demoted = 0;
   int promoted = 0;
-  REPVAR_RETURN_IF_ERROR(
-      registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
-        gone.clear();
-        demoted = promoted = 0;
-        if (!state.IsLive(target.task, target.incarnation)) {
-          return absl::AbortedError(absl::StrCat(target.task.ToString(), " incarnation ",
-                                                 target.incarnation, " is no longer live"));
+  REPVAR_RETURN_IF_ERROR(registry_->Commit([&](const ClusterState& state)
+                                               -> absl::StatusOr<Record> {
+    gone.clear();
+    demoted = promoted = 0;
+    if (!state.IsLive(target.task, target.incarnation)) {
+      return absl::AbortedError(absl::StrCat(target.task.ToString(), " incarnation ",
+                                             target.incarnation, " is no longer live"));
+    }
+    for (const auto& [key, h] : by) {
+      if (state.FindId(key.first) == nullptr) gone.insert(key.first);
+    }
+    Record record;
+    for (const auto& [id, v] : state.variables()) {
+      if (v.version == 0) continue;  // an initialize overwrites whatever is there
+      std::map<std::pair<int64_t, uint64_t>, std::vector<Holder>> found;
+      for (size_t i = 0; i < v.placement.size(); ++i) {
+        if (v.placement[i].task != target.task) continue;
+        auto it = by.find({id, static_cast<int32_t>(i)});
+        const int64_t version = it == by.end() ? 0 : it->second->version;
+        const uint64_t checksum = it == by.end() ? 0 : it->second->checksum;
+        const bool holds = version == v.version && checksum == v.checksum;
+        const ReplicaState state_now = v.replicas[i].state;
+        if ((state_now == ReplicaState::kUpToDate && !holds) ||
+            (state_now == ReplicaState::kStale && holds)) {
+          found[{version, checksum}].push_back(Holder{static_cast<int32_t>(i), target.incarnation});
+          ++(holds ? promoted : demoted);
         }
-        for (const auto& [key, h] : by) {
-          if (state.FindId(key.first) == nullptr) gone.insert(key.first);
-        }
-        Record record;
-        for (const auto& [id, v] : state.variables()) {
-          if (v.version == 0) continue;  // an initialize overwrites whatever is there
-          std::map<std::pair<int64_t, uint64_t>, std::vector<Holder>> found;
-          for (size_t i = 0; i < v.placement.size(); ++i) {
-            if (v.placement[i].task != target.task) continue;
-            auto it = by.find({id, static_cast<int32_t>(i)});
-            const int64_t version = it == by.end() ? 0 : it->second->version;
-            const uint64_t checksum = it == by.end() ? 0 : it->second->checksum;
-            const bool holds = version == v.version && checksum == v.checksum;
-            const ReplicaState state_now = v.replicas[i].state;
-            if ((state_now == ReplicaState::kUpToDate && !holds) ||
-                (state_now == ReplicaState::kStale && holds)) {
-              found[{version, checksum}].push_back(
-                  Holder{static_cast<int32_t>(i), target.incarnation});
-              ++(holds ? promoted : demoted);
-            }
-          }
-          for (auto& [vc, holders] : found) {
-            record.changes.push_back(ReplicasWritten{id, vc.first, vc.second, std::move(holders)});
-          }
-        }
-        return record;
-      }));
+      }
+      for (auto& [vc, holders] : found) {
+        record.changes.push_back(ReplicasWritten{id, vc.first, vc.second, std::move(holders)});
+      }
+    }
+    return record;
+  }));
   if (demoted > 0) {
     spdlog::warn("{} holds {} replica(s) other than the committed value; marked for repair",
                  target.task.ToString(), demoted);
@@ -803,8 +801,7 @@ void Replication::ResyncStale() {
       for (size_t i = 0; i < v.placement.size(); ++i) {
         const WorkerRecord* w = state.Worker(v.placement[i].task);
         if (w == nullptr || w->state != WorkerState::kLive) continue;
-        if (v.needs_resync || v.replicas[i].state == ReplicaState::kStale ||
-            suspect.contains(id)) {
+        if (v.needs_resync || v.replicas[i].state == ReplicaState::kStale || suspect.contains(id)) {
           out.insert(v.placement[i].task);
         }
       }
@@ -830,8 +827,8 @@ void Replication::ResyncStale() {
       for (size_t i = 0; i < v.placement.size() && clean; ++i) {
         const WorkerRecord* w = state.Worker(v.placement[i].task);
         if (w == nullptr || w->state != WorkerState::kLive) continue;  // resynced on return
-        clean = v.replicas[i].state != ReplicaState::kStale &&
-                verified.contains(v.placement[i].task);
+        clean =
+            v.replicas[i].state != ReplicaState::kStale && verified.contains(v.placement[i].task);
       }
       if (clean) record.changes.push_back(ResyncFlagged{id, false});
     }

@@ -3,6 +3,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
 #include "common/rpc/channel.h"
@@ -75,7 +77,8 @@ class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest
         in_flight_(std::move(in_flight)),
         key_(GrpcWorkerClient::InFlight::KeyOf(target_)) {
     ctx_->set_deadline(absl::ToChronoTime(deadline));
-    in_flight_->Add(key_, ctx_);
+    const std::optional<CollectiveSpec>& c = writes_.front().collective;
+    in_flight_->Add(key_, ctx_, c ? c->group : "");
   }
   ~WriteCall() override { in_flight_->Remove(key_, ctx_.get()); }
 
@@ -194,16 +197,17 @@ class ReadCall final : public grpc::ClientReadReactor<v1::ReadVariableChunk> {
 }  // namespace
 
 void GrpcWorkerClient::InFlight::Add(const std::string& key,
-                                     const std::shared_ptr<grpc::ClientContext>& ctx) {
+                                     const std::shared_ptr<grpc::ClientContext>& ctx,
+                                     const std::string& group) {
   absl::MutexLock lock(&mu_);
-  calls_.emplace(key, ctx);
+  calls_.emplace(key, Call{ctx, group});
 }
 
 void GrpcWorkerClient::InFlight::Remove(const std::string& key, const grpc::ClientContext* ctx) {
   absl::MutexLock lock(&mu_);
   auto [begin, end] = calls_.equal_range(key);
   for (auto it = begin; it != end; ++it) {
-    if (it->second.lock().get() == ctx) {
+    if (it->second.ctx.lock().get() == ctx) {
       calls_.erase(it);
       return;
     }
@@ -214,9 +218,14 @@ void GrpcWorkerClient::InFlight::CancelAll(const std::string& key) {
   std::vector<std::shared_ptr<grpc::ClientContext>> calls;
   {
     absl::MutexLock lock(&mu_);
+    std::set<std::string> groups;
     auto [begin, end] = calls_.equal_range(key);
     for (auto it = begin; it != end; ++it) {
-      if (auto live = it->second.lock()) calls.push_back(std::move(live));
+      if (!it->second.group.empty()) groups.insert(it->second.group);
+    }
+    for (const auto& [k, call] : calls_) {
+      if (k != key && !groups.contains(call.group)) continue;
+      if (auto live = call.ctx.lock()) calls.push_back(std::move(live));
     }
   }
   for (const auto& ctx : calls) ctx->TryCancel();
@@ -253,15 +262,15 @@ void GrpcWorkerClient::WriteReplicasAsync(const WorkerTarget& target,
     call->done = std::move(done);
     StubFor(target.address)
         ->async()
-        ->WriteSmallReplicas(call->ctx.get(), &call->req, &call->resp, [call, target](grpc::Status s) {
-          std::move(call->done)(Named(target, FromGrpcStatus(s)));
-          delete call;
-        });
+        ->WriteSmallReplicas(call->ctx.get(), &call->req, &call->resp,
+                             [call, target](grpc::Status s) {
+                               std::move(call->done)(Named(target, FromGrpcStatus(s)));
+                               delete call;
+                             });
     return;
   }
-  auto* call =
-      new WriteCall(target, std::move(writes), options_.chunk_bytes, deadline, std::move(done),
-                    in_flight_);
+  auto* call = new WriteCall(target, std::move(writes), options_.chunk_bytes, deadline,
+                             std::move(done), in_flight_);
   call->Start(StubFor(target.address));
 }
 
@@ -294,10 +303,11 @@ void GrpcWorkerClient::DropVariableAsync(const WorkerTarget& target, uint64_t va
 }
 
 void GrpcWorkerClient::ListReplicasAsync(const WorkerTarget& target, uint64_t fence_floor,
-                         absl::Time deadline, ListDone done) {
+                                         absl::Time deadline, ListDone done) {
   using Call = UnaryCall<v1::GetReplicaStatusRequest, v1::GetReplicaStatusResponse, ListDone>;
   auto* call = new Call(in_flight_, target);
-  call->ctx->set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + options_.base_deadline)));
+  call->ctx->set_deadline(
+      absl::ToChronoTime(std::min(deadline, absl::Now() + options_.base_deadline)));
   call->req.set_fence_floor(fence_floor);
   call->req.set_incarnation(target.incarnation);
   call->done = std::move(done);
@@ -308,9 +318,9 @@ void GrpcWorkerClient::ListReplicasAsync(const WorkerTarget& target, uint64_t fe
         if (!s.ok()) {
           out = Named(target, FromGrpcStatus(s));
         } else if (call->resp.incarnation() != target.incarnation) {
-          out = Named(target, absl::AbortedError(absl::StrCat(
-                                  "incarnation ", call->resp.incarnation(), " answered, not ",
-                                  target.incarnation)));
+          out = Named(target,
+                      absl::AbortedError(absl::StrCat("incarnation ", call->resp.incarnation(),
+                                                      " answered, not ", target.incarnation)));
         } else {
           std::vector<HeldReplica> held;
           for (const v1::LocalReplica& r : call->resp.replicas()) {

@@ -27,16 +27,23 @@ class GrpcWorkerClient final : public WorkerClient {
     static std::string KeyOf(const WorkerTarget& t) {
       return t.address + "#" + std::to_string(t.incarnation);
     }
-    void Add(const std::string& key, const std::shared_ptr<grpc::ClientContext>& ctx)
-        ABSL_LOCKS_EXCLUDED(mu_);
+    // `group`: the data-plane group the call's collective runs in, if any.
+    void Add(const std::string& key, const std::shared_ptr<grpc::ClientContext>& ctx,
+             const std::string& group = "") ABSL_LOCKS_EXCLUDED(mu_);
     void Remove(const std::string& key, const grpc::ClientContext* ctx) ABSL_LOCKS_EXCLUDED(mu_);
-    // Cancels with no lock held (a call's completion may run inside
-    // TryCancel), keeping each context alive while it does.
+    // Cancels the calls to `key`, and every call in a collective one of them
+    // takes part in (the others wait on it inside gloo). With no lock held
+    // (a call's completion may run inside TryCancel), keeping each context
+    // alive while it does.
     void CancelAll(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
 
    private:
+    struct Call {
+      std::weak_ptr<grpc::ClientContext> ctx;
+      std::string group;
+    };
     absl::Mutex mu_;
-    std::multimap<std::string, std::weak_ptr<grpc::ClientContext>> calls_ ABSL_GUARDED_BY(mu_);
+    std::multimap<std::string, Call> calls_ ABSL_GUARDED_BY(mu_);
   };
 
   struct Options {
@@ -52,8 +59,8 @@ class GrpcWorkerClient final : public WorkerClient {
   void ReadReplicaAsync(const WorkerTarget& target, uint64_t variable_id, int32_t replica,
                         int64_t min_version, ReadDone done) override;
   void DropVariableAsync(const WorkerTarget& target, uint64_t variable_id, Done done) override;
-  void ListReplicasAsync(const WorkerTarget& target, uint64_t fence_floor,
-                         absl::Time deadline, ListDone done) override;
+  void ListReplicasAsync(const WorkerTarget& target, uint64_t fence_floor, absl::Time deadline,
+                         ListDone done) override;
   void CancelCalls(const WorkerTarget& target) override;
 
  private:

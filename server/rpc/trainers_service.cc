@@ -171,9 +171,8 @@ grpc::Status TrainersService::AssignVariable(grpc::ServerContext*,
                                                            "; the value is ", spec->ToString())));
   }
   // Memory follows the bytes as they arrive, within the coordinator's budget.
-  auto assembler =
-      ChunkAssembler::Start(*spec, header.tensor().byte_size(), header.tensor().checksum(),
-                            UINT64_MAX, core_->budget());
+  auto assembler = ChunkAssembler::Start(*spec, header.tensor().byte_size(),
+                                         header.tensor().checksum(), UINT64_MAX, core_->budget());
   if (!assembler.ok()) return Fail("AssignVariable", assembler.status());
   while (reader->Read(&msg)) {
     if (!msg.has_chunk()) {

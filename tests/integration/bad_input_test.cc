@@ -5,14 +5,13 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include <functional>
-#include <cstdio>
 #include <algorithm>
 #include <chrono>
-#include <thread>
-
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_status.h"

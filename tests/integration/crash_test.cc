@@ -200,8 +200,8 @@ TEST_F(CrashTest, F3_KillNineUnderLoad_HistoriesLinearizable_ReplicasConverge) {
       EXPECT_OK(r.verdicts[v]) << "trial " << trial << ", " << Var(v);
     }
   }
-  std::printf("%d trials: %d acknowledged writes, %d reads, %d writes of unknown outcome\n",
-              trials, acknowledged, reads, unknown);
+  std::printf("%d trials: %d acknowledged writes, %d reads, %d writes of unknown outcome\n", trials,
+              acknowledged, reads, unknown);
   EXPECT_GT(acknowledged, trials * 10);
 
   // Repair brings every replica to the committed value (F2 across crashes).

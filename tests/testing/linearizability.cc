@@ -108,11 +108,11 @@ absl::Status CheckLinearizable(const std::vector<RegisterOp>& history,
   const size_t from = search.deepest() > 3 ? search.deepest() - 3 : 0;
   for (size_t i = from; i < std::min(ops.size(), search.deepest() + 3); ++i) {
     const RegisterOp& o = ops[i];
-    around.push_back(absl::StrCat(
-        KindName(o.kind), " [", o.call, ", ",
-        o.ret == RegisterOp::kNever ? std::string("?") : absl::StrCat(o.ret), "] -> ",
-        o.ret == RegisterOp::kNever ? std::string("unknown")
-                                    : absl::StrCat("v", o.version, " #", o.checksum)));
+    around.push_back(
+        absl::StrCat(KindName(o.kind), " [", o.call, ", ",
+                     o.ret == RegisterOp::kNever ? std::string("?") : absl::StrCat(o.ret), "] -> ",
+                     o.ret == RegisterOp::kNever ? std::string("unknown")
+                                                 : absl::StrCat("v", o.version, " #", o.checksum)));
   }
   return absl::FailedPreconditionError(
       absl::StrCat("not linearizable: ", ops.size(), " operations, no order gets past about ",

@@ -41,9 +41,8 @@ TEST(Linearizability, SequentialAndConcurrentHistories_Accepted) {
   EXPECT_OK(CheckLinearizable(
       {Write({1, 1}, 0, 10, 1), Read(20, 30, 1, {1, 1}), Write({2, 2}, 40, 50, 2)}, kInitial));
   // Two overlapping writes: a read after both may see either order's end.
-  EXPECT_OK(CheckLinearizable({Write({1, 1}, 0, 30, 2), Write({2, 2}, 10, 20, 1),
-                               Read(40, 50, 2, {1, 1})},
-                              kInitial));
+  EXPECT_OK(CheckLinearizable(
+      {Write({1, 1}, 0, 30, 2), Write({2, 2}, 10, 20, 1), Read(40, 50, 2, {1, 1})}, kInitial));
   // A read overlapping a write may see it or not.
   EXPECT_OK(CheckLinearizable({Write({1, 1}, 0, 30, 1), Read(10, 20, 0, {0, 0})}, kInitial));
   EXPECT_OK(CheckLinearizable({Write({1, 1}, 0, 30, 1), Read(10, 20, 1, {1, 1})}, kInitial));
@@ -63,10 +62,10 @@ TEST(Linearizability, LostAcknowledgedWrite_Rejected_UnknownOneMayBeLost) {
   EXPECT_THAT(CheckLinearizable({Write({1, 1}, 0, 10, 1), Read(20, 30, 0, {0, 0})}, kInitial),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   // Not acknowledged (the coordinator died): lost or not, both are fine.
-  EXPECT_OK(CheckLinearizable({Unknown(Write({1, 1}, 0, 10, 1)), Read(20, 30, 0, {0, 0})},
-                              kInitial));
-  EXPECT_OK(CheckLinearizable({Unknown(Write({1, 1}, 0, 10, 1)), Read(20, 30, 1, {1, 1})},
-                              kInitial));
+  EXPECT_OK(
+      CheckLinearizable({Unknown(Write({1, 1}, 0, 10, 1)), Read(20, 30, 0, {0, 0})}, kInitial));
+  EXPECT_OK(
+      CheckLinearizable({Unknown(Write({1, 1}, 0, 10, 1)), Read(20, 30, 1, {1, 1})}, kInitial));
   // ... but once seen it cannot be unseen.
   EXPECT_THAT(CheckLinearizable({Unknown(Write({1, 1}, 0, 10, 1)), Read(20, 30, 1, {1, 1}),
                                  Read(40, 50, 0, {0, 0})},
@@ -79,10 +78,10 @@ TEST(Linearizability, AddAppliedTwice_Rejected_VersionThatGoesBack_Rejected) {
   EXPECT_OK(CheckLinearizable({add, Read(20, 30, 1, {1, 1})}, kInitial));
   EXPECT_THAT(CheckLinearizable({add, Read(20, 30, 2, {2, 2})}, kInitial),
               StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(CheckLinearizable({Write({1, 1}, 0, 10, 1), Write({2, 2}, 20, 30, 2),
-                                 Write({3, 3}, 40, 50, 2)},
-                                kInitial),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(
+      CheckLinearizable(
+          {Write({1, 1}, 0, 10, 1), Write({2, 2}, 20, 30, 2), Write({3, 3}, 40, 50, 2)}, kInitial),
+      StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 }  // namespace

@@ -17,10 +17,9 @@ absl::Status ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
     auto f = fences_.find(item.variable_id);
     const uint64_t floor = std::max(fence_floor_, f == fences_.end() ? 0 : f->second);
     if (item.fence < floor) {
-      return absl::AbortedError(absl::StrCat("write of ", item.name, " version ", item.version,
-                                             " (fence ", item.fence,
-                                             ") was superseded by a later write or repair (fence ",
-                                             floor, "); nothing applied"));
+      return absl::AbortedError(absl::StrCat(
+          "write of ", item.name, " version ", item.version, " (fence ", item.fence,
+          ") was superseded by a later write or repair (fence ", floor, "); nothing applied"));
     }
   }
   for (ReplicaWrite& item : items) {

@@ -12,8 +12,7 @@ namespace {
 // Starts assembling the tensor `header` announces; a small tensor may come
 // whole in `inline_data` (then it is added as the one chunk at 0).
 absl::StatusOr<ChunkAssembler> Start(const TensorHeader& header,
-                                     std::span<const std::byte> inline_data,
-                                     MemoryBudget* budget) {
+                                     std::span<const std::byte> inline_data, MemoryBudget* budget) {
   REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, ChunkAssembler::Start(header, UINT64_MAX, budget));
   if (!inline_data.empty()) REPVAR_RETURN_IF_ERROR(a.Add(0, inline_data, Checksum(inline_data)));
   return a;

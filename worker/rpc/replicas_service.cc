@@ -74,9 +74,8 @@ grpc::Status ReplicasService::GetReplicaStatus(grpc::ServerContext*,
                                                const v1::GetReplicaStatusRequest* req,
                                                v1::GetReplicaStatusResponse* resp) {
   if (req->fence_floor() != 0 && req->incarnation() != incarnation_) {
-    return ToGrpcStatus(absl::AbortedError(absl::StrCat("fence meant for incarnation ",
-                                                        req->incarnation(), "; this worker is ",
-                                                        incarnation_)));
+    return ToGrpcStatus(absl::AbortedError(absl::StrCat(
+        "fence meant for incarnation ", req->incarnation(), "; this worker is ", incarnation_)));
   }
   resp->set_incarnation(incarnation_);
   for (const StoredReplica& r : store_->FenceAndList(req->fence_floor())) {

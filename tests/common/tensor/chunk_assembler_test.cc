@@ -89,8 +89,8 @@ TEST(ChunkAssembler, AnnouncedBytes_NoMemoryUntilTheyArrive_ThenWithinTheBudget)
   const int64_t n = int64_t{1} << 28;  // 1 GiB of float32
   const uint64_t before = RssBytes();
   {
-    auto a = ChunkAssembler::Start(TensorSpec{DType::kFloat32, {n}}, uint64_t(n) * 4, 0,
-                                   UINT64_MAX, &budget);
+    auto a = ChunkAssembler::Start(TensorSpec{DType::kFloat32, {n}}, uint64_t(n) * 4, 0, UINT64_MAX,
+                                   &budget);
     ASSERT_OK(a);
     EXPECT_EQ(budget.used(), 0u);
     EXPECT_LT(RssBytes() - before, uint64_t{16} << 20);

@@ -35,8 +35,7 @@ TEST(RendezvousStoreTest, EntriesExpire_TotalBytesBounded_LongKeysRefused) {
   clock.Advance(absl::Minutes(11));
   EXPECT_THAT(store.Get("g/rank0", absl::InfinitePast()),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
-  EXPECT_THAT(store.Set(std::string(600, 'k'), "x"),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(store.Set(std::string(600, 'k'), "x"), StatusIs(absl::StatusCode::kInvalidArgument));
   const std::string value(RendezvousStore::kMaxValueBytes, 'v');
   int stored = 0;
   absl::Status s;

@@ -137,8 +137,7 @@ TEST_F(ReplicationTruthTest, F2_NegativeControl_UnfencedLateWrite_IsADisagreemen
 TEST_F(ReplicationTruthTest, F2_ReplicaReportedUpToDateButHoldingOtherBytes_FoundAndRepaired) {
   auto view = core_->GetVariable("w");
   // Bytes the coordinator never sent (a bug, a bad memory): only asking shows it.
-  workers_.Plant("tpu_worker:1", view->id, 3,
-                 {1, F32({9, 9, 9})->checksum, 101, F32({9, 9, 9})});
+  workers_.Plant("tpu_worker:1", view->id, 3, {1, F32({9, 9, 9})->checksum, 101, F32({9, 9, 9})});
   EXPECT_THAT(Disagreements(), ::testing::Not(::testing::IsEmpty()));
   ASSERT_OK(core_->registry().Commit([&](const ClusterState&) -> absl::StatusOr<Record> {
     return Record{{ResyncFlagged{view->id, true}}};
@@ -221,9 +220,8 @@ TEST_F(ReplicationTruthTest, C6_IdempotencyTableFull_NewIdRefusedBeforeFanOut_Re
     ASSERT_OK(core_->Assign({absl::StrCat("r", i), 1}, {"w", AssignOp::kAdd, F32({1, 1, 1})}));
   }
   const int calls = workers_.calls();
-  EXPECT_THAT(
-      core_->Assign({"r5", 1}, {"w", AssignOp::kAdd, F32({1, 1, 1})}).status(),
-      StatusIs(absl::StatusCode::kResourceExhausted, "request-id table"));
+  EXPECT_THAT(core_->Assign({"r5", 1}, {"w", AssignOp::kAdd, F32({1, 1, 1})}).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "request-id table"));
   EXPECT_EQ(workers_.calls(), calls);
   // A retry of a kept request is still answered (not applied twice).
   auto retry = core_->Assign({"r0", 1}, {"w", AssignOp::kAdd, F32({1, 1, 1})});

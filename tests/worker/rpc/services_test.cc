@@ -195,7 +195,10 @@ TEST_F(WorkerServicesTest, Replicas_WriteSmall_OnlyWholeInlineTensors) {
 
 TEST_F(WorkerServicesTest, Steps_WriteReadCommit_Converted_BadHeaderRefused) {
   ASSERT_OK(store_.Apply({ReplicaWrite{
-      1, "w", 1, {0},
+      1,
+      "w",
+      1,
+      {0},
       std::make_shared<const Tensor>(*Tensor::Zeros(TensorSpec{DType::kFloat32, {2}}))}}));
   const std::string data = FloatBytes({5, 6});
   v1::StepWriteSmallRequest req;
