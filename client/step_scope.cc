@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -16,6 +17,8 @@
 #include "common/rpc/replica_stream.h"
 #include "common/rpc/to_proto.h"
 #include "repvar/step.h"
+
+#include <algorithm>
 
 namespace repvar {
 namespace {
@@ -121,6 +124,17 @@ absl::StatusOr<std::unique_ptr<StepScope>> StepScope::Begin(Client& client, int6
     if (participants[i].task == TaskKey{impl->job, impl->task}) {
       impl->me = static_cast<int32_t>(i);
       address = participants[i].address;
+    }
+  }
+  if (impl->me < 0) {
+    const std::vector<TaskKey>& out = impl->header.sitting_out;
+    if (std::find(out.begin(), out.end(), TaskKey{impl->job, impl->task}) != out.end()) {
+      // Its trainer's writes would count for nothing: say so now rather
+      // than answer COMMITTED at the end.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", options.worker, " sits step ", impl->header.step,
+          " out: its replicas are not up to date (a resync is under way), so no write from "
+          "this host would count; begin the next step once it has caught up"));
     }
   }
   if (address.empty()) {

@@ -53,6 +53,9 @@ struct StepInfo {
   // Set when the sender left participants and variables out because the
   // receiver said it holds layout `layout_id` already.
   bool layout_omitted = false;
+  // Live tasks holding a replica of a step variable that take no part in the
+  // step (not up to date: being resynced). Not part of the layout.
+  std::vector<TaskKey> sitting_out;
 };
 
 // The layout id of `info` (participants and variables, begin versions and

@@ -182,6 +182,9 @@ absl::StatusOr<StepInfo> StepInfoFromProto(const v1::StepInfo& proto) {
   info.begun = absl::FromUnixMillis(proto.begun_unix_ms());
   info.layout_id = proto.layout_id();
   info.layout_omitted = proto.layout_omitted();
+  for (const v1::StepParticipant& p : proto.sitting_out()) {
+    info.sitting_out.push_back(TaskKey{p.job(), p.task()});
+  }
   info.participants.reserve(proto.participants_size());
   for (const v1::StepParticipant& p : proto.participants()) {
     info.participants.push_back(StepParticipant{{p.job(), p.task()}, p.incarnation(), p.address()});

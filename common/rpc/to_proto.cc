@@ -141,6 +141,11 @@ void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto) {
   proto->set_begun_unix_ms(absl::ToUnixMillis(info.begun));
   proto->set_layout_id(info.layout_id);
   proto->set_layout_omitted(info.layout_omitted);
+  for (const TaskKey& t : info.sitting_out) {
+    v1::StepParticipant* p = proto->add_sitting_out();
+    p->set_job(t.job);
+    p->set_task(t.task);
+  }
   for (const StepParticipant& p : info.participants) {
     v1::StepParticipant* pp = proto->add_participants();
     pp->set_job(p.task.job);

@@ -2,7 +2,8 @@
 // The arithmetic of SUM/MEAN step aggregation (DESIGN.md S4):
 //
 //   value = begin + reduce_r(local_r - begin)        (SUM)
-//   value = begin + reduce_r(local_r - begin) / R    (MEAN)
+//   value = begin + reduce_r(local_r - begin) / R    (MEAN; R: the replicas
+//                                                     taking part in the step)
 //
 // Deltas accumulate in a wider type than some dtypes: float16 and bfloat16 in
 // float32, int32 in int64. Each worker first sums the deltas of its own

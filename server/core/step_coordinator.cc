@@ -113,6 +113,7 @@ StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout)
     info.step = step;
     info.barrier_timeout = barrier_timeout;
     std::vector<bool> holds(live.size(), false);
+    std::vector<bool> stale(live.size(), false);
     for (const auto& [id, v] : state.variables()) {  // by id
       if (v.version == 0) continue;
       StepVariable sv;
@@ -130,11 +131,13 @@ StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout)
         // For now the index in `live`; remapped to participants below.
         sv.replica_participant.push_back(up ? l->second : -1);
         if (up) holds[l->second] = true;
+        if (l != index.end() && !up) stale[l->second] = true;
       }
       info.variables.push_back(std::move(sv));
     }
     std::vector<int32_t> rank(live.size(), -1);
     for (size_t i = 0; i < live.size(); ++i) {
+      if (stale[i] && !holds[i]) info.sitting_out.push_back(live[i]->task);
       if (!holds[i]) continue;
       rank[i] = static_cast<int32_t>(info.participants.size());
       info.participants.push_back(

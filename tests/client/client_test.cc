@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 
+#include "repvar/step.h"
 #include "tests/testing/in_process_coordinator.h"
 #include "tests/testing/status_matchers.h"
 
@@ -53,6 +54,29 @@ TEST_F(ClientTest, V4_ReplicatedScope_PrefixAndReplicaCount) {
   ASSERT_OK(topo);
   EXPECT_EQ(topo->accelerators.size(), 4u);
   EXPECT_EQ(topo->infeed_host->job, "tpu_worker");
+}
+
+// S4 (issue 5): a trainer whose host sits the step out (its replicas are
+// being resynced) is refused at begin, naming why, instead of being told
+// COMMITTED at the end for writes that count for nothing.
+TEST_F(ClientTest, S4_TrainerOnAHostSittingTheStepOut_RefusedAtBegin) {
+  ASSERT_OK(client_->CreateVariable({.name = "w",
+                                     .dtype = DType::kFloat32,
+                                     .shape = {2},
+                                     .replica_count = 4,
+                                     .initializer = InitializerSpec::Zeros()}));
+  ASSERT_OK(client_->Initialize({"w"}));
+  coordinator_.workers().Fail("tpu_worker:1", absl::UnavailableError("down for a moment"));
+  const std::vector<float> v = {1, 2};
+  EXPECT_THAT(client_->Assign("w", std::span<const float>(v)),
+              StatusIs(absl::StatusCode::kUnavailable));
+  coordinator_.workers().Heal("tpu_worker:1");
+  // Every replica is STALE now; verify tpu_worker:0 only (it holds version 1).
+  coordinator_.workers().Fail("tpu_worker:1", absl::UnavailableError("still busy"));
+  coordinator_.core().ResyncStale();
+  coordinator_.workers().Heal("tpu_worker:1");
+  EXPECT_THAT(StepScope::Begin(*client_, 1, {.worker = "tpu_worker:1"}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "sits step 1 out"));
 }
 
 TEST_F(ClientTest, WriteRead_RoundTrip_AndDtypeChecked) {

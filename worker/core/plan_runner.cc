@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "worker/core/plan_runner.h"
 
+#include <algorithm>
+
 #include <cstring>
 #include <vector>
 
@@ -71,9 +73,14 @@ absl::Status PlanRunner::RunAllreduce(const LocalStep& s, const CollectiveSpec& 
   for (size_t i = 0; i < vars.size(); ++i) {
     if (begins[i] == nullptr) continue;  // no local replica
     auto [off, len] = region_of(i);
-    int64_t divisor = vars[i]->aggregation == Aggregation::kMean
-                          ? static_cast<int64_t>(vars[i]->replica_participant.size())
-                          : 1;
+    // S4: MEAN divides by the replicas taking part (an untouched one counts,
+    // contributing zero); a replica on a worker that sat the step out does
+    // not. Every participant computes the same divisor from the layout.
+    int64_t divisor = 1;
+    if (vars[i]->aggregation == Aggregation::kMean) {
+      divisor = std::count_if(vars[i]->replica_participant.begin(),
+                              vars[i]->replica_participant.end(), [](int32_t p) { return p >= 0; });
+    }
     auto reduced = ApplyReduced(*begins[i], acc.span().subspan(off, len), divisor);
     if (!reduced.ok()) {
       return absl::Status(reduced.status().code(),

@@ -106,6 +106,7 @@ TEST(Convert, StepInfo_RoundTrips) {
   info.begun = absl::FromUnixMillis(1234);
   info.layout_id = 99;
   info.participants.push_back(StepParticipant{TaskKey{"tpu_worker", 1}, 5, "h:1"});
+  info.sitting_out.push_back(TaskKey{"tpu_worker", 2});
   StepVariable v;
   v.id = 4;
   v.name = "w";
@@ -127,6 +128,7 @@ TEST(Convert, StepInfo_RoundTrips) {
   ASSERT_EQ(back->participants.size(), 1u);
   EXPECT_EQ(back->participants[0].task, (TaskKey{"tpu_worker", 1}));
   EXPECT_EQ(back->participants[0].address, "h:1");
+  EXPECT_EQ(back->sitting_out, (std::vector<TaskKey>{{"tpu_worker", 2}}));
   ASSERT_EQ(back->variables.size(), 1u);
   EXPECT_EQ(back->variables[0].spec, v.spec);
   EXPECT_EQ(back->variables[0].replica_participant, v.replica_participant);

@@ -77,6 +77,22 @@ TEST_F(PlanRunnerTest, Allreduce_BeginPlusSumOfDeltasOverReplicaCount) {
   EXPECT_EQ(collectives_.seen[0].tag, 4u);
 }
 
+// S4 (issue 5): MEAN divides by the replicas taking part; replicas on a
+// worker that sat the step out (participant -1) are not counted.
+TEST_F(PlanRunnerTest, S4_Mean_DividesByParticipatingReplicasOnly) {
+  auto layout = std::make_shared<StepLayout>(*step_.layout);
+  layout->info.variables[0].replica_participant = {-1, -1, 1, 1};  // host 0 sat out
+  step_.layout = layout;
+  step_.written[{1, 2}] = F32({5, 6});  // +4 each; replica 3 untouched: +0
+  collectives_.others = 0;              // nobody else contributes
+  StepPlan plan;
+  plan.group = "g";
+  plan.collectives.push_back(StepCollective{StepCollective::Kind::kAllreduce, 4, {1}, 0, 0, 0, {}});
+  auto out = runner_.Run(step_, plan);
+  ASSERT_OK(out);
+  EXPECT_EQ(Floats(*out->values.at(1)), (std::vector<float>{3, 4}));  // 1,2 + 4/2, not 4/4
+}
+
 TEST_F(PlanRunnerTest, Broadcast_ReceivedValueCheckedAgainstThePlannedChecksum) {
   collectives_.root = F32({7, 7});
   StepPlan plan;
