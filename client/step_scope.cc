@@ -18,8 +18,6 @@
 #include "common/rpc/to_proto.h"
 #include "repvar/step.h"
 
-#include <algorithm>
-
 namespace repvar {
 namespace {
 
