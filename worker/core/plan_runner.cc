@@ -2,7 +2,6 @@
 #include "worker/core/plan_runner.h"
 
 #include <algorithm>
-
 #include <cstring>
 #include <vector>
 

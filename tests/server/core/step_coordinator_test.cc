@@ -166,8 +166,7 @@ TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired)
   EXPECT_EQ(s->variables[0].replica_participant, (std::vector<int32_t>{-1, -1, 0, 0, -1, -1}));
   // The hosts whose replicas sit out are named: their trainers are refused
   // at begin rather than told COMMITTED for writes that count for nothing.
-  EXPECT_EQ(s->sitting_out,
-            (std::vector<TaskKey>{{"tpu_worker", 0}, {"tpu_worker", 2}}));
+  EXPECT_EQ(s->sitting_out, (std::vector<TaskKey>{{"tpu_worker", 0}, {"tpu_worker", 2}}));
   ASSERT_OK(core_.AbortStep(s->epoch, "test"));
   core_.ResyncStale();
   view = core_.GetVariable("w");
