@@ -31,6 +31,7 @@ ABSL_FLAG(std::string, workers, "2,4,8", "worker process counts for the broadcas
 ABSL_FLAG(std::string, mib, "1,64,256", "tensor sizes in MiB");
 ABSL_FLAG(int32_t, iters, 5, "timed repetitions per size (median reported)");
 ABSL_FLAG(int32_t, small_ops, 2000, "operations for the small-op latency figures");
+ABSL_FLAG(bool, only_durable, false, "run only the durable-write figures");
 ABSL_FLAG(int32_t, small_workers, 8, "worker processes (= replicas) for the small-op figures");
 ABSL_FLAG(int32_t, step_workers, 32, "worker processes for the steps-per-second figure");
 ABSL_FLAG(int32_t, step_vars, 1000, "small variables in the steps-per-second figure");
@@ -380,8 +381,64 @@ void StepsPerSecond(int workers, int vars, int steps) {
 
 }  // namespace
 
+// Durable writes (issue 5): a 16-float assign to one replica with the
+// coordinator on a data dir (synced before the answer), p50/p99 from one
+// client, then assigns per second from 1, 8 and 64 concurrent clients
+// (concurrent records share RocksDB's group commit). Compare with etcd put
+// on the same disk (bench/peers/etcd_put.py).
+void DurableOps(int ops) {
+  repvar::testing::TestCluster cluster(OneTpuPerWorker(1));
+  if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
+  auto c = Connect(cluster);
+  auto v = c->CreateVariable(
+      {.name = "durable", .dtype = repvar::DType::kFloat32, .shape = {16}, .replica_count = 1});
+  if (!v.ok()) Die("create", v.status());
+  std::vector<float> value(16, 1.0f);
+  std::vector<double> t;
+  for (int i = 0; i < ops; ++i) {
+    value[0] = static_cast<float>(i);
+    auto t0 = Clock::now();
+    auto a = c->Assign("durable", std::span<const float>(value));
+    t.push_back(Ms(t0, Clock::now()) * 1000);
+    if (!a.ok()) Die("durable assign", a.status());
+  }
+  std::printf("repvar_durable clients=1 assign_p50_us=%.1f assign_p99_us=%.1f\n",
+              Percentile(t, 0.5), Percentile(t, 0.99));
+  for (int clients : {1, 8, 64}) {
+    // One variable per client: writes to one variable are serialized (C4).
+    for (int k = 0; k < clients; ++k) {
+      auto w = c->CreateVariable({.name = absl::StrCat("durable/", clients, "/", k),
+                                  .dtype = repvar::DType::kFloat32,
+                                  .shape = {16},
+                                  .replica_count = 1});
+      if (!w.ok()) Die("create", w.status());
+    }
+    const int each = std::max(20, ops / clients);
+    std::vector<std::thread> threads;
+    auto t0 = Clock::now();
+    for (int k = 0; k < clients; ++k) {
+      threads.emplace_back([&, k] {
+        auto own = Connect(cluster);
+        std::vector<float> x(16, 2.0f);
+        for (int i = 0; i < each; ++i) {
+          auto a = own->Assign(absl::StrCat("durable/", clients, "/", k), std::span<const float>(x));
+          if (!a.ok()) Die("durable assign", a.status());
+        }
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    const double seconds = Ms(t0, Clock::now()) / 1000;
+    std::printf("repvar_durable_rate clients=%d assigns_per_s=%.0f\n", clients,
+                clients * each / seconds);
+  }
+}
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_only_durable)) {
+    DurableOps(absl::GetFlag(FLAGS_small_ops));
+    return 0;
+  }
   if (absl::GetFlag(FLAGS_mean_mib) > 0) {
     LocalAccess(absl::GetFlag(FLAGS_mean_mib), absl::GetFlag(FLAGS_iters));
     MeanStep(absl::GetFlag(FLAGS_mean_mib), absl::GetFlag(FLAGS_mean_replicas),
@@ -396,5 +453,6 @@ int main(int argc, char** argv) {
       Broadcasts(w, mibs, absl::GetFlag(FLAGS_iters));
   }
   SmallOps(absl::GetFlag(FLAGS_small_ops), absl::GetFlag(FLAGS_small_workers));
+  DurableOps(absl::GetFlag(FLAGS_small_ops));
   return 0;
 }

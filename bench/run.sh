@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs repvar's benchmarks and their peers side by side in one run, on this
 # machine, and prints each figure with its ratio. Not a test: nothing here
-# asserts a time. Installs its own peers (apt): openmpi, redis.
+# asserts a time. Installs its own peers (apt): openmpi, redis, etcd.
 #   bench/run.sh [--quick] [--baseline BUILD_DIR]
 # --baseline: also run BUILD_DIR/bench/repvar_bench (another commit's build,
 # with its daemons) in the same session, against the same peers, and print
@@ -23,7 +23,7 @@ done
 
 deploy/bootstrap.sh
 need=()
-for p in openmpi-bin libopenmpi-dev redis-server redis-tools; do
+for p in openmpi-bin libopenmpi-dev redis-server redis-tools etcd-server python3-etcd3; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -71,6 +71,21 @@ for r in rows[1:]:
     d = dict(zip(head, r))
     print(f"redis test={d['test']} p50_us={float(d['p50_latency_ms'])*1000:.1f} p99_us={float(d['p99_latency_ms'])*1000:.1f}")
 PY
+
+echo "== peers: etcd put (fsync before the answer), data dir on the disk repvar's bench uses"
+edir=$(mktemp -d "${TMPDIR:-/tmp}/repvar-etcd.XXXX")
+eport=$((20000 + RANDOM % 20000))
+etcd --data-dir "$edir" --listen-client-urls "http://127.0.0.1:$eport" \
+  --advertise-client-urls "http://127.0.0.1:$eport" \
+  --listen-peer-urls "http://127.0.0.1:$((eport + 1))" >"$out/etcd.log" 2>&1 &
+epid=$!
+for _ in $(seq 1 100); do
+  python3 -c "import etcd3; etcd3.client(port=$eport).status()" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+/usr/bin/python3 bench/peers/etcd_put.py "$eport" "$small" | tee -a "$results"
+kill "$epid"; wait "$epid" 2>/dev/null || true
+rm -rf "$edir"
 
 echo "== repvar"
 # shellcheck disable=SC2086

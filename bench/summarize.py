@@ -22,7 +22,7 @@ kv = lambda line: dict(re.findall(r"(\w+)=([\w.\-]+)", line))
 
 
 def parse(lines):
-    out = {"mpi": {}, "gloo": {}, "redis": {}, "cur": {}, "base": {}}
+    out = {"mpi": {}, "gloo": {}, "redis": {}, "etcd": {}, "cur": {}, "base": {}}
     for line in lines:
         line = line.strip()
         who = "cur"
@@ -36,6 +36,10 @@ def parse(lines):
                                                              float(d["allreduce_ms"]))
         elif line.startswith("redis "):
             out["redis"][d["test"]] = float(d["p50_us"])
+        elif line.startswith("etcd "):
+            out["etcd"]["put_p50_us"] = float(d["p50_us"])
+        elif line.startswith("etcd_rate "):
+            out["etcd"][("rate", int(d["clients"]))] = float(d["puts_per_s"])
         elif line.startswith("repvar_"):
             kind = line.split()[0]
             r = out[who].setdefault(kind, [])
@@ -62,9 +66,13 @@ def goals(res, who):
     rows.append(("bcast_256m_8w_vs_gloo", b["assign_ms"] / g if b and g else None, "<=", 1.15,
                  "gloo timed at its root (last-receiver timing: issue 8)"))
     rows.append(("p2p_vs_tcp", None, ">=", 0.7, "no loopback TCP peer in run.sh yet (issue 8)"))
-    rows.append(("durable_write_vs_etcd", None, "<=", 0.6, "writes are not durable before issue 5"))
-    rows.append(("assign_add_8r_vs_etcd", None, "<=", 0.6, "writes are not durable before issue 5"))
+    etcd = res["etcd"].get("put_p50_us")
+    du = first("repvar_durable")
+    rows.append(("durable_write_vs_etcd", du["assign_p50_us"] / etcd if du and etcd else None, "<=",
+                 0.6, "1 replica, fsync before the answer; etcd via python3-etcd3"))
     s = first("repvar_small")
+    rows.append(("assign_add_8r_vs_etcd", s["assign_add_p50_us"] / etcd if s and etcd else None,
+                 "<=", 0.6, "8 replicas, durable"))
     get = redis.get("GET")
     rows.append(("read_vs_redis", s["read_p50_us"] / get if s and get else None, "<=", 1.5, ""))
     bt = first("repvar_batch")
@@ -102,9 +110,12 @@ def main(path):
         print(f"{f'{m} MiB -> {w} workers':<22}{x['assign_ms']:>11.1f}"
               f"{res['mpi'].get((w, m), math.nan):>12.1f}"
               f"{res['gloo'].get((w, m), (math.nan,))[0]:>10.1f}")
-    for kind in ("repvar_small", "repvar_batch", "repvar_local", "repvar_mean_step", "repvar_steps"):
+    for kind in ("repvar_small", "repvar_durable", "repvar_durable_rate", "repvar_batch",
+                 "repvar_local", "repvar_mean_step", "repvar_steps"):
         for x in res["cur"].get(kind, []):
             print(kind, " ".join(f"{k}={v:g}" for k, v in x.items()))
+    for key, rate in sorted((k, v) for k, v in res["etcd"].items() if isinstance(k, tuple)):
+        print(f"etcd_rate clients={key[1]} puts_per_s={rate:g}")
     print()
     cur = goals(res, "cur")
     base = goals(res, "base") if res["base"] else None
