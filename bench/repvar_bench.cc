@@ -422,7 +422,8 @@ void DurableOps(int ops) {
         auto own = Connect(cluster);
         std::vector<float> x(16, 2.0f);
         for (int i = 0; i < each; ++i) {
-          auto a = own->Assign(absl::StrCat("durable/", clients, "/", k), std::span<const float>(x));
+          auto a =
+              own->Assign(absl::StrCat("durable/", clients, "/", k), std::span<const float>(x));
           if (!a.ok()) Die("durable assign", a.status());
         }
       });

@@ -70,6 +70,11 @@ class Registry {
     return read(static_cast<const ClusterState&>(state_));
   }
 
+  // StateLog::Stage: lets the log write `value` ahead of its record. Takes
+  // no lock (the log's Stage is thread-safe).
+  absl::Status Stage(const Tensor& value) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return log_->Stage(value);
+  }
   // StateLog::CheckRoom: whether a record with `value_bytes` of values fits.
   absl::Status CheckRoom(uint64_t value_bytes) const ABSL_LOCKS_EXCLUDED(mu_);
   // A fencing token for a write to workers (ReplicaWrite::fence): larger

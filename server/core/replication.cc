@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -133,6 +134,29 @@ absl::StatusOr<Replication::Delivery> Replication::Deliver(
                  b.writes[0].value->bytes.size() >= options_.data_plane_min_bytes;
   }
   collective = collective && !steps_->IsOpen();
+  // Large values go to the state log's blob files while the workers take
+  // them (one thread for all; joined before the record is committed), so the
+  // commit only syncs the record.
+  std::thread stage;
+  std::vector<std::shared_ptr<const Tensor>> to_stage;
+  for (const PlannedWrite& w : writes) {
+    if (w.value->bytes.size() >= options_.stage_min_bytes) to_stage.push_back(w.value);
+  }
+  if (!to_stage.empty()) {
+    stage = std::thread([this, to_stage] {
+      for (const auto& v : to_stage) {
+        if (absl::Status s = registry_->Stage(*v); !s.ok()) {
+          spdlog::debug("staging a value failed ({}); the record writes it", s.ToString());
+        }
+      }
+    });
+  }
+  struct Join {
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join{stage};
   std::vector<absl::Status> statuses;
   if (collective) {
     std::vector<GroupMember> members;

@@ -47,6 +47,9 @@
 namespace repvar::server {
 
 struct ReplicationOptions {
+  // Values of at least this many bytes are staged in the state log while
+  // they are delivered (StateLog::Stage).
+  uint64_t stage_min_bytes = 1 << 20;
   // How long repair waits for a worker to list its replicas.
   absl::Duration verify_timeout = absl::Seconds(5);
   // Data plane (DESIGN.md §4): a single write of at least `data_plane_min_bytes`

@@ -31,6 +31,14 @@ class StateLog {
     (void)value_bytes;
     return absl::OkStatus();
   }
+  // A value a record will carry soon: a durable log may start writing it
+  // now, while the workers take it, so that Append only has to sync the
+  // record. Called without the registry's mutex, from any thread; a failure
+  // here only means Append writes it itself.
+  virtual absl::Status Stage(const Tensor& value) {
+    (void)value;
+    return absl::OkStatus();
+  }
   // After `record` was applied: the state it produced. A log may save it as
   // a checkpoint and forget the records before it.
   virtual void Applied(const ClusterState& state) { (void)state; }

@@ -76,8 +76,18 @@ absl::Status BlobStore::Keep(const Tensor& t, disk::TensorRef* ref) {
   return Write(name, t);
 }
 
+absl::Status BlobStore::Stage(const Tensor& t) {
+  if (BlobBytes(t) == 0) return absl::OkStatus();
+  const std::string name = BlobNameOf(t);
+  uint64_t size = 0;
+  if (fs_->GetFileSize(dir_ + "/" + name, kIo, &size, nullptr).ok() && size == t.bytes.size()) {
+    return absl::OkStatus();
+  }
+  return Write(name, t);
+}
+
 absl::Status BlobStore::Write(const std::string& name, const Tensor& t) {
-  const std::string tmp = dir_ + "/tmp-" + name;
+  const std::string tmp = absl::StrCat(dir_, "/tmp-", tmp_serial_.fetch_add(1), "-", name);
   const std::string path = dir_ + "/" + name;
   auto written = [&]() -> absl::Status {
     std::unique_ptr<rocksdb::FSWritableFile> file;
@@ -189,9 +199,12 @@ absl::StatusOr<int> BlobStore::CollectGarbage(const absl::flat_hash_set<std::str
   REPVAR_RETURN_IF_ERROR(FromIo(fs_->GetChildren(dir_, kIo, &children, nullptr), "list " + dir_));
   int deleted = 0;
   for (const std::string& name : children) {
-    if (!absl::EndsWith(name, ".bin") || live.contains(name)) continue;
-    REPVAR_RETURN_IF_ERROR(
-        FromIo(fs_->DeleteFile(dir_ + "/" + name, kIo, nullptr), "delete " + name));
+    if (!absl::EndsWith(name, ".bin") || absl::StartsWith(name, "tmp-") || live.contains(name)) {
+      continue;
+    }
+    rocksdb::IOStatus s = fs_->DeleteFile(dir_ + "/" + name, kIo, nullptr);
+    if (s.IsNotFound()) continue;
+    REPVAR_RETURN_IF_ERROR(FromIo(s, "delete " + name));
     ++deleted;
   }
   return deleted;

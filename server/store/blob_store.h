@@ -20,6 +20,7 @@
 
 #include <rocksdb/file_system.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -53,7 +54,14 @@ class BlobStore final : public TensorFiles {
   // The blob file `t` is kept in; empty when it is kept inline.
   std::string BlobNameOf(const Tensor& t) const;
 
-  // Deletes every blob whose name is not in `live`; returns how many.
+  // Writes `t`'s blob now, if it has one, so that a record carrying it
+  // later finds it on disk (Keep then only syncs the directory): a write
+  // stages its value while the workers take it. Thread-safe with Keep and
+  // CollectGarbage (a staged blob collected before its record is written is
+  // simply written again by Keep).
+  absl::Status Stage(const Tensor& t);
+  // Deletes every blob whose name is not in `live` (files being written are
+  // left alone); returns how many.
   absl::StatusOr<int> CollectGarbage(const absl::flat_hash_set<std::string>& live);
 
   // The bytes `Keep` would put in a blob file for `t` (0: inline).
@@ -61,7 +69,7 @@ class BlobStore final : public TensorFiles {
     return t.bytes.size() > options_.inline_bytes ? t.bytes.size() : 0;
   }
   const std::string& dir() const { return dir_; }
-  uint64_t blobs_written() const { return blobs_written_; }
+  uint64_t blobs_written() const { return blobs_written_.load(); }
 
  private:
   absl::Status Write(const std::string& name, const Tensor& t);
@@ -70,7 +78,8 @@ class BlobStore final : public TensorFiles {
   rocksdb::FileSystem* const fs_;
   const std::string dir_;
   const BlobStoreOptions options_;
-  uint64_t blobs_written_ = 0;
+  std::atomic<uint64_t> blobs_written_{0};
+  std::atomic<uint64_t> tmp_serial_{0};  // tmp names unique across writers
 };
 
 // An I/O status as an absl::Status naming `what`: RESOURCE_EXHAUSTED for no

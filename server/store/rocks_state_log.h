@@ -73,6 +73,7 @@ class RocksStateLog final : public StateLog {
 
   // Errors: RESOURCE_EXHAUSTED (no room), FAILED_PRECONDITION (before
   // Recover). Other storage errors stop the process.
+  absl::Status Stage(const Tensor& value) override { return blobs_.Stage(value); }
   absl::Status CheckRoom(uint64_t value_bytes) const override;
   absl::Status Append(const Record& record) override;
   void Applied(const ClusterState& state) override;
