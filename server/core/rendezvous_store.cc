@@ -26,21 +26,20 @@ absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
   }
   const absl::Time now = clock_->Now();
   RankedLock lock(&mu_);
-  auto old = kv_.find(key);
-  const size_t freed = old == kv_.end() ? 0 : key.size() + old->second.value.size();
   auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return (kv_.size() < kMaxKeys || kv_.contains(key)) &&
+    auto old = kv_.find(key);
+    const size_t freed = old == kv_.end() ? 0 : key.size() + old->second.value.size();
+    return (kv_.size() < kMaxKeys || old != kv_.end()) &&
            bytes_ - freed + key.size() + value.size() <= kMaxTotalBytes;
   };
   if (!fits()) DropExpired(now);
-  old = kv_.find(key);
-  const size_t freed_now = old == kv_.end() ? 0 : key.size() + old->second.value.size();
-  if ((kv_.size() >= kMaxKeys && old == kv_.end()) ||
-      bytes_ - freed_now + key.size() + value.size() > kMaxTotalBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("rendezvous store is full (", kv_.size(),
-                                                     " keys, ", bytes_,
-                                                     " bytes that have not expired)"));
+  if (!fits()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rendezvous store is full (", kv_.size(), " keys, ", bytes_,
+                     " bytes that have not expired)"));
   }
+  auto old = kv_.find(key);
+  const size_t freed_now = old == kv_.end() ? 0 : key.size() + old->second.value.size();
   bytes_ = bytes_ - freed_now + key.size() + value.size();
   kv_[key] = Entry{std::move(value), now + ttl_};
   return absl::OkStatus();

@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+// What replication.cc (writes and reads) and repair.cc (verification and
+// resync) share: the per-variable write locks and the live-holder filter.
+// Not part of Replication's interface.
+#ifndef REPVAR_SERVER_CORE_REPLICATION_INTERNAL_H_
+#define REPVAR_SERVER_CORE_REPLICATION_INTERNAL_H_
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "server/core/cluster_state.h"
+#include "server/core/replication.h"
+
+namespace repvar::server {
+
+// Holders still live under the incarnation that acknowledged: an
+// acknowledgement from a worker declared dead since is not recorded.
+inline std::vector<Holder> LiveHolders(const ClusterState& state, const VariableRecord& v,
+                                       const std::vector<Holder>& holders) {
+  std::vector<Holder> out;
+  for (const Holder& h : holders) {
+    if (state.IsLive(v.placement[h.replica].task, h.incarnation)) out.push_back(h);
+  }
+  return out;
+}
+
+// Takes the write locks of variables in id order, so that batches never
+// deadlock, before any ranked lock (lock_order.h).
+class Replication::WriteLocks {
+ public:
+  WriteLocks(Replication* r, std::vector<uint64_t> ids) {
+    RankedMutex::AssertNoneHeld("variable write locks");
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    for (uint64_t id : ids) mutexes_.push_back(r->WriteLockOf(id));
+    for (auto& mu : mutexes_) locks_.push_back(std::make_unique<absl::MutexLock>(mu.get()));
+  }
+
+ private:
+  std::vector<std::shared_ptr<absl::Mutex>> mutexes_;
+  std::vector<std::unique_ptr<absl::MutexLock>> locks_;  // destroyed first
+};
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_CORE_REPLICATION_INTERNAL_H_
