@@ -34,9 +34,9 @@ absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
   };
   if (!fits()) DropExpired(now);
   if (!fits()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("rendezvous store is full (", kv_.size(), " keys, ", bytes_,
-                     " bytes that have not expired)"));
+    return absl::ResourceExhaustedError(absl::StrCat("rendezvous store is full (", kv_.size(),
+                                                     " keys, ", bytes_,
+                                                     " bytes that have not expired)"));
   }
   auto old = kv_.find(key);
   const size_t freed_now = old == kv_.end() ? 0 : key.size() + old->second.value.size();
