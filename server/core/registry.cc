@@ -22,10 +22,19 @@ Registry::Registry(RegistryOptions options, Clock* clock, StateLog* log)
 
 absl::Status Registry::CommitLocked(Record record) {
   if (record.empty()) return absl::OkStatus();
-  REPVAR_RETURN_IF_ERROR(log_->Append(record));
+  REPVAR_ASSIGN_OR_RETURN(applied_, log_->Append(record));
   state_.Apply(record);
   log_->Applied(state_);
   return absl::OkStatus();
+}
+
+// StateLog::Durable is thread-safe and called without mu_: that is what
+// lets the writers that wait at the same time share one sync.
+absl::Status Registry::Leave() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const uint64_t seen = applied_;
+  mu_.Unlock();
+  if (seen == 0) return absl::OkStatus();
+  return log_->Durable(seen);
 }
 
 absl::Status Registry::Recover() {
@@ -57,7 +66,7 @@ absl::Status Registry::CheckRoom(uint64_t value_bytes) const {
 
 absl::StatusOr<uint64_t> Registry::NextFence() {
   constexpr uint64_t kBlock = 1 << 16;
-  RankedLock lock(&mu_);
+  CallLock lock(this);
   if (last_fence_ >= state_.fences_reserved()) {
     Record record;
     record.changes.push_back(FencesReserved{last_fence_ + kBlock});
@@ -67,9 +76,11 @@ absl::StatusOr<uint64_t> Registry::NextFence() {
 }
 
 absl::Status Registry::Commit(Builder build) {
-  RankedLock lock(&mu_);
-  REPVAR_ASSIGN_OR_RETURN(Record record, build(state_));
-  return CommitLocked(std::move(record));
+  mu_.Lock();
+  absl::StatusOr<Record> record = build(state_);
+  const absl::Status committed = record.ok() ? CommitLocked(*std::move(record)) : record.status();
+  const absl::Status durable = Leave();
+  return committed.ok() ? durable : committed;
 }
 
 // ---- Membership ----
@@ -119,7 +130,7 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
   }
   std::sort(devices.begin(), devices.end());
 
-  RankedLock lock(&mu_);
+  CallLock lock(this);
   const WorkerRecord* w = state_.Worker(key);
   Record record;
   if (w != nullptr && w->state == WorkerState::kLive) {
@@ -154,7 +165,7 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
 }
 
 absl::StatusOr<int64_t> Registry::Heartbeat(const TaskKey& key, uint64_t incarnation) {
-  RankedLock lock(&mu_);
+  CallLock lock(this);
   const WorkerRecord* w = state_.Worker(key);
   if (w == nullptr || w->state != WorkerState::kLive) {
     return absl::NotFoundError(absl::StrCat("task ", key.ToString(),
@@ -172,7 +183,7 @@ absl::StatusOr<int64_t> Registry::Heartbeat(const TaskKey& key, uint64_t incarna
 std::vector<LiveTask> Registry::CheckHeartbeats(absl::Time now) {
   std::vector<LiveTask> dead;
   {
-    RankedLock lock(&mu_);
+    CallLock lock(this);
     Record record;
     for (const auto& [key, w] : state_.workers()) {
       if (w.state != WorkerState::kLive) continue;
@@ -203,12 +214,12 @@ TopologySnapshot Registry::SnapshotLocked() const {
 }
 
 TopologySnapshot Registry::Snapshot() const {
-  RankedLock lock(&mu_);
+  CallLock lock(this);
   return SnapshotLocked();
 }
 
 TopologySnapshot Registry::WaitForChange(int64_t after_version, absl::Time deadline) const {
-  RankedLock lock(&mu_);
+  CallLock lock(this);
   auto changed = [this, after_version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return state_.topology_version() > after_version;
   };
@@ -217,7 +228,7 @@ TopologySnapshot Registry::WaitForChange(int64_t after_version, absl::Time deadl
 }
 
 absl::StatusOr<TopologySnapshot> Registry::WaitForExpected(absl::Time deadline) const {
-  RankedLock lock(&mu_);
+  CallLock lock(this);
   auto formed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return state_.Topology(options_.membership.expected_tasks).missing_tasks.empty();
   };
@@ -230,7 +241,7 @@ absl::StatusOr<TopologySnapshot> Registry::WaitForExpected(absl::Time deadline) 
 }
 
 std::optional<LiveTask> Registry::Find(const TaskKey& key) const {
-  RankedLock lock(&mu_);
+  CallLock lock(this);
   const WorkerRecord* w = state_.Worker(key);
   if (w == nullptr || w->state != WorkerState::kLive) return std::nullopt;
   auto hb = last_heartbeat_.find(key);
@@ -332,7 +343,7 @@ absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
 }
 
 absl::StatusOr<VariableView> Registry::GetVariable(absl::string_view name) const {
-  RankedLock lock(&mu_);
+  CallLock lock(this);
   const VariableRecord* v = state_.Find(name);
   if (v == nullptr)
     return absl::NotFoundError(absl::StrCat("variable \"", name, "\" does not exist"));
@@ -340,7 +351,7 @@ absl::StatusOr<VariableView> Registry::GetVariable(absl::string_view name) const
 }
 
 std::vector<VariableView> Registry::ListVariables(absl::string_view collection) const {
-  RankedLock lock(&mu_);
+  CallLock lock(this);
   std::vector<VariableView> out;
   for (const auto& [id, v] : state_.variables()) {
     VariableView view = state_.View(v);
@@ -357,7 +368,7 @@ std::vector<VariableView> Registry::ListVariables(absl::string_view collection) 
 absl::StatusOr<std::optional<Answer>> Registry::Outcome(const RequestKey& key,
                                                         absl::string_view op) const {
   const absl::Time now = clock_->Now();
-  RankedLock lock(&mu_);
+  CallLock lock(this);
   return state_.Outcome(key, op, now);
 }
 

@@ -11,6 +11,12 @@
 // worker is still live) without the callers holding anything. Heartbeats are
 // liveness only: kept here, recorded nowhere.
 //
+// Group commit: the record is appended unsynced and applied under the lock;
+// every call — commits and reads alike — then releases the lock and waits
+// until the state it saw is durable (StateLog::Durable) before it returns.
+// Writers waiting together share one sync, and no answer ever reports what
+// a crash could take back.
+//
 // Thread-safe (a monitor, rank kRegistryRank); never calls out while holding
 // its lock except to the StateLog.
 #ifndef REPVAR_SERVER_CORE_REGISTRY_H_
@@ -63,10 +69,11 @@ class Registry {
   // once, before serving. Workers recorded live are given a heartbeat
   // timeout from now to be heard from. On error the registry is unusable.
   absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
-  // Runs `read` on the state under the lock and returns what it returns.
+  // Runs `read` on the state under the lock and returns what it returns,
+  // once the state it read is durable.
   template <typename F>
   auto Read(F&& read) const ABSL_LOCKS_EXCLUDED(mu_) {
-    RankedLock lock(&mu_);
+    CallLock lock(this);
     return read(static_cast<const ClusterState&>(state_));
   }
 
@@ -131,6 +138,25 @@ class Registry {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // mu_ for one call: leaving releases it and waits until everything the
+  // call saw or committed (up to applied_) is durable. What is returned is
+  // computed before, under the lock; the caller gets it after.
+  class ABSL_SCOPED_LOCKABLE CallLock {
+   public:
+    explicit CallLock(const Registry* r) ABSL_EXCLUSIVE_LOCK_FUNCTION(r->mu_) : r_(r) {
+      r_->mu_.Lock();
+    }
+    ~CallLock() ABSL_UNLOCK_FUNCTION() { (void)r_->Leave(); }
+    CallLock(const CallLock&) = delete;
+    CallLock& operator=(const CallLock&) = delete;
+
+   private:
+    const Registry* const r_;
+  };
+  // Releases mu_, then waits for applied_ to be durable. An error only
+  // when a test's log was told not to stop the process (StateLog::Durable).
+  absl::Status Leave() const ABSL_UNLOCK_FUNCTION(mu_);
+
   absl::Status CommitLocked(Record record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TopologySnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -143,6 +169,7 @@ class Registry {
   ClusterState state_ ABSL_GUARDED_BY(mu_);
   std::map<TaskKey, absl::Time> last_heartbeat_ ABSL_GUARDED_BY(mu_);
   uint64_t last_fence_ ABSL_GUARDED_BY(mu_) = 0;  // the last token handed out
+  uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;     // log position of the last record applied
 };
 
 }  // namespace repvar::server

@@ -3,6 +3,16 @@
 // they come back from at startup: the seam between the coordinator's state
 // and its storage (server/store/rocks_state_log.h keeps it in RocksDB,
 // synced before any answer), so that no caller knows which it is.
+//
+// Group commit: a record is appended (in order, under the registry's lock,
+// not yet synced), applied, and only then waited for, outside the lock:
+//
+//   writer A: Append(r1)=1  Apply  unlock  Durable(1) --sync(1..3)--> answer
+//   writer B:        Append(r2)=2  Apply  unlock  Durable(2) ---------^ answer
+//   reader C:               ... saw position 3 ...  Durable(3) -------^ answer
+//
+// so writers that wait together share one sync, and nobody is answered
+// with state a crash could take back.
 #ifndef REPVAR_SERVER_CORE_STATE_LOG_H_
 #define REPVAR_SERVER_CORE_STATE_LOG_H_
 
@@ -10,19 +20,31 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "server/core/cluster_state.h"
 #include "server/core/record.h"
 
 namespace repvar::server {
 
-// Called with the registry's mutex held, in commit order.
+// Called with the registry's mutex held, in commit order, except Durable
+// and Stage (any thread, no lock).
 class StateLog {
  public:
   virtual ~StateLog() = default;
-  // Keeps `record`; a durable log returns once the record would survive a
-  // crash or power loss. An error means the record was not kept: it is not
-  // applied and the caller's request fails with that error.
-  virtual absl::Status Append(const Record& record) = 0;
+  // Keeps `record` after every record appended before it and returns its
+  // position (1, 2, ... in this process). It need not be durable yet:
+  // Durable(position) waits for that. An error means the record was not
+  // kept: it is not applied and the caller's request fails with that error.
+  virtual absl::StatusOr<uint64_t> Append(const Record& record) = 0;
+  // Returns once every record up to `position` would survive a crash or a
+  // power loss. Thread-safe, called without the registry's mutex: callers
+  // waiting at the same time share one sync. An error: those records may
+  // be lost (a durable log stops the process before returning one, unless
+  // a test asked it not to).
+  virtual absl::Status Durable(uint64_t position) {
+    (void)position;
+    return absl::OkStatus();
+  }
   // Whether a record carrying `value_bytes` of tensor values would fit now.
   // A write asks before it sends anything to any worker, so that a full
   // disk refuses it (RESOURCE_EXHAUSTED) with nothing changed anywhere
@@ -56,10 +78,7 @@ class StateLog {
 // forgets it (the behaviour before issue 5). Counts what it was given.
 class VolatileStateLog final : public StateLog {
  public:
-  absl::Status Append(const Record&) override {
-    ++records_;
-    return absl::OkStatus();
-  }
+  absl::StatusOr<uint64_t> Append(const Record&) override { return ++records_; }
   uint64_t records() const { return records_; }
 
  private:
@@ -70,9 +89,9 @@ class VolatileStateLog final : public StateLog {
 // that restart a coordinator on them (Recover applies them all).
 class MemoryStateLog final : public StateLog {
  public:
-  absl::Status Append(const Record& record) override {
+  absl::StatusOr<uint64_t> Append(const Record& record) override {
     records_.push_back(record);
-    return absl::OkStatus();
+    return records_.size();
   }
   absl::Status Recover(ClusterState& state) override {
     for (const Record& r : records_) state.Apply(r);

@@ -171,6 +171,12 @@ absl::StatusOr<std::unique_ptr<RocksStateLog>> RocksStateLog::Open(RocksStateLog
 // A storage failure after which memory and disk may disagree: stop, and let
 // a restart recover what was synced (fsyncgate: never retry and pretend).
 absl::Status RocksStateLog::Fatal(absl::Status s) {
+  {
+    // Nothing is reported durable after this (and RocksDB is not asked to
+    // sync a log it failed to write).
+    absl::MutexLock lock(&sync_mu_);
+    if (sync_failed_.ok()) sync_failed_ = s;
+  }
   if (options_.on_fatal) {
     options_.on_fatal(s);
     return absl::InternalError(absl::StrCat("state log: ", s.message()));
@@ -199,7 +205,7 @@ absl::Status RocksStateLog::CheckRoom(uint64_t value_bytes) const {
   return CheckSpace(value_bytes + (uint64_t{1} << 20));
 }
 
-absl::Status RocksStateLog::Append(const Record& record) {
+absl::StatusOr<uint64_t> RocksStateLog::Append(const Record& record) {
   if (!recovered_) return absl::FailedPreconditionError("the state log appends after Recover");
   if (needs_resume_) {
     if (!db_->Resume().ok()) {
@@ -217,19 +223,70 @@ absl::Status RocksStateLog::Append(const Record& record) {
   }
   rocksdb::WriteBatch batch;
   batch.Put(Key(kLog, next_sequence_), encoded.SerializeAsString());
-  rocksdb::WriteOptions w;
-  w.sync = options_.sync;
-  if (rocksdb::Status s = db_->Write(w, &batch); !s.ok()) {
-    if (s.IsNoSpace()) {
+  // Not synced here: Durable syncs it, for every writer waiting then.
+  if (rocksdb::Status s = db_->Write(rocksdb::WriteOptions(), &batch); !s.ok()) {
+    bool unsynced = false;
+    {
+      absl::MutexLock lock(&sync_mu_);
+      unsynced = durable_ < appended_ || syncing_;
+    }
+    // Out of space, with every earlier record synced: refused, nothing
+    // changed, and RocksDB resumes at the next append. With records still
+    // waiting for their sync, the log they are in failed under them.
+    if (s.IsNoSpace() && !unsynced) {
       needs_resume_ = true;
       return FromIo(s, "append a record");
     }
     return Fatal(FromIo(s, "append a record"));
   }
-  ++next_sequence_;
+  const uint64_t position = next_sequence_++;
+  {
+    absl::MutexLock lock(&sync_mu_);
+    appended_ = position;
+  }
   ++since_checkpoint_;
   ++stats_.records;
+  return position;
+}
+
+absl::Status RocksStateLog::Durable(uint64_t position) {
+  absl::MutexLock lock(&sync_mu_);
+  if (position > appended_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state log: position ", position, " was never appended"));
+  }
+  auto not_syncing = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_) { return !syncing_; };
+  while (durable_ < position) {
+    if (!sync_failed_.ok()) return sync_failed_;
+    if (syncing_) {
+      // Someone is syncing a group that may or may not include `position`.
+      sync_mu_.Await(absl::Condition(&not_syncing));
+      continue;
+    }
+    // Lead the next group: everything appended so far.
+    syncing_ = true;
+    const uint64_t target = appended_;
+    sync_mu_.Unlock();
+    const rocksdb::Status s = options_.sync ? db_->SyncWAL() : rocksdb::Status::OK();
+    sync_mu_.Lock();
+    syncing_ = false;
+    ++syncs_;
+    if (!s.ok()) {
+      const absl::Status failed = FromIo(s, "sync the state log");
+      sync_mu_.Unlock();
+      (void)Fatal(failed);  // returns only when a test asked it to
+      sync_mu_.Lock();
+      return sync_failed_;
+    }
+    durable_ = std::max(durable_, target);
+  }
   return absl::OkStatus();
+}
+
+void RocksStateLog::MarkDurable(uint64_t position) {
+  absl::MutexLock lock(&sync_mu_);
+  appended_ = std::max(appended_, position);
+  durable_ = std::max(durable_, position);
 }
 
 void RocksStateLog::Applied(const ClusterState& state) {
@@ -282,6 +339,8 @@ absl::Status RocksStateLog::WriteCheckpoint(const ClusterState& state) {
   rocksdb::WriteOptions w;
   w.sync = options_.sync;
   REPVAR_RETURN_IF_ERROR(FromIo(db_->Write(w, &batch), "write a checkpoint"));
+  // A synced write syncs the log before it: the records are durable too.
+  if (options_.sync) MarkDurable(next_sequence_ - 1);
   since_checkpoint_ = 0;
   ++stats_.checkpoints;
   // Only now are the blobs of the records it replaced garbage.
@@ -356,6 +415,7 @@ absl::Status RocksStateLog::Recover(ClusterState& state) {
   }
   REPVAR_RETURN_IF_ERROR(FromIo(it->status(), "read the state log"));
   next_sequence_ = last + 1;
+  MarkDurable(last);
   recovered_ = true;
   // A fresh checkpoint: the replayed records go, and with them the blobs
   // only they named (and those of changes that were never recorded).
@@ -370,6 +430,8 @@ RocksStateLog::Stats RocksStateLog::stats() const {
   Stats s = stats_;
   s.last_sequence = next_sequence_ - 1;
   s.blobs_written = blobs_.blobs_written();
+  absl::MutexLock lock(&sync_mu_);
+  s.syncs = syncs_;
   return s;
 }
 

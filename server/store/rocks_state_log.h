@@ -3,8 +3,8 @@
 //
 //   <data_dir>/db      RocksDB (its LOCK keeps a second coordinator out)
 //     "format"              "repvar-state 1"
-//     "l/" <seq, 8 bytes BE> one record (disk::Record), written with sync
-//                           before it is applied and before any answer
+//     "l/" <seq, 8 bytes BE> one record (disk::Record), written before it
+//                           is applied and synced before any answer
 //     "c/meta"              the last checkpoint: counters and the last
 //                           sequence it includes
 //     "c/w/", "c/v/", "c/o/" its workers, variables and recorded answers
@@ -25,7 +25,15 @@
 // a damaged blob or record is DATA_LOSS naming it, and the coordinator does
 // not start.
 //
-// Called under the registry's lock (StateLog), so one thread at a time.
+// Group commit (StateLog): Append writes the record to RocksDB's
+// write-ahead log without syncing it, under the registry's lock (one thread
+// at a time, in commit order); Durable, from any thread, waits for a sync
+// of the log covering the position. One waiter at a time syncs (SyncWAL,
+// which does not block writers) everything appended so far, the others
+// wait for it and find themselves covered, or sync the next group:
+//
+//   appended  1 2 3 4 5 6
+//   durable   0 ----sync(..3)----> 3 ----sync(..6)----> 6
 #ifndef REPVAR_SERVER_STORE_ROCKS_STATE_LOG_H_
 #define REPVAR_SERVER_STORE_ROCKS_STATE_LOG_H_
 
@@ -39,6 +47,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "server/core/state_log.h"
 #include "server/store/blob_store.h"
 
@@ -75,7 +84,8 @@ class RocksStateLog final : public StateLog {
   // Recover). Other storage errors stop the process.
   absl::Status Stage(const Tensor& value) override { return blobs_.Stage(value); }
   absl::Status CheckRoom(uint64_t value_bytes) const override;
-  absl::Status Append(const Record& record) override;
+  absl::StatusOr<uint64_t> Append(const Record& record) override;
+  absl::Status Durable(uint64_t position) override;
   void Applied(const ClusterState& state) override;
   absl::Status Recover(ClusterState& state) override;
 
@@ -85,6 +95,7 @@ class RocksStateLog final : public StateLog {
     uint64_t checkpoints = 0;  // written by this process
     uint64_t last_sequence = 0;
     uint64_t blobs_written = 0;
+    uint64_t syncs = 0;  // of the write-ahead log by Durable (group commits)
   };
   Stats stats() const;
 
@@ -93,6 +104,9 @@ class RocksStateLog final : public StateLog {
                 std::unique_ptr<rocksdb::Env> env);
   absl::Status CheckSpace(uint64_t bytes) const;
   absl::Status WriteCheckpoint(const ClusterState& state);
+  // Everything up to `position` is on disk (recovered, or under a synced
+  // checkpoint).
+  void MarkDurable(uint64_t position) ABSL_LOCKS_EXCLUDED(sync_mu_);
   absl::Status LoadCheckpoint(ClusterStateData& data, uint64_t& last_sequence);
   // The process stops here unless options_.on_fatal returns; then `s`.
   absl::Status Fatal(absl::Status s);
@@ -107,6 +121,15 @@ class RocksStateLog final : public StateLog {
   uint64_t next_sequence_ = 1;
   uint64_t since_checkpoint_ = 0;
   Stats stats_;
+
+  // Group commit. appended_: the last position written (by Append, under
+  // the registry's lock). durable_: the last one synced.
+  mutable absl::Mutex sync_mu_;
+  uint64_t appended_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  uint64_t durable_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  bool syncing_ ABSL_GUARDED_BY(sync_mu_) = false;  // a waiter is in SyncWAL
+  absl::Status sync_failed_ ABSL_GUARDED_BY(sync_mu_);
+  uint64_t syncs_ ABSL_GUARDED_BY(sync_mu_) = 0;
 };
 
 }  // namespace repvar::server

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -45,20 +46,23 @@ class TrackedFile final : public rocksdb::FSWritableFileOwnerWrapper {
 
   IOStatus Append(const rocksdb::Slice& data, const IOOptions& o, IODebugContext* dbg) override {
     if (IOStatus s = fs_->Mutate("append"); !s.ok()) return s;
-    pos_ += data.size();
-    return target()->Append(data, o, dbg);
+    IOStatus s = target()->Append(data, o, dbg);
+    if (s.ok()) pos_ += data.size();
+    return s;
   }
   IOStatus Append(const rocksdb::Slice& data, const IOOptions& o,
                   const rocksdb::DataVerificationInfo& v, IODebugContext* dbg) override {
     if (IOStatus s = fs_->Mutate("append"); !s.ok()) return s;
-    pos_ += data.size();
-    return target()->Append(data, o, v, dbg);
+    IOStatus s = target()->Append(data, o, v, dbg);
+    if (s.ok()) pos_ += data.size();
+    return s;
   }
   IOStatus PositionedAppend(const rocksdb::Slice& data, uint64_t offset, const IOOptions& o,
                             IODebugContext* dbg) override {
     if (IOStatus s = fs_->Mutate("append"); !s.ok()) return s;
-    pos_ = std::max(pos_, offset + data.size());
-    return target()->PositionedAppend(data, offset, o, dbg);
+    IOStatus s = target()->PositionedAppend(data, offset, o, dbg);
+    if (s.ok()) pos_ = std::max(pos_.load(), offset + data.size());
+    return s;
   }
   IOStatus Truncate(uint64_t size, const IOOptions& o, IODebugContext* dbg) override {
     if (IOStatus s = fs_->Mutate("truncate"); !s.ok()) return s;
@@ -66,11 +70,15 @@ class TrackedFile final : public rocksdb::FSWritableFileOwnerWrapper {
     return target()->Truncate(size, o, dbg);
   }
   IOStatus Sync(const IOOptions& o, IODebugContext* dbg) override {
+    // RocksDB syncs its log while other threads append to it (SyncWAL): the
+    // sync covers what was written when it began.
+    const uint64_t covered = pos_.load();
     if (IOStatus s = target()->Flush(o, dbg); !s.ok()) return s;
+    fs_->SyncHook(fname_);
     if (fs_->real_syncs()) {
       if (IOStatus s = target()->Sync(o, dbg); !s.ok()) return s;
     }
-    return fs_->Sync(fname_, pos_);
+    return fs_->Sync(fname_, covered);
   }
   IOStatus Fsync(const IOOptions& o, IODebugContext* dbg) override { return Sync(o, dbg); }
   IOStatus RangeSync(uint64_t offset, uint64_t nbytes, const IOOptions& o,
@@ -83,7 +91,7 @@ class TrackedFile final : public rocksdb::FSWritableFileOwnerWrapper {
  private:
   PowerLossFileSystem* const fs_;
   const std::string fname_;
-  uint64_t pos_;
+  std::atomic<uint64_t> pos_;  // appended while a sync runs (SyncWAL)
 };
 
 class TrackedDirectory final : public rocksdb::FSDirectoryWrapper {
@@ -139,6 +147,20 @@ void PowerLossFileSystem::FailSyncs(bool fail) {
 void PowerLossFileSystem::SetFreeSpace(std::optional<uint64_t> bytes) {
   absl::MutexLock lock(&mu_);
   free_space_ = bytes;
+}
+
+void PowerLossFileSystem::SetSyncHook(std::function<void(const std::string&)> hook) {
+  absl::MutexLock lock(&mu_);
+  sync_hook_ = std::move(hook);
+}
+
+void PowerLossFileSystem::SyncHook(const std::string& fname) {
+  std::function<void(const std::string&)> hook;
+  {
+    absl::MutexLock lock(&mu_);
+    hook = sync_hook_;
+  }
+  if (hook) hook(fname);
 }
 
 IOStatus PowerLossFileSystem::Mutate(const char* what) {

@@ -20,6 +20,7 @@
 #include <rocksdb/file_system.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -49,6 +50,10 @@ class PowerLossFileSystem final : public rocksdb::FileSystemWrapper {
   void FailSyncs(bool fail);
   // GetFreeSpace reports `bytes` (nullopt: the real figure).
   void SetFreeSpace(std::optional<uint64_t> bytes);
+  // Called with the file's name at the start of every file sync, after the
+  // bytes it covers are fixed (a test holds a sync there); null: none.
+  void SetSyncHook(std::function<void(const std::string&)> hook);
+  void SyncHook(const std::string& fname);
 
   // ---- rocksdb::FileSystem ----
   rocksdb::IOStatus NewWritableFile(const std::string& fname, const rocksdb::FileOptions& options,
@@ -106,6 +111,7 @@ class PowerLossFileSystem final : public rocksdb::FileSystemWrapper {
   uint64_t cut_at_ ABSL_GUARDED_BY(mu_) = 0;  // 0: never
   bool fail_syncs_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<uint64_t> free_space_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> sync_hook_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace repvar::testing

@@ -6,9 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
@@ -202,6 +206,69 @@ TEST_F(MembershipTest, T5_SilentWorker_DeclaredDeadSlotFreedVersionBumps) {
 TEST_F(MembershipTest, T5_Heartbeat_StaleIncarnation_Aborted) {
   ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 1, 7)));
   EXPECT_THAT(m_.Heartbeat({"tpu_worker", 0}, 8), StatusIs(absl::StatusCode::kAborted));
+}
+
+// A log whose syncs wait for the test: Durable(p) returns once p is released.
+class GatedLog final : public StateLog {
+ public:
+  absl::StatusOr<uint64_t> Append(const Record&) override {
+    absl::MutexLock lock(&mu_);
+    return ++appended_;
+  }
+  absl::Status Durable(uint64_t position) override {
+    absl::MutexLock lock(&mu_);
+    ++waiting_;
+    changed_.SignalAll();
+    while (released_ < position) changed_.Wait(&mu_);
+    --waiting_;
+    return absl::OkStatus();
+  }
+  void Release(uint64_t position) {
+    absl::MutexLock lock(&mu_);
+    released_ = position;
+    changed_.SignalAll();
+  }
+  // Blocks until `n` callers wait in Durable.
+  void AwaitWaiting(int n) {
+    absl::MutexLock lock(&mu_);
+    while (waiting_ < n) changed_.Wait(&mu_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::CondVar changed_;
+  uint64_t appended_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t released_ ABSL_GUARDED_BY(mu_) = 0;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Group commit: a registration is applied at once (the next caller builds
+// on it) but neither its answer nor a read that saw it returns before the
+// log says it is durable; what was durable already is answered at once.
+TEST(RegistryDurabilityTest, AnswersAndReadsWaitUntilWhatTheySawIsDurable) {
+  repvar::testing::FakeClock clock;
+  GatedLog log;
+  Registry r(RegistryOptions{}, &clock, &log);
+  EXPECT_EQ(r.Snapshot().version, 0);  // nothing recorded: no wait
+
+  std::atomic<bool> registered{false}, read{false};
+  std::thread writer([&] {
+    EXPECT_OK(r.Register(Tpu("tpu_worker", 0, 2)));
+    registered = true;
+  });
+  log.AwaitWaiting(1);
+  std::thread reader([&] {
+    EXPECT_EQ(r.Snapshot().tasks.size(), 1u);  // it sees the registration...
+    read = true;
+  });
+  log.AwaitWaiting(2);  // ...and waits for it with the writer
+  EXPECT_FALSE(registered);
+  EXPECT_FALSE(read);
+  log.Release(1);
+  writer.join();
+  reader.join();
+  EXPECT_TRUE(registered && read);
+  EXPECT_EQ(r.Snapshot().tasks.size(), 1u);  // durable now: answered at once
 }
 
 }  // namespace

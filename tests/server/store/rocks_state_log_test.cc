@@ -10,9 +10,13 @@
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "tests/testing/power_loss_fs.h"
 #include "tests/testing/random_cluster.h"
 #include "tests/testing/status_matchers.h"
@@ -169,7 +173,8 @@ TEST_F(RocksStateLogTest, FailedSync_IsFatal) {
         ClusterState state;
         (void)log->Recover(state);
         fs_->FailSyncs(true);
-        (void)log->Append(Record{{StepBegun{1, 1}}});
+        auto position = log->Append(Record{{StepBegun{1, 1}}});
+        if (position.ok()) (void)log->Durable(*position);
       },
       "state log: .*sync failed.*stopping");
   // The same with the fatal path observed instead of taken: nothing is
@@ -181,8 +186,57 @@ TEST_F(RocksStateLogTest, FailedSync_IsFatal) {
   ClusterState state;
   ASSERT_OK(log->Recover(state));
   fs_->FailSyncs(true);
-  EXPECT_THAT(log->Append(Record{{StepBegun{1, 1}}}), StatusIs(absl::StatusCode::kInternal));
+  auto position = log->Append(Record{{StepBegun{1, 1}}});
+  ASSERT_OK(position);  // written, not yet synced
+  EXPECT_THAT(log->Durable(*position), StatusIs(absl::StatusCode::kInternal, "sync"));
   EXPECT_FALSE(fatal.ok());
+  // It stays failed: nothing after it is ever reported durable.
+  EXPECT_THAT(log->Durable(*position), StatusIs(absl::StatusCode::kInternal, "sync"));
+}
+
+// Group commit: while one sync is under way, the records appended meanwhile
+// wait for it and then share the next one - eight records, two syncs.
+TEST_F(RocksStateLogTest, GroupCommit_WritersWaitingTogetherShareOneSync) {
+  auto log = Open(Options());
+  ClusterState state;
+  ASSERT_OK(log->Recover(state));
+  const uint64_t syncs_before = log->stats().syncs;
+  absl::Notification in_sync, release;
+  std::atomic<bool> gate{true};
+  fs_->SetSyncHook([&](const std::string& fname) {
+    // Hold the first sync of the write-ahead log (RocksDB's own file syncs
+    // pass).
+    if (!absl::EndsWith(fname, ".log") || !gate.exchange(false)) return;
+    in_sync.Notify();
+    release.WaitForNotification();
+  });
+  auto first = log->Append(Record{{StepBegun{1, 1}}});
+  ASSERT_OK(first);
+  std::vector<std::thread> waiters;
+  absl::Status first_durable;
+  waiters.emplace_back([&] { first_durable = log->Durable(*first); });
+  in_sync.WaitForNotification();  // the first sync is under way, and held
+  std::vector<uint64_t> positions;
+  for (int64_t i = 2; i <= 8; ++i) {
+    auto p = log->Append(Record{{StepBegun{i, static_cast<uint64_t>(i)}}});
+    ASSERT_OK(p);
+    positions.push_back(*p);
+  }
+  std::vector<absl::Status> durable(positions.size());
+  for (size_t i = 0; i < positions.size(); ++i) {
+    waiters.emplace_back([&, i] { durable[i] = log->Durable(positions[i]); });
+  }
+  release.Notify();
+  for (std::thread& t : waiters) t.join();
+  EXPECT_OK(first_durable);
+  for (const absl::Status& s : durable) EXPECT_OK(s);
+  EXPECT_EQ(log->stats().records, 8u);
+  EXPECT_EQ(log->stats().syncs - syncs_before, 2u)
+      << "the seven records after the first share a sync";
+  fs_->SetSyncHook(nullptr);
+  // Durable is answered without a sync once covered.
+  EXPECT_OK(log->Durable(positions.back()));
+  EXPECT_EQ(log->stats().syncs - syncs_before, 2u);
 }
 
 TEST_F(RocksStateLogTest, Checkpoint_CollectsTheBlobsOfReplacedValues) {
