@@ -6,6 +6,10 @@
 //   repvarctl assign NAME --value=1,2,3   (also assign_add, assign_sub)
 //   repvarctl status                      (the admin service: the whole cluster)
 //   repvarctl delete NAME                 (the admin service)
+//   repvarctl save FILE                   a consistent cut into a .safetensors file
+//   repvarctl restore FILE [--replicas=N] the file's values back into the cluster
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -29,6 +33,8 @@ ABSL_FLAG(bool, json, false, "print JSON for scripts");
 ABSL_FLAG(absl::Duration, watch_for, absl::Hours(24), "how long `watch` streams");
 ABSL_FLAG(std::string, value, "", "comma-separated values for assign, row-major");
 ABSL_FLAG(int32_t, max_elements, 16, "elements printed by read (text mode)");
+ABSL_FLAG(int32_t, replicas, 0,
+          "restore: replicas of the variables it creates (0: as saved in the file)");
 
 namespace {
 
@@ -278,11 +284,70 @@ int Status(repvar::Client& c) {
   return 0;
 }
 
+// A progress line on stderr, redrawn in place on a terminal (nothing
+// otherwise: the summary on stdout says what was done).
+class ProgressBar {
+ public:
+  explicit ProgressBar(const char* verb) : verb_(verb), tty_(::isatty(2) == 1) {}
+  void Show(const repvar::CheckpointProgress& p) {
+    if (!tty_) return;
+    const double pct = p.bytes_total == 0 ? 100.0 : 100.0 * p.bytes_done / p.bytes_total;
+    std::fprintf(stderr, "\r%s %5.1f%%  %d/%d variables  %.1f/%.1f MiB  %-40.40s", verb_, pct,
+                 p.variables_done, p.variables_total, p.bytes_done / 1048576.0,
+                 p.bytes_total / 1048576.0, p.variable.c_str());
+    std::fflush(stderr);
+  }
+  void Done() {
+    if (tty_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  const char* const verb_;
+  const bool tty_;
+};
+
+int Save(repvar::Client& c, const std::string& path, bool json) {
+  ProgressBar bar("save");
+  auto r = c.SaveCheckpoint(path, [&](const repvar::CheckpointProgress& p) { bar.Show(p); });
+  bar.Done();
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::printf("{\"file\":%s,\"variables\":%d,\"bytes\":%llu,\"last_committed_step\":%lld}\n",
+                Q(path).c_str(), r->variables, static_cast<unsigned long long>(r->bytes),
+                static_cast<long long>(r->last_committed_step));
+  } else {
+    std::printf("saved %d variable(s), %llu bytes, after step %lld, to %s\n", r->variables,
+                static_cast<unsigned long long>(r->bytes),
+                static_cast<long long>(r->last_committed_step), path.c_str());
+    if (!r->uninitialized.empty()) {
+      std::printf("not saved (uninitialized): %s\n", absl::StrJoin(r->uninitialized, ", ").c_str());
+    }
+  }
+  return 0;
+}
+
+int Restore(repvar::Client& c, const std::string& path, bool json) {
+  ProgressBar bar("restore");
+  auto r = c.RestoreCheckpoint(
+      path, {.replicas = absl::GetFlag(FLAGS_replicas),
+             .progress = [&](const repvar::CheckpointProgress& p) { bar.Show(p); }});
+  bar.Done();
+  if (!r.ok()) return Fail(r.status());
+  if (json) {
+    std::printf("{\"file\":%s,\"variables\":%d,\"created\":%d,\"bytes\":%llu}\n", Q(path).c_str(),
+                r->variables, r->created, static_cast<unsigned long long>(r->bytes));
+  } else {
+    std::printf("restored %d variable(s) (%d created), %llu bytes, from %s\n", r->variables,
+                r->created, static_cast<unsigned long long>(r->bytes), path.c_str());
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "repvarctl [--coordinator=H:P] [--json] topology | vars [COLLECTION] | read NAME | "
       "assign|assign_add|assign_sub NAME --value=v1,v2,... | steps | watch [--watch_for=D] | "
-      "status | delete NAME");
+      "status | delete NAME | save FILE | restore FILE [--replicas=N]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
@@ -303,6 +368,8 @@ int main(int argc, char** argv) {
     absl::Status s = (*client)->DeleteVariable(args[2]);
     return s.ok() ? 0 : Fail(s);
   }
+  if (cmd == "save" && args.size() == 3) return Save(**client, args[2], json);
+  if (cmd == "restore" && args.size() == 3) return Restore(**client, args[2], json);
   if ((cmd == "assign" || cmd == "assign_add" || cmd == "assign_sub") && args.size() == 3) {
     return Assign(**client, cmd, args[2], json);
   }

@@ -42,6 +42,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -132,6 +133,30 @@ class Coordinator {
     return replication_.Assign(key, items);
   }
   absl::StatusOr<ReadResult> Read(absl::string_view name) { return replication_.Read(name); }
+
+  // ---- Consistent cuts (checkpoints) ----
+  // While it lives, cross-replica writes and new steps wait
+  // (StepCoordinator::HoldWrites): reads in between see one cut.
+  class WriteHold {
+   public:
+    explicit WriteHold(StepCoordinator* steps) : steps_(steps) {}
+    WriteHold(WriteHold&& o) noexcept : steps_(std::exchange(o.steps_, nullptr)) {}
+    WriteHold& operator=(WriteHold&&) = delete;
+    ~WriteHold() {
+      if (steps_ != nullptr) steps_->ReleaseWrites();
+    }
+
+   private:
+    StepCoordinator* steps_;
+  };
+  // Errors: DEADLINE_EXCEEDED (a step stayed open or writes in flight).
+  absl::StatusOr<WriteHold> HoldWrites(absl::Time deadline) {
+    if (absl::Status s = steps_.HoldWrites(deadline); !s.ok()) return s;
+    return WriteHold(&steps_);
+  }
+  int64_t LastCommittedStep() const {
+    return registry_.Read([](const ClusterState& s) { return s.last_committed_step(); });
+  }
 
   // ---- Replicated steps (see StepCoordinator) ----
   absl::StatusOr<StepInfo> BeginStep(int64_t step, absl::Duration barrier_timeout);

@@ -63,6 +63,7 @@ void StepCoordinator::Recovered() {
 
 absl::Status StepCoordinator::EnterWriteGate() {
   RankedLock lock(&mu_);
+  while (holds_ > 0) step_cv_.Wait(mu_.native());  // a cut is being taken
   if (const StepInfo* open = steps_.open()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "step ", open->step, " is open: cross-replica writes are refused until it resolves (S5)"));
@@ -78,6 +79,32 @@ absl::Status StepCoordinator::EnterWriteGate() {
 void StepCoordinator::LeaveWriteGate() {
   RankedLock lock(&mu_);
   --writes_in_flight_;
+  step_cv_.SignalAll();
+}
+
+absl::Status StepCoordinator::HoldWrites(absl::Time deadline) {
+  RankedLock lock(&mu_);
+  ++holds_;
+  auto busy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return step_beginning_ || steps_.open() != nullptr || writes_in_flight_ > 0;
+  };
+  while (busy()) {
+    if (step_cv_.WaitWithDeadline(mu_.native(), deadline) && busy()) {
+      --holds_;
+      step_cv_.SignalAll();
+      const StepInfo* open = steps_.open();
+      return absl::DeadlineExceededError(
+          open != nullptr
+              ? absl::StrCat("step ", open->step, " is still open")
+              : absl::StrCat(writes_in_flight_, " cross-replica write(s) still in flight"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void StepCoordinator::ReleaseWrites() {
+  RankedLock lock(&mu_);
+  --holds_;
   step_cv_.SignalAll();
 }
 
@@ -160,9 +187,13 @@ absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
   }
   Wakers wake;  // run after the lock below is released
   RankedLock lock(&mu_);
-  while (step_beginning_) step_cv_.Wait(mu_.native());
-  REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<const StepInfo> open, steps_.CheckBegin(step));
-  if (open) return SharedStep{open, *steps_.state(open->epoch)};
+  while (true) {
+    while (step_beginning_) step_cv_.Wait(mu_.native());
+    REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<const StepInfo> open, steps_.CheckBegin(step));
+    if (open) return SharedStep{open, *steps_.state(open->epoch)};
+    if (holds_ == 0) break;
+    step_cv_.Wait(mu_.native());  // a cut is being taken: begin after it
+  }
   // S1: no new cross-replica write may start; wait for those in flight.
   step_beginning_ = true;
   while (writes_in_flight_ > 0) step_cv_.Wait(mu_.native());

@@ -8,7 +8,8 @@
 // The write gate: a cross-replica write enters it before it takes any
 // variable's write lock and leaves it when it is done. BeginStep closes the
 // gate, waits for the writes inside to leave, then opens the step; while a
-// step is open or beginning, writes are refused (S5).
+// step is open or beginning, writes are refused (S5). A hold (HoldWrites)
+// makes writes and new steps wait instead while a consistent cut is taken.
 //
 // Thread-safe (a monitor, rank kStepsRank); callbacks run outside the lock.
 #ifndef REPVAR_SERVER_CORE_STEP_COORDINATOR_H_
@@ -53,6 +54,15 @@ class StepCoordinator {
   absl::Status EnterWriteGate() ABSL_LOCKS_EXCLUDED(mu_);
   void LeaveWriteGate() ABSL_LOCKS_EXCLUDED(mu_);
   bool IsOpen() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- Holding writes: a consistent cut between steps (checkpoints). ----
+  // From now until ReleaseWrites, cross-replica writes wait at the gate
+  // and no new step begins (a trainer joining the step already open still
+  // does); returns once the open step resolved and the writes in flight
+  // left. Holds nest. Errors: DEADLINE_EXCEEDED (still a step open or
+  // writes in flight at `deadline`: nothing is held).
+  absl::Status HoldWrites(absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseWrites() ABSL_LOCKS_EXCLUDED(mu_);
   // The open step's id when variable `id` takes part in it.
   std::optional<int64_t> OpenStepOf(uint64_t variable_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -122,8 +132,9 @@ class StepCoordinator {
   StepBarrier steps_ ABSL_GUARDED_BY(mu_);
   int writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool step_beginning_ ABSL_GUARDED_BY(mu_) = false;
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;  // HoldWrites not yet released
   // step_cv_: a step opened, started aggregating or resolved, or
-  // writes_in_flight_ moved. events_cv_: a step event was recorded.
+  // writes_in_flight_ or holds_ moved. events_cv_: a step event was recorded.
   absl::CondVar step_cv_;
   absl::CondVar events_cv_;
   // One-shot callbacks run when the step state changes (see WhenStepPlanned).

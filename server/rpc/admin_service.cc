@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/rpc/admin_service.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/base/status_util.h"
 #include "common/model/names.h"
 #include "common/rpc/chunks.h"
@@ -25,6 +29,55 @@ grpc::Status AdminService::GetClusterStatus(grpc::ServerContext*,
     VariableViewToProto(v, resp->add_variables());
   }
   StepsStatusToProto(core_->GetSteps(), resp->mutable_steps());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::SaveCheckpoint(grpc::ServerContext* ctx,
+                                          const v1::SaveCheckpointRequest* req,
+                                          grpc::ServerWriter<v1::SaveCheckpointResponse>* writer) {
+  // An open step is waited for at most this long (or the call's deadline).
+  constexpr absl::Duration kMaxWaitForStep = absl::Minutes(10);
+  const absl::Time wait_until =
+      std::min(absl::FromChrono(ctx->deadline()), absl::Now() + kMaxWaitForStep);
+  auto hold = core_->HoldWrites(wait_until);
+  if (!hold.ok()) {
+    return ToGrpcStatus(absl::Status(hold.status().code(),
+                                     absl::StrCat("no consistent cut: ", hold.status().message())));
+  }
+  // From here until the return nothing writes: the manifest and the bytes
+  // are one cut.
+  v1::SaveCheckpointResponse head;
+  v1::CheckpointManifest* manifest = head.mutable_manifest();
+  manifest->set_last_committed_step(core_->LastCommittedStep());
+  std::vector<VariableView> saved;
+  for (VariableView& v : core_->ListVariables("")) {
+    if (!v.initialized) {
+      manifest->add_uninitialized(v.def.name);
+      continue;
+    }
+    VariableViewToProto(v, manifest->add_variables());
+    saved.push_back(std::move(v));
+  }
+  if (!writer->Write(head)) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
+  for (const VariableView& v : saved) {
+    auto read = core_->Read(v.def.name);
+    if (!read.ok()) {
+      return ToGrpcStatus(absl::Status(read.status().code(),
+                                       absl::StrCat("checkpoint: ", read.status().message())));
+    }
+    if (read->version != v.version || read->value->checksum != v.checksum) {
+      return ToGrpcStatus(absl::InternalError(absl::StrCat("checkpoint: variable ", v.def.name,
+                                                           " changed under the hold (version ",
+                                                           v.version, " -> ", read->version, ")")));
+    }
+    const bool sent = SendChunks<v1::SaveCheckpointResponse>(
+        read->value->bytes.span(), static_cast<size_t>(req->chunk_bytes()),
+        [&](const v1::SaveCheckpointResponse& m) {
+          return !ctx->IsCancelled() && writer->Write(m);
+        },
+        [](v1::SaveCheckpointResponse& m) { return m.mutable_chunk(); });
+    if (!sent) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
+  }
   return grpc::Status::OK;
 }
 

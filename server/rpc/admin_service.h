@@ -17,6 +17,8 @@ class AdminService final : public v1::CoordinatorAdmin::Service {
                               v1::DeleteVariableResponse*) override;
   grpc::Status GetClusterStatus(grpc::ServerContext*, const v1::GetClusterStatusRequest*,
                                 v1::ClusterStatus*) override;
+  grpc::Status SaveCheckpoint(grpc::ServerContext* ctx, const v1::SaveCheckpointRequest* req,
+                              grpc::ServerWriter<v1::SaveCheckpointResponse>* writer) override;
 
  private:
   Coordinator* const core_;

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -217,6 +218,38 @@ class ReplicatedScope {
   static VariableSpec Apply(VariableSpec spec);
 };
 
+// Checkpoints: safetensors files (Client::SaveCheckpoint, RestoreCheckpoint;
+// repvarctl save / restore). Every tensor is named after its variable; the
+// file's "__metadata__" holds, as strings, "repvar.format" ("1"),
+// "repvar.last_committed_step", "repvar.variables" (JSON: per variable its
+// version, checksum, aggregation, replica_count, trainable, collections,
+// allow_nonfinite) and "repvar.uninitialized" (JSON list of names not saved).
+struct CheckpointProgress {
+  std::string variable;  // the one being moved
+  int variables_done = 0;
+  int variables_total = 0;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+};
+using CheckpointProgressFn = std::function<void(const CheckpointProgress&)>;
+struct SaveResult {
+  int variables = 0;
+  uint64_t bytes = 0;
+  int64_t last_committed_step = 0;
+  std::vector<std::string> uninitialized;  // not in the file: they hold no value
+};
+struct RestoreOptions {
+  // Replicas of the variables the restore creates; 0: each variable's count
+  // in the file (1 for a file repvar did not write).
+  int32_t replicas = 0;
+  CheckpointProgressFn progress;
+};
+struct RestoreResult {
+  int variables = 0;
+  int created = 0;
+  uint64_t bytes = 0;
+};
+
 class Client {
  public:
   // Connects lazily; fails only on bad options. Errors: INVALID_ARGUMENT
@@ -280,6 +313,27 @@ class Client {
   // The last committed value. Errors: NOT_FOUND, FAILED_PRECONDITION.
   absl::StatusOr<TensorValue> Read(const std::string& name);
   absl::StatusOr<std::vector<TensorValue>> ReadBatch(const std::vector<std::string>& names);
+
+  // ---- Checkpoints ----
+  // Writes every initialized variable to the safetensors file `path`, as
+  // one consistent cut: the coordinator holds cross-replica writes and new
+  // steps while the bytes stream (an open step is waited for). Each value
+  // is checked against its committed checksum; the file appears only when
+  // complete (tmp -> fsync -> rename). Errors: DEADLINE_EXCEEDED (a step
+  // stayed open), DATA_LOSS (a value failed its checksum), UNAVAILABLE (no
+  // up-to-date replica of a variable), the file system's.
+  absl::StatusOr<SaveResult> SaveCheckpoint(const std::string& path,
+                                            CheckpointProgressFn progress = nullptr);
+  // Writes every tensor of the safetensors file `path` to every replica of
+  // the variable of that name: missing variables are created first (with
+  // the file's specs and RestoreOptions::replicas), each value is assigned
+  // as the variable's next version (versions only move forward). Checked
+  // before anything is written: dtypes and shapes of existing variables,
+  // the values against the checksums in the file. Errors: DATA_LOSS (a
+  // damaged file), FAILED_PRECONDITION (an existing variable's dtype or
+  // shape differs; more replicas than accelerators), and the writes'.
+  absl::StatusOr<RestoreResult> RestoreCheckpoint(const std::string& path,
+                                                  RestoreOptions options = {});
 
  private:
   friend struct ClientAccess;  // the library's own step code (client_impl.h)

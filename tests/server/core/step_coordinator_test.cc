@@ -137,6 +137,53 @@ TEST_F(StepCoreTest, S1_BeginStep_WaitsForCrossReplicaWritesInFlight) {
   EXPECT_EQ(step->variables[0].begin_checksum, F32({3, 4})->checksum);
 }
 
+// A consistent cut (checkpoints): a hold waits for the open step to
+// resolve (or gives up at its deadline, holding nothing); while held,
+// cross-replica writes and new steps wait instead of being refused, and go
+// on when it is released.
+TEST_F(StepCoreTest, Cut_HoldWrites_WaitsForTheOpenStep_ThenHoldsWritesAndNewSteps) {
+  Create("w", Aggregation::kMean);
+  auto step = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(step);
+  EXPECT_THAT(core_.HoldWrites(absl::InfinitePast()),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, "step 1 is still open"));
+  ASSERT_OK(core_.AbortStep(step->epoch, "test"));  // nothing was held: it resolves as usual
+
+  {
+    auto hold = core_.HoldWrites(absl::InfiniteFuture());
+    ASSERT_OK(hold);
+    absl::Notification written;
+    absl::StatusOr<WriteResult> assigned;
+    std::thread writer([&] {
+      assigned = core_.Assign({}, {"w", AssignOp::kAssign, F32({3, 4})});
+      written.Notify();
+    });
+    for (int i = 0; i < 1000; ++i) std::this_thread::yield();
+    EXPECT_FALSE(written.HasBeenNotified()) << "a write went through a hold";
+    auto value = core_.Read("w");  // reads are not held
+    ASSERT_OK(value);
+    EXPECT_EQ(value->version, 1);
+    { Coordinator::WriteHold released = *std::move(hold); }
+    writer.join();
+    ASSERT_OK(assigned);  // held, not refused
+    EXPECT_EQ(assigned->version, 2);
+  }
+  auto hold = core_.HoldWrites(absl::InfiniteFuture());
+  ASSERT_OK(hold);
+  absl::Notification begun;
+  absl::StatusOr<StepInfo> next;
+  std::thread beginner([&] {
+    next = core_.BeginStep(2, absl::Seconds(10));
+    begun.Notify();
+  });
+  for (int i = 0; i < 1000; ++i) std::this_thread::yield();
+  EXPECT_FALSE(begun.HasBeenNotified()) << "a step began during a hold";
+  { Coordinator::WriteHold released = *std::move(hold); }
+  beginner.join();
+  ASSERT_OK(next);
+  EXPECT_EQ(next->step, 2);
+}
+
 TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired) {
   uint64_t w = Create("w", Aggregation::kMean);
   // A cross-replica write that does not reach tpu_worker:1 leaves the others
