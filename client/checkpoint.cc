@@ -199,8 +199,8 @@ absl::StatusOr<SaveResult> Client::SaveCheckpoint(const std::string& path,
   if (!bad.ok()) return bad;
   if (!finished.ok()) return finished;
   if (current != vars.size()) {
-    return absl::DataLossError(absl::StrCat("checkpoint stream ended after ", current, " of ",
-                                            vars.size(), " variables"));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint stream ended after ", current, " of ", vars.size(), " variables"));
   }
   REPVAR_RETURN_IF_ERROR((*writer)->Commit());
   result.variables = static_cast<int>(vars.size());
@@ -248,9 +248,8 @@ absl::StatusOr<RestoreResult> Client::RestoreCheckpoint(const std::string& path,
     to_create.push_back(std::move(spec));
   }
   if (!refused.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("restore of ", path, " refused, nothing was written: ",
-                     absl::StrJoin(refused, "; ")));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "restore of ", path, " refused, nothing was written: ", absl::StrJoin(refused, "; ")));
   }
   RestoreResult result;
   if (!to_create.empty()) {
@@ -271,10 +270,10 @@ absl::StatusOr<RestoreResult> Client::RestoreCheckpoint(const std::string& path,
     if (options.progress) options.progress(shown);
     auto ack = Assign(e.name, file->Data(e));
     if (!ack.ok()) {
-      return absl::Status(ack.status().code(),
-                          absl::StrCat("restore: variable ", e.name, " (", shown.variables_done,
-                                       " of ", shown.variables_total,
-                                       " restored before it): ", ack.status().message()));
+      return absl::Status(
+          ack.status().code(),
+          absl::StrCat("restore: variable ", e.name, " (", shown.variables_done, " of ",
+                       shown.variables_total, " restored before it): ", ack.status().message()));
     }
     ++shown.variables_done;
     shown.bytes_done += e.bytes();

@@ -130,8 +130,8 @@ TEST_F(CheckpointTest, Restore_ShapeDiffers_RefusedNamingIt_NothingWritten) {
   ASSERT_OK(client_->Assign("s/b", std::span<const float>(Ramp(4, 9))));
   ASSERT_OK(client_->Assign("s/a", std::span<const float>(Ramp(3, 9))));
   const int64_t a_before = Version("s/a");
-  EXPECT_THAT(client_->RestoreCheckpoint(path),
-              StatusIs(absl::StatusCode::kFailedPrecondition, "s/b is float32[2,2] in the cluster"));
+  EXPECT_THAT(client_->RestoreCheckpoint(path), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                         "s/b is float32[2,2] in the cluster"));
   EXPECT_EQ(Version("s/a"), a_before) << "s/a fits, but nothing is written when anything fails";
   EXPECT_EQ(Floats("s/a"), Ramp(3, 9));
 }
@@ -213,8 +213,7 @@ TEST_F(CheckpointTest, Repvarctl_SaveAndRestore) {
   ASSERT_OK(client_->Assign("r/w", std::span<const float>(Ramp(3, 0))));
   ASSERT_EQ(std::system((ctl + "restore " + path + " > " + out).c_str()), 0);
   EXPECT_EQ(Floats("r/w"), Ramp(3, 7));
-  EXPECT_NE(std::system((ctl + "restore " + dir_.path() + "/missing > /dev/null 2>&1").c_str()),
-            0);
+  EXPECT_NE(std::system((ctl + "restore " + dir_.path() + "/missing > /dev/null 2>&1").c_str()), 0);
 }
 
 }  // namespace
