@@ -8,15 +8,14 @@
 #include <xxhash.h>
 
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client_impl.h"
 #include "client/convert.h"
 #include "common/base/status_util.h"
+#include "common/io/checkpoint_format.h"
 #include "common/io/safetensors.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/grpc_status.h"
@@ -25,78 +24,6 @@
 
 namespace repvar {
 namespace {
-
-using Json = nlohmann::json;
-
-constexpr char kFormatKey[] = "repvar.format";
-constexpr char kStepKey[] = "repvar.last_committed_step";
-constexpr char kVariablesKey[] = "repvar.variables";
-constexpr char kUninitializedKey[] = "repvar.uninitialized";
-
-std::optional<Aggregation> AggregationNamed(const std::string& name) {
-  for (Aggregation a : {Aggregation::kNone, Aggregation::kSum, Aggregation::kMean,
-                        Aggregation::kOnlyFirstReplica}) {
-    if (name == AggregationName(a)) return a;
-  }
-  return std::nullopt;
-}
-
-// The file's description of one variable (from "repvar.variables").
-struct SavedVariable {
-  int64_t version = 0;
-  std::optional<uint64_t> checksum;
-  int32_t replica_count = 1;
-  Aggregation aggregation = Aggregation::kNone;
-  bool trainable = true;
-  bool allow_nonfinite = false;
-  std::vector<std::string> collections;
-};
-
-absl::StatusOr<std::map<std::string, SavedVariable>> SavedVariables(
-    const std::map<std::string, std::string>& metadata, const std::string& path) {
-  std::map<std::string, SavedVariable> out;
-  auto it = metadata.find(kVariablesKey);
-  if (it == metadata.end()) return out;  // a file repvar did not write
-  auto bad = [&](absl::string_view what) {
-    return absl::DataLossError(absl::StrCat(path, ": metadata ", kVariablesKey, ": ", what));
-  };
-  Json vars = Json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-  if (vars.is_discarded() || !vars.is_object()) return bad("not a JSON object");
-  for (auto v = vars.begin(); v != vars.end(); ++v) {
-    const Json& j = v.value();
-    SavedVariable s;
-    if (!j.is_object()) return bad(absl::StrCat(v.key(), " is not an object"));
-    if (j.contains("version") && j["version"].is_number_integer()) {
-      s.version = j["version"].get<int64_t>();
-    }
-    if (j.contains("checksum") && j["checksum"].is_string()) {
-      uint64_t c = 0;
-      if (!absl::SimpleHexAtoi(j["checksum"].get<std::string>(), &c)) {
-        return bad(absl::StrCat(v.key(), ": checksum is not hex"));
-      }
-      s.checksum = c;
-    }
-    if (j.contains("replica_count") && j["replica_count"].is_number_integer()) {
-      s.replica_count = j["replica_count"].get<int32_t>();
-    }
-    if (j.contains("aggregation") && j["aggregation"].is_string()) {
-      auto a = AggregationNamed(j["aggregation"].get<std::string>());
-      if (!a) return bad(absl::StrCat(v.key(), ": unknown aggregation"));
-      s.aggregation = *a;
-    }
-    if (j.contains("trainable") && j["trainable"].is_boolean()) s.trainable = j["trainable"];
-    if (j.contains("allow_nonfinite") && j["allow_nonfinite"].is_boolean()) {
-      s.allow_nonfinite = j["allow_nonfinite"];
-    }
-    if (j.contains("collections") && j["collections"].is_array()) {
-      for (const Json& c : j["collections"]) {
-        if (c.is_string()) s.collections.push_back(c.get<std::string>());
-      }
-    }
-    out.emplace(v.key(), std::move(s));
-  }
-  return out;
-}
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
@@ -125,24 +52,17 @@ absl::StatusOr<SaveResult> Client::SaveCheckpoint(const std::string& path,
 
   std::vector<io::SafetensorsEntry> entries;
   std::vector<VariableInfo> vars;
-  Json described = Json::object();
+  std::vector<io::CheckpointVariable> described;
   for (const v1::VariableInfo& p : manifest.variables()) {
     VariableInfo v = client_internal::VariableFromProto(p);
     entries.push_back({v.spec.name, v.spec.dtype, v.spec.shape});
-    described[v.spec.name] = {{"version", v.version},
-                              {"checksum", absl::StrCat(absl::Hex(v.checksum))},
-                              {"aggregation", AggregationName(v.spec.aggregation)},
-                              {"replica_count", v.spec.replica_count},
-                              {"trainable", v.spec.trainable},
-                              {"allow_nonfinite", v.spec.allow_nonfinite},
-                              {"collections", v.spec.collections}};
+    described.push_back({v.spec.name, v.version, v.checksum, v.spec.aggregation,
+                         v.spec.replica_count, v.spec.trainable, v.spec.allow_nonfinite,
+                         v.spec.collections});
     vars.push_back(std::move(v));
   }
-  const std::map<std::string, std::string> metadata = {
-      {kFormatKey, "1"},
-      {kStepKey, absl::StrCat(manifest.last_committed_step())},
-      {kVariablesKey, described.dump()},
-      {kUninitializedKey, Json(result.uninitialized).dump()}};
+  const std::map<std::string, std::string> metadata =
+      io::CheckpointMetadata(manifest.last_committed_step(), described, result.uninitialized);
   auto writer = io::SafetensorsWriter::Create(path, std::move(entries), metadata);
   if (!writer.ok()) {
     ctx.TryCancel();
@@ -211,15 +131,18 @@ absl::StatusOr<SaveResult> Client::SaveCheckpoint(const std::string& path,
 absl::StatusOr<RestoreResult> Client::RestoreCheckpoint(const std::string& path,
                                                         RestoreOptions options) {
   REPVAR_ASSIGN_OR_RETURN(auto file, io::SafetensorsReader::Open(path));
-  REPVAR_ASSIGN_OR_RETURN(auto saved, SavedVariables(file->metadata(), path));
+  auto saved = io::CheckpointVariables(file->metadata());
+  if (!saved.ok()) {
+    return absl::DataLossError(absl::StrCat(path, ": ", saved.status().message()));
+  }
   // Everything is checked before anything is written.
   std::vector<VariableSpec> to_create;
   std::vector<std::string> refused;
   uint64_t total = 0;
   for (const io::SafetensorsEntry& e : file->entries()) {
     total += e.bytes();
-    auto it = saved.find(e.name);
-    const SavedVariable s = it == saved.end() ? SavedVariable{} : it->second;
+    auto it = saved->find(e.name);
+    const io::CheckpointVariable s = it == saved->end() ? io::CheckpointVariable{} : it->second;
     if (s.checksum && Checksum(file->Data(e)) != *s.checksum) {
       return absl::DataLossError(absl::StrCat(path, ": tensor ", e.name,
                                               " does not match the checksum saved with it (the "

@@ -23,6 +23,7 @@
 #include "server/rpc/grpc_worker_client.h"
 #include "server/rpc/trainers_service.h"
 #include "server/rpc/workers_service.h"
+#include "server/store/checkpointer.h"
 #include "server/store/rocks_state_log.h"
 #include "spdlog/spdlog.h"
 
@@ -48,6 +49,13 @@ ABSL_FLAG(int64_t, min_free_bytes, int64_t{64} << 20,
           "changes that would leave less free space in --data_dir are refused "
           "(RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, checkpoint_every, 4096, "records between checkpoints of the state log");
+ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
+          "write a safetensors checkpoint (the cut repvarctl save takes) after every N committed "
+          "steps; 0: never");
+ABSL_FLAG(int32_t, checkpoint_keep, 3, "periodic checkpoints kept (the newest)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "where periodic checkpoints go (default: <data_dir>/checkpoints; required with "
+          "--ephemeral)");
 ABSL_FLAG(absl::Duration, idempotency_window, absl::Hours(1),
           "how long the answer to a request with an id is kept for its retries (never less)");
 ABSL_FLAG(int64_t, idempotency_capacity, 1000000,
@@ -150,6 +158,22 @@ int main(int argc, char** argv) {
     spdlog::error("cannot recover the state in {}: {}", data_dir, s.ToString());
     return 1;
   }
+  std::unique_ptr<repvar::server::Checkpointer> checkpointer;
+  if (const int64_t every = absl::GetFlag(FLAGS_checkpoint_every_steps); every > 0) {
+    std::string dir = absl::GetFlag(FLAGS_checkpoint_dir);
+    if (dir.empty() && !data_dir.empty()) dir = data_dir + "/checkpoints";
+    if (dir.empty() || absl::GetFlag(FLAGS_checkpoint_keep) < 1) {
+      std::fprintf(stderr,
+                   "--checkpoint_every_steps needs --checkpoint_dir (or --data_dir) and "
+                   "--checkpoint_keep >= 1\n");
+      return 2;
+    }
+    checkpointer = std::make_unique<repvar::server::Checkpointer>(
+        &core,
+        repvar::server::CheckpointerOptions{dir, every, absl::GetFlag(FLAGS_checkpoint_keep)});
+    spdlog::info("a checkpoint after every {} committed steps in {} (the newest {} kept)", every,
+                 dir, absl::GetFlag(FLAGS_checkpoint_keep));
+  }
   repvar::server::StepInfoCache step_infos;
   repvar::server::WorkersService workers_service(&core, &step_infos);
   repvar::server::TrainersService trainers_service(&core, &step_infos);
@@ -181,6 +205,7 @@ int main(int argc, char** argv) {
 
   int sig = repvar::WaitForShutdownSignal();
   spdlog::info("signal {}: shutting down", sig);
+  checkpointer.reset();  // a checkpoint being written is finished first
   (*server)->GetHealthCheckService()->Shutdown();
   workers_service.Shutdown();
   trainers_service.Shutdown();

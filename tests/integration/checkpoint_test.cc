@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "repvar/client.h"
+#include "repvar/step.h"
 #include "tests/testing/started_cluster.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -30,6 +31,14 @@ std::vector<float> Ramp(int n, float base) {
   return v;
 }
 
+std::vector<float> ReadFloats(Client& client, const std::string& name) {
+  auto v = client.Read(name);
+  EXPECT_OK(v);
+  if (!v.ok()) return {};
+  auto f = v->as<float>();
+  return {f.begin(), f.end()};
+}
+
 class CheckpointTest : public testing::StartedCluster {
  protected:
   void Make(const std::string& name, std::vector<int64_t> shape, int32_t replicas,
@@ -40,13 +49,7 @@ class CheckpointTest : public testing::StartedCluster {
     s.collections = {"ckpt"};
     ASSERT_OK(client_->CreateVariable(s));
   }
-  std::vector<float> Floats(const std::string& name) {
-    auto v = client_->Read(name);
-    EXPECT_OK(v);
-    if (!v.ok()) return {};
-    auto f = v->as<float>();
-    return {f.begin(), f.end()};
-  }
+  std::vector<float> Floats(const std::string& name) { return ReadFloats(*client_, name); }
   int64_t Version(const std::string& name) {
     auto v = client_->GetVariable(name);
     EXPECT_OK(v);
@@ -214,6 +217,83 @@ TEST_F(CheckpointTest, Repvarctl_SaveAndRestore) {
   ASSERT_EQ(std::system((ctl + "restore " + path + " > " + out).c_str()), 0);
   EXPECT_EQ(Floats("r/w"), Ramp(3, 7));
   EXPECT_NE(std::system((ctl + "restore " + dir_.path() + "/missing > /dev/null 2>&1").c_str()), 0);
+}
+
+// --checkpoint_every_steps=2 --checkpoint_keep=2: the coordinator writes the
+// cut after every second committed step and keeps the newest two; each file
+// holds the values as they were after its step.
+class PeriodicCheckpointTest : public testing::StartedCluster {
+ protected:
+  PeriodicCheckpointTest()
+      : StartedCluster(testing::ClusterOptions{
+            .coordinator_flags = {"--checkpoint_every_steps=2", "--checkpoint_keep=2"}}) {}
+
+  // Every host's trainer writes `value` to each of its replicas of "w".
+  void RunStep(int64_t step, float value) {
+    std::vector<std::thread> trainers;
+    std::vector<absl::Status> out(3);
+    for (int h = 0; h < 3; ++h) {
+      trainers.emplace_back([&, h] {
+        auto scope = StepScope::Begin(*client_, step,
+                                      {.worker = absl::StrCat("tpu_worker:", h),
+                                       .barrier_timeout = testing::Scaled(absl::Seconds(20))});
+        if (!scope.ok()) {
+          out[h] = scope.status();
+          return;
+        }
+        auto local = (*scope)->LocalReplicas("w");
+        if (!local.ok()) {
+          out[h] = local.status();
+          return;
+        }
+        const std::vector<float> v(4, value);
+        for (int32_t r : *local) {
+          if (absl::Status s = (*scope)->Write<float>("w", r, v); !s.ok()) {
+            out[h] = s;
+            return;
+          }
+        }
+        out[h] = (*scope)->Commit().status();
+      });
+    }
+    for (std::thread& t : trainers) t.join();
+    for (const absl::Status& s : out) ASSERT_OK(s);
+  }
+  std::string File(int64_t step) {
+    return absl::StrCat(cluster_.coordinator_data_dir(), "/checkpoints/step-",
+                        absl::Dec(step, absl::kZeroPad12), ".safetensors");
+  }
+  // Waits (bounded) for a file to appear.
+  bool Appears(const std::string& path) {
+    for (int i = 0; i < 400 && !std::filesystem::exists(path); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return std::filesystem::exists(path);
+  }
+};
+
+TEST_F(PeriodicCheckpointTest, EveryTwoSteps_TheNewestTwoKept_EachHoldsItsStep) {
+  VariableSpec s{.name = "w", .dtype = DType::kFloat32, .shape = {4}};
+  s.replica_count = 6;
+  s.initializer = InitializerSpec::Zeros();
+  ASSERT_OK(client_->CreateVariable(s));
+  ASSERT_OK(client_->Initialize({"w"}));
+  for (int64_t step = 1; step <= 6; ++step) {
+    RunStep(step, static_cast<float>(step * 10));
+    // Waiting here for the file before the next step begins makes each
+    // checkpoint land right after its own step.
+    if (step % 2 == 0) {
+      ASSERT_TRUE(Appears(File(step))) << File(step);
+    }
+  }
+  for (int i = 0; i < 400 && std::filesystem::exists(File(2)); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));  // pruned after 6 appears
+  }
+  EXPECT_FALSE(std::filesystem::exists(File(2))) << "only the newest two are kept";
+  EXPECT_TRUE(std::filesystem::exists(File(4)));
+  EXPECT_TRUE(std::filesystem::exists(File(6)));
+  ASSERT_OK(client_->RestoreCheckpoint(File(4)));
+  EXPECT_EQ(ReadFloats(*client_, "w"), std::vector<float>(4, 40.0f));
 }
 
 }  // namespace
