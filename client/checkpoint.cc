@@ -159,16 +159,15 @@ absl::StatusOr<RestoreResult> Client::RestoreCheckpoint(const std::string& path,
       continue;
     }
     if (!absl::IsNotFound(existing.status())) return existing.status();
-    VariableSpec spec;
-    spec.name = e.name;
-    spec.dtype = e.dtype;
-    spec.shape = e.shape;
-    spec.trainable = s.trainable;
-    spec.collections = s.collections;
-    spec.replica_count = options.replicas > 0 ? options.replicas : std::max(1, s.replica_count);
-    spec.aggregation = s.aggregation;
-    spec.allow_nonfinite = s.allow_nonfinite;
-    to_create.push_back(std::move(spec));
+    to_create.push_back(VariableSpec{
+        .name = e.name,
+        .dtype = e.dtype,
+        .shape = e.shape,
+        .trainable = s.trainable,
+        .collections = s.collections,
+        .replica_count = options.replicas > 0 ? options.replicas : std::max(1, s.replica_count),
+        .aggregation = s.aggregation,
+        .allow_nonfinite = s.allow_nonfinite});
   }
   if (!refused.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(

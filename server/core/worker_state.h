@@ -7,11 +7,11 @@
 //                                   ^                             |
 //                                   '-----registered(inc')--------'
 //
-// A registration of a LIVE task is answered before any record: the same
-// incarnation again is idempotent (nothing to record), another one is
-// refused (ABORTED). Heartbeats are liveness, not state: they change nothing
-// that must survive a restart. (Issue 5 adds FENCED: a newer incarnation
-// superseding a live one at once.)
+// A registration of a LIVE task: the same incarnation again is idempotent
+// (nothing to record), an older one is refused (ABORTED), a newer one
+// supersedes the live one at once (T1: declared dead, then registered, in
+// one record). Heartbeats are liveness, not state: they change nothing
+// that must survive a restart.
 //
 // An event outside the table is a bug in the code that built the record:
 // it crashes, naming the task, its state and the event.
