@@ -83,6 +83,7 @@ class Coordinator {
               StateLog* log = nullptr);
 
   Registry& registry() { return registry_; }
+  Replication& replication() { return replication_; }
   // What requests may hold in memory at once (CoordinatorOptions).
   MemoryBudget* budget() { return &budget_; }
 

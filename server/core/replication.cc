@@ -485,12 +485,34 @@ absl::StatusOr<ReadResult> Replication::CommittedValue(uint64_t id) {
       continue;
     }
     ReadResult r{version, got->value};
-    RankedLock lock(&mu_);
-    fetched_[id] = r;
+    Cache(id, r);
     return r;
   }
   return absl::UnavailableError(
       absl::StrCat("variable ", name, ": no up-to-date replica could be read (", last_error, ")"));
+}
+
+void Replication::Cache(uint64_t id, std::optional<ReadResult> value) {
+  RankedLock lock(&mu_);
+  if (auto it = fetched_.find(id); it != fetched_.end()) {
+    fetched_bytes_ -= it->second.value->bytes.size();
+    fetched_.erase(it);
+  }
+  if (!value || value->value->bytes.size() > options_.read_cache_bytes / 4) return;
+  // Room by evicting whatever comes first: any entry is as good as another
+  // for a cache this is (reads of step-changed variables).
+  while (!fetched_.empty() &&
+         fetched_bytes_ + value->value->bytes.size() > options_.read_cache_bytes) {
+    fetched_bytes_ -= fetched_.begin()->second.value->bytes.size();
+    fetched_.erase(fetched_.begin());
+  }
+  fetched_bytes_ += value->value->bytes.size();
+  fetched_.emplace(id, *std::move(value));
+}
+
+uint64_t Replication::cached_bytes() {
+  RankedLock lock(&mu_);
+  return fetched_bytes_;
 }
 
 // ---- Delete ----
@@ -521,8 +543,7 @@ absl::Status Replication::Delete(const RequestKey& key, absl::string_view name) 
           }
           return Record{{VariableDeleted{id}, RequestRecorded{key, "delete", {}, clock_->Now()}}};
         }));
-    RankedLock lock(&mu_);
-    fetched_.erase(id);
+    Cache(id, std::nullopt);
   }
   CallGroup drops(holders.size());
   for (size_t i = 0; i < holders.size(); ++i) {

@@ -59,6 +59,10 @@ struct ReplicationOptions {
   bool data_plane = false;
   uint64_t data_plane_min_bytes = 1 << 20;
   int data_plane_min_workers = 3;
+  // Committed values read back from replicas (a step changed them) are
+  // cached up to this many bytes in all; a value over a quarter of it is
+  // not cached (a checkpoint reads the whole model once).
+  uint64_t read_cache_bytes = uint64_t{64} << 20;
 };
 
 class Replication {
@@ -112,6 +116,10 @@ class Replication {
   // and its worker was verified in the same pass.
   void ResyncStale();
 
+  // Bytes of committed values cached from replicas (ReplicationOptions::
+  // read_cache_bytes bounds it).
+  uint64_t cached_bytes() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   class WriteLocks;
   struct PlannedWrite {
@@ -136,6 +144,9 @@ class Replication {
                             const std::map<uint64_t, Initializer>& initializers,
                             std::optional<RequestRecorded> outcome);
   absl::StatusOr<ReadResult> CommittedValue(uint64_t id);
+  // Keeps `value` as the cached committed value of `id` within the bound
+  // (nullopt: forgets it).
+  void Cache(uint64_t id, std::optional<ReadResult> value) ABSL_LOCKS_EXCLUDED(mu_);
   // VerifyTask's second half: `held` is what `target` listed after being
   // fenced.
   absl::Status Reconcile(const WorkerTarget& target,
@@ -159,8 +170,10 @@ class Replication {
   RankedMutex mu_{kLeafRank, "Replication::mu_"};
   absl::flat_hash_map<uint64_t, std::shared_ptr<absl::Mutex>> write_locks_ ABSL_GUARDED_BY(mu_);
   // Committed values fetched from replicas (a step left them there): a
-  // cache, not state; keyed by variable id, valid for its version.
+  // cache, not state; keyed by variable id, valid for its version; at most
+  // options_.read_cache_bytes in all (fetched_bytes_).
   absl::flat_hash_map<uint64_t, ReadResult> fetched_ ABSL_GUARDED_BY(mu_);
+  uint64_t fetched_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Variables whose workers may hold a value the log failed to record:
   // repair verifies their workers (not state: a restart verifies them all).
   std::set<uint64_t> suspect_ ABSL_GUARDED_BY(mu_);

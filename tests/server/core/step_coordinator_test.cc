@@ -77,7 +77,12 @@ class StepCoreTest : public ::testing::Test {
 
   repvar::testing::FakeClock clock_;
   repvar::testing::FakeWorkerClient workers_;
-  Coordinator core_{CoordinatorOptions{}, &clock_, &workers_};
+  static CoordinatorOptions Options() {
+    CoordinatorOptions o;
+    o.replication.read_cache_bytes = 32;  // four float32[2] values
+    return o;
+  }
+  Coordinator core_{Options(), &clock_, &workers_};
 };
 
 TEST_F(StepCoreTest, S1_BeginStep_IdempotentFixesParticipantsAndIdsIncrease) {
@@ -304,6 +309,37 @@ TEST_F(StepCoreTest, S4_Resolution_NoneAgreement_VersionPlusOne_ReadFromPrimary)
   EXPECT_EQ(read->value->checksum, value->checksum);
   auto view = core_.GetVariable("w");
   for (const ReplicaView& rv : view->replicas) EXPECT_EQ(rv.state, ReplicaState::kUpToDate);
+}
+
+// Values a step left on the replicas are cached once read, within the
+// bound: reading the whole model (a checkpoint) does not keep it in the
+// coordinator's memory.
+TEST_F(StepCoreTest, ReadCache_FetchedValuesStayWithinItsBound) {
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(Create(absl::StrCat("v", i), Aggregation::kNone));
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  auto value = F32({7, 8});
+  for (int t = 0; t < 3; ++t) {
+    std::vector<ReplicaReport> rr;
+    for (uint64_t id : ids) {
+      rr.push_back({id, 2 * t, value->checksum, -1});
+      rr.push_back({id, 2 * t + 1, value->checksum, -1});
+    }
+    ASSERT_OK(core_.ReportStep(Report(*s, t, std::move(rr))));
+  }
+  ASSERT_EQ(Resolution(s->epoch).state, StepState::kCommitted);
+  for (uint64_t id : ids) {
+    for (int i = 0; i < 6; ++i)
+      workers_.Install(absl::StrCat("tpu_worker:", i / 2), id, i, 2, *value);
+  }
+  for (int i = 0; i < 6; ++i) {
+    auto read = core_.Read(absl::StrCat("v", i));
+    ASSERT_OK(read);
+    EXPECT_EQ(read->value->checksum, value->checksum);
+    EXPECT_LE(core_.replication().cached_bytes(), 32u) << "after reading v" << i;
+  }
+  EXPECT_EQ(core_.replication().cached_bytes(), 32u) << "the cache is used up to its bound";
 }
 
 TEST_F(StepCoreTest, S4_NoneDivergence_TieGoesToPrimary_RepairPlanned) {
