@@ -49,6 +49,9 @@ ABSL_FLAG(int64_t, min_free_bytes, int64_t{64} << 20,
           "changes that would leave less free space in --data_dir are refused "
           "(RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, checkpoint_every, 4096, "records between checkpoints of the state log");
+ABSL_FLAG(int32_t, max_rpc_threads, 512,
+          "threads serving synchronous calls and streams at once; beyond them a call gets "
+          "RESOURCE_EXHAUSTED (heartbeats and step reports do not need one)");
 ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
           "write a safetensors checkpoint (the cut repvarctl save takes) after every N committed "
           "steps; 0: never");
@@ -180,9 +183,9 @@ int main(int argc, char** argv) {
   repvar::server::AdminService admin_service(&core);
 
   int port = 0;
-  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address),
-                                        {&workers_service, &trainers_service, &admin_service},
-                                        absl::GetFlag(FLAGS_port_file), &port);
+  auto server = repvar::StartGrpcServer(
+      absl::GetFlag(FLAGS_listen_address), {&workers_service, &trainers_service, &admin_service},
+      absl::GetFlag(FLAGS_port_file), &port, absl::GetFlag(FLAGS_max_rpc_threads));
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 1;

@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 
 #include <memory>
 #include <string>
@@ -20,13 +21,21 @@ namespace repvar {
 // Serves `services` (and grpc.health.v1) on `address`; port 0 picks a free
 // port, returned in `*port` and, when `port_file` is set, written there
 // atomically. Messages may be up to 64 MiB (tensors stream in chunks far
-// below that). Errors: UNAVAILABLE (cannot listen, e.g. the port is in
-// use), INTERNAL (port file).
+// below that). `max_threads` > 0 bounds the threads of the synchronous
+// methods: a call beyond them is refused with RESOURCE_EXHAUSTED instead of
+// costing another thread (callback methods do not count). Errors:
+// UNAVAILABLE (cannot listen, e.g. the port is in use), INTERNAL (port
+// file).
 inline absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     const std::string& address, const std::vector<grpc::Service*>& services,
-    const std::string& port_file, int* port) {
+    const std::string& port_file, int* port, int max_threads = 0) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  if (max_threads > 0) {
+    grpc::ResourceQuota quota("repvar-rpc-threads");
+    quota.SetMaxThreads(max_threads);
+    builder.SetResourceQuota(quota);
+  }
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.SetMaxSendMessageSize(64 << 20);

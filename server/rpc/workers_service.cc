@@ -39,12 +39,15 @@ grpc::Status WorkersService::RegisterWorker(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkersService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
-                                       v1::HeartbeatResponse* resp) {
+grpc::ServerUnaryReactor* WorkersService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                    const v1::HeartbeatRequest* req,
+                                                    v1::HeartbeatResponse* resp) {
+  // Answered at once, on the callback thread: a lock and a map update.
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   auto version = core_->Heartbeat(TaskKey{req->job(), req->task()}, req->incarnation());
-  if (!version.ok()) return ToGrpcStatus(version.status());
-  resp->set_topology_version(*version);
-  return grpc::Status::OK;
+  if (version.ok()) resp->set_topology_version(*version);
+  reactor->Finish(version.ok() ? grpc::Status::OK : ToGrpcStatus(version.status()));
+  return reactor;
 }
 
 grpc::Status WorkersService::GetStep(grpc::ServerContext*, const v1::GetStepRequest* req,

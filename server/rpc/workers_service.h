@@ -12,9 +12,13 @@ namespace repvar::server {
 
 // ReportStep and FinishStep, the long polls every worker makes every step,
 // use the callback API: no thread waits for a barrier; they are answered by
-// whoever resolves the step. The other methods use the synchronous API.
-using WorkersServiceBase = v1::CoordinatorWorkers::WithCallbackMethod_ReportStep<
-    v1::CoordinatorWorkers::WithCallbackMethod_FinishStep<v1::CoordinatorWorkers::Service>>;
+// whoever resolves the step. Heartbeat does too, so that membership never
+// waits for a thread of the synchronous pool (bounded: --max_rpc_threads),
+// which long-lived streams may hold. The other methods use the synchronous
+// API.
+using WorkersServiceBase = v1::CoordinatorWorkers::WithCallbackMethod_Heartbeat<
+    v1::CoordinatorWorkers::WithCallbackMethod_ReportStep<
+        v1::CoordinatorWorkers::WithCallbackMethod_FinishStep<v1::CoordinatorWorkers::Service>>>;
 
 // The gRPC face of the coordinator for workers (repvar.v1.CoordinatorWorkers):
 // proto -> model -> core -> proto, and long polls. Thread-safe.
@@ -27,8 +31,8 @@ class WorkersService final : public WorkersServiceBase {
 
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse*) override;
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
-                         v1::HeartbeatResponse*) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext*, const v1::HeartbeatRequest*,
+                                      v1::HeartbeatResponse*) override;
   grpc::Status GetStep(grpc::ServerContext*, const v1::GetStepRequest*, v1::StepInfo*) override;
   grpc::ServerUnaryReactor* ReportStep(grpc::CallbackServerContext*, const v1::ReportStepRequest*,
                                        v1::StepPlan*) override;

@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+// Overload does not cost membership: with 1,000 idle streams open against
+// the coordinator - more than its synchronous threads (--max_rpc_threads,
+// 512 by default), so synchronous calls wait - the workers' heartbeats still
+// arrive (they take no such thread), no worker is declared dead, and the
+// coordinator serves as before once the streams go.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "repvar/client.h"
+#include "repvar/v1/coordinator.grpc.pb.h"
+#include "tests/testing/started_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar {
+namespace {
+
+class OverloadTest : public testing::StartedCluster {};
+
+TEST_F(OverloadTest, ThousandIdleStreams_HeartbeatsGetThrough_NoWorkerDeclaredDead) {
+  auto before = client_->GetTopology();
+  ASSERT_OK(before);
+  ASSERT_EQ(before->tasks.size(), 4u);
+
+  auto channel = grpc::CreateChannel(cluster_.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::CoordinatorTrainers::NewStub(channel);
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::Topology>> reader;
+  };
+  constexpr int kStreams = 1000;
+  std::vector<std::unique_ptr<Stream>> streams;
+  v1::WatchTopologyRequest req;
+  req.set_after_version(before->version);  // nothing to send: they stay idle
+  for (int i = 0; i < kStreams; ++i) {
+    auto s = std::make_unique<Stream>();
+    s->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    s->reader = stub->WatchTopology(&s->ctx, req);
+    streams.push_back(std::move(s));
+  }
+  // Three heartbeat timeouts (2 s each here) with every synchronous thread
+  // taken: a worker whose heartbeats waited for one would be declared dead.
+  std::this_thread::sleep_for(std::chrono::seconds(6));
+  {
+    // The control: the streams did take every synchronous thread - a
+    // synchronous call gets no answer now.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    v1::Topology topo;
+    grpc::Status s = stub->GetTopology(&ctx, v1::GetTopologyRequest(), &topo);
+    EXPECT_TRUE(s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << "a synchronous call was answered under the load (" << s.error_message()
+        << "): the streams did not exhaust the threads and the test proves nothing";
+  }
+  for (auto& s : streams) s->ctx.TryCancel();
+  for (auto& s : streams) (void)s->reader->Finish();
+
+  auto after = client_->GetTopology();
+  ASSERT_OK(after);
+  EXPECT_EQ(after->version, before->version) << "membership changed under the load";
+  EXPECT_EQ(after->tasks.size(), 4u);
+}
+
+}  // namespace
+}  // namespace repvar
