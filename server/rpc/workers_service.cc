@@ -26,17 +26,42 @@ void WorkersService::Shutdown() {
   core_->ShutdownStepWaiters();
 }
 
-grpc::Status WorkersService::RegisterWorker(grpc::ServerContext*,
-                                            const v1::RegisterWorkerRequest* req,
-                                            v1::RegisterWorkerResponse* resp) {
-  auto version = core_->RegisterWorker(RegistrationFromProto(*req));
-  if (!version.ok()) return ToGrpcStatus(version.status());
-  resp->set_topology_version(*version);
-  resp->set_heartbeat_interval_ms(
-      absl::ToInt64Milliseconds(core_->registry().membership_options().heartbeat_timeout / 4));
-  spdlog::info("worker {}:{} registered at {} (incarnation {}, {} devices)", req->job(),
-               req->task(), req->address(), req->incarnation(), req->devices_size());
-  return grpc::Status::OK;
+WorkersService::~WorkersService() {
+  absl::MutexLock lock(&registrations_mu_);
+  for (Registration& r : registrations_) r.thread.join();
+}
+
+grpc::ServerUnaryReactor* WorkersService::RegisterWorker(grpc::CallbackServerContext* ctx,
+                                                         const v1::RegisterWorkerRequest* req,
+                                                         v1::RegisterWorkerResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto serve = [this, req, resp]() -> grpc::Status {
+    auto version = core_->RegisterWorker(RegistrationFromProto(*req));
+    if (!version.ok()) return ToGrpcStatus(version.status());
+    resp->set_topology_version(*version);
+    resp->set_heartbeat_interval_ms(
+        absl::ToInt64Milliseconds(core_->registry().membership_options().heartbeat_timeout / 4));
+    spdlog::info("worker {}:{} registered at {} (incarnation {}, {} devices)", req->job(),
+                 req->task(), req->address(), req->incarnation(), req->devices_size());
+    return grpc::Status::OK;
+  };
+  absl::MutexLock lock(&registrations_mu_);
+  for (auto it = registrations_.begin(); it != registrations_.end();) {
+    if (!it->done) {
+      ++it;
+      continue;
+    }
+    it->thread.join();
+    it = registrations_.erase(it);
+  }
+  Registration& r = registrations_.emplace_back();
+  // A returning worker is verified and resynced before it is answered:
+  // seconds, so not on a callback thread.
+  r.thread = std::thread([reactor, serve, &done = r.done] {
+    reactor->Finish(serve());
+    done = true;
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* WorkersService::Heartbeat(grpc::CallbackServerContext* ctx,

@@ -3,7 +3,10 @@
 #define REPVAR_SERVER_RPC_WORKERS_SERVICE_H_
 
 #include <atomic>
+#include <list>
+#include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "server/core/coordinator.h"
 #include "server/rpc/step_info_cache.h"
@@ -12,25 +15,30 @@ namespace repvar::server {
 
 // ReportStep and FinishStep, the long polls every worker makes every step,
 // use the callback API: no thread waits for a barrier; they are answered by
-// whoever resolves the step. Heartbeat does too, so that membership never
-// waits for a thread of the synchronous pool (bounded: --max_rpc_threads),
-// which long-lived streams may hold. The other methods use the synchronous
-// API.
-using WorkersServiceBase = v1::CoordinatorWorkers::WithCallbackMethod_Heartbeat<
-    v1::CoordinatorWorkers::WithCallbackMethod_ReportStep<
-        v1::CoordinatorWorkers::WithCallbackMethod_FinishStep<v1::CoordinatorWorkers::Service>>>;
+// whoever resolves the step. Heartbeat and RegisterWorker do too, so that
+// membership never waits for a thread of the synchronous pool (bounded:
+// --max_rpc_threads), which long-lived streams may hold; a registration's
+// verification and resync (seconds) run on a thread of their own. The other
+// methods use the synchronous API.
+using WorkersServiceBase = v1::CoordinatorWorkers::WithCallbackMethod_RegisterWorker<
+    v1::CoordinatorWorkers::WithCallbackMethod_Heartbeat<
+        v1::CoordinatorWorkers::WithCallbackMethod_ReportStep<
+            v1::CoordinatorWorkers::WithCallbackMethod_FinishStep<
+                v1::CoordinatorWorkers::Service>>>>;
 
 // The gRPC face of the coordinator for workers (repvar.v1.CoordinatorWorkers):
 // proto -> model -> core -> proto, and long polls. Thread-safe.
 class WorkersService final : public WorkersServiceBase {
  public:
   WorkersService(Coordinator* core, StepInfoCache* steps) : core_(core), steps_(steps) {}
+  ~WorkersService() override;  // waits for registrations being served
 
   // Ends step long polls promptly (they answer UNAVAILABLE).
   void Shutdown();
 
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
-                              v1::RegisterWorkerResponse*) override;
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext*,
+                                           const v1::RegisterWorkerRequest*,
+                                           v1::RegisterWorkerResponse*) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext*, const v1::HeartbeatRequest*,
                                       v1::HeartbeatResponse*) override;
   grpc::Status GetStep(grpc::ServerContext*, const v1::GetStepRequest*, v1::StepInfo*) override;
@@ -49,6 +57,14 @@ class WorkersService final : public WorkersServiceBase {
   Coordinator* const core_;
   StepInfoCache* const steps_;
   std::atomic<bool> shutting_down_{false};
+  // Registrations being served, each on its own thread; finished ones are
+  // joined when the next one starts, the rest at destruction.
+  struct Registration {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  absl::Mutex registrations_mu_;
+  std::list<Registration> registrations_ ABSL_GUARDED_BY(registrations_mu_);
 };
 
 }  // namespace repvar::server

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "repvar/client.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "tests/testing/started_cluster.h"
@@ -19,7 +20,14 @@
 namespace repvar {
 namespace {
 
-class OverloadTest : public testing::StartedCluster {};
+class OverloadTest : public testing::StartedCluster {
+ protected:
+  // Long enough that a loaded 2-core CI machine does not miss heartbeats
+  // for want of CPU; what is tested is the want of a thread.
+  static constexpr absl::Duration kHeartbeatTimeout = absl::Seconds(3);
+  OverloadTest()
+      : StartedCluster(testing::ClusterOptions{.heartbeat_timeout = kHeartbeatTimeout}) {}
+};
 
 TEST_F(OverloadTest, ThousandIdleStreams_HeartbeatsGetThrough_NoWorkerDeclaredDead) {
   auto before = client_->GetTopology();
@@ -42,9 +50,9 @@ TEST_F(OverloadTest, ThousandIdleStreams_HeartbeatsGetThrough_NoWorkerDeclaredDe
     s->reader = stub->WatchTopology(&s->ctx, req);
     streams.push_back(std::move(s));
   }
-  // Three heartbeat timeouts (2 s each here) with every synchronous thread
-  // taken: a worker whose heartbeats waited for one would be declared dead.
-  std::this_thread::sleep_for(std::chrono::seconds(6));
+  // Three heartbeat timeouts with every synchronous thread taken: a worker
+  // whose heartbeats waited for one would be declared dead.
+  absl::SleepFor(3 * kHeartbeatTimeout);
   {
     // The control: the streams did take every synchronous thread - a
     // synchronous call gets no answer now.
