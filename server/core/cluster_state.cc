@@ -117,6 +117,17 @@ void ClusterState::ApplyChange(const WorkerDied& c) {
   }
 }
 
+void ClusterState::ApplyChange(const WorkerJoined& c) {
+  // Changes no record of the worker: what it holds is in its replicas'
+  // states already. Listing it is a new topology.
+  const WorkerRecord* w = Worker(c.task);
+  REPVAR_CHECK_MSG(
+      w != nullptr && w->state == WorkerState::kLive && w->incarnation == c.incarnation,
+      absl::StrCat("WorkerJoined names ", c.task.ToString(), " incarnation ", c.incarnation,
+                   ", which is not live"));
+  membership_changed_ = true;
+}
+
 void ClusterState::ApplyChange(const VariableCreated& c) {
   REPVAR_CHECK_MSG(c.id >= next_variable_id_ && !names_.contains(c.def.name),
                    absl::StrCat("VariableCreated reuses id ", c.id, " or name ", c.def.name));
@@ -279,12 +290,12 @@ VariableView ClusterState::View(const VariableRecord& v) const {
   return view;
 }
 
-TopologySnapshot ClusterState::Topology(
-    const std::map<std::string, int32_t>& expected_tasks) const {
+TopologySnapshot ClusterState::Topology(const std::map<std::string, int32_t>& expected_tasks,
+                                        const std::set<TaskKey>& hidden) const {
   TopologySnapshot s;
   s.version = topology_version_;
   for (const auto& [key, w] : workers_) {
-    if (w.state != WorkerState::kLive) continue;
+    if (w.state != WorkerState::kLive || hidden.contains(key)) continue;
     s.tasks.push_back(LiveTask{key, w.address, w.incarnation, w.devices, absl::InfinitePast()});
     for (const DeviceName& d : w.devices) {
       if (d.IsAccelerator()) s.accelerators.push_back(Accelerator{0, d, key});
@@ -302,7 +313,7 @@ TopologySnapshot ClusterState::Topology(
   for (const auto& [job, n] : expected_tasks) {
     for (int32_t i = 0; i < n; ++i) {
       const WorkerRecord* w = Worker(TaskKey{job, i});
-      if (w == nullptr || w->state != WorkerState::kLive) {
+      if (w == nullptr || w->state != WorkerState::kLive || hidden.contains(TaskKey{job, i})) {
         s.missing_tasks.push_back(TaskKey{job, i}.ToString());
       }
     }

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -122,7 +123,9 @@ class ClusterState {
   bool IsLive(const TaskKey& task, uint64_t incarnation) const;
   // The live workers, the accelerators in ordinal order (T2), the infeed host
   // (T3) and the expected tasks that are missing; heartbeats left unset.
-  TopologySnapshot Topology(const std::map<std::string, int32_t>& expected_tasks) const;
+  // Live tasks; those in `hidden` are left out (and count as missing).
+  TopologySnapshot Topology(const std::map<std::string, int32_t>& expected_tasks,
+                            const std::set<TaskKey>& hidden = {}) const;
   int64_t topology_version() const { return topology_version_; }
 
   // Steps.
@@ -164,6 +167,7 @@ class ClusterState {
   void ApplyChange(const StepFailed& c);
   void ApplyChange(const RequestRecorded& c);
   void ApplyChange(const FencesReserved& c);
+  void ApplyChange(const WorkerJoined& c);
   VariableRecord& MustFind(uint64_t id, const char* change);
   // Records what `h` acknowledged and moves its replica through the event
   // that follows from it (acked when it is the committed value).

@@ -44,14 +44,17 @@ absl::Status Coordinator::Recover() {
 
 absl::StatusOr<int64_t> Coordinator::RegisterWorker(const WorkerRegistration& reg) {
   std::optional<LiveTask> superseded;
-  REPVAR_ASSIGN_OR_RETURN(int64_t version, registry_.Register(reg, &superseded));
+  REPVAR_RETURN_IF_ERROR(registry_.Register(reg, &superseded, /*joining=*/true).status());
   if (superseded) {
     // The old process is gone for us: its calls end now, its step fails.
     workers_->CancelCalls({superseded->key, superseded->address, superseded->incarnation});
     steps_.Tick(clock_->Now(), {*superseded});
   }
-  replication_.Rejoin(TaskKey{reg.job, reg.task});
-  return version;
+  // Listed only once what it holds was verified and resynced (F2).
+  const TaskKey key{reg.job, reg.task};
+  replication_.Rejoin(key);
+  REPVAR_RETURN_IF_ERROR(registry_.Joined(key, reg.incarnation));
+  return registry_.Snapshot().version;
 }
 
 absl::StatusOr<int64_t> Coordinator::Heartbeat(const TaskKey& key, uint64_t incarnation) {

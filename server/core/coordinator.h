@@ -96,8 +96,10 @@ class Coordinator {
   // ---- Membership ----
   // T1 plus F2: after a worker registers, what it holds is verified and its
   // replicas of initialized variables that are not up to date are rewritten
-  // from the committed values before this returns (Replication::Rejoin). Errors: as
-  // Registry::Register; a failed resync leaves the replicas STALE and is reported in the log, not
+  // from the committed values before this returns (Replication::Rejoin);
+  // only then is it listed in the topology (Registry::Joined), and the
+  // version returned is that topology's. Errors: as Registry::Register; a
+  // failed resync leaves the replicas STALE and is reported in the log, not
   // to the worker.
   absl::StatusOr<int64_t> RegisterWorker(const WorkerRegistration& reg);
   // Errors: as Registry::Heartbeat.

@@ -62,6 +62,12 @@ struct WorkerDied {
   TaskKey task;
   uint64_t incarnation = 0;
 };
+// A registered worker's replicas were verified and resynced: from now it is
+// listed in the topology (a new topology version).
+struct WorkerJoined {
+  TaskKey task;
+  uint64_t incarnation = 0;
+};
 struct VariableCreated {
   uint64_t id = 0;
   VariableDef def;
@@ -125,9 +131,10 @@ struct RequestRecorded {
   absl::Time at;
 };
 
-using Change = std::variant<WorkerRegistered, WorkerDied, VariableCreated, VariableDeleted,
-                            ValueCommitted, ReplicasWritten, ResyncFlagged, StepBegun,
-                            StepCommitted, StepFailed, RequestRecorded, FencesReserved>;
+using Change =
+    std::variant<WorkerRegistered, WorkerDied, VariableCreated, VariableDeleted, ValueCommitted,
+                 ReplicasWritten, ResyncFlagged, StepBegun, StepCommitted, StepFailed,
+                 RequestRecorded, FencesReserved, WorkerJoined>;
 
 struct Record {
   std::vector<Change> changes;

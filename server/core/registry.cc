@@ -94,7 +94,7 @@ constexpr size_t kMaxDevicesPerTask = 1024;
 }  // namespace
 
 absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
-                                           std::optional<LiveTask>* superseded) {
+                                           std::optional<LiveTask>* superseded, bool joining) {
   // Validate everything before touching state.
   if (!IsValidJobName(reg.job)) {
     return absl::InvalidArgumentError(
@@ -161,7 +161,24 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
   record.changes.push_back(WorkerRegistered{key, reg.address, reg.incarnation, std::move(devices)});
   REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)));
   last_heartbeat_[key] = clock_->Now();
+  if (joining) {
+    joining_.insert(key);
+  } else {
+    joining_.erase(key);
+  }
   return state_.topology_version();
+}
+
+absl::Status Registry::Joined(const TaskKey& key, uint64_t incarnation) {
+  mu_.Lock();
+  absl::Status s;
+  const WorkerRecord* w = state_.Worker(key);
+  if (joining_.erase(key) > 0 && w != nullptr && w->state == WorkerState::kLive &&
+      w->incarnation == incarnation) {
+    s = CommitLocked(Record{{WorkerJoined{key, incarnation}}});
+  }
+  const absl::Status durable = Leave();
+  return s.ok() ? durable : s;
 }
 
 absl::StatusOr<int64_t> Registry::Heartbeat(const TaskKey& key, uint64_t incarnation) {
@@ -191,6 +208,7 @@ std::vector<LiveTask> Registry::CheckHeartbeats(absl::Time now) {
       if (now - last <= options_.membership.heartbeat_timeout) continue;
       record.changes.push_back(WorkerDied{key, w.incarnation});
       dead.push_back(LiveTask{key, w.address, w.incarnation, w.devices, last});
+      joining_.erase(key);
     }
     if (absl::Status s = CommitLocked(std::move(record)); !s.ok()) {
       spdlog::error("cannot record dead workers: {}", s.ToString());
@@ -204,8 +222,12 @@ std::vector<LiveTask> Registry::CheckHeartbeats(absl::Time now) {
   return dead;
 }
 
+TopologySnapshot Registry::VisibleTopology(const std::map<std::string, int32_t>& expected) const {
+  return state_.Topology(expected, joining_);
+}
+
 TopologySnapshot Registry::SnapshotLocked() const {
-  TopologySnapshot s = state_.Topology(options_.membership.expected_tasks);
+  TopologySnapshot s = VisibleTopology(options_.membership.expected_tasks);
   for (LiveTask& t : s.tasks) {
     auto it = last_heartbeat_.find(t.key);
     if (it != last_heartbeat_.end()) t.last_heartbeat = it->second;
@@ -230,7 +252,7 @@ TopologySnapshot Registry::WaitForChange(int64_t after_version, absl::Time deadl
 absl::StatusOr<TopologySnapshot> Registry::WaitForExpected(absl::Time deadline) const {
   CallLock lock(this);
   auto formed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return state_.Topology(options_.membership.expected_tasks).missing_tasks.empty();
+    return VisibleTopology(options_.membership.expected_tasks).missing_tasks.empty();
   };
   if (!mu_.native()->AwaitWithDeadline(absl::Condition(&formed), deadline)) {
     return absl::DeadlineExceededError(
@@ -268,7 +290,9 @@ absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
     answer = std::get<CreateAnswer>(*cached);
   } else {
     REPVAR_RETURN_IF_ERROR(Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
-      const TopologySnapshot topo = state.Topology({});
+      // Placed on the topology users see (a joining task's accelerators
+      // have no ordinal yet).
+      const TopologySnapshot topo = state.Topology({}, JoiningInCommit());
       // Validate the whole batch against the registry before recording anything.
       std::map<std::string, const VariableDef*, std::less<>> in_batch;
       for (const CreateItem& item : items) {

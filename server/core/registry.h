@@ -24,6 +24,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -97,9 +98,18 @@ class Registry {
   // incarnation 0, same incarnation with other devices), ABORTED ((job,
   // task) live under a newer incarnation: the caller was superseded).
   // Nothing changes on error. Returns the topology version.
+  //
+  // `joining`: the task stays out of the topology (Snapshot, WaitForChange,
+  // WaitForExpected, placement of new variables) until Joined: its
+  // replicas are being verified and resynced. It is live for everything
+  // else (heartbeats, writes, repair).
   absl::StatusOr<int64_t> Register(const WorkerRegistration& reg,
-                                   std::optional<LiveTask>* superseded = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                                   std::optional<LiveTask>* superseded = nullptr,
+                                   bool joining = false) ABSL_LOCKS_EXCLUDED(mu_);
+  // The joining task's replicas were verified and resynced: it is listed
+  // from now (a record, a new topology version). Nothing when it is no
+  // longer live under `incarnation` or not joining. Errors: the log's.
+  absl::Status Joined(const TaskKey& key, uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
   // Errors: NOT_FOUND (unknown or declared-dead task: re-register), ABORTED
   // (stale incarnation).
   absl::StatusOr<int64_t> Heartbeat(const TaskKey& key, uint64_t incarnation)
@@ -159,6 +169,14 @@ class Registry {
 
   absl::Status CommitLocked(Record record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TopologySnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // joining_, for the builders Commit runs (under mu_, which the analysis
+  // cannot see through a FunctionRef).
+  const std::set<TaskKey>& JoiningInCommit() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return joining_;
+  }
+  // The topology users see: live tasks that are not joining.
+  TopologySnapshot VisibleTopology(const std::map<std::string, int32_t>& expected) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RegistryOptions options_;
   Clock* const clock_;
@@ -168,6 +186,9 @@ class Registry {
   StateLog* const log_ ABSL_PT_GUARDED_BY(mu_);
   ClusterState state_ ABSL_GUARDED_BY(mu_);
   std::map<TaskKey, absl::Time> last_heartbeat_ ABSL_GUARDED_BY(mu_);
+  // Registered, being resynced, not yet listed (Register's `joining`). Not
+  // state: after a restart nobody is joining (startup verifies everyone).
+  std::set<TaskKey> joining_ ABSL_GUARDED_BY(mu_);
   uint64_t last_fence_ ABSL_GUARDED_BY(mu_) = 0;  // the last token handed out
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;     // log position of the last record applied
 };

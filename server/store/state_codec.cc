@@ -209,6 +209,12 @@ struct ChangeEncoder {
     m->set_incarnation(c.incarnation);
     return absl::OkStatus();
   }
+  absl::Status operator()(const WorkerJoined& c) {
+    auto* m = out->mutable_worker_joined();
+    Put(c.task, m->mutable_task());
+    m->set_incarnation(c.incarnation);
+    return absl::OkStatus();
+  }
   absl::Status operator()(const VariableCreated& c) {
     auto* m = out->mutable_variable_created();
     m->set_id(c.id);
@@ -280,6 +286,8 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) 
     }
     case disk::Change::kWorkerDied:
       return Change(WorkerDied{Get(in.worker_died().task()), in.worker_died().incarnation()});
+    case disk::Change::kWorkerJoined:
+      return Change(WorkerJoined{Get(in.worker_joined().task()), in.worker_joined().incarnation()});
     case disk::Change::kVariableCreated: {
       const auto& m = in.variable_created();
       VariableCreated c;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_client.h"
 #include "tests/testing/status_matchers.h"
@@ -516,6 +517,39 @@ TEST_F(CoordinatorTest, F2_NewIncarnation_ResyncedBeforeRegisterReturns) {
   EXPECT_EQ(held->version, 1);
   EXPECT_EQ(view->replicas[2].state, ReplicaState::kUpToDate);
   EXPECT_EQ(view->replicas[3].state, ReplicaState::kUpToDate);
+}
+
+// F2: a returning worker is listed (topology, ordinals, expected tasks) only
+// once its replicas were resynced; until then it is registered and takes
+// writes, but nobody sees it.
+TEST_F(CoordinatorTest, F2_ReturningWorker_ListedOnlyAfterItsResync) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  clock_.Advance(absl::Seconds(6));
+  for (int t : {0, 2}) ASSERT_OK(core_.Heartbeat({"tpu_worker", t}, 100 + t));
+  ASSERT_OK(core_.Heartbeat({"worker", 0}, 5));
+  clock_.Advance(absl::Seconds(6));
+  core_.Tick(clock_.Now());
+  ASSERT_EQ(core_.registry().Snapshot().accelerators.size(), 4u);  // tpu_worker:1 is dead
+
+  workers_.HoldWritesOf(core_.GetVariable("w")->id);  // the resync waits
+  absl::Notification registered;
+  std::thread worker([&] {
+    Register("tpu_worker", 1, 2, 555);
+    registered.Notify();
+  });
+  while (workers_.parked() == 0) std::this_thread::yield();  // resyncing now
+  TopologySnapshot during = core_.registry().Snapshot();
+  EXPECT_EQ(during.tasks.size(), 3u) << "listed before its resync";
+  EXPECT_EQ(during.accelerators.size(), 4u);
+  EXPECT_FALSE(registered.HasBeenNotified());
+  workers_.ReleaseWrites();
+  worker.join();
+  TopologySnapshot after = core_.registry().Snapshot();
+  EXPECT_EQ(after.tasks.size(), 4u);
+  EXPECT_EQ(after.accelerators.size(), 6u);
+  EXPECT_GT(after.version, during.version) << "watchers learn it joined";
+  EXPECT_EQ(core_.GetVariable("w")->replicas[2].state, ReplicaState::kUpToDate);
 }
 
 // F1: a write waiting on a worker that is declared dead fails then, not at

@@ -90,7 +90,8 @@ TEST_F(ServicesTest, Workers_RegisterWorker_ConvertedAndBadDevicesRefusedUnchang
   req.add_devices("/job:tpu_worker/replica:0/task:2/device:TPU:0");
   v1::RegisterWorkerResponse resp;
   ASSERT_OK(FromGrpcStatus(workers_->RegisterWorker(Ctx().get(), req, &resp)));
-  EXPECT_EQ(resp.topology_version(), 3);
+  // Two versions per registration: registered, then listed once resynced.
+  EXPECT_EQ(resp.topology_version(), 6);
   EXPECT_EQ(resp.heartbeat_interval_ms(), 2500);  // a quarter of the 10 s timeout
   req.set_task(3);
   req.set_devices(0, "/job:tpu_worker/replica:0/task:3/device:tpu:0");
@@ -98,7 +99,7 @@ TEST_F(ServicesTest, Workers_RegisterWorker_ConvertedAndBadDevicesRefusedUnchang
               StatusIs(absl::StatusCode::kInvalidArgument, "devices[0]"));
   v1::Topology topo;
   ASSERT_OK(FromGrpcStatus(trainers_->GetTopology(Ctx().get(), {}, &topo)));
-  EXPECT_EQ(topo.version(), 3);
+  EXPECT_EQ(topo.version(), 6);
   EXPECT_EQ(topo.tasks_size(), 3);
   EXPECT_EQ(topo.infeed_host().cpu_device(), "/job:tpu_worker/replica:0/task:0/device:CPU:0");
 }
