@@ -33,6 +33,7 @@ ABSL_FLAG(std::string, mib, "1,64,256", "tensor sizes in MiB");
 ABSL_FLAG(int32_t, iters, 5, "timed repetitions per size (median reported)");
 ABSL_FLAG(int32_t, small_ops, 2000, "operations for the small-op latency figures");
 ABSL_FLAG(bool, only_durable, false, "run only the durable-write figures");
+ABSL_FLAG(bool, only_checkpoint, false, "run only the checkpoint figures");
 ABSL_FLAG(int32_t, small_workers, 8, "worker processes (= replicas) for the small-op figures");
 ABSL_FLAG(int32_t, step_workers, 32, "worker processes for the steps-per-second figure");
 ABSL_FLAG(int32_t, step_vars, 1000, "small variables in the steps-per-second figure");
@@ -480,8 +481,50 @@ void RestartTime() {
   std::printf("repvar_restart variables=10004 value_mib=1024 serving_ms=%.0f\n", serving_ms);
 }
 
+// Checkpoints (issue 5): repvarctl save / restore of 4 x 64 MiB, next to
+// the same bytes written to a file and fsynced by hand (the disk's part).
+void CheckpointTimes(int iters) {
+  repvar::testing::TestCluster cluster(OneTpuPerWorker(2));
+  if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
+  auto c = Connect(cluster);
+  const std::vector<float> values(16 << 20, 0.5f);  // 64 MiB
+  for (int i = 0; i < 4; ++i) {
+    const std::string name = absl::StrCat("ckpt/", i);
+    auto v = c->CreateVariable(
+        {.name = name, .dtype = repvar::DType::kFloat32, .shape = {16 << 20}, .replica_count = 2});
+    if (!v.ok()) Die("create", v.status());
+    if (auto a = c->Assign(name, std::span<const float>(values)); !a.ok())
+      Die("assign", a.status());
+  }
+  const std::string path = cluster.dir() + "/bench.safetensors";
+  std::vector<double> save, restore, plain;
+  for (int it = 0; it < iters; ++it) {
+    auto t0 = Clock::now();
+    if (auto r = c->SaveCheckpoint(path); !r.ok()) Die("save", r.status());
+    save.push_back(Ms(t0, Clock::now()));
+    t0 = Clock::now();
+    if (auto r = c->RestoreCheckpoint(path); !r.ok()) Die("restore", r.status());
+    restore.push_back(Ms(t0, Clock::now()));
+    t0 = Clock::now();
+    {
+      std::FILE* f = std::fopen((cluster.dir() + "/plain.bin").c_str(), "wb");
+      for (int i = 0; i < 4; ++i) std::fwrite(values.data(), sizeof(float), values.size(), f);
+      std::fflush(f);
+      ::fsync(::fileno(f));
+      std::fclose(f);
+    }
+    plain.push_back(Ms(t0, Clock::now()));
+  }
+  std::printf("repvar_checkpoint mib=256 save_ms=%.0f restore_ms=%.0f plain_write_fsync_ms=%.0f\n",
+              Percentile(save, 0.5), Percentile(restore, 0.5), Percentile(plain, 0.5));
+}
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_only_checkpoint)) {
+    CheckpointTimes(absl::GetFlag(FLAGS_iters));
+    return 0;
+  }
   if (absl::GetFlag(FLAGS_only_durable)) {
     DurableOps(absl::GetFlag(FLAGS_small_ops));
     RestartTime();
