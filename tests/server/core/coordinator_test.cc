@@ -49,6 +49,18 @@ class CoordinatorTest : public ::testing::Test {
     }
     ASSERT_OK(core_.RegisterWorker(r));
   }
+  // tpu_worker:`silent` stops heartbeating and is declared dead; the
+  // others live on.
+  void SilenceTpuWorker(int silent) {
+    clock_.Advance(absl::Seconds(6));
+    for (int t = 0; t < 3; ++t) {
+      if (t == silent) continue;
+      ASSERT_OK(core_.Heartbeat({"tpu_worker", t}, 100 + t));
+    }
+    ASSERT_OK(core_.Heartbeat({"worker", 0}, 5));
+    clock_.Advance(absl::Seconds(6));
+    core_.Tick(clock_.Now());
+  }
   void Create(const VariableDef& def, Initializer init = {}) {
     ASSERT_OK(core_.CreateVariables({}, {{def, init}}));
   }
@@ -286,11 +298,7 @@ TEST_F(CoordinatorTest, C2_Assign_ReplicaUnreachable_ErrorMarkedForResyncCommitt
 
 TEST_F(CoordinatorTest, C2_Assign_DeadWorkerReplicaIsUnavailableNotBlocking) {
   Create(Def("w", 6));
-  clock_.Advance(absl::Seconds(6));
-  for (int t : {0, 1}) ASSERT_OK(core_.Heartbeat({"tpu_worker", t}, 100 + t));
-  ASSERT_OK(core_.Heartbeat({"worker", 0}, 5));
-  clock_.Advance(absl::Seconds(6));
-  core_.Tick(clock_.Now());  // tpu_worker:2 is declared dead
+  SilenceTpuWorker(2);
   ASSERT_OK(Assign("w", F32({1, 2, 3})));
   auto view = core_.GetVariable("w");
   EXPECT_EQ(view->replicas[4].state, ReplicaState::kUnavailable);
@@ -502,12 +510,7 @@ TEST_F(CoordinatorTest, X2_BadVariableNames_InvalidArgument) {
 TEST_F(CoordinatorTest, F2_NewIncarnation_ResyncedBeforeRegisterReturns) {
   Create(Def("w", 6));
   ASSERT_OK(Assign("w", F32({1, 2, 3})));
-  // tpu_worker:1 dies and comes back as a new process.
-  clock_.Advance(absl::Seconds(6));
-  for (int t : {0, 2}) ASSERT_OK(core_.Heartbeat({"tpu_worker", t}, 100 + t));
-  ASSERT_OK(core_.Heartbeat({"worker", 0}, 5));
-  clock_.Advance(absl::Seconds(6));
-  core_.Tick(clock_.Now());
+  SilenceTpuWorker(1);  // it comes back as a new process below
   EXPECT_EQ(core_.GetVariable("w")->replicas[2].state, ReplicaState::kUnavailable);
   Register("tpu_worker", 1, 2, 555);
   auto view = core_.GetVariable("w");
@@ -525,12 +528,8 @@ TEST_F(CoordinatorTest, F2_NewIncarnation_ResyncedBeforeRegisterReturns) {
 TEST_F(CoordinatorTest, F2_ReturningWorker_ListedOnlyAfterItsResync) {
   Create(Def("w", 6));
   ASSERT_OK(Assign("w", F32({1, 2, 3})));
-  clock_.Advance(absl::Seconds(6));
-  for (int t : {0, 2}) ASSERT_OK(core_.Heartbeat({"tpu_worker", t}, 100 + t));
-  ASSERT_OK(core_.Heartbeat({"worker", 0}, 5));
-  clock_.Advance(absl::Seconds(6));
-  core_.Tick(clock_.Now());
-  ASSERT_EQ(core_.registry().Snapshot().accelerators.size(), 4u);  // tpu_worker:1 is dead
+  SilenceTpuWorker(1);
+  ASSERT_EQ(core_.registry().Snapshot().accelerators.size(), 4u);
 
   workers_.HoldWritesOf(core_.GetVariable("w")->id);  // the resync waits
   absl::Notification registered;
@@ -565,11 +564,7 @@ TEST_F(CoordinatorTest, F1_WorkerDeclaredDeadMidWrite_CallsCancelled_WriteFailsA
   // Two workers answer; tpu_worker:2 went silent.
   ASSERT_TRUE(workers_.CompleteNext());
   ASSERT_TRUE(workers_.CompleteNext());
-  clock_.Advance(absl::Seconds(6));
-  for (int t : {0, 1}) ASSERT_OK(core_.Heartbeat({"tpu_worker", t}, 100 + t));
-  ASSERT_OK(core_.Heartbeat({"worker", 0}, 5));
-  clock_.Advance(absl::Seconds(6));
-  core_.Tick(clock_.Now());  // declared dead: its call is cancelled
+  SilenceTpuWorker(2);  // declared dead: its call is cancelled
   writer.join();
   workers_.SetManual(false);
   EXPECT_THAT(result, StatusIs(absl::StatusCode::kUnavailable, "CANCELLED"));
