@@ -79,6 +79,15 @@ def test_saved_file_opens_with_a_json_and_numpy_reader_and_holds_every_value(cli
     assert metadata["repvar.format"] == "1"
     assert all(isinstance(v, str) for v in metadata.values())
 
+    # And back: every value (the zero-size one too) as its next version.
+    client.assign("ckpt/kernel", np.zeros((4, 3), np.float32))
+    out = subprocess.run([os.path.join(BUILD, "client/repvarctl"), f"--coordinator={cluster}",
+                          "restore", path], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    kernel, version = client.read("ckpt/kernel")
+    assert kernel.tobytes() == VALUES["ckpt/kernel"][1].tobytes()
+    assert version == described["ckpt/kernel"]["version"] + 2
+
 
 def test_saved_file_has_the_safetensors_layout(client, cluster, tmp_path):
     client.create("layout/a", "float32", (2, 2), replica_count=1)
