@@ -63,6 +63,8 @@ ABSL_FLAG(absl::Duration, idempotency_window, absl::Hours(1),
           "how long the answer to a request with an id is kept for its retries (never less)");
 ABSL_FLAG(int64_t, idempotency_capacity, 1000000,
           "answers kept within the window; beyond it new request ids get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_inflight_bytes_per_connection, 0,
+          "of --max_inflight_bytes, what one client connection may hold at once (0: half)");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "memory lent to tensors being received or computed at once; beyond it requests get "
           "RESOURCE_EXHAUSTED (0: half the machine's memory)");
@@ -179,7 +181,10 @@ int main(int argc, char** argv) {
   }
   repvar::server::StepInfoCache step_infos;
   repvar::server::WorkersService workers_service(&core, &step_infos);
-  repvar::server::TrainersService trainers_service(&core, &step_infos);
+  repvar::server::TrainersService trainers_service(
+      &core, &step_infos,
+      static_cast<uint64_t>(
+          std::max<int64_t>(0, absl::GetFlag(FLAGS_max_inflight_bytes_per_connection))));
   repvar::server::AdminService admin_service(&core);
 
   int port = 0;

@@ -13,12 +13,30 @@ absl::Status MemoryBudget::Charge(uint64_t bytes, absl::string_view what) {
     if (bytes > capacity_ || used > capacity_ - bytes) {
       return absl::ResourceExhaustedError(
           absl::StrCat(what, " needs ", bytes, " more bytes of memory; ", used, " of the ",
-                       capacity_, " this daemon lends to requests are in use (retry later)"));
+                       capacity_, " ", name_, " lends to requests are in use (retry later)"));
     }
-    if (used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed)) {
-      return absl::OkStatus();
+    if (used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed)) break;
+  }
+  if (parent_ != nullptr) {
+    if (absl::Status s = parent_->Charge(bytes, what); !s.ok()) {
+      used_.fetch_sub(bytes, std::memory_order_relaxed);
+      return s;
     }
   }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<MemoryBudget> ConnectionBudgets::For(const std::string& peer) {
+  absl::MutexLock lock(&mu_);
+  if (auto b = budgets_[peer].lock()) return b;
+  // Forget connections that hold nothing now.
+  for (auto it = budgets_.begin(); it != budgets_.end();) {
+    it = it->second.expired() ? budgets_.erase(it) : std::next(it);
+  }
+  auto b = std::make_shared<MemoryBudget>(
+      per_connection_, daemon_, absl::StrCat("this daemon's share for connection ", peer));
+  budgets_[peer] = b;
+  return b;
 }
 
 uint64_t MemoryBudget::HalfOfPhysicalMemory() {

@@ -10,23 +10,35 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 
 namespace repvar {
 
 class MemoryBudget {
  public:
-  explicit MemoryBudget(uint64_t capacity) : capacity_(capacity) {}
+  // A budget within `parent` (null: none): a charge must fit both (a
+  // connection's share of the daemon's budget).
+  explicit MemoryBudget(uint64_t capacity, MemoryBudget* parent = nullptr,
+                        std::string name = "this daemon")
+      : capacity_(capacity), parent_(parent), name_(std::move(name)) {}
   MemoryBudget(const MemoryBudget&) = delete;
   MemoryBudget& operator=(const MemoryBudget&) = delete;
 
   // Takes `bytes` for `what` (named in the error). Errors: RESOURCE_EXHAUSTED
-  // when the used bytes would exceed the capacity; nothing is taken then.
+  // when the used bytes would exceed the capacity (or the parent's); nothing
+  // is taken then.
   absl::Status Charge(uint64_t bytes, absl::string_view what);
-  void Release(uint64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+  void Release(uint64_t bytes) {
+    used_.fetch_sub(bytes, std::memory_order_relaxed);
+    if (parent_ != nullptr) parent_->Release(bytes);
+  }
 
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
   uint64_t capacity() const { return capacity_; }
@@ -36,7 +48,26 @@ class MemoryBudget {
 
  private:
   const uint64_t capacity_;
+  MemoryBudget* const parent_;
+  const std::string name_;
   std::atomic<uint64_t> used_{0};
+};
+
+// One budget per connection (gRPC's peer string, "ipv4:host:port"), each
+// within the daemon's: one client cannot take all the memory the daemon
+// lends. A connection's budget lives while a request of it holds it.
+// Thread-safe.
+class ConnectionBudgets {
+ public:
+  ConnectionBudgets(MemoryBudget* daemon, uint64_t per_connection)
+      : daemon_(daemon), per_connection_(per_connection) {}
+  std::shared_ptr<MemoryBudget> For(const std::string& peer);
+
+ private:
+  MemoryBudget* const daemon_;
+  const uint64_t per_connection_;
+  absl::Mutex mu_;
+  std::map<std::string, std::weak_ptr<MemoryBudget>> budgets_ ABSL_GUARDED_BY(mu_);
 };
 
 // Bytes charged to a budget (null: unbounded) for as long as it lives;

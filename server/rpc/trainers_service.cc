@@ -146,7 +146,7 @@ grpc::Status TrainersService::IsInitialized(grpc::ServerContext*,
 
 namespace {}  // namespace
 
-grpc::Status TrainersService::AssignVariable(grpc::ServerContext*,
+grpc::Status TrainersService::AssignVariable(grpc::ServerContext* ctx,
                                              grpc::ServerReader<v1::AssignVariableRequest>* reader,
                                              v1::AssignVariableResponse* resp) {
   v1::AssignVariableRequest msg;
@@ -170,9 +170,11 @@ grpc::Status TrainersService::AssignVariable(grpc::ServerContext*,
                                                            view->def.tensor.ToString(),
                                                            "; the value is ", spec->ToString())));
   }
-  // Memory follows the bytes as they arrive, within the coordinator's budget.
+  // Memory follows the bytes as they arrive, within this connection's share
+  // of the coordinator's budget.
+  const std::shared_ptr<MemoryBudget> budget = connections_.For(ctx->peer());
   auto assembler = ChunkAssembler::Start(*spec, header.tensor().byte_size(),
-                                         header.tensor().checksum(), UINT64_MAX, core_->budget());
+                                         header.tensor().checksum(), UINT64_MAX, budget.get());
   if (!assembler.ok()) return Fail("AssignVariable", assembler.status());
   while (reader->Read(&msg)) {
     if (!msg.has_chunk()) {

@@ -4,6 +4,7 @@
 
 #include <atomic>
 
+#include "common/base/memory_budget.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "server/core/coordinator.h"
 #include "server/rpc/step_info_cache.h"
@@ -17,7 +18,13 @@ namespace repvar::server {
 // flight) are carried by gRPC's thread pool. Thread-safe.
 class TrainersService final : public v1::CoordinatorTrainers::Service {
  public:
-  TrainersService(Coordinator* core, StepInfoCache* steps) : core_(core), steps_(steps) {}
+  // A tensor being received takes memory from its connection's share of
+  // the coordinator's budget: `per_connection_bytes` (0: half the budget).
+  TrainersService(Coordinator* core, StepInfoCache* steps, uint64_t per_connection_bytes = 0)
+      : core_(core),
+        steps_(steps),
+        connections_(core->budget(), per_connection_bytes > 0 ? per_connection_bytes
+                                                              : core->budget()->capacity() / 2) {}
 
   // Ends open WatchTopology and WatchSteps streams promptly.
   void Shutdown() { shutting_down_ = true; }
@@ -59,6 +66,7 @@ class TrainersService final : public v1::CoordinatorTrainers::Service {
  private:
   Coordinator* const core_;
   StepInfoCache* const steps_;
+  ConnectionBudgets connections_;
   std::atomic<bool> shutting_down_{false};
 };
 

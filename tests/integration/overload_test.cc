@@ -80,5 +80,34 @@ TEST_F(OverloadTest, ThousandIdleStreams_HeartbeatsGetThrough_NoWorkerDeclaredDe
   EXPECT_EQ(after->tasks.size(), 4u);
 }
 
+// One client connection may hold at most its share of the memory the
+// coordinator lends (--max_inflight_bytes_per_connection): a 32 MiB value
+// from one connection is refused at 16 MiB, an 8 MiB one goes through, and
+// the refusal changes nothing.
+class ConnectionShareTest : public testing::StartedCluster {
+ protected:
+  ConnectionShareTest()
+      : StartedCluster(testing::ClusterOptions{
+            .coordinator_flags = {"--max_inflight_bytes=67108864",
+                                  "--max_inflight_bytes_per_connection=16777216"}}) {}
+};
+
+TEST_F(ConnectionShareTest, ValueOverTheConnectionsShare_ResourceExhausted_SmallerOneAccepted) {
+  for (auto [name, elements] : {std::pair{"big", 8 << 20}, std::pair{"small", 2 << 20}}) {
+    VariableSpec s{.name = name, .dtype = DType::kFloat32, .shape = {elements}};
+    s.replica_count = 2;
+    ASSERT_OK(client_->CreateVariable(s));
+  }
+  const std::vector<float> big(8 << 20, 1.0f), small(2 << 20, 2.0f);
+  EXPECT_THAT(client_->Assign("big", std::span<const float>(big)),
+              testing::StatusIs(absl::StatusCode::kResourceExhausted, "connection"));
+  auto info = client_->GetVariable("big");
+  ASSERT_OK(info);
+  EXPECT_EQ(info->version, 0) << "the refused write changed nothing";
+  auto ack = client_->Assign("small", std::span<const float>(small));
+  ASSERT_OK(ack);
+  EXPECT_EQ(ack->version, 1);
+}
+
 }  // namespace
 }  // namespace repvar
