@@ -496,6 +496,16 @@ void CheckpointTimes(int iters) {
     if (auto a = c->Assign(name, std::span<const float>(values)); !a.ok())
       Die("assign", a.status());
   }
+  // What the coordinator holds for those 256 MiB (issue 5's goal: values on
+  // disk, RSS <= 64 MiB + metadata).
+  long rss_kib = 0;
+  {
+    std::ifstream status(absl::StrCat("/proc/", cluster.coordinator().pid(), "/status"));
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmRSS:", 0) == 0) rss_kib = std::atol(line.c_str() + 6);
+    }
+  }
+  std::printf("repvar_coordinator_rss held_mib=256 rss_mib=%.0f\n", rss_kib / 1024.0);
   const std::string path = cluster.dir() + "/bench.safetensors";
   std::vector<double> save, restore, plain;
   for (int it = 0; it < iters; ++it) {
