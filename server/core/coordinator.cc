@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/core/coordinator.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
 
 namespace repvar::server {
@@ -76,6 +77,34 @@ absl::StatusOr<WriteResult> Coordinator::Assign(const RequestKey& key, const Ass
 absl::StatusOr<StepInfo> Coordinator::BeginStep(int64_t step, absl::Duration barrier_timeout) {
   REPVAR_ASSIGN_OR_RETURN(SharedStep s, steps_.BeginStep(step, barrier_timeout));
   return Copy(s);
+}
+
+absl::StatusOr<Coordinator::Cut> Coordinator::TakeCut(absl::Time deadline) {
+  REPVAR_ASSIGN_OR_RETURN(WriteHold hold, HoldWrites(deadline));
+  Cut cut{std::move(hold), 0, {}, {}};
+  cut.last_committed_step = LastCommittedStep();
+  for (VariableView& v : ListVariables("")) {
+    if (v.initialized) {
+      cut.variables.push_back(std::move(v));
+    } else {
+      cut.uninitialized.push_back(v.def.name);
+    }
+  }
+  return cut;
+}
+
+absl::StatusOr<ReadResult> Coordinator::ReadInCut(const VariableView& v) {
+  auto read = replication_.Read(v.def.name);
+  if (!read.ok()) {
+    return absl::Status(read.status().code(),
+                        absl::StrCat("checkpoint: ", read.status().message()));
+  }
+  if (read->version != v.version || read->value->checksum != v.checksum) {
+    return absl::InternalError(absl::StrCat("checkpoint: variable ", v.def.name,
+                                            " changed under the hold (version ", v.version, " -> ",
+                                            read->version, ")"));
+  }
+  return read;
 }
 
 absl::StatusOr<StepInfo> Coordinator::GetStep(uint64_t epoch) const {

@@ -160,6 +160,19 @@ class Coordinator {
   int64_t LastCommittedStep() const {
     return registry_.Read([](const ClusterState& s) { return s.last_committed_step(); });
   }
+  // What a checkpoint saves: the variables as they are under a hold, which
+  // lasts as long as the cut does.
+  struct Cut {
+    WriteHold hold;
+    int64_t last_committed_step = 0;
+    std::vector<VariableView> variables;     // initialized ones, by name
+    std::vector<std::string> uninitialized;  // no value to save
+  };
+  // Errors: DEADLINE_EXCEEDED (a step stayed open or writes in flight).
+  absl::StatusOr<Cut> TakeCut(absl::Time deadline);
+  // The committed value of `v`, one of `cut`'s variables. Errors: Read's;
+  // INTERNAL when it is not the cut's (nothing may write under the hold).
+  absl::StatusOr<ReadResult> ReadInCut(const VariableView& v);
 
   // ---- Replicated steps (see StepCoordinator) ----
   absl::StatusOr<StepInfo> BeginStep(int64_t step, absl::Duration barrier_timeout);

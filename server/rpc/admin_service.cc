@@ -39,37 +39,21 @@ grpc::Status AdminService::SaveCheckpoint(grpc::ServerContext* ctx,
   constexpr absl::Duration kMaxWaitForStep = absl::Minutes(10);
   const absl::Time wait_until =
       std::min(absl::FromChrono(ctx->deadline()), absl::Now() + kMaxWaitForStep);
-  auto hold = core_->HoldWrites(wait_until);
-  if (!hold.ok()) {
-    return ToGrpcStatus(absl::Status(hold.status().code(),
-                                     absl::StrCat("no consistent cut: ", hold.status().message())));
+  auto cut = core_->TakeCut(wait_until);
+  if (!cut.ok()) {
+    return ToGrpcStatus(absl::Status(cut.status().code(),
+                                     absl::StrCat("no consistent cut: ", cut.status().message())));
   }
-  // From here until the return nothing writes: the manifest and the bytes
-  // are one cut.
+  // Until the return nothing writes: the manifest and the bytes are one cut.
   v1::SaveCheckpointResponse head;
   v1::CheckpointManifest* manifest = head.mutable_manifest();
-  manifest->set_last_committed_step(core_->LastCommittedStep());
-  std::vector<VariableView> saved;
-  for (VariableView& v : core_->ListVariables("")) {
-    if (!v.initialized) {
-      manifest->add_uninitialized(v.def.name);
-      continue;
-    }
-    VariableViewToProto(v, manifest->add_variables());
-    saved.push_back(std::move(v));
-  }
+  manifest->set_last_committed_step(cut->last_committed_step);
+  for (const VariableView& v : cut->variables) VariableViewToProto(v, manifest->add_variables());
+  for (const std::string& name : cut->uninitialized) manifest->add_uninitialized(name);
   if (!writer->Write(head)) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
-  for (const VariableView& v : saved) {
-    auto read = core_->Read(v.def.name);
-    if (!read.ok()) {
-      return ToGrpcStatus(absl::Status(read.status().code(),
-                                       absl::StrCat("checkpoint: ", read.status().message())));
-    }
-    if (read->version != v.version || read->value->checksum != v.checksum) {
-      return ToGrpcStatus(absl::InternalError(absl::StrCat("checkpoint: variable ", v.def.name,
-                                                           " changed under the hold (version ",
-                                                           v.version, " -> ", read->version, ")")));
-    }
+  for (const VariableView& v : cut->variables) {
+    auto read = core_->ReadInCut(v);
+    if (!read.ok()) return ToGrpcStatus(read.status());
     const bool sent = SendChunks<v1::SaveCheckpointResponse>(
         read->value->bytes.span(), static_cast<size_t>(req->chunk_bytes()),
         [&](const v1::SaveCheckpointResponse& m) {

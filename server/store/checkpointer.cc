@@ -74,39 +74,28 @@ absl::StatusOr<std::string> Checkpointer::WriteNow() {
   std::error_code ec;
   std::filesystem::create_directories(options_.dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", options_.dir, ": ", ec.message()));
-  REPVAR_ASSIGN_OR_RETURN(Coordinator::WriteHold hold,
-                          core_->HoldWrites(absl::Now() + kWaitForStep));
-  // From here to the end of the function nothing writes: one cut.
-  const int64_t step = core_->LastCommittedStep();
-  std::vector<VariableView> saved;
+  REPVAR_ASSIGN_OR_RETURN(Coordinator::Cut cut, core_->TakeCut(absl::Now() + kWaitForStep));
+  // Until the end of the function nothing writes: one cut.
+  const int64_t step = cut.last_committed_step;
   std::vector<io::SafetensorsEntry> entries;
   std::vector<io::CheckpointVariable> described;
-  std::vector<std::string> uninitialized;
-  for (VariableView& v : core_->ListVariables("")) {
-    if (!v.initialized) {
-      uninitialized.push_back(v.def.name);
-      continue;
-    }
+  for (const VariableView& v : cut.variables) {
     entries.push_back({v.def.name, v.def.tensor.dtype, v.def.tensor.dims});
     described.push_back({v.def.name, v.version, v.checksum, v.def.aggregation, v.def.replica_count,
                          v.def.trainable, v.def.allow_nonfinite, v.def.collections});
-    saved.push_back(std::move(v));
   }
   const std::string path = absl::StrFormat("%s/%s%012d%s", options_.dir, kPrefix, step, kSuffix);
-  REPVAR_ASSIGN_OR_RETURN(auto writer, io::SafetensorsWriter::Create(
-                                           path, std::move(entries),
-                                           io::CheckpointMetadata(step, described, uninitialized)));
-  for (const VariableView& v : saved) {
-    REPVAR_ASSIGN_OR_RETURN(ReadResult read, core_->Read(v.def.name));
-    if (read.version != v.version || read.value->checksum != v.checksum) {
-      return absl::InternalError(
-          absl::StrCat("checkpoint: variable ", v.def.name, " changed under the hold"));
-    }
+  REPVAR_ASSIGN_OR_RETURN(
+      auto writer,
+      io::SafetensorsWriter::Create(path, std::move(entries),
+                                    io::CheckpointMetadata(step, described, cut.uninitialized)));
+  for (const VariableView& v : cut.variables) {
+    REPVAR_ASSIGN_OR_RETURN(ReadResult read, core_->ReadInCut(v));
     REPVAR_RETURN_IF_ERROR(writer->Write(read.value->bytes.span()));
   }
   REPVAR_RETURN_IF_ERROR(writer->Commit());
-  spdlog::info("checkpoint after step {}: {} variable(s), {} bytes in {}", step, saved.size(),
-               writer->data_bytes(), path);
+  spdlog::info("checkpoint after step {}: {} variable(s), {} bytes in {}", step,
+               cut.variables.size(), writer->data_bytes(), path);
 
   // Keep the newest `keep`.
   std::vector<std::pair<int64_t, std::filesystem::path>> files;
