@@ -206,9 +206,13 @@ int main(int argc, char** argv) {
     while (!stop.WaitForNotificationWithTimeout(period)) core.Tick(absl::Now());
   });
   // Repairs stale replicas on live workers; apart from the ticker because it
-  // moves bytes.
+  // moves bytes. Buffers released by writes and not reused for a while go
+  // back to the system: the values themselves live on disk.
   std::thread repairer([&] {
-    while (!stop.WaitForNotificationWithTimeout(absl::Seconds(2))) core.ResyncStale();
+    while (!stop.WaitForNotificationWithTimeout(absl::Seconds(2))) {
+      core.ResyncStale();
+      repvar::ReleaseIdleBuffers(absl::Seconds(10));
+    }
   });
 
   int sig = repvar::WaitForShutdownSignal();

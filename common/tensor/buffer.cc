@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/tensor/buffer.h"
 
+#include <fcntl.h>
 #include <malloc.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <new>
@@ -38,6 +43,7 @@ class MappingPool {
     void* p = nullptr;
     size_t mapped = 0;
     int fd = -1;  // a memfd for shared mappings, else -1
+    std::chrono::steady_clock::time_point released;
   };
   // A released mapping of `mapped` bytes of the same kind, or p == nullptr.
   Mapping Take(size_t mapped, bool shared) {
@@ -54,6 +60,7 @@ class MappingPool {
   }
   void Give(Mapping m) {
     std::vector<Mapping> evict;
+    m.released = std::chrono::steady_clock::now();
     {
       std::lock_guard<std::mutex> lock(mu_);
       free_.push_back(m);
@@ -64,10 +71,28 @@ class MappingPool {
         free_.erase(free_.begin());
       }
     }
-    for (const Mapping& e : evict) {
-      munmap(e.p, e.mapped);
-      if (e.fd >= 0) close(e.fd);
+    Unmap(evict);
+  }
+  // free_ is oldest first: the idle ones are a prefix.
+  size_t ReleaseIdle(std::chrono::steady_clock::duration idle) {
+    const auto before = std::chrono::steady_clock::now() - idle;
+    std::vector<Mapping> evict;
+    size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (!free_.empty() && free_.front().released <= before) {
+        evict.push_back(free_.front());
+        bytes += free_.front().mapped;
+        held_ -= free_.front().mapped;
+        free_.erase(free_.begin());
+      }
     }
+    Unmap(evict);
+    return bytes;
+  }
+  size_t held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_;
   }
   void SetCap(size_t cap) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -75,8 +100,15 @@ class MappingPool {
   }
 
  private:
+  static void Unmap(const std::vector<Mapping>& mappings) {
+    for (const Mapping& e : mappings) {
+      munmap(e.p, e.mapped);
+      if (e.fd >= 0) close(e.fd);
+    }
+  }
+
   std::mutex mu_;
-  std::vector<Mapping> free_;
+  std::vector<Mapping> free_;  // oldest first
   size_t held_ = 0;
   size_t cap_ = size_t{1} << 30;
 };
@@ -88,6 +120,47 @@ size_t RoundToHugePage(size_t n) {
 }  // namespace
 
 void SetBufferPoolCapacity(size_t bytes) { MappingPool::Get().SetCap(bytes); }
+
+size_t ReleaseIdleBuffers(absl::Duration idle) {
+  return MappingPool::Get().ReleaseIdle(absl::ToChronoNanoseconds(idle));
+}
+
+size_t PooledBufferBytes() { return MappingPool::Get().held(); }
+
+absl::StatusOr<Buffer> Buffer::MapFile(const std::string& path, size_t size) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    std::string message = absl::StrCat("open ", path, ": ", std::strerror(e));
+    return e == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int e = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("stat ", path, ": ", std::strerror(e)));
+  }
+  if (static_cast<uint64_t>(st.st_size) != size) {
+    close(fd);
+    return absl::DataLossError(absl::StrCat(path, " has ", st.st_size, " bytes, not ", size));
+  }
+  Buffer b;
+  if (size == 0) {
+    close(fd);
+    return b;
+  }
+  void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  const int e = errno;
+  close(fd);  // the mapping keeps the file
+  if (p == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("map ", path, ": ", std::strerror(e)));
+  }
+  b.data_ = static_cast<std::byte*>(p);
+  b.size_ = size;
+  b.mapped_ = size;
+  b.file_ = true;
+  return b;
+}
 
 absl::StatusOr<Buffer> Buffer::Allocate(size_t size) {
   Buffer b;
@@ -143,6 +216,7 @@ absl::StatusOr<Buffer> Buffer::AllocateUntouched(size_t size) {
 }
 
 size_t Buffer::Prefault(size_t upto) {
+  if (file_) return 0;  // read-only; its pages come from the file
   const size_t end = std::min(mapped_ > 0 ? mapped_ : size_, (upto + 4095) / 4096 * 4096);
   if (end <= touched_) return 0;
   volatile char* c = reinterpret_cast<volatile char*>(data_);
@@ -181,7 +255,9 @@ absl::StatusOr<Buffer> Buffer::AllocateShared(size_t size) {
 
 void Buffer::Release() {
   if (data_ == nullptr) return;
-  if (mapped_ > 0) {
+  if (file_) {
+    munmap(data_, mapped_);
+  } else if (mapped_ > 0) {
     MappingPool::Get().Give({data_, mapped_, fd_});
   } else {
     ::operator delete(data_, std::align_val_t(kAlign));
@@ -191,6 +267,7 @@ void Buffer::Release() {
   mapped_ = 0;
   touched_ = 0;
   fd_ = -1;
+  file_ = false;
 }
 
 Buffer::~Buffer() { Release(); }
@@ -200,7 +277,8 @@ Buffer::Buffer(Buffer&& other) noexcept
       size_(std::exchange(other.size_, 0)),
       mapped_(std::exchange(other.mapped_, 0)),
       touched_(std::exchange(other.touched_, 0)),
-      fd_(std::exchange(other.fd_, -1)) {}
+      fd_(std::exchange(other.fd_, -1)),
+      file_(std::exchange(other.file_, false)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -210,6 +288,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     mapped_ = std::exchange(other.mapped_, 0);
     touched_ = std::exchange(other.touched_, 0);
     fd_ = std::exchange(other.fd_, -1);
+    file_ = std::exchange(other.file_, false);
   }
   return *this;
 }

@@ -7,13 +7,21 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace repvar {
 
 // The pool keeps up to this many bytes (default 1 GiB) of released mappings.
 void SetBufferPoolCapacity(size_t bytes);
+// Unmaps released mappings that no allocation took back within `idle`: a
+// daemon that stopped writing gives their memory back to the system (a
+// daemon calls it now and then). Returns the bytes unmapped.
+size_t ReleaseIdleBuffers(absl::Duration idle);
+// Bytes of released mappings the pool holds now.
+size_t PooledBufferBytes();
 // mallopt settings that keep big message buffers resident (BENCHMARKS.md);
 // daemons call it first thing in main().
 void TuneMallocForBulkTransfers();
@@ -35,6 +43,14 @@ class Buffer {
   // are still to arrive, so that a peer announcing N bytes costs memory only
   // as it sends them. Touch them with Prefault() as they come.
   static absl::StatusOr<Buffer> AllocateUntouched(size_t size);
+  // A read-only, shared mapping of the first `size` bytes of the file at
+  // `path`, which must have exactly that size (the bytes stay on disk and
+  // come into memory through the page cache as they are read; the mapping
+  // holds no file descriptor). Writing through data() faults. Errors:
+  // NOT_FOUND (no such file), DATA_LOSS (another size), INTERNAL.
+  static absl::StatusOr<Buffer> MapFile(const std::string& path, size_t size);
+  // Whether the bytes are a mapping of a file (MapFile).
+  bool file_backed() const { return file_; }
   // Touches the pages up to `upto` bytes (rounded up to a page) that are not
   // yet; returns how many bytes that newly made resident (0 when none).
   size_t Prefault(size_t upto);
@@ -60,6 +76,7 @@ class Buffer {
   size_t mapped_ = 0;   // > 0 when mmap'ed
   size_t touched_ = 0;  // pages below this are resident
   int fd_ = -1;         // the memfd of a shared buffer
+  bool file_ = false;   // a MapFile mapping: unmapped, never pooled
 };
 
 }  // namespace repvar

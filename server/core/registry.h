@@ -83,6 +83,11 @@ class Registry {
   absl::Status Stage(const Tensor& value) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return log_->Stage(value);
   }
+  // StateLog::Check: whether a value read from the state (kept in a file)
+  // holds the bytes that were kept. Takes no lock.
+  absl::Status CheckValue(const Tensor& value) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return log_->Check(value);
+  }
   // StateLog::CheckRoom: whether a record with `value_bytes` of values fits.
   absl::Status CheckRoom(uint64_t value_bytes) const ABSL_LOCKS_EXCLUDED(mu_);
   // A fencing token for a write to workers (ReplicaWrite::fence): larger

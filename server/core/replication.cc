@@ -448,10 +448,7 @@ absl::StatusOr<ReadResult> Replication::CommittedValue(uint64_t id) {
     version = v->version;
     checksum = v->checksum;
     name = v->def.name;
-    if (v->value != nullptr) {
-      kept = ReadResult{v->version, v->value};
-      return absl::OkStatus();
-    }
+    if (v->value != nullptr) kept = ReadResult{v->version, v->value};
     for (size_t i = 0; i < v->placement.size(); ++i) {
       if (v->replicas[i].state != ReplicaState::kUpToDate) continue;
       const WorkerRecord& w = *state.Worker(v->placement[i].task);
@@ -459,7 +456,16 @@ absl::StatusOr<ReadResult> Replication::CommittedValue(uint64_t id) {
     }
     return absl::OkStatus();
   }));
-  if (kept) return *kept;
+  if (kept) {
+    // Kept in a file: its bytes are checked at their first use. A damaged
+    // copy is never served; the replicas still hold the value.
+    absl::Status s = registry_->CheckValue(*kept->value);
+    if (s.ok()) return *kept;
+    spdlog::error(
+        "variable {}: the coordinator's copy of version {} is damaged ({}); reading it "
+        "from a replica",
+        name, version, s.ToString());
+  }
   {
     RankedLock lock(&mu_);
     auto it = fetched_.find(id);

@@ -35,7 +35,10 @@ class StateLog {
   // position (1, 2, ... in this process). It need not be durable yet:
   // Durable(position) waits for that. An error means the record was not
   // kept: it is not applied and the caller's request fails with that error.
-  virtual absl::StatusOr<uint64_t> Append(const Record& record) = 0;
+  // A log that keeps values in files may replace a tensor the record
+  // carries with the same bytes as they are on disk (a mapping of the
+  // file), so that the state applied holds no copy of them in memory.
+  virtual absl::StatusOr<uint64_t> Append(Record& record) = 0;
   // Returns once every record up to `position` would survive a crash or a
   // power loss. Thread-safe, called without the registry's mutex: callers
   // waiting at the same time share one sync. An error: those records may
@@ -61,6 +64,14 @@ class StateLog {
     (void)value;
     return absl::OkStatus();
   }
+  // Whether the bytes of a value this log handed back (through Append or
+  // Recover) are what was kept: a value mapped from a file is checked at
+  // its first use, not at startup. DATA_LOSS names the file and the offset
+  // of the damage; the value must then not be served. Any thread, no lock.
+  virtual absl::Status Check(const Tensor& value) {
+    (void)value;
+    return absl::OkStatus();
+  }
   // After `record` was applied: the state it produced. A log may save it as
   // a checkpoint and forget the records before it.
   virtual void Applied(const ClusterState& state) { (void)state; }
@@ -78,7 +89,7 @@ class StateLog {
 // forgets it (the behaviour before issue 5). Counts what it was given.
 class VolatileStateLog final : public StateLog {
  public:
-  absl::StatusOr<uint64_t> Append(const Record&) override { return ++records_; }
+  absl::StatusOr<uint64_t> Append(Record&) override { return ++records_; }
   uint64_t records() const { return records_; }
 
  private:
@@ -89,7 +100,7 @@ class VolatileStateLog final : public StateLog {
 // that restart a coordinator on them (Recover applies them all).
 class MemoryStateLog final : public StateLog {
  public:
-  absl::StatusOr<uint64_t> Append(const Record& record) override {
+  absl::StatusOr<uint64_t> Append(Record& record) override {
     records_.push_back(record);
     return records_.size();
   }

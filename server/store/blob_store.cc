@@ -45,7 +45,17 @@ std::string BlobStore::BlobNameOf(const Tensor& t) const {
   return absl::StrFormat("%016x-%d.bin", t.checksum, t.bytes.size());
 }
 
-void BlobStore::Describe(const Tensor& t, disk::TensorRef* ref) const {
+BlobStore::BlobInfo BlobStore::Summarize(const Tensor& t, BlobInfo::Checked checked) const {
+  BlobInfo info;
+  info.chunk_bytes = options_.chunk_bytes;
+  info.checked = checked;
+  ForEachChunk(
+      t.bytes.span(), options_.chunk_bytes,
+      [&](uint64_t, std::span<const std::byte> chunk) { info.sums.push_back(Checksum(chunk)); });
+  return info;
+}
+
+void BlobStore::Describe(const Tensor& t, disk::TensorRef* ref) {
   auto* spec = ref->mutable_spec();
   spec->set_dtype(static_cast<int>(t.spec.dtype));
   for (int64_t d : t.spec.dims) spec->add_dims(d);
@@ -55,12 +65,23 @@ void BlobStore::Describe(const Tensor& t, disk::TensorRef* ref) const {
     ref->set_inline_bytes(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
     return;
   }
-  ref->set_blob(BlobNameOf(t));
-  ref->set_chunk_bytes(options_.chunk_bytes);
-  ForEachChunk(t.bytes.span(), options_.chunk_bytes,
-               [&](uint64_t, std::span<const std::byte> chunk) {
-                 ref->add_chunk_checksums(Checksum(chunk));
-               });
+  const std::string name = BlobNameOf(t);
+  ref->set_blob(name);
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = known_.find(name); it != known_.end()) {
+      ref->set_chunk_bytes(it->second.chunk_bytes);
+      for (uint64_t sum : it->second.sums) ref->add_chunk_checksums(sum);
+      return;
+    }
+  }
+  // Not written or loaded by this process (the same bytes were on disk):
+  // summed from `t`, and the file checked against that at its first use.
+  BlobInfo info = Summarize(t, BlobInfo::Checked::kNo);
+  ref->set_chunk_bytes(info.chunk_bytes);
+  for (uint64_t sum : info.sums) ref->add_chunk_checksums(sum);
+  absl::MutexLock lock(&mu_);
+  known_.try_emplace(name, std::move(info));
 }
 
 absl::Status BlobStore::Keep(const Tensor& t, disk::TensorRef* ref) {
@@ -89,6 +110,9 @@ absl::Status BlobStore::Stage(const Tensor& t) {
 absl::Status BlobStore::Write(const std::string& name, const Tensor& t) {
   const std::string tmp = absl::StrCat(dir_, "/tmp-", tmp_serial_.fetch_add(1), "-", name);
   const std::string path = dir_ + "/" + name;
+  BlobInfo info;
+  info.chunk_bytes = options_.chunk_bytes;
+  info.checked = BlobInfo::Checked::kGood;  // these bytes were checked as they arrived
   auto written = [&]() -> absl::Status {
     std::unique_ptr<rocksdb::FSWritableFile> file;
     REPVAR_RETURN_IF_ERROR(
@@ -97,6 +121,7 @@ absl::Status BlobStore::Write(const std::string& name, const Tensor& t) {
     ForEachChunk(
         t.bytes.span(), options_.chunk_bytes, [&](uint64_t, std::span<const std::byte> chunk) {
           if (!s.ok()) return;
+          info.sums.push_back(Checksum(chunk));
           s = FromIo(file->Append(
                          rocksdb::Slice(reinterpret_cast<const char*>(chunk.data()), chunk.size()),
                          kIo, nullptr),
@@ -113,6 +138,8 @@ absl::Status BlobStore::Write(const std::string& name, const Tensor& t) {
     return written;
   }
   ++blobs_written_;
+  absl::MutexLock lock(&mu_);
+  known_.insert_or_assign(name, std::move(info));
   return absl::OkStatus();
 }
 
@@ -167,6 +194,29 @@ absl::StatusOr<std::shared_ptr<const Tensor>> BlobStore::Load(const disk::Tensor
                                             " bytes; its record says ", n, " (damaged at offset ",
                                             std::min(on_disk, n), ")"));
   }
+  if (!mapping()) return ReadWhole(ref, path, spec);
+  auto mapped = Buffer::MapFile(path, n);
+  if (!mapped.ok()) {
+    return absl::Status(mapped.status().code(),
+                        absl::StrCat("blob ", path, ": ", mapped.status().message()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, added] = known_.try_emplace(ref.blob());
+    if (added) {
+      it->second.chunk_bytes = chunk;
+      it->second.sums.assign(ref.chunk_checksums().begin(), ref.chunk_checksums().end());
+    }
+  }
+  return std::make_shared<const Tensor>(
+      Tensor{std::move(spec), *std::move(mapped), ref.checksum()});
+}
+
+absl::StatusOr<std::shared_ptr<const Tensor>> BlobStore::ReadWhole(const disk::TensorRef& ref,
+                                                                   const std::string& path,
+                                                                   const TensorSpec& spec) {
+  const uint64_t chunk = ref.chunk_bytes();
+  const uint64_t n = ref.byte_size();
   std::unique_ptr<rocksdb::FSRandomAccessFile> file;
   REPVAR_RETURN_IF_ERROR(FromIo(
       fs_->NewRandomAccessFile(path, rocksdb::FileOptions(), &file, nullptr), "open " + path));
@@ -194,6 +244,57 @@ absl::StatusOr<std::shared_ptr<const Tensor>> BlobStore::Load(const disk::Tensor
   return std::make_shared<const Tensor>(std::move(t));
 }
 
+absl::StatusOr<std::shared_ptr<const Tensor>> BlobStore::Mapped(std::shared_ptr<const Tensor> t) {
+  if (t == nullptr || !mapping() || BlobBytes(*t) == 0 || t->bytes.file_backed()) return t;
+  const std::string name = BlobNameOf(*t);
+  auto mapped = Buffer::MapFile(dir_ + "/" + name, t->bytes.size());
+  if (!mapped.ok()) {
+    return absl::Status(mapped.status().code(),
+                        absl::StrCat("blob ", dir_, "/", name, ": ", mapped.status().message()));
+  }
+  return std::make_shared<const Tensor>(Tensor{t->spec, *std::move(mapped), t->checksum});
+}
+
+absl::Status BlobStore::Check(const Tensor& t) {
+  if (!t.bytes.file_backed()) return absl::OkStatus();
+  const std::string name = BlobNameOf(t);
+  const std::string path = dir_ + "/" + name;
+  BlobInfo info;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = known_.find(name);
+    if (it != known_.end()) {
+      if (it->second.checked == BlobInfo::Checked::kGood) return absl::OkStatus();
+      if (it->second.checked == BlobInfo::Checked::kDamaged) return it->second.damage;
+      info = it->second;
+    }
+  }
+  // Outside the lock: a pass over the file's bytes. Two first uses at once
+  // both check; they find the same.
+  absl::Status found;
+  if (info.chunk_bytes == 0) {
+    if (Checksum(t.bytes.span()) != t.checksum) {
+      found = absl::DataLossError(absl::StrCat("blob ", path, " does not match its checksum"));
+    }
+  } else {
+    const uint64_t n = t.bytes.size();
+    for (uint64_t off = 0, i = 0; off < n && found.ok(); off += info.chunk_bytes, ++i) {
+      const size_t len = static_cast<size_t>(std::min(info.chunk_bytes, n - off));
+      if (i >= info.sums.size() || Checksum(t.bytes.span().subspan(off, len)) != info.sums[i]) {
+        found = absl::DataLossError(absl::StrCat("blob ", path, ": bytes ", off, "..", off + len,
+                                                 " do not match their checksum (damaged at offset ",
+                                                 off, " or after)"));
+      }
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  BlobInfo& known = known_[name];
+  if (known.chunk_bytes == 0) known = std::move(info);
+  known.checked = found.ok() ? BlobInfo::Checked::kGood : BlobInfo::Checked::kDamaged;
+  known.damage = found;
+  return found;
+}
+
 absl::StatusOr<int> BlobStore::CollectGarbage(const absl::flat_hash_set<std::string>& live) {
   std::vector<std::string> children;
   REPVAR_RETURN_IF_ERROR(FromIo(fs_->GetChildren(dir_, kIo, &children, nullptr), "list " + dir_));
@@ -206,6 +307,8 @@ absl::StatusOr<int> BlobStore::CollectGarbage(const absl::flat_hash_set<std::str
     if (s.IsNotFound()) continue;
     REPVAR_RETURN_IF_ERROR(FromIo(s, "delete " + name));
     ++deleted;
+    absl::MutexLock lock(&mu_);
+    known_.erase(name);
   }
   return deleted;
 }

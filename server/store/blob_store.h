@@ -12,9 +12,19 @@
 // in the record). Tensors of at most `inline_bytes` stay inline in the
 // record instead.
 //
+// The coordinator's copy of a value lives on disk, not in memory: a value
+// whose blob is synced is held as a read-only mapping of the file (Mapped,
+// and Load at startup), so its bytes come through the page cache when they
+// are read and memory holds no copy. Startup maps blobs without reading
+// them (a restart stays fast whatever the values weigh); their bytes are
+// checked against the recorded chunk checksums at first use (Check), and a
+// damaged blob is never served.
+//
 // Every file operation goes through a rocksdb::FileSystem, the same one the
 // state log's RocksDB uses, so a test's fault-injecting file system sees
-// both. Not thread-safe: the state log calls it under the registry's lock.
+// both (mappings read the file the FileSystem wrote). Keep, Load, Mapped
+// and CollectGarbage are called under the registry's lock; Stage, Check
+// and Describe from any thread.
 #ifndef REPVAR_SERVER_STORE_BLOB_STORE_H_
 #define REPVAR_SERVER_STORE_BLOB_STORE_H_
 
@@ -24,8 +34,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
 #include "server/store/state_codec.h"
 
 namespace repvar::server {
@@ -36,6 +49,10 @@ struct BlobStoreOptions {
   // Sync files and the directory (false: only the negative control of the
   // power-loss tests, which must then lose data).
   bool sync = true;
+  // Hold values in blob files as mappings of them (false: in memory, read
+  // and checked whole at Load). Only with `sync`: an unsynced file may yet
+  // lose the bytes under its mapping.
+  bool map_values = true;
 };
 
 class BlobStore final : public TensorFiles {
@@ -46,11 +63,23 @@ class BlobStore final : public TensorFiles {
   absl::Status Open();
 
   absl::Status Keep(const Tensor& t, disk::TensorRef* ref) override;
+  // A blob is mapped, its size checked now and its bytes at first Check
+  // (read and checked whole without map_values).
   absl::StatusOr<std::shared_ptr<const Tensor>> Load(const disk::TensorRef& ref) override;
 
+  // `t`, kept before, as the mapping of its blob file: the same bytes
+  // without a copy in memory. `t` itself when it is inline or values are
+  // not mapped.
+  absl::StatusOr<std::shared_ptr<const Tensor>> Mapped(std::shared_ptr<const Tensor> t);
+  // Whether the bytes of `t` are what was kept: a mapping Load made is
+  // checked against its chunk checksums at the first call (the answer is
+  // remembered). DATA_LOSS names the file and the offset of the damage.
+  // Tensors in memory are OK (they were checked as they arrived).
+  absl::Status Check(const Tensor& t);
+
   // Fills `ref` for a tensor kept before (its blob, if it has one, is on
-  // disk and synced): no I/O.
-  void Describe(const Tensor& t, disk::TensorRef* ref) const;
+  // disk and synced): no I/O, and no pass over a mapped value's bytes.
+  void Describe(const Tensor& t, disk::TensorRef* ref);
   // The blob file `t` is kept in; empty when it is kept inline.
   std::string BlobNameOf(const Tensor& t) const;
 
@@ -72,14 +101,30 @@ class BlobStore final : public TensorFiles {
   uint64_t blobs_written() const { return blobs_written_.load(); }
 
  private:
+  // What is known of a blob file: its chunk checksums, and whether its
+  // bytes were checked against them.
+  struct BlobInfo {
+    uint64_t chunk_bytes = 0;
+    std::vector<uint64_t> sums;
+    enum class Checked { kNo, kGood, kDamaged } checked = Checked::kNo;
+    absl::Status damage;  // kDamaged: what was found
+  };
   absl::Status Write(const std::string& name, const Tensor& t);
   absl::Status SyncDir();
+  // The chunk checksums of `t`'s bytes, as a blob of chunk_bytes chunks.
+  BlobInfo Summarize(const Tensor& t, BlobInfo::Checked checked) const;
+  absl::StatusOr<std::shared_ptr<const Tensor>> ReadWhole(const disk::TensorRef& ref,
+                                                          const std::string& path,
+                                                          const TensorSpec& spec);
+  bool mapping() const { return options_.map_values && options_.sync; }
 
   rocksdb::FileSystem* const fs_;
   const std::string dir_;
   const BlobStoreOptions options_;
   std::atomic<uint64_t> blobs_written_{0};
   std::atomic<uint64_t> tmp_serial_{0};  // tmp names unique across writers
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, BlobInfo> known_ ABSL_GUARDED_BY(mu_);  // by blob name
 };
 
 // An I/O status as an absl::Status naming `what`: RESOURCE_EXHAUSTED for no

@@ -51,24 +51,29 @@ std::string WorkerKey(const TaskKey& t) {
   return k;
 }
 
-// The tensor bytes a record puts in blob files.
-uint64_t BlobBytesOf(const Record& record, const BlobStore& blobs) {
-  uint64_t total = 0;
-  auto add = [&](const std::shared_ptr<const Tensor>& t) {
-    if (t != nullptr) total += blobs.BlobBytes(*t);
-  };
-  for (const Change& change : record.changes) {
+// Calls `fn(slot)` for every tensor a record carries.
+template <typename R, typename F>
+void ForEachValue(R& record, F&& fn) {
+  for (auto& change : record.changes) {
     std::visit(
-        [&](const auto& c) {
+        [&](auto& c) {
           using T = std::decay_t<decltype(c)>;
-          if constexpr (std::is_same_v<T, VariableCreated>) add(c.initializer.value);
+          if constexpr (std::is_same_v<T, VariableCreated>) fn(c.initializer.value);
           if constexpr (std::is_same_v<T, ValueCommitted>) {
-            add(c.value);
-            if (c.initializer) add(c.initializer->value);
+            fn(c.value);
+            if (c.initializer) fn(c.initializer->value);
           }
         },
         change);
   }
+}
+
+// The tensor bytes a record puts in blob files.
+uint64_t BlobBytesOf(const Record& record, const BlobStore& blobs) {
+  uint64_t total = 0;
+  ForEachValue(record, [&](const std::shared_ptr<const Tensor>& t) {
+    if (t != nullptr) total += blobs.BlobBytes(*t);
+  });
   return total;
 }
 
@@ -205,7 +210,7 @@ absl::Status RocksStateLog::CheckRoom(uint64_t value_bytes) const {
   return CheckSpace(value_bytes + (uint64_t{1} << 20));
 }
 
-absl::StatusOr<uint64_t> RocksStateLog::Append(const Record& record) {
+absl::StatusOr<uint64_t> RocksStateLog::Append(Record& record) {
   if (!recovered_) return absl::FailedPreconditionError("the state log appends after Recover");
   if (needs_resume_) {
     if (!db_->Resume().ok()) {
@@ -244,9 +249,23 @@ absl::StatusOr<uint64_t> RocksStateLog::Append(const Record& record) {
     absl::MutexLock lock(&sync_mu_);
     appended_ = position;
   }
+  MapValues(record);
   ++since_checkpoint_;
   ++stats_.records;
   return position;
+}
+
+void RocksStateLog::MapValues(Record& record) {
+  ForEachValue(record, [&](std::shared_ptr<const Tensor>& value) {
+    if (value == nullptr) return;
+    auto mapped = blobs_.Mapped(value);
+    if (!mapped.ok()) {
+      // Still correct, only heavier: the value stays in memory.
+      spdlog::warn("state log: a value stays in memory: {}", mapped.status().ToString());
+      return;
+    }
+    value = *std::move(mapped);
+  });
 }
 
 absl::Status RocksStateLog::Durable(uint64_t position) {

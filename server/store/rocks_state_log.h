@@ -9,7 +9,8 @@
 //                           sequence it includes
 //     "c/w/", "c/v/", "c/o/" its workers, variables and recorded answers
 //   <data_dir>/blobs   tensors of more than 16 KiB (BlobStore), synced
-//                      before the record that names them
+//                      before the record that names them; the state holds
+//                      them as mappings of these files, not in memory
 //
 // Startup (Recover) loads the checkpoint and applies the records after it,
 // then writes a new checkpoint. A checkpoint is one WriteBatch that replaces
@@ -84,8 +85,10 @@ class RocksStateLog final : public StateLog {
   // Recover). Other storage errors stop the process.
   absl::Status Stage(const Tensor& value) override { return blobs_.Stage(value); }
   absl::Status CheckRoom(uint64_t value_bytes) const override;
-  absl::StatusOr<uint64_t> Append(const Record& record) override;
+  // Values in blob files come back as mappings of them (BlobStore).
+  absl::StatusOr<uint64_t> Append(Record& record) override;
   absl::Status Durable(uint64_t position) override;
+  absl::Status Check(const Tensor& value) override { return blobs_.Check(value); }
   void Applied(const ClusterState& state) override;
   absl::Status Recover(ClusterState& state) override;
 
@@ -103,6 +106,8 @@ class RocksStateLog final : public StateLog {
   RocksStateLog(RocksStateLogOptions options, std::shared_ptr<rocksdb::FileSystem> fs,
                 std::unique_ptr<rocksdb::Env> env);
   absl::Status CheckSpace(uint64_t bytes) const;
+  // Replaces the values `record` keeps in blob files with their mappings.
+  void MapValues(Record& record);
   absl::Status WriteCheckpoint(const ClusterState& state);
   // Everything up to `position` is on disk (recovered, or under a synced
   // checkpoint).

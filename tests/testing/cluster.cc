@@ -148,13 +148,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> TestCluster::StartCoordinator(int port) 
                        "coordinator");
 }
 
-absl::Status TestCluster::RestartCoordinator(int sig) {
+absl::Status TestCluster::RestartCoordinator(int sig, const std::function<void()>& while_down) {
   const int port = coordinator_->port();
   if (sig == SIGKILL) {
     coordinator_->Kill(SIGKILL);
   } else {
     coordinator_->Stop();
   }
+  if (while_down) while_down();
   auto c = StartCoordinator(port);
   if (!c.ok()) return c.status();
   coordinator_ = *std::move(c);

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,8 +71,9 @@ class TestCluster {
   // Starts tpu_worker:i again (new incarnation) after it was killed.
   absl::Status RestartWorker(int i);
   // Stops the coordinator with `sig` (SIGKILL: at once; SIGTERM: cleanly)
-  // and starts it again on the same port and data dir.
-  absl::Status RestartCoordinator(int sig);
+  // and starts it again on the same port and data dir, calling `while_down`
+  // (when given) in between.
+  absl::Status RestartCoordinator(int sig, const std::function<void()>& while_down = nullptr);
   std::string coordinator_data_dir() const { return dir() + "/coordinator-data"; }
   std::string worker_address(int i) const;
   const std::string& dir() const { return dir_.path(); }

@@ -211,7 +211,7 @@ TEST_F(MembershipTest, T5_Heartbeat_StaleIncarnation_Aborted) {
 // A log whose syncs wait for the test: Durable(p) returns once p is released.
 class GatedLog final : public StateLog {
  public:
-  absl::StatusOr<uint64_t> Append(const Record&) override {
+  absl::StatusOr<uint64_t> Append(Record&) override {
     absl::MutexLock lock(&mu_);
     return ++appended_;
   }

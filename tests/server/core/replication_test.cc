@@ -31,7 +31,7 @@ using ::repvar::testing::StatusIs;
 // asking and the record (Append).
 class FillableLog final : public StateLog {
  public:
-  absl::StatusOr<uint64_t> Append(const Record& record) override {
+  absl::StatusOr<uint64_t> Append(Record& record) override {
     if (refuse_appends) return absl::ResourceExhaustedError("disk full");
     return records_.Append(record);
   }

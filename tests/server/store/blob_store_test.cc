@@ -121,7 +121,9 @@ TEST_F(BlobStoreTest, NegativeControl_WithoutSyncs_PowerLossLosesTheBlob) {
   EXPECT_THAT(Store(options_)->Load(ref), StatusIs(absl::StatusCode::kDataLoss, ref.blob()));
 }
 
-TEST_F(BlobStoreTest, FlippedByte_DataLossNamingTheFileAndOffset) {
+// Startup maps a blob without reading it; its first use checks it. A
+// store that reads values whole checks them at Load.
+TEST_F(BlobStoreTest, FlippedByte_DataLossAtFirstUse_NamingTheFileAndOffset) {
   auto store = Store(options_);
   disk::TensorRef ref;
   ASSERT_OK(store->Keep(*F32(Ramp(100)), &ref));
@@ -131,8 +133,53 @@ TEST_F(BlobStoreTest, FlippedByte_DataLossNamingTheFileAndOffset) {
     f.seekp(200);
     f.put('\x7f');
   }
-  EXPECT_THAT(store->Load(ref), StatusIs(absl::StatusCode::kDataLoss,
-                                         absl::StrCat(path, ": bytes 192..256 do not match")));
+  const std::string damage = absl::StrCat(path, ": bytes 192..256 do not match");
+  auto fresh = Store(options_);  // a restart
+  auto mapped = fresh->Load(ref);
+  ASSERT_OK(mapped);
+  EXPECT_TRUE((*mapped)->bytes.file_backed());
+  EXPECT_THAT(fresh->Check(**mapped), StatusIs(absl::StatusCode::kDataLoss, damage));
+  EXPECT_THAT(fresh->Check(**mapped), StatusIs(absl::StatusCode::kDataLoss, damage))
+      << "remembered";
+
+  BlobStoreOptions in_memory = options_;
+  in_memory.map_values = false;
+  EXPECT_THAT(Store(in_memory)->Load(ref), StatusIs(absl::StatusCode::kDataLoss, damage));
+}
+
+// The coordinator's copy of a value is the file: once kept, a value is held
+// as a mapping of its blob (no copy in memory), with the same bytes, and is
+// good without a pass over them; a value loaded at startup is good once
+// checked.
+TEST_F(BlobStoreTest, Mapped_TheBlobFileItself_SameBytes) {
+  auto store = Store(options_);
+  auto t = F32(Ramp(100));
+  disk::TensorRef ref;
+  ASSERT_OK(store->Keep(*t, &ref));
+  auto mapped = store->Mapped(t);
+  ASSERT_OK(mapped);
+  EXPECT_TRUE((*mapped)->bytes.file_backed());
+  EXPECT_EQ(Floats(**mapped), Ramp(100));
+  EXPECT_EQ((*mapped)->checksum, t->checksum);
+  EXPECT_OK(store->Check(**mapped));
+  disk::TensorRef described;
+  store->Describe(**mapped, &described);
+  EXPECT_EQ(described.SerializeAsString(), ref.SerializeAsString());
+
+  auto small = F32({1, 2});
+  auto same = store->Mapped(small);
+  ASSERT_OK(same);
+  EXPECT_EQ(same->get(), small.get()) << "an inline value stays in memory";
+
+  auto loaded = Store(options_)->Load(ref);
+  ASSERT_OK(loaded);
+  EXPECT_EQ(Floats(**loaded), Ramp(100));
+
+  BlobStoreOptions unsynced = options_;
+  unsynced.sync = false;
+  auto kept_in_memory = Store(unsynced)->Mapped(t);
+  ASSERT_OK(kept_in_memory);
+  EXPECT_EQ(kept_in_memory->get(), t.get()) << "an unsynced file is no home for a value";
 }
 
 TEST_F(BlobStoreTest, TruncatedOrMissing_DataLossNamingTheFile) {

@@ -35,7 +35,7 @@ class AcknowledgedLog final : public StateLog {
  public:
   explicit AcknowledgedLog(StateLog* log) : log_(log), acked_(RandomCluster::StateOptions()) {}
 
-  absl::StatusOr<uint64_t> Append(const Record& record) override {
+  absl::StatusOr<uint64_t> Append(Record& record) override {
     auto position = log_->Append(record);
     absl::MutexLock lock(&mu_);
     if (position.ok()) pending_.emplace(*position, record);

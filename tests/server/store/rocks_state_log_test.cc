@@ -31,6 +31,8 @@ using ::repvar::testing::PowerLossFileSystem;
 using ::repvar::testing::RandomCluster;
 using ::repvar::testing::StatusIs;
 
+absl::StatusOr<uint64_t> Append(StateLog& log, Record record) { return log.Append(record); }
+
 class RocksStateLogTest : public ::testing::Test {
  protected:
   repvar::testing::TempDir dir_;
@@ -140,7 +142,7 @@ TEST_F(RocksStateLogTest, UnknownFormat_Refused) {
 
 TEST_F(RocksStateLogTest, AppendBeforeRecover_FailedPrecondition) {
   auto log = Open(Options());
-  EXPECT_THAT(log->Append(Record{{StepBegun{1, 1}}}),
+  EXPECT_THAT(Append(*log, Record{{StepBegun{1, 1}}}),
               StatusIs(absl::StatusCode::kFailedPrecondition, "after Recover"));
 }
 
@@ -173,7 +175,7 @@ TEST_F(RocksStateLogTest, FailedSync_IsFatal) {
         ClusterState state;
         (void)log->Recover(state);
         fs_->FailSyncs(true);
-        auto position = log->Append(Record{{StepBegun{1, 1}}});
+        auto position = Append(*log, Record{{StepBegun{1, 1}}});
         if (position.ok()) (void)log->Durable(*position);
       },
       "state log: .*sync failed.*stopping");
@@ -186,7 +188,7 @@ TEST_F(RocksStateLogTest, FailedSync_IsFatal) {
   ClusterState state;
   ASSERT_OK(log->Recover(state));
   fs_->FailSyncs(true);
-  auto position = log->Append(Record{{StepBegun{1, 1}}});
+  auto position = Append(*log, Record{{StepBegun{1, 1}}});
   ASSERT_OK(position);  // written, not yet synced
   EXPECT_THAT(log->Durable(*position), StatusIs(absl::StatusCode::kInternal, "sync"));
   EXPECT_FALSE(fatal.ok());
@@ -210,7 +212,7 @@ TEST_F(RocksStateLogTest, GroupCommit_WritersWaitingTogetherShareOneSync) {
     in_sync.Notify();
     release.WaitForNotification();
   });
-  auto first = log->Append(Record{{StepBegun{1, 1}}});
+  auto first = Append(*log, Record{{StepBegun{1, 1}}});
   ASSERT_OK(first);
   std::vector<std::thread> waiters;
   absl::Status first_durable;
@@ -218,7 +220,7 @@ TEST_F(RocksStateLogTest, GroupCommit_WritersWaitingTogetherShareOneSync) {
   in_sync.WaitForNotification();  // the first sync is under way, and held
   std::vector<uint64_t> positions;
   for (int64_t i = 2; i <= 8; ++i) {
-    auto p = log->Append(Record{{StepBegun{i, static_cast<uint64_t>(i)}}});
+    auto p = Append(*log, Record{{StepBegun{i, static_cast<uint64_t>(i)}}});
     ASSERT_OK(p);
     positions.push_back(*p);
   }
@@ -253,7 +255,10 @@ TEST_F(RocksStateLogTest, Checkpoint_CollectsTheBlobsOfReplacedValues) {
   EXPECT_EQ(Blobs().size(), 1u) << "only the value of version 10";
 }
 
-TEST_F(RocksStateLogTest, DamagedBlob_RecoveryRefusesNamingTheFile) {
+// Recovery maps blobs without reading them (a restart stays fast); a
+// damaged one is found at the first use of its value and never served. A
+// truncated one is refused at startup (its size is checked).
+TEST_F(RocksStateLogTest, DamagedBlob_FoundAtFirstUseNamingTheFile_TruncatedRefusedAtStartup) {
   {
     auto log = Open(Options());
     RandomCluster cluster(5, log.get());
@@ -270,10 +275,42 @@ TEST_F(RocksStateLogTest, DamagedBlob_RecoveryRefusesNamingTheFile) {
     f.seekp(20);
     f.put('\x01');
   }
+  {
+    auto log = Open(Options());
+    ClusterState state;
+    ASSERT_OK(log->Recover(state));
+    const VariableRecord* w = state.Find("w");
+    ASSERT_NE(w, nullptr);
+    ASSERT_NE(w->value, nullptr);
+    EXPECT_TRUE(w->value->bytes.file_backed());
+    EXPECT_THAT(log->Check(*w->value),
+                StatusIs(absl::StatusCode::kDataLoss, absl::StrCat(blobs[0], ": bytes 16..32")));
+  }
+  std::filesystem::resize_file(blobs[0], 12);
   auto log = Open(Options());
   ClusterState state;
   EXPECT_THAT(log->Recover(state),
-              StatusIs(absl::StatusCode::kDataLoss, absl::StrCat(blobs[0], ": bytes 16..32")));
+              StatusIs(absl::StatusCode::kDataLoss, absl::StrCat(blobs[0], " has 12 bytes")));
+}
+
+// What the state holds of a value written through the log is the blob file,
+// not a copy in memory.
+TEST_F(RocksStateLogTest, CommittedValue_HeldAsItsBlobFile) {
+  auto log = Open(Options());
+  RandomCluster cluster(6, log.get());
+  ASSERT_OK(cluster.core().Recover());
+  cluster.Start();
+  VariableDef def{.name = "w", .tensor = {DType::kFloat32, {8}}, .replica_count = 2};
+  ASSERT_OK(cluster.core().CreateVariables({}, {{def, {}}}));
+  ASSERT_OK(cluster.core().Assign({}, {"w", AssignOp::kAssign, F32({1, 2, 3, 4, 5, 6, 7, 8})}));
+  std::shared_ptr<const Tensor> held = cluster.core().registry().Read(
+      [](const ClusterState& state) { return state.Find("w")->value; });
+  ASSERT_NE(held, nullptr);
+  EXPECT_TRUE(held->bytes.file_backed());
+  EXPECT_OK(log->Check(*held));
+  auto read = cluster.core().Read("w");
+  ASSERT_OK(read);
+  EXPECT_EQ(repvar::testing::Floats(*read->value), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
 }
 
 }  // namespace

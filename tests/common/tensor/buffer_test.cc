@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+// Buffers: a file mapping holds the file's bytes without copying them into
+// memory (and refuses a file of another size); released mappings return to
+// the system once idle.
+#include "common/tensor/buffer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+
+namespace repvar {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+TEST(BufferTest, MapFile_TheFilesBytes_OfExactlyTheRecordedSize) {
+  repvar::testing::TempDir dir;
+  const std::string path = dir.path() + "/blob";
+  std::string bytes(3 << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7);
+  std::ofstream(path, std::ios::binary) << bytes;
+
+  auto b = Buffer::MapFile(path, bytes.size());
+  ASSERT_OK(b);
+  EXPECT_TRUE(b->file_backed());
+  ASSERT_EQ(b->size(), bytes.size());
+  EXPECT_EQ(std::memcmp(b->data(), bytes.data(), bytes.size()), 0);
+  EXPECT_EQ(b->Prefault(b->size()), 0u) << "a read-only mapping is never written";
+
+  // The mapping outlives the file's name (a blob collected while read).
+  std::filesystem::remove(path);
+  EXPECT_EQ(std::memcmp(b->data() + 12345, bytes.data() + 12345, 1000), 0);
+  const size_t pooled = PooledBufferBytes();
+  *b = Buffer();
+  EXPECT_EQ(PooledBufferBytes(), pooled) << "a file mapping is unmapped, not pooled";
+}
+
+TEST(BufferTest, MapFile_OtherSizeIsDataLoss_MissingIsNotFound) {
+  repvar::testing::TempDir dir;
+  const std::string path = dir.path() + "/blob";
+  std::ofstream(path, std::ios::binary) << std::string(100, 'x');
+  EXPECT_THAT(Buffer::MapFile(path, 400),
+              StatusIs(absl::StatusCode::kDataLoss, path + " has 100 bytes, not 400"));
+  EXPECT_OK(Buffer::MapFile(path, 100));
+  EXPECT_THAT(Buffer::MapFile(dir.path() + "/none", 100), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST(BufferTest, ReleaseIdleBuffers_UnmapsOnlyMappingsIdleThatLong) {
+  ReleaseIdleBuffers(absl::ZeroDuration());
+  ASSERT_EQ(PooledBufferBytes(), 0u);
+  {
+    auto b = Buffer::Allocate(4 << 20);
+    ASSERT_OK(b);
+  }
+  EXPECT_GE(PooledBufferBytes(), size_t{4} << 20) << "released into the pool for reuse";
+  EXPECT_EQ(ReleaseIdleBuffers(absl::Hours(1)), 0u);
+  EXPECT_GE(PooledBufferBytes(), size_t{4} << 20);
+  EXPECT_GE(ReleaseIdleBuffers(absl::ZeroDuration()), size_t{4} << 20);
+  EXPECT_EQ(PooledBufferBytes(), 0u);
+}
+
+}  // namespace
+}  // namespace repvar
