@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // F3 under load, against real processes: clients assign, add and read while
-// the coordinator is killed (SIGKILL) at a random moment and started again on
-// its data dir. After every restart each variable's history -- every call
-// with its answer, or with an unknown outcome when the call failed -- must be
+// trainers on every host run steps, and the coordinator is killed (SIGKILL)
+// at a random moment and started again on its data dir. After every restart each variable's history
+// -- every call with its answer, or with an unknown outcome when the call failed -- must be
 // linearizable from the state before the trial (tests/testing/
 // linearizability.h): no acknowledged write lost or applied twice, no read
-// that goes back in time, no version reused. After all trials every replica
+// that goes back in time, no version reused. A step writes one value to
+// every replica of crash/0, so a committed step is an assign of it in that
+// variable's history; committed step ids and epochs only go up across every
+// restart (F6). After all trials every replica
 // on the workers holds the committed value. The negative control runs the
 // same load against a coordinator that keeps nothing (--ephemeral) and must
 // be caught.
@@ -24,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "repvar/client.h"
+#include "repvar/step.h"
 #include "tests/testing/linearizability.h"
 #include "tests/testing/started_cluster.h"
 #include "tests/testing/status_matchers.h"
@@ -63,6 +67,7 @@ struct TrialResult {
   int acknowledged = 0;
   int unknown = 0;
   int reads = 0;
+  int steps = 0;                       // committed
   std::vector<absl::Status> verdicts;  // one per variable
 };
 
@@ -92,6 +97,87 @@ class CrashTest : public testing::StartedCluster {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return last;
+  }
+
+  // Steps on crash/0 until `stop`, one trainer per host, each writing the
+  // same value to its host's replicas (NONE aggregation), with a pause
+  // between steps so that cross-replica writes find the gaps (S5 refuses
+  // them while a step is open). A committed step goes into the history as
+  // an assign of that value; a step that failed without a refusal, as one
+  // of unknown outcome.
+  void StepLoop(const std::atomic<bool>& stop, std::vector<RegisterOp>& history,
+                std::mutex& history_mu, int& committed) {
+    auto client = Client::Connect({.coordinator_address = cluster_.address(),
+                                   .deadline = absl::Seconds(5),
+                                   .max_attempts = 8});
+    if (!client.ok()) return;
+    for (int n = 0; !stop.load() && n < 1000; ++n) {
+      const int64_t step = next_step_++;
+      RegisterOp op;
+      op.kind = RegisterOp::Kind::kAssign;
+      op.arg = std::vector<float>(kElements, -static_cast<float>(step));  // no client writes it
+      op.call = Now();
+      std::vector<absl::StatusOr<StepResult>> results(3, absl::UnknownError("not run"));
+      std::vector<std::thread> hosts;
+      for (int h = 0; h < 3; ++h) {
+        hosts.emplace_back([&, h] {
+          auto scope =
+              StepScope::Begin(**client, step,
+                               StepOptions{.worker = absl::StrCat("tpu_worker:", h),
+                                           .barrier_timeout = testing::Scaled(absl::Seconds(5))});
+          if (!scope.ok()) {
+            results[h] = scope.status();
+            return;
+          }
+          auto local = (*scope)->LocalReplicas(Var(0));
+          for (int32_t r : local.ok() ? *local : std::vector<int32_t>{}) {
+            if (absl::Status s = (*scope)->Write<float>(Var(0), r, op.arg); !s.ok()) {
+              results[h] = s;
+              return;
+            }
+          }
+          results[h] = (*scope)->Commit();
+        });
+      }
+      for (std::thread& t : hosts) t.join();
+      const StepResult* done = nullptr;
+      bool unknown = false;
+      for (const auto& r : results) {
+        if (r.ok()) {
+          done = &*r;
+        } else if (OutcomeUnknown(r.status())) {
+          unknown = true;
+        }
+      }
+      if (done != nullptr) {
+        op.ret = Now();
+        if (!committed_steps_.empty() && (done->step <= committed_steps_.back().first ||
+                                          done->epoch <= committed_steps_.back().second)) {
+          ++steps_gone_back_;
+          std::printf("step %lld epoch %llu committed after step %lld epoch %llu\n",
+                      static_cast<long long>(done->step),
+                      static_cast<unsigned long long>(done->epoch),
+                      static_cast<long long>(committed_steps_.back().first),
+                      static_cast<unsigned long long>(committed_steps_.back().second));
+        }
+        committed_steps_.emplace_back(done->step, done->epoch);
+        ++committed;
+        ++steps_committed_;
+        const StepChange* change = nullptr;
+        for (const StepChange& c : done->changed) change = c.variable == Var(0) ? &c : change;
+        if (change == nullptr) continue;  // the majority kept the committed value
+        op.version = change->version;
+        op.checksum = change->checksum;
+        EXPECT_EQ(op.checksum, testing::ChecksumOf(op.arg)) << "a value no trainer wrote";
+      } else if (!unknown) {
+        continue;  // refused: it changed nothing
+      }
+      {
+        std::lock_guard<std::mutex> lock(history_mu);
+        history.push_back(std::move(op));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
 
   // One trial: load, SIGKILL at a random moment, restart, more load; then
@@ -152,12 +238,14 @@ class CrashTest : public testing::StartedCluster {
         }
       });
     }
+    std::thread stepper([&] { StepLoop(stop, history[0], mu, out.steps); });
     std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 500));
     EXPECT_OK(cluster_.RestartCoordinator(SIGKILL));
     after_restart();
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     stop = true;
     for (std::thread& t : clients) t.join();
+    if (stepper.joinable()) stepper.join();
 
     for (int v = 0; v < kVariables; ++v) {
       RegisterOp last;
@@ -182,6 +270,11 @@ class CrashTest : public testing::StartedCluster {
     }
     return out;
   }
+
+  int64_t next_step_ = 1;
+  int steps_gone_back_ = 0;  // committed with a step id or epoch not above the last
+  std::atomic<int> steps_committed_{0};
+  std::vector<std::pair<int64_t, uint64_t>> committed_steps_;  // (step, epoch), in order
 };
 
 TEST_F(CrashTest, F3_KillNineUnderLoad_HistoriesLinearizable_ReplicasConverge) {
@@ -190,19 +283,24 @@ TEST_F(CrashTest, F3_KillNineUnderLoad_HistoriesLinearizable_ReplicasConverge) {
   std::printf("crash trials: %d, seed %d (REPVAR_CRASH_TRIALS, REPVAR_CRASH_SEED)\n", trials, seed);
   std::mt19937_64 rng(seed);
   CreateVariables();
-  int acknowledged = 0, unknown = 0, reads = 0;
+  int acknowledged = 0, unknown = 0, reads = 0, steps = 0;
   for (int trial = 0; trial < trials; ++trial) {
     TrialResult r = Trial(rng, trial, [] {});
     acknowledged += r.acknowledged;
     unknown += r.unknown;
     reads += r.reads;
+    steps += r.steps;
     for (int v = 0; v < kVariables; ++v) {
       EXPECT_OK(r.verdicts[v]) << "trial " << trial << ", " << Var(v);
     }
   }
-  std::printf("%d trials: %d acknowledged writes, %d reads, %d writes of unknown outcome\n", trials,
-              acknowledged, reads, unknown);
+  std::printf(
+      "%d trials: %d acknowledged writes and committed steps (%d steps), %d reads, %d writes of "
+      "unknown outcome\n",
+      trials, acknowledged, steps, reads, unknown);
   EXPECT_GT(acknowledged, trials * 10);
+  EXPECT_GT(steps, trials) << "the step load did not run";
+  EXPECT_EQ(steps_gone_back_, 0);
 
   // Repair brings every replica to the committed value (F2 across crashes).
   const absl::Time deadline = absl::Now() + testing::Scaled(absl::Seconds(30));
@@ -229,9 +327,10 @@ TEST_F(CrashTest, F3_KillNineUnderLoad_HistoriesLinearizable_ReplicasConverge) {
   EXPECT_EQ(diverged, "");
 }
 
-// The checker catches a coordinator that forgets: --ephemeral loses every
+// The checkers catch a coordinator that forgets: --ephemeral loses every
 // acknowledged write at the SIGKILL (the variables are made again, as a user
-// would), and the histories must be rejected.
+// would), and the histories must be rejected; its epochs start again, and a
+// step committed after the restart must be seen going back.
 class CrashNegativeControlTest : public CrashTest {
  protected:
   CrashNegativeControlTest() : CrashTest(testing::ClusterOptions{.durable = false}) {}
@@ -243,11 +342,18 @@ TEST_F(CrashNegativeControlTest, Ephemeral_LosesAcknowledgedWrites_HistoriesReje
   TrialResult r = Trial(rng, 0, [this] {
     ASSERT_OK(client_->WaitForTopology(testing::Scaled(absl::Seconds(20))));
     CreateVariables();
+    // Until a step commits on the forgetful coordinator (bounded).
+    const int before = steps_committed_.load();
+    for (int i = 0; i < 200 && steps_committed_.load() == before; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   });
   int rejected = 0;
   for (const absl::Status& s : r.verdicts) rejected += absl::IsFailedPrecondition(s) ? 1 : 0;
   EXPECT_GT(r.acknowledged, 0);
   EXPECT_EQ(rejected, kVariables) << "a forgetful coordinator passed the check";
+  EXPECT_GT(r.steps, 0);
+  EXPECT_GT(steps_gone_back_, 0) << "epochs that start again passed the check";
 }
 
 }  // namespace
