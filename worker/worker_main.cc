@@ -47,6 +47,8 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "memory lent to tensors being received at once; beyond it writes get "
           "RESOURCE_EXHAUSTED (0: half the machine's memory)");
+ABSL_FLAG(int64_t, max_inflight_bytes_per_connection, 0,
+          "of --max_inflight_bytes, what one trainer connection may hold at once (0: half)");
 
 int main(int argc, char** argv) {
   repvar::TuneMallocForBulkTransfers();
@@ -100,7 +102,10 @@ int main(int argc, char** argv) {
   repvar::MemoryBudget budget(inflight > 0 ? static_cast<uint64_t>(inflight)
                                            : repvar::MemoryBudget::HalfOfPhysicalMemory());
   repvar::worker::ReplicasService replicas_service(incarnation, &store, &data_plane, &budget);
-  repvar::worker::StepsService steps_service(&steps, &budget);
+  repvar::worker::StepsService steps_service(
+      &steps, &budget,
+      static_cast<uint64_t>(
+          std::max<int64_t>(0, absl::GetFlag(FLAGS_max_inflight_bytes_per_connection))));
   int port = 0;
   // The port file is written once the agent runs (below), so a waiter sees a
   // worker that serves and registers.

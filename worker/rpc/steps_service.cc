@@ -22,18 +22,24 @@ grpc::Status StepsService::StepRead(grpc::ServerContext* ctx, const v1::StepRead
   return SendReplica(ctx, *r, req->chunk_bytes(), writer);
 }
 
-grpc::Status StepsService::StepWrite(grpc::ServerContext*,
+std::shared_ptr<MemoryBudget> StepsService::Share(const grpc::ServerContext* ctx) {
+  return budget_ == nullptr ? nullptr : connections_.For(ctx->peer());
+}
+
+grpc::Status StepsService::StepWrite(grpc::ServerContext* ctx,
                                      grpc::ServerReader<v1::StepWriteRequest>* reader,
                                      v1::StepWriteResponse*) {
-  StepWriteSession session(steps_, budget_);
+  const std::shared_ptr<MemoryBudget> share = Share(ctx);
+  StepWriteSession session(steps_, share.get());
   if (absl::Status s = Drain(session, reader); !s.ok()) return ToGrpcStatus(s);
   return ToGrpcStatus(session.Finish());
 }
 
-grpc::Status StepsService::StepWriteSmall(grpc::ServerContext*,
+grpc::Status StepsService::StepWriteSmall(grpc::ServerContext* ctx,
                                           const v1::StepWriteSmallRequest* req,
                                           v1::StepWriteResponse*) {
-  StepWriteSession session(steps_, budget_);
+  const std::shared_ptr<MemoryBudget> share = Share(ctx);
+  StepWriteSession session(steps_, share.get());
   for (const v1::StepWriteHeader& h : req->writes()) {
     if (!WholeInline(h.tensor(), h.inline_data())) {
       return ToGrpcStatus(absl::InvalidArgumentError(

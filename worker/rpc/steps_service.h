@@ -2,6 +2,8 @@
 #ifndef REPVAR_WORKER_RPC_STEPS_SERVICE_H_
 #define REPVAR_WORKER_RPC_STEPS_SERVICE_H_
 
+#include <memory>
+
 #include "common/base/memory_budget.h"
 #include "repvar/v1/worker.grpc.pb.h"
 #include "worker/core/step_table.h"
@@ -12,9 +14,16 @@ namespace repvar::worker {
 // (repvar.v1.WorkerSteps): proto -> model -> core -> proto. Thread-safe.
 class StepsService final : public v1::WorkerSteps::Service {
  public:
-  // Tensors being received are charged to `budget` (null: unbounded).
-  explicit StepsService(StepTable* steps, MemoryBudget* budget = nullptr)
-      : steps_(steps), budget_(budget) {}
+  // Tensors being received are charged to `budget` (null: unbounded),
+  // each trainer connection's to its share of it: `per_connection_bytes`
+  // (0: half the budget), so one trainer cannot take all the worker lends.
+  explicit StepsService(StepTable* steps, MemoryBudget* budget = nullptr,
+                        uint64_t per_connection_bytes = 0)
+      : steps_(steps),
+        budget_(budget),
+        connections_(budget, per_connection_bytes > 0 || budget == nullptr
+                                 ? per_connection_bytes
+                                 : budget->capacity() / 2) {}
 
   grpc::Status StepRead(grpc::ServerContext*, const v1::StepReadRequest*,
                         grpc::ServerWriter<v1::ReadVariableChunk>*) override;
@@ -32,8 +41,13 @@ class StepsService final : public v1::WorkerSteps::Service {
                          v1::StepUnmapResponse*) override;
 
  private:
+  // The share of the budget for the connection `ctx` came on (null when
+  // the worker has no budget).
+  std::shared_ptr<MemoryBudget> Share(const grpc::ServerContext* ctx);
+
   StepTable* const steps_;
   MemoryBudget* const budget_;
+  ConnectionBudgets connections_;
 };
 
 }  // namespace repvar::worker

@@ -193,6 +193,46 @@ TEST_F(WorkerServicesTest, Replicas_WriteSmall_OnlyWholeInlineTensors) {
   EXPECT_EQ(resp.checksum(), Sum(data));
 }
 
+// One trainer connection holds at most its share of what the worker lends
+// to tensors being received: a write over it is RESOURCE_EXHAUSTED naming
+// the connection, and changes nothing; one within it goes through.
+TEST_F(WorkerServicesTest, Steps_WriteOverTheConnectionsShare_ResourceExhausted) {
+  ASSERT_OK(store_.Apply({ReplicaWrite{
+      1,
+      "w",
+      1,
+      {0},
+      std::make_shared<const Tensor>(*Tensor::Zeros(TensorSpec{DType::kFloat32, {2}}))}}));
+  MemoryBudget budget(1 << 20, nullptr, "the worker's budget");
+  const std::string data = FloatBytes({5, 6});
+  v1::StepWriteSmallRequest req;
+  v1::StepWriteHeader* h = req.add_writes();
+  h->set_step(3);
+  h->set_epoch(11);
+  h->set_variable_id(1);
+  Tensor2(data, h->mutable_tensor());
+  h->set_inline_data(data);
+  for (uint64_t share : {4, 8}) {
+    StepsService limited(&steps_, &budget, share);
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&limited);
+    auto server = builder.BuildAndStart();
+    auto stub = v1::WorkerSteps::NewStub(server->InProcessChannel(grpc::ChannelArguments()));
+    v1::StepWriteResponse resp;
+    const absl::Status s = FromGrpcStatus(stub->StepWriteSmall(Ctx().get(), req, &resp));
+    if (share == 4) {
+      EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, "connection"));
+      auto view = steps_.Read(11, 1, 0);
+      EXPECT_TRUE(!view.ok() || view->checksum != Sum(data)) << "the refused write changed nothing";
+    } else {
+      EXPECT_OK(s);
+    }
+    EXPECT_EQ(budget.used(), 0u);
+    server->Shutdown();
+    server->Wait();
+  }
+}
+
 TEST_F(WorkerServicesTest, Steps_WriteReadCommit_Converted_BadHeaderRefused) {
   ASSERT_OK(store_.Apply({ReplicaWrite{
       1,
