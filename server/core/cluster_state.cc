@@ -51,6 +51,7 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
   workers_ = std::move(data.workers);
   topology_version_ = data.topology_version;
   last_committed_step_ = data.last_committed_step;
+  last_step_ = std::move(data.last_step);
   last_epoch_ = data.last_epoch;
   fences_reserved_ = data.fences_reserved;
   outcomes_ = std::move(outcomes);
@@ -210,6 +211,7 @@ void ClusterState::ApplyChange(const StepCommitted& c) {
                    absl::StrCat("StepCommitted of step ", c.step, " (epoch ", c.epoch,
                                 ") after step ", last_committed_step_));
   last_committed_step_ = c.step;
+  last_step_ = LastStep{c.step, c.epoch, c.changed};
 }
 
 void ClusterState::ApplyChange(const StepFailed& c) {
@@ -388,7 +390,12 @@ std::string ClusterState::Dump() const {
   std::string out;
   absl::StrAppend(&out, "next_variable_id ", next_variable_id_, "\ntopology_version ",
                   topology_version_, "\nlast_committed_step ", last_committed_step_,
-                  "\nlast_epoch ", last_epoch_, "\nfences_reserved ", fences_reserved_, "\n");
+                  "\nlast_epoch ", last_epoch_, "\nfences_reserved ", fences_reserved_,
+                  "\nlast_step ", last_step_.step, " epoch ", last_step_.epoch, " changed");
+  for (const CommittedVariable& c : last_step_.changed) {
+    absl::StrAppend(&out, " ", c.variable_id, "/", c.name, "@", c.version, ":", c.checksum);
+  }
+  absl::StrAppend(&out, "\n");
   for (const auto& [key, w] : workers_) {
     std::vector<std::string> devices;
     for (const DeviceName& d : w.devices) devices.push_back(d.ToString());

@@ -74,6 +74,13 @@ struct StoredOutcome {
 
 // Everything a ClusterState holds, as plain data: what a checkpoint of the
 // state log saves, and what ClusterState::Restore takes back.
+// The last committed step and what it changed (StepCommitted).
+struct LastStep {
+  int64_t step = 0;
+  uint64_t epoch = 0;  // 0: none committed
+  std::vector<CommittedVariable> changed;
+};
+
 struct ClusterStateData {
   std::map<uint64_t, VariableRecord> variables;  // by id
   uint64_t next_variable_id = 1;
@@ -82,6 +89,7 @@ struct ClusterStateData {
   int64_t last_committed_step = 0;
   uint64_t last_epoch = 0;
   uint64_t fences_reserved = 0;
+  LastStep last_step;
   std::vector<std::pair<std::string, StoredOutcome>> outcomes;  // by id, oldest first
 };
 
@@ -130,6 +138,7 @@ class ClusterState {
 
   // Steps.
   int64_t last_committed_step() const { return last_committed_step_; }
+  const LastStep& last_step() const { return last_step_; }
   uint64_t last_epoch() const { return last_epoch_; }
 
   // Fencing tokens (ReplicaWrite::fence) at or below this were reserved;
@@ -184,6 +193,7 @@ class ClusterState {
   bool membership_changed_ = false;  // by the record being applied
 
   int64_t last_committed_step_ = 0;
+  LastStep last_step_;
   uint64_t last_epoch_ = 0;
   uint64_t fences_reserved_ = 0;
 

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/model/device_name.h"
 #include "common/model/initializer.h"
+#include "common/model/step.h"
 #include "common/model/task.h"
 #include "common/model/variable.h"
 #include "common/tensor/tensor.h"
@@ -110,9 +111,13 @@ struct StepBegun {
 };
 // The step's variable changes ride in the same record (ValueCommitted,
 // ReplicasWritten): one record, one fsync, per step (DESIGN.md §4).
+// `changed` is the resolution's list of changed variables: a worker that
+// did not hear how the step ended (the coordinator restarted after this
+// record) is told from it, and installs its values (two-phase commit).
 struct StepCommitted {
   int64_t step = 0;
   uint64_t epoch = 0;
+  std::vector<CommittedVariable> changed;
 };
 struct StepFailed {
   int64_t step = 0;

@@ -322,6 +322,19 @@ absl::StatusOr<std::vector<InitializeResult>> Replication::Initialize(
 absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& key,
                                                              const std::vector<Assignment>& items) {
   if (items.empty()) return absl::InvalidArgumentError("assign needs at least one variable");
+  const absl::string_view op = items.size() == 1 ? "assign" : "assign_batch";
+  auto answered = [](const Answer& answer) {
+    std::vector<WriteResult> results;
+    for (const WriteOutcome& w : std::get<std::vector<WriteOutcome>>(answer)) {
+      results.push_back(WriteResult{w.version, w.checksum, nullptr});
+    }
+    return results;
+  };
+  // C6 before anything that refuses new writes: the retry of a write that
+  // was applied (its first answer lost, or too late for its caller) gets
+  // that answer, even if a step opened since (S5) or the variable is gone.
+  REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> earlier, registry_->Outcome(key, op));
+  if (earlier) return answered(*earlier);
   REPVAR_RETURN_IF_ERROR(steps_->EnterWriteGate());
   struct Leave {
     StepCoordinator* steps;
@@ -338,15 +351,9 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
     ids.push_back(id);
   }
   WriteLocks locks(this, ids);
-  const absl::string_view op = items.size() == 1 ? "assign" : "assign_batch";
-  REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> cached, registry_->Outcome(key, op));
-  if (cached) {
-    std::vector<WriteResult> results;
-    for (const WriteOutcome& w : std::get<std::vector<WriteOutcome>>(*cached)) {
-      results.push_back(WriteResult{w.version, w.checksum, nullptr});
-    }
-    return results;
-  }
+  // Again under the locks: an attempt that was still running has finished.
+  REPVAR_ASSIGN_OR_RETURN(earlier, registry_->Outcome(key, op));
+  if (earlier) return answered(*earlier);
 
   // The write locks are held: versions and values cannot move under us.
   struct Target {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
@@ -52,11 +53,32 @@ StepCoordinator::StepCoordinator(Clock* clock, Registry* registry, CollectiveGro
              registry->Read([](const ClusterState& s) { return s.last_committed_step(); })) {}
 
 void StepCoordinator::Recovered() {
-  const auto [next_epoch, last_committed] = registry_->Read([](const ClusterState& s) {
-    return std::make_pair(s.last_epoch() + 1, s.last_committed_step());
+  const auto [next_epoch, last_committed, last_step] = registry_->Read([](const ClusterState& s) {
+    return std::make_tuple(s.last_epoch() + 1, s.last_committed_step(), s.last_step());
   });
   RankedLock lock(&mu_);
   steps_.ContinueFrom(next_epoch, last_committed);
+  first_epoch_ = next_epoch;
+  earlier_ = last_step;
+}
+
+absl::StatusOr<StepResolution> StepCoordinator::Unknown(uint64_t epoch) const {
+  if (epoch == 0 || epoch >= first_epoch_ || epoch < earlier_.epoch) {
+    return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+  }
+  StepResolution r;
+  r.epoch = epoch;
+  if (epoch == earlier_.epoch) {
+    r.step = earlier_.step;
+    r.state = StepState::kCommitted;
+    r.changed = earlier_.changed;
+  } else {
+    r.state = StepState::kFailed;
+    r.status = absl::AbortedError(absl::StrCat(
+        "the step of epoch ", epoch,
+        " was open when the coordinator restarted; it did not commit (begin it again)"));
+  }
+  return r;
 }
 
 // ---- The write gate ----
@@ -247,9 +269,7 @@ absl::StatusOr<std::variant<StepPlan, StepResolution>> StepCoordinator::WaitStep
   while (true) {
     if (const StepPlan* p = steps_.plan(epoch)) return *p;
     if (const StepResolution* r = steps_.resolution(epoch)) return *r;
-    if (!steps_.state(epoch)) {
-      return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
-    }
+    if (!steps_.state(epoch)) return Unknown(epoch);
     if (step_cv_.WaitWithDeadline(mu_.native(), deadline)) {
       return absl::DeadlineExceededError(
           absl::StrCat("the barrier of epoch ", epoch, " has not resolved yet"));
@@ -262,9 +282,7 @@ absl::StatusOr<StepResolution> StepCoordinator::WaitStepResolution(uint64_t epoc
   RankedLock lock(&mu_);
   while (true) {
     if (const StepResolution* r = steps_.resolution(epoch)) return *r;
-    if (!steps_.state(epoch)) {
-      return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
-    }
+    if (!steps_.state(epoch)) return Unknown(epoch);
     if (step_cv_.WaitWithDeadline(mu_.native(), deadline)) {
       return absl::DeadlineExceededError(
           absl::StrCat("the step of epoch ", epoch, " has not resolved yet"));
@@ -283,7 +301,12 @@ void StepCoordinator::WhenStepPlanned(uint64_t epoch, PlanCallback done) {
     } else if (const StepResolution* r = steps_.resolution(epoch)) {
       ready = *r;
     } else if (!steps_.state(epoch)) {
-      ready = absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+      auto earlier = Unknown(epoch);
+      if (earlier.ok()) {
+        ready = *std::move(earlier);
+      } else {
+        ready = earlier.status();
+      }
     } else {
       // Checked and registered under one lock: no change can slip between.
       wakers_.push_back([this, epoch, done] { WhenStepPlanned(epoch, done); });
@@ -302,7 +325,7 @@ void StepCoordinator::WhenStepResolved(uint64_t epoch, ResolutionCallback done) 
     } else if (const StepResolution* r = steps_.resolution(epoch)) {
       ready = *r;
     } else if (!steps_.state(epoch)) {
-      ready = absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
+      ready = Unknown(epoch);
     } else {
       wakers_.push_back([this, epoch, done] { WhenStepResolved(epoch, done); });
       return;
@@ -364,9 +387,13 @@ std::pair<std::string, uint32_t> StepCoordinator::Group(
 absl::Status StepCoordinator::RecordCommit(const StepRecord& step) {
   return registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
     Record record;
+    StepCommitted committed{step.step, step.epoch, {}};
     for (const StepRecord::Variable& rv : step.variables) {
       const VariableRecord* v = state.FindId(rv.id);
       if (v == nullptr) continue;  // deleted since (not while in the step: refused)
+      if (rv.changed) {
+        committed.changed.push_back(CommittedVariable{rv.id, v->def.name, rv.version, rv.checksum});
+      }
       std::vector<Holder> holders;
       for (const auto& [replica, incarnation] : rv.replicas) {
         // Only a worker still live under the incarnation that took part
@@ -384,7 +411,7 @@ absl::Status StepCoordinator::RecordCommit(const StepRecord& step) {
             ReplicasWritten{rv.id, rv.version, rv.checksum, std::move(holders)});
       }
     }
-    record.changes.push_back(StepCommitted{step.step, step.epoch});
+    record.changes.push_back(std::move(committed));
     return record;
   });
 }

@@ -122,6 +122,12 @@ class StepCoordinator {
   void RecordFailure(int64_t step, uint64_t epoch);
   std::pair<std::string, uint32_t> Group(const std::vector<StepParticipant>& participants,
                                          size_t tags, bool fresh);
+  // A step the barrier does not know. One of an earlier run (before a
+  // restart) is answered from the state log: the last committed step as
+  // committed, with what it changed (its workers may not have heard before
+  // the restart, and install it now: two-phase commit); a later one as
+  // failed (the restart aborted it). Any other: NOT_FOUND.
+  absl::StatusOr<StepResolution> Unknown(uint64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   Registry* const registry_;
@@ -140,6 +146,10 @@ class StepCoordinator {
   // One-shot callbacks run when the step state changes (see WhenStepPlanned).
   std::vector<std::function<void()>> wakers_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  // From Recovered: the first epoch of this run, and the last step the
+  // earlier runs committed.
+  uint64_t first_epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  LastStep earlier_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace repvar::server

@@ -330,6 +330,11 @@ absl::Status RocksStateLog::WriteCheckpoint(const ClusterState& state) {
   meta.set_next_variable_id(state.next_variable_id());
   meta.set_topology_version(state.topology_version());
   meta.set_last_committed_step(state.last_committed_step());
+  if (state.last_step().epoch > 0) {
+    const LastStep& last = state.last_step();
+    EncodeStepCommitted(StepCommitted{last.step, last.epoch, last.changed},
+                        meta.mutable_last_step());
+  }
   meta.set_last_epoch(state.last_epoch());
   meta.set_fences_reserved(state.fences_reserved());
   batch.Put(kMetaKey, meta.SerializeAsString());
@@ -379,6 +384,10 @@ absl::Status RocksStateLog::LoadCheckpoint(ClusterStateData& data, uint64_t& las
   data.next_variable_id = meta.next_variable_id();
   data.topology_version = meta.topology_version();
   data.last_committed_step = meta.last_committed_step();
+  if (meta.has_last_step()) {
+    StepCommitted last = DecodeStepCommitted(meta.last_step());
+    data.last_step = LastStep{last.step, last.epoch, std::move(last.changed)};
+  }
   data.last_epoch = meta.last_epoch();
   data.fences_reserved = meta.fences_reserved();
 

@@ -256,8 +256,7 @@ struct ChangeEncoder {
     return absl::OkStatus();
   }
   absl::Status operator()(const StepCommitted& c) {
-    out->mutable_step_committed()->set_step(c.step);
-    out->mutable_step_committed()->set_epoch(c.epoch);
+    EncodeStepCommitted(c, out->mutable_step_committed());
     return absl::OkStatus();
   }
   absl::Status operator()(const StepFailed& c) {
@@ -323,7 +322,7 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) 
     case disk::Change::kStepBegun:
       return Change(StepBegun{in.step_begun().step(), in.step_begun().epoch()});
     case disk::Change::kStepCommitted:
-      return Change(StepCommitted{in.step_committed().step(), in.step_committed().epoch()});
+      return Change(DecodeStepCommitted(in.step_committed()));
     case disk::Change::kStepFailed:
       return Change(StepFailed{in.step_failed().step(), in.step_failed().epoch()});
     case disk::Change::kRequestRecorded: {
@@ -341,6 +340,26 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) 
 }
 
 }  // namespace
+
+void EncodeStepCommitted(const StepCommitted& c, disk::StepCommitted* out) {
+  out->set_step(c.step);
+  out->set_epoch(c.epoch);
+  for (const CommittedVariable& v : c.changed) {
+    disk::StepChange* m = out->add_changed();
+    m->set_id(v.variable_id);
+    m->set_name(v.name);
+    m->set_version(v.version);
+    m->set_checksum(v.checksum);
+  }
+}
+
+StepCommitted DecodeStepCommitted(const disk::StepCommitted& in) {
+  StepCommitted c{in.step(), in.epoch(), {}};
+  for (const disk::StepChange& m : in.changed()) {
+    c.changed.push_back(CommittedVariable{m.id(), m.name(), m.version(), m.checksum()});
+  }
+  return c;
+}
 
 absl::Status EncodeRecord(const Record& record, TensorFiles& files, disk::Record* out) {
   for (const Change& change : record.changes) {

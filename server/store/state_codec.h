@@ -41,6 +41,8 @@ absl::StatusOr<Record> DecodeRecord(const disk::Record& in, TensorFiles& files);
 // counters.
 absl::Status EncodeVariable(const VariableRecord& v, TensorFiles& files, disk::VariableRecord* out);
 absl::StatusOr<VariableRecord> DecodeVariable(const disk::VariableRecord& in, TensorFiles& files);
+void EncodeStepCommitted(const StepCommitted& c, disk::StepCommitted* out);
+StepCommitted DecodeStepCommitted(const disk::StepCommitted& in);
 void EncodeWorker(const WorkerRecord& w, disk::WorkerRecord* out);
 absl::StatusOr<WorkerRecord> DecodeWorker(const disk::WorkerRecord& in);
 void EncodeOutcome(const std::string& id, const StoredOutcome& o, disk::RequestRecorded* out);

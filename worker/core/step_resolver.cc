@@ -78,20 +78,27 @@ WorkerFinish StepResolver::BuildFinish(const LocalStep& s, const StepPlan& plan,
 
 StepResolution StepResolver::Resolve(const LocalStep& s) {
   const absl::Duration barrier = s.header.barrier_timeout;
-  // Ask the coordinator for the resolution (after a refusal or a lost call).
-  auto ask = [&](const absl::Status& why) -> StepResolution {
+  // Asks the coordinator how the step ended (after a refusal or a lost
+  // call; the link waits for a coordinator that is restarting). Only the
+  // coordinator decides: a step it says committed is installed with what
+  // this worker has of it, as if the answer had not been lost (two-phase
+  // commit); its committed value may live nowhere else.
+  auto ask = [&](const absl::Status& why, const StepPlan& plan,
+                 const PlanOutput& prepared) -> StepResolution {
     auto r = link_->WaitStep(s.header.epoch, barrier + kLinkSlack);
-    if (r.ok()) return *r;
-    return LocalFailure(s.header, why);
+    if (!r.ok()) return LocalFailure(s.header, why);
+    if (r->state == StepState::kCommitted) Install(s, plan, *r, prepared);
+    return *std::move(r);
   };
   if (s.layout->me < 0) {
     // No replica of this host takes part: nothing to report.
-    return ask(absl::UnavailableError("the coordinator did not say how the step ended"));
+    return ask(absl::UnavailableError("the coordinator did not say how the step ended"), StepPlan{},
+               PlanOutput{});
   }
   auto answer = link_->ReportStep(BuildReport(s), barrier + kLinkSlack);
   if (!answer.ok()) {
     spdlog::warn("{}: report refused: {}", StepName(s.header), answer.status().ToString());
-    return ask(answer.status());
+    return ask(answer.status(), StepPlan{}, PlanOutput{});
   }
   if (auto* res = std::get_if<StepResolution>(&*answer)) {
     if (res->state == StepState::kCommitted) Install(s, StepPlan{}, *res, PlanOutput{});
@@ -112,7 +119,7 @@ StepResolution StepResolver::Resolve(const LocalStep& s) {
     finish.error = ran.status().ToString();
   }
   auto res = link_->FinishStep(finish, plan.timeout + kLinkSlack);
-  if (!res.ok()) return ask(res.status());
+  if (!res.ok()) return ask(res.status(), plan, prepared);
   if (res->state == StepState::kCommitted) Install(s, plan, *res, prepared);
   return *std::move(res);
 }

@@ -15,9 +15,10 @@ namespace {
 // One unary call to the coordinator with a deadline `timeout` from now.
 template <typename Resp, typename Req, typename Method>
 absl::StatusOr<Resp> Unary(v1::CoordinatorWorkers::Stub* stub, Method method, const Req& req,
-                           absl::Duration timeout) {
+                           absl::Duration timeout, bool wait_for_ready = false) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  ctx.set_wait_for_ready(wait_for_ready);
   Resp resp;
   REPVAR_RETURN_IF_ERROR(FromGrpcStatus((stub->*method)(&ctx, req, &resp)));
   return resp;
@@ -87,9 +88,12 @@ absl::StatusOr<StepResolution> GrpcCoordinatorLink::WaitStep(uint64_t epoch,
   v1::WaitStepRequest req;
   req.set_epoch(epoch);
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  // A coordinator being restarted is waited for: how the step ended is
+  // its answer alone (a restarted one knows its last committed step).
   REPVAR_ASSIGN_OR_RETURN(
       auto resp, Unary<v1::StepResolution>(stub_.get(), &v1::CoordinatorWorkers::Stub::WaitStep,
-                                           req, timeout + absl::Seconds(5)));
+                                           req, timeout + absl::Seconds(5),
+                                           /*wait_for_ready=*/true));
   return ResolutionFromProto(resp);
 }
 

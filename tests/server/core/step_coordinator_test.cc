@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "server/core/coordinator.h"
+#include "server/core/state_log.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_client.h"
 #include "tests/testing/status_matchers.h"
@@ -82,7 +83,8 @@ class StepCoreTest : public ::testing::Test {
     o.replication.read_cache_bytes = 32;  // four float32[2] values
     return o;
   }
-  Coordinator core_{Options(), &clock_, &workers_};
+  MemoryStateLog log_;  // what a restarted coordinator recovers
+  Coordinator core_{Options(), &clock_, &workers_, &log_};
 };
 
 TEST_F(StepCoreTest, S1_BeginStep_IdempotentFixesParticipantsAndIdsIncrease) {
@@ -462,6 +464,66 @@ TEST_F(StepCoreTest, S5_CrossReplicaWritesRefusedDuringStep_ReadsCommitted_NewVa
   ASSERT_OK(next);
   EXPECT_EQ(next->variables.size(), 2u);  // the slot joined
   (void)w;
+}
+
+// C6 before S5: the retry of a write that was applied (its caller gave up
+// waiting) gets the original answer even though a step opened since; a new
+// request is refused. Found by the crash trials under step load.
+TEST_F(StepCoreTest, C6_RetryOfAnAppliedWrite_AnsweredWhileAStepIsOpen) {
+  Create("w", Aggregation::kMean);
+  const RequestKey key{"assign-1", 7};
+  auto first = core_.Assign(key, {"w", AssignOp::kAssign, F32({3, 4})});
+  ASSERT_OK(first);
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  auto retry = core_.Assign(key, {"w", AssignOp::kAssign, F32({3, 4})});
+  ASSERT_OK(retry);
+  EXPECT_EQ(retry->version, first->version);
+  EXPECT_EQ(retry->checksum, first->checksum);
+  EXPECT_THAT(core_.Assign({"assign-2", 7}, {"w", AssignOp::kAssign, F32({3, 4})}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "step 1 is open"));
+}
+
+// Two-phase commit across a restart: a worker that did not hear how its
+// step ended asks the restarted coordinator, which answers the last step
+// committed before the restart as committed, with what it changed (so the
+// worker installs it: the value lives nowhere else), and a step the restart
+// cut off as failed. Found by the crash trials under step load.
+TEST_F(StepCoreTest, F3_AfterARestart_LastCommittedStepAnsweredCommitted_CutOffStepFailed) {
+  const uint64_t w = Create("w", Aggregation::kNone);
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  auto value = F32({5, 6});
+  for (int t = 0; t < 3; ++t) {
+    ASSERT_OK(core_.ReportStep(
+        Report(*s, t, {{w, 2 * t, value->checksum, -1}, {w, 2 * t + 1, value->checksum, -1}})));
+  }
+  ASSERT_EQ(Resolution(s->epoch).state, StepState::kCommitted);
+  auto cut = core_.BeginStep(2, absl::Seconds(10));
+  ASSERT_OK(cut);
+
+  Coordinator after(Options(), &clock_, &workers_, &log_);
+  ASSERT_OK(after.Recover());
+  auto committed = after.WaitStepResolution(s->epoch, absl::InfinitePast());
+  ASSERT_OK(committed);
+  EXPECT_EQ(committed->state, StepState::kCommitted);
+  EXPECT_EQ(committed->step, 1);
+  ASSERT_EQ(committed->changed.size(), 1u);
+  EXPECT_EQ(committed->changed[0].variable_id, w);
+  EXPECT_EQ(committed->changed[0].name, "w");
+  EXPECT_EQ(committed->changed[0].version, 2);
+  EXPECT_EQ(committed->changed[0].checksum, value->checksum);
+  auto plan = after.WaitStepPlan(s->epoch, absl::InfinitePast());
+  ASSERT_OK(plan);
+  ASSERT_TRUE(std::holds_alternative<StepResolution>(*plan));
+  EXPECT_EQ(std::get<StepResolution>(*plan).state, StepState::kCommitted);
+
+  auto failed = after.WaitStepResolution(cut->epoch, absl::InfinitePast());
+  ASSERT_OK(failed);
+  EXPECT_EQ(failed->state, StepState::kFailed);
+  EXPECT_THAT(failed->status, StatusIs(absl::StatusCode::kAborted, "coordinator restarted"));
+  EXPECT_THAT(after.WaitStepResolution(cut->epoch + 1, absl::InfinitePast()),
+              StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(StepCoreTest, F1_DeadWorker_FailsOpenStepWithUnavailableNamingIt) {

@@ -61,6 +61,11 @@ TEST_F(StateCodecTest, CheckpointRows_RoundTrip_RestoreGivesTheSameState) {
       data.last_committed_step = s.last_committed_step();
       data.last_epoch = s.last_epoch();
       data.fences_reserved = s.fences_reserved();
+      disk::StepCommitted last;
+      EncodeStepCommitted(
+          StepCommitted{s.last_step().step, s.last_step().epoch, s.last_step().changed}, &last);
+      const StepCommitted step = DecodeStepCommitted(last);
+      data.last_step = LastStep{step.step, step.epoch, step.changed};
       for (const auto& [key, w] : s.workers()) {
         disk::WorkerRecord row;
         EncodeWorker(w, &row);

@@ -44,6 +44,7 @@ class FakeLink final : public StepLink {
   }
   absl::StatusOr<StepResolution> FinishStep(const WorkerFinish& finish, absl::Duration) override {
     finishes.push_back(finish);
+    if (!finish_error.ok()) return finish_error;
     return resolution;
   }
   absl::StatusOr<StepResolution> WaitStep(uint64_t, absl::Duration) override { return resolution; }
@@ -51,6 +52,7 @@ class FakeLink final : public StepLink {
   StepInfo info;
   std::variant<StepPlan, StepResolution> plan;
   StepResolution resolution;
+  absl::Status finish_error;  // FinishStep fails with it (the answer was lost)
   std::vector<WorkerReport> reports;
   std::vector<WorkerFinish> finishes;
   std::vector<uint64_t> known_layouts;
@@ -227,6 +229,40 @@ TEST_F(LocalStepsTest, S4_MeanPlan_BeginPlusMeanOfDeltas_InstalledWithNewVersion
   ASSERT_EQ(link_.finishes.size(), 1u);
   ASSERT_EQ(link_.finishes[0].variables.size(), 1u);
   EXPECT_EQ(link_.finishes[0].variables[0].checksum, expected->checksum);
+  for (int32_t replica : {0, 1}) {
+    auto got = store_.Get(kW, replica);
+    ASSERT_OK(got);
+    EXPECT_EQ(got->version, 6);
+    EXPECT_EQ(Floats(*got->value), (std::vector<float>{7, 8}));
+  }
+}
+
+// Two-phase commit: the answer to this worker's finish was lost (the
+// coordinator was killed after recording the commit); asked again, the
+// coordinator says the step committed, and the worker installs its values
+// as it would have. Discarding them would leave no replica holding the
+// committed value.
+TEST_F(LocalStepsTest, S4_FinishAnswerLost_CommittedWhenAsked_Installed) {
+  StepPlan plan;
+  plan.group = "g";
+  plan.timeout = absl::Seconds(1);
+  StepCollective c;
+  c.kind = StepCollective::Kind::kAllreduce;
+  c.variable_ids = {kW};
+  plan.collectives.push_back(c);
+  plan.changed_ids = {kW};
+  plan.changed_checksums = {0};
+  link_.plan = plan;
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({5, 6})}}));
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 1, F32({9, 10})}}));
+  collectives_.others = 12;
+  auto expected = F32({7, 8});
+  link_.finish_error = absl::UnavailableError("the coordinator went away");
+  link_.resolution.state = StepState::kCommitted;
+  link_.resolution.changed.push_back(CommittedVariable{kW, "w", 6, expected->checksum});
+  auto r = Commit(3, 11, {}, absl::Seconds(30));
+  ASSERT_OK(r);
+  EXPECT_EQ(r->state, StepState::kCommitted);
   for (int32_t replica : {0, 1}) {
     auto got = store_.Get(kW, replica);
     ASSERT_OK(got);
