@@ -192,6 +192,15 @@ void ClusterState::ApplyChange(const ValueCommitted& c) {
   }
 }
 
+void ClusterState::ApplyChange(const ValueKept& c) {
+  VariableRecord& v = MustFind(c.id, "ValueKept");
+  REPVAR_CHECK_MSG(c.version == v.version && c.checksum == v.checksum && c.value != nullptr &&
+                       c.value->checksum == c.checksum,
+                   absl::StrCat("ValueKept of ", v.def.name, " version ", c.version,
+                                " is not its committed value (version ", v.version, ")"));
+  v.value = c.value;
+}
+
 void ClusterState::ApplyChange(const ReplicasWritten& c) {
   VariableRecord& v = MustFind(c.id, "ReplicasWritten");
   for (const Holder& h : c.holders) Acknowledge(v, h, c.version, c.checksum);

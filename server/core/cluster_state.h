@@ -177,6 +177,7 @@ class ClusterState {
   void ApplyChange(const RequestRecorded& c);
   void ApplyChange(const FencesReserved& c);
   void ApplyChange(const WorkerJoined& c);
+  void ApplyChange(const ValueKept& c);
   VariableRecord& MustFind(uint64_t id, const char* change);
   // Records what `h` acknowledged and moves its replica through the event
   // that follows from it (acked when it is the committed value).

@@ -92,6 +92,16 @@ struct ValueCommitted {
   // create.
   std::optional<Initializer> initializer;
 };
+// The committed value of a variable that only its replicas held (a step
+// changed it), kept by the coordinator from now: recorded before a
+// cross-replica write overwrites those replicas, so that a write that fails
+// or is never recorded cannot take the committed value with it.
+struct ValueKept {
+  uint64_t id = 0;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  std::shared_ptr<const Tensor> value;
+};
 // Replicas that now hold (version, checksum): the committed value again (a
 // resync, a step's repair) or an uncommitted one (a write that failed
 // elsewhere).
@@ -139,7 +149,7 @@ struct RequestRecorded {
 using Change =
     std::variant<WorkerRegistered, WorkerDied, VariableCreated, VariableDeleted, ValueCommitted,
                  ReplicasWritten, ResyncFlagged, StepBegun, StepCommitted, StepFailed,
-                 RequestRecorded, FencesReserved, WorkerJoined>;
+                 RequestRecorded, FencesReserved, WorkerJoined, ValueKept>;
 
 struct Record {
   std::vector<Change> changes;

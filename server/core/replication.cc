@@ -359,6 +359,7 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
   struct Target {
     int64_t version = 0;
     bool allow_nonfinite = false;
+    bool only_replicas = false;  // the committed value lives on the replicas alone
   };
   std::vector<Target> targets;
   REPVAR_RETURN_IF_ERROR(registry_->Read([&](const ClusterState& state) -> absl::Status {
@@ -386,24 +387,45 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
                                                          " (allow_nonfinite is off)"));
         }
       }
-      targets.push_back(Target{v->version + 1, v->def.allow_nonfinite});
+      targets.push_back(
+          Target{v->version + 1, v->def.allow_nonfinite, v->version > 0 && v->value == nullptr});
     }
     return absl::OkStatus();
   }));
   // C3: the new value is computed once, from the committed value (fetched
   // from a replica when a step changed it).
+  // A committed value only the replicas hold (a step changed it) is kept by
+  // the coordinator before the write overwrites them: a write that fails or
+  // is never recorded must not take it with it (F7).
   std::vector<PlannedWrite> writes;
+  Record keep;
   MemoryCharge charge(budget_);  // the results computed here, while they are sent
   for (size_t i = 0; i < items.size(); ++i) {
     const Assignment& item = items[i];
     std::shared_ptr<const Tensor> value = item.value;
+    std::optional<ReadResult> base;
     if (item.op != AssignOp::kAssign) {
       REPVAR_RETURN_IF_ERROR(
           charge.Add(item.value->bytes.size(),
                      absl::StrCat("the result of ", AssignOpName(item.op), " to ", item.name)));
-      REPVAR_ASSIGN_OR_RETURN(ReadResult base, CommittedValue(ids[i]));
+      REPVAR_ASSIGN_OR_RETURN(base, CommittedValue(ids[i]));
+    } else if (targets[i].only_replicas) {
+      absl::StatusOr<ReadResult> read = CommittedValue(ids[i]);
+      if (read.ok()) {
+        base = *std::move(read);
+      } else {
+        // Nothing to keep: no replica can give it (the assign is how a
+        // user gets the variable back).
+        spdlog::warn("{}: the committed value cannot be read before it is overwritten: {}",
+                     item.name, read.status().ToString());
+      }
+    }
+    if (targets[i].only_replicas && base) {
+      keep.changes.push_back(ValueKept{ids[i], base->version, base->value->checksum, base->value});
+    }
+    if (item.op != AssignOp::kAssign) {
       REPVAR_ASSIGN_OR_RETURN(
-          Tensor sum, AddScaled(*base.value, *item.value, item.op == AssignOp::kAdd ? 1 : -1));
+          Tensor sum, AddScaled(*base->value, *item.value, item.op == AssignOp::kAdd ? 1 : -1));
       if (!targets[i].allow_nonfinite) {
         if (int64_t bad = FirstNonFinite(sum); bad >= 0) {
           return absl::InvalidArgumentError(absl::StrCat("variable ", item.name,
@@ -414,6 +436,20 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
       value = std::make_shared<const Tensor>(std::move(sum));
     }
     writes.push_back(PlannedWrite{ids[i], item.name, targets[i].version, std::move(value)});
+  }
+  if (!keep.empty()) {
+    REPVAR_RETURN_IF_ERROR(
+        registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+          Record record;
+          for (const Change& c : keep.changes) {
+            const ValueKept& k = std::get<ValueKept>(c);
+            const VariableRecord* v = state.FindId(k.id);
+            if (v != nullptr && v->version == k.version && v->checksum == k.checksum) {
+              record.changes.push_back(k);
+            }
+          }
+          return record;
+        }));
   }
   REPVAR_ASSIGN_OR_RETURN(const Delivery delivery, Deliver(writes));
   std::vector<WriteOutcome> answer;

@@ -59,6 +59,7 @@ void ForEachValue(R& record, F&& fn) {
         [&](auto& c) {
           using T = std::decay_t<decltype(c)>;
           if constexpr (std::is_same_v<T, VariableCreated>) fn(c.initializer.value);
+          if constexpr (std::is_same_v<T, ValueKept>) fn(c.value);
           if constexpr (std::is_same_v<T, ValueCommitted>) {
             fn(c.value);
             if (c.initializer) fn(c.initializer->value);

@@ -236,6 +236,13 @@ struct ChangeEncoder {
     if (c.initializer) REPVAR_RETURN_IF_ERROR(Put(*c.initializer, files, m->mutable_initializer()));
     return absl::OkStatus();
   }
+  absl::Status operator()(const ValueKept& c) {
+    auto* m = out->mutable_value_kept();
+    m->set_id(c.id);
+    m->set_version(c.version);
+    m->set_checksum(c.checksum);
+    return PutTensor(c.value, files, m->mutable_value());
+  }
   absl::Status operator()(const ReplicasWritten& c) {
     auto* m = out->mutable_replicas_written();
     m->set_id(c.id);
@@ -298,6 +305,13 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) 
     }
     case disk::Change::kVariableDeleted:
       return Change(VariableDeleted{in.variable_deleted().id()});
+    case disk::Change::kValueKept: {
+      const auto& m = in.value_kept();
+      ValueKept c{m.id(), m.version(), m.checksum(), nullptr};
+      if (!m.has_value()) return absl::DataLossError("a kept value without its tensor");
+      REPVAR_ASSIGN_OR_RETURN(c.value, files.Load(m.value()));
+      return Change(std::move(c));
+    }
     case disk::Change::kValueCommitted: {
       const auto& m = in.value_committed();
       ValueCommitted c;

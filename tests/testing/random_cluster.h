@@ -170,7 +170,10 @@ class RandomCluster {
     auto plan = core_->WaitStepPlan(info->epoch, absl::InfinitePast());
     if (!plan.ok() || !std::holds_alternative<StepPlan>(*plan)) return;
     const StepPlan& p = std::get<StepPlan>(*plan);
-    const uint64_t agreed = 1000 + Pick(1000);
+    // The value the workers agree on, a real tensor: installed on them when
+    // the step commits, so that later reads and writes find it there.
+    const std::shared_ptr<const Tensor> agreed_value = Value(n_);
+    const uint64_t agreed = agreed_value->checksum;
     for (const StepParticipant& part : info->participants) {
       WorkerFinish finish{info->step, info->epoch, part.task, part.incarnation, {}, ""};
       for (size_t c = 0; c < p.changed_ids.size(); ++c) {
@@ -179,6 +182,19 @@ class RandomCluster {
         finish.variables.push_back(PreparedVariable{p.changed_ids[c], sum, -1, -1});
       }
       (void)core_->FinishStep(finish);
+    }
+    auto resolution = core_->WaitStepResolution(info->epoch, absl::InfinitePast());
+    if (!resolution.ok() || resolution->state != StepState::kCommitted) return;
+    for (const CommittedVariable& c : resolution->changed) {
+      if (c.checksum != agreed) continue;
+      for (const StepVariable& v : info->variables) {
+        if (v.id != c.variable_id) continue;
+        for (size_t r = 0; r < v.replica_participant.size(); ++r) {
+          if (v.replica_participant[r] < 0) continue;
+          workers_.Install(info->participants[v.replica_participant[r]].task.ToString(), v.id,
+                           static_cast<int32_t>(r), c.version, *agreed_value);
+        }
+      }
     }
   }
 

@@ -24,6 +24,25 @@ using ::repvar::testing::StatusIs;
 
 constexpr uint64_t kA = 0xA, kB = 0xB;  // stand-in checksums of local values
 
+// What a restarted coordinator recovers; it can stop recording new values
+// (the coordinator stopped between sending a value and recording it).
+class StoppableLog final : public StateLog {
+ public:
+  absl::StatusOr<uint64_t> Append(Record& record) override {
+    for (const Change& c : record.changes) {
+      if (refuse_values && std::holds_alternative<ValueCommitted>(c)) {
+        return absl::UnavailableError("the coordinator stopped");
+      }
+    }
+    return records_.Append(record);
+  }
+  absl::Status Recover(ClusterState& state) override { return records_.Recover(state); }
+  bool refuse_values = false;
+
+ private:
+  MemoryStateLog records_;
+};
+
 class StepCoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -83,7 +102,7 @@ class StepCoreTest : public ::testing::Test {
     o.replication.read_cache_bytes = 32;  // four float32[2] values
     return o;
   }
-  MemoryStateLog log_;  // what a restarted coordinator recovers
+  StoppableLog log_;  // what a restarted coordinator recovers
   Coordinator core_{Options(), &clock_, &workers_, &log_};
 };
 
@@ -524,6 +543,46 @@ TEST_F(StepCoreTest, F3_AfterARestart_LastCommittedStepAnsweredCommitted_CutOffS
   EXPECT_THAT(failed->status, StatusIs(absl::StatusCode::kAborted, "coordinator restarted"));
   EXPECT_THAT(after.WaitStepResolution(cut->epoch + 1, absl::InfinitePast()),
               StatusIs(absl::StatusCode::kNotFound));
+}
+
+// F7 for a value only the replicas hold (a step changed it): before a
+// cross-replica write overwrites them, the coordinator keeps the committed
+// value, so a write sent to every replica but never recorded (the
+// coordinator stopped first) loses nothing: after the restart the value is
+// read and the replicas are rewritten with it. Found by the crash trials.
+TEST_F(StepCoreTest, F7_WriteAfterAStep_CommittedValueKeptBeforeTheReplicasAreOverwritten) {
+  const uint64_t w = Create("w", Aggregation::kNone);
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  auto value = F32({5, 6});
+  for (int t = 0; t < 3; ++t) {
+    ASSERT_OK(core_.ReportStep(
+        Report(*s, t, {{w, 2 * t, value->checksum, -1}, {w, 2 * t + 1, value->checksum, -1}})));
+  }
+  ASSERT_EQ(Resolution(s->epoch).state, StepState::kCommitted);
+  for (int i = 0; i < 6; ++i) workers_.Install(absl::StrCat("tpu_worker:", i / 2), w, i, 2, *value);
+
+  log_.refuse_values = true;
+  EXPECT_FALSE(core_.Assign({}, {"w", AssignOp::kAssign, F32({7, 8})}).ok());
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_EQ(workers_.Get(absl::StrCat("tpu_worker:", i / 2), w, i)->version, 3)
+        << "every replica took the unrecorded version";
+  }
+  log_.refuse_values = false;
+
+  Coordinator after(Options(), &clock_, &workers_, &log_);
+  ASSERT_OK(after.Recover());
+  auto read = after.Read("w");
+  ASSERT_OK(read);
+  EXPECT_EQ(read->version, 2);
+  EXPECT_EQ(read->value->checksum, value->checksum);
+  after.ResyncStale();
+  for (int i = 0; i < 6; ++i) {
+    auto held = workers_.Get(absl::StrCat("tpu_worker:", i / 2), w, i);
+    ASSERT_TRUE(held.has_value());
+    EXPECT_EQ(held->version, 2) << "replica " << i;
+    EXPECT_EQ(held->checksum, value->checksum) << "replica " << i;
+  }
 }
 
 TEST_F(StepCoreTest, F1_DeadWorker_FailsOpenStepWithUnavailableNamingIt) {
