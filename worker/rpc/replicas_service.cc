@@ -31,18 +31,22 @@ grpc::Status ReplicasService::WriteReplicas(grpc::ServerContext*,
   return Answer(session.Finish(), resp);
 }
 
-grpc::Status ReplicasService::WriteSmallReplicas(grpc::ServerContext*,
-                                                 const v1::WriteSmallReplicasRequest* req,
-                                                 v1::WriteReplicasResponse* resp) {
-  ReplicaWriteSession session(incarnation_, store_, data_plane_, budget_);
-  for (const v1::WriteReplicasHeader& h : req->writes()) {
-    if (h.has_collective() || !WholeInline(h.tensor(), h.inline_data())) {
-      return ToGrpcStatus(absl::InvalidArgumentError(
-          "WriteSmallReplicas carries whole tensors inline and no collectives"));
+grpc::ServerUnaryReactor* ReplicasService::WriteSmallReplicas(
+    grpc::CallbackServerContext* ctx, const v1::WriteSmallReplicasRequest* req,
+    v1::WriteReplicasResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish([&]() -> grpc::Status {
+    ReplicaWriteSession session(incarnation_, store_, data_plane_, budget_);
+    for (const v1::WriteReplicasHeader& h : req->writes()) {
+      if (h.has_collective() || !WholeInline(h.tensor(), h.inline_data())) {
+        return ToGrpcStatus(absl::InvalidArgumentError(
+            "WriteSmallReplicas carries whole tensors inline and no collectives"));
+      }
+      if (absl::Status s = OnHeader(session, h); !s.ok()) return ToGrpcStatus(s);
     }
-    if (absl::Status s = OnHeader(session, h); !s.ok()) return ToGrpcStatus(s);
-  }
-  return Answer(session.Finish(), resp);
+    return Answer(session.Finish(), resp);
+  }());
+  return reactor;
 }
 
 grpc::Status ReplicasService::ReadReplica(grpc::ServerContext* ctx,
