@@ -83,6 +83,7 @@ void ClusterState::ApplyChange(const WorkerRegistered& c) {
   w.address = c.address;
   w.incarnation = c.incarnation;
   w.devices = c.devices;
+  w.joining = c.joining;
   membership_changed_ = true;
   // Its replicas come back: holding what they held when the same process
   // returns, empty when a new one does (F2: resynced before they serve).
@@ -126,6 +127,7 @@ void ClusterState::ApplyChange(const WorkerJoined& c) {
       w != nullptr && w->state == WorkerState::kLive && w->incarnation == c.incarnation,
       absl::StrCat("WorkerJoined names ", c.task.ToString(), " incarnation ", c.incarnation,
                    ", which is not live"));
+  workers_[c.task].joining = false;
   membership_changed_ = true;
 }
 
@@ -301,12 +303,12 @@ VariableView ClusterState::View(const VariableRecord& v) const {
   return view;
 }
 
-TopologySnapshot ClusterState::Topology(const std::map<std::string, int32_t>& expected_tasks,
-                                        const std::set<TaskKey>& hidden) const {
+TopologySnapshot ClusterState::Topology(
+    const std::map<std::string, int32_t>& expected_tasks) const {
   TopologySnapshot s;
   s.version = topology_version_;
   for (const auto& [key, w] : workers_) {
-    if (w.state != WorkerState::kLive || hidden.contains(key)) continue;
+    if (w.state != WorkerState::kLive || w.joining) continue;
     s.tasks.push_back(LiveTask{key, w.address, w.incarnation, w.devices, absl::InfinitePast()});
     for (const DeviceName& d : w.devices) {
       if (d.IsAccelerator()) s.accelerators.push_back(Accelerator{0, d, key});
@@ -324,7 +326,7 @@ TopologySnapshot ClusterState::Topology(const std::map<std::string, int32_t>& ex
   for (const auto& [job, n] : expected_tasks) {
     for (int32_t i = 0; i < n; ++i) {
       const WorkerRecord* w = Worker(TaskKey{job, i});
-      if (w == nullptr || w->state != WorkerState::kLive || hidden.contains(TaskKey{job, i})) {
+      if (w == nullptr || w->state != WorkerState::kLive || w->joining) {
         s.missing_tasks.push_back(TaskKey{job, i}.ToString());
       }
     }
@@ -409,7 +411,8 @@ std::string ClusterState::Dump() const {
     std::vector<std::string> devices;
     for (const DeviceName& d : w.devices) devices.push_back(d.ToString());
     absl::StrAppend(&out, "worker ", key.ToString(), " ", WorkerStateName(w.state), " ",
-                    w.incarnation, " ", w.address, " ", absl::StrJoin(devices, ","), "\n");
+                    w.incarnation, " ", w.address, " ", absl::StrJoin(devices, ","),
+                    w.joining ? " joining" : "", "\n");
   }
   for (const auto& [id, v] : variables_) {
     absl::StrAppend(&out, "variable ", id, " ", v.def.name, " ", v.def.tensor.ToString(), " x",

@@ -62,6 +62,7 @@ struct WorkerRecord {
   uint64_t incarnation = 0;
   std::vector<DeviceName> devices;  // sorted
   WorkerState state = WorkerState::kUnknown;
+  bool joining = false;  // registered, not listed until WorkerJoined
 };
 
 // A mutating request's answer, kept for its retries (C6).
@@ -131,9 +132,8 @@ class ClusterState {
   bool IsLive(const TaskKey& task, uint64_t incarnation) const;
   // The live workers, the accelerators in ordinal order (T2), the infeed host
   // (T3) and the expected tasks that are missing; heartbeats left unset.
-  // Live tasks; those in `hidden` are left out (and count as missing).
-  TopologySnapshot Topology(const std::map<std::string, int32_t>& expected_tasks,
-                            const std::set<TaskKey>& hidden = {}) const;
+  // Joining workers are left out (and count as missing).
+  TopologySnapshot Topology(const std::map<std::string, int32_t>& expected_tasks) const;
   int64_t topology_version() const { return topology_version_; }
 
   // Steps.

@@ -40,6 +40,12 @@ absl::Status Coordinator::Recover() {
   // What the workers hold may not be what was recorded: a write in flight
   // when we stopped may have reached some of them.
   replication_.VerifyAll();
+  // A join the earlier run did not finish is finished now: resynced, then
+  // listed (F2).
+  for (const LiveTask& t : registry_.Joining()) {
+    replication_.Rejoin(t.key);
+    REPVAR_RETURN_IF_ERROR(registry_.Joined(t.key, t.incarnation));
+  }
   return absl::OkStatus();
 }
 

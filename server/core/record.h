@@ -58,6 +58,9 @@ struct WorkerRegistered {
   std::string address;
   uint64_t incarnation = 0;
   std::vector<DeviceName> devices;  // sorted
+  // Out of the topology until a WorkerJoined: its replicas are being
+  // verified and resynced (F2). A restart in between finishes the join.
+  bool joining = false;
 };
 struct WorkerDied {
   TaskKey task;

@@ -158,14 +158,10 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
       return state_.topology_version();  // the same process again: idempotent
     }
   }
-  record.changes.push_back(WorkerRegistered{key, reg.address, reg.incarnation, std::move(devices)});
+  record.changes.push_back(
+      WorkerRegistered{key, reg.address, reg.incarnation, std::move(devices), joining});
   REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)));
   last_heartbeat_[key] = clock_->Now();
-  if (joining) {
-    joining_.insert(key);
-  } else {
-    joining_.erase(key);
-  }
   return state_.topology_version();
 }
 
@@ -173,12 +169,23 @@ absl::Status Registry::Joined(const TaskKey& key, uint64_t incarnation) {
   mu_.Lock();
   absl::Status s;
   const WorkerRecord* w = state_.Worker(key);
-  if (joining_.erase(key) > 0 && w != nullptr && w->state == WorkerState::kLive &&
+  if (w != nullptr && w->joining && w->state == WorkerState::kLive &&
       w->incarnation == incarnation) {
     s = CommitLocked(Record{{WorkerJoined{key, incarnation}}});
   }
   const absl::Status durable = Leave();
   return s.ok() ? durable : s;
+}
+
+std::vector<LiveTask> Registry::Joining() const {
+  CallLock lock(this);
+  std::vector<LiveTask> out;
+  for (const auto& [key, w] : state_.workers()) {
+    if (w.state == WorkerState::kLive && w.joining) {
+      out.push_back(LiveTask{key, w.address, w.incarnation, w.devices, absl::InfinitePast()});
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<int64_t> Registry::Heartbeat(const TaskKey& key, uint64_t incarnation) {
@@ -208,7 +215,6 @@ std::vector<LiveTask> Registry::CheckHeartbeats(absl::Time now) {
       if (now - last <= options_.membership.heartbeat_timeout) continue;
       record.changes.push_back(WorkerDied{key, w.incarnation});
       dead.push_back(LiveTask{key, w.address, w.incarnation, w.devices, last});
-      joining_.erase(key);
     }
     if (absl::Status s = CommitLocked(std::move(record)); !s.ok()) {
       spdlog::error("cannot record dead workers: {}", s.ToString());
@@ -223,7 +229,7 @@ std::vector<LiveTask> Registry::CheckHeartbeats(absl::Time now) {
 }
 
 TopologySnapshot Registry::VisibleTopology(const std::map<std::string, int32_t>& expected) const {
-  return state_.Topology(expected, joining_);
+  return state_.Topology(expected);
 }
 
 TopologySnapshot Registry::SnapshotLocked() const {
@@ -292,7 +298,7 @@ absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
     REPVAR_RETURN_IF_ERROR(Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
       // Placed on the topology users see (a joining task's accelerators
       // have no ordinal yet).
-      const TopologySnapshot topo = state.Topology({}, JoiningInCommit());
+      const TopologySnapshot topo = state.Topology({});
       // Validate the whole batch against the registry before recording anything.
       std::map<std::string, const VariableDef*, std::less<>> in_batch;
       for (const CreateItem& item : items) {

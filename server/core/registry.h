@@ -107,7 +107,8 @@ class Registry {
   // `joining`: the task stays out of the topology (Snapshot, WaitForChange,
   // WaitForExpected, placement of new variables) until Joined: its
   // replicas are being verified and resynced. It is live for everything
-  // else (heartbeats, writes, repair).
+  // else (heartbeats, writes, repair). Recorded: a restart before Joined
+  // finishes the join (Coordinator::Recover).
   absl::StatusOr<int64_t> Register(const WorkerRegistration& reg,
                                    std::optional<LiveTask>* superseded = nullptr,
                                    bool joining = false) ABSL_LOCKS_EXCLUDED(mu_);
@@ -115,6 +116,9 @@ class Registry {
   // from now (a record, a new topology version). Nothing when it is no
   // longer live under `incarnation` or not joining. Errors: the log's.
   absl::Status Joined(const TaskKey& key, uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
+  // Live workers registered joining and not yet joined: after a restart,
+  // those whose join the earlier run did not finish.
+  std::vector<LiveTask> Joining() const ABSL_LOCKS_EXCLUDED(mu_);
   // Errors: NOT_FOUND (unknown or declared-dead task: re-register), ABORTED
   // (stale incarnation).
   absl::StatusOr<int64_t> Heartbeat(const TaskKey& key, uint64_t incarnation)
@@ -174,11 +178,6 @@ class Registry {
 
   absl::Status CommitLocked(Record record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TopologySnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // joining_, for the builders Commit runs (under mu_, which the analysis
-  // cannot see through a FunctionRef).
-  const std::set<TaskKey>& JoiningInCommit() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return joining_;
-  }
   // The topology users see: live tasks that are not joining.
   TopologySnapshot VisibleTopology(const std::map<std::string, int32_t>& expected) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -191,9 +190,6 @@ class Registry {
   StateLog* const log_ ABSL_PT_GUARDED_BY(mu_);
   ClusterState state_ ABSL_GUARDED_BY(mu_);
   std::map<TaskKey, absl::Time> last_heartbeat_ ABSL_GUARDED_BY(mu_);
-  // Registered, being resynced, not yet listed (Register's `joining`). Not
-  // state: after a restart nobody is joining (startup verifies everyone).
-  std::set<TaskKey> joining_ ABSL_GUARDED_BY(mu_);
   uint64_t last_fence_ ABSL_GUARDED_BY(mu_) = 0;  // the last token handed out
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;     // log position of the last record applied
 };

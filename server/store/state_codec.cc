@@ -201,6 +201,7 @@ struct ChangeEncoder {
     m->set_address(c.address);
     m->set_incarnation(c.incarnation);
     for (const DeviceName& d : c.devices) Put(d, m->add_devices());
+    m->set_joining(c.joining);
     return absl::OkStatus();
   }
   absl::Status operator()(const WorkerDied& c) {
@@ -286,7 +287,7 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) 
   switch (in.change_case()) {
     case disk::Change::kWorkerRegistered: {
       const auto& m = in.worker_registered();
-      WorkerRegistered c{Get(m.task()), m.address(), m.incarnation(), {}};
+      WorkerRegistered c{Get(m.task()), m.address(), m.incarnation(), {}, m.joining()};
       for (const auto& d : m.devices()) c.devices.push_back(Get(d));
       return Change(std::move(c));
     }
@@ -440,6 +441,7 @@ void EncodeWorker(const WorkerRecord& w, disk::WorkerRecord* out) {
   out->set_incarnation(w.incarnation);
   for (const DeviceName& d : w.devices) Put(d, out->add_devices());
   out->set_state(w.state == WorkerState::kLive ? 1 : 2);
+  out->set_joining(w.joining);
 }
 
 absl::StatusOr<WorkerRecord> DecodeWorker(const disk::WorkerRecord& in) {
@@ -452,6 +454,7 @@ absl::StatusOr<WorkerRecord> DecodeWorker(const disk::WorkerRecord& in) {
     return Bad(absl::StrCat("worker ", w.task.ToString(), " in state ", in.state()));
   }
   w.state = in.state() == 1 ? WorkerState::kLive : WorkerState::kDead;
+  w.joining = in.joining();
   return w;
 }
 

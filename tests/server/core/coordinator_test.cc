@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "server/core/state_log.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_client.h"
 #include "tests/testing/status_matchers.h"
@@ -72,7 +73,8 @@ class CoordinatorTest : public ::testing::Test {
 
   repvar::testing::FakeClock clock_;
   repvar::testing::FakeWorkerClient workers_;
-  Coordinator core_{CoordinatorOptions{}, &clock_, &workers_};
+  MemoryStateLog log_;  // what a restarted coordinator recovers
+  Coordinator core_{CoordinatorOptions{}, &clock_, &workers_, &log_};
 };
 
 TEST_F(CoordinatorTest, V1_Create_PlacesReplicaIOnOrdinalIAndRecordsIt) {
@@ -549,6 +551,37 @@ TEST_F(CoordinatorTest, F2_ReturningWorker_ListedOnlyAfterItsResync) {
   EXPECT_EQ(after.accelerators.size(), 6u);
   EXPECT_GT(after.version, during.version) << "watchers learn it joined";
   EXPECT_EQ(core_.GetVariable("w")->replicas[2].state, ReplicaState::kUpToDate);
+}
+
+// F2 across a restart: the coordinator stopped after recording a returning
+// worker's registration and before it was resynced and listed. The join is
+// recorded, so the restarted coordinator keeps it out of the topology and
+// finishes it (resync, then listed) before serving.
+TEST_F(CoordinatorTest, F2_RestartMidJoin_TheJoinIsFinishedBeforeTheWorkerIsListed) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  const uint64_t id = core_.GetVariable("w")->id;
+  SilenceTpuWorker(1);
+  // A new process of tpu_worker:1 (holding nothing) registers; the
+  // coordinator stops before it resyncs it.
+  WorkerRegistration r{"tpu_worker", 1, "h1:1", 555, {}};
+  for (int i = 0; i < 2; ++i) {
+    r.devices.push_back(absl::StrCat("/job:tpu_worker/replica:0/task:1/device:TPU:", i));
+  }
+  for (int32_t replica : {2, 3}) {
+    workers_.Plant("tpu_worker:1", id, replica, {0, 0, 555, F32({0, 0, 0})});  // holds nothing
+  }
+  ASSERT_OK(core_.registry().Register(r, nullptr, /*joining=*/true));
+  EXPECT_EQ(core_.registry().Snapshot().tasks.size(), 3u) << "listed before its resync";
+
+  Coordinator after(CoordinatorOptions{}, &clock_, &workers_, &log_);
+  ASSERT_OK(after.Recover());
+  auto held = workers_.Get("tpu_worker:1", id, 2);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->version, 1) << "listed without its resync";
+  EXPECT_EQ(after.GetVariable("w")->replicas[2].state, ReplicaState::kUpToDate);
+  EXPECT_EQ(after.registry().Snapshot().tasks.size(), 4u);
+  EXPECT_EQ(after.registry().Joining().size(), 0u);
 }
 
 // F1: a write waiting on a worker that is declared dead fails then, not at
