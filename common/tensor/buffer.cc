@@ -122,7 +122,9 @@ size_t RoundToHugePage(size_t n) {
 void SetBufferPoolCapacity(size_t bytes) { MappingPool::Get().SetCap(bytes); }
 
 size_t ReleaseIdleBuffers(absl::Duration idle) {
-  return MappingPool::Get().ReleaseIdle(absl::ToChronoNanoseconds(idle));
+  const size_t released = MappingPool::Get().ReleaseIdle(absl::ToChronoNanoseconds(idle));
+  if (released > 0) malloc_trim(0);
+  return released;
 }
 
 size_t PooledBufferBytes() { return MappingPool::Get().held(); }

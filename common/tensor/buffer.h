@@ -18,7 +18,9 @@ namespace repvar {
 void SetBufferPoolCapacity(size_t bytes);
 // Unmaps released mappings that no allocation took back within `idle`: a
 // daemon that stopped writing gives their memory back to the system (a
-// daemon calls it now and then). Returns the bytes unmapped.
+// daemon calls it now and then). When it unmapped any, the heap's free
+// memory (message buffers of the same burst) goes back too (malloc_trim).
+// Returns the bytes unmapped.
 size_t ReleaseIdleBuffers(absl::Duration idle);
 // Bytes of released mappings the pool holds now.
 size_t PooledBufferBytes();
