@@ -80,6 +80,17 @@ class StepCoreTest : public ::testing::Test {
   WorkerFinish Finish(const StepInfo& s, int task, std::vector<PreparedVariable> pv) {
     return WorkerFinish{s.step, s.epoch, TaskKey{"tpu_worker", task}, Inc(task), std::move(pv), ""};
   }
+  // Step `step` commits with every replica of `w` (NONE) reporting `value`.
+  void CommitAgreedStep(uint64_t w, int64_t step, const Tensor& value, StepInfo* out) {
+    auto s = core_.BeginStep(step, absl::Seconds(10));
+    ASSERT_OK(s);
+    for (int t = 0; t < 3; ++t) {
+      ASSERT_OK(core_.ReportStep(
+          Report(*s, t, {{w, 2 * t, value.checksum, -1}, {w, 2 * t + 1, value.checksum, -1}})));
+    }
+    ASSERT_EQ(Resolution(s->epoch).state, StepState::kCommitted);
+    *out = *s;
+  }
   StepResolution Resolution(uint64_t epoch) {
     auto r = core_.WaitStepResolution(epoch, absl::InfinitePast());
     EXPECT_OK(r);
@@ -510,20 +521,15 @@ TEST_F(StepCoreTest, C6_RetryOfAnAppliedWrite_AnsweredWhileAStepIsOpen) {
 // cut off as failed. Found by the crash trials under step load.
 TEST_F(StepCoreTest, F3_AfterARestart_LastCommittedStepAnsweredCommitted_CutOffStepFailed) {
   const uint64_t w = Create("w", Aggregation::kNone);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
-  ASSERT_OK(s);
   auto value = F32({5, 6});
-  for (int t = 0; t < 3; ++t) {
-    ASSERT_OK(core_.ReportStep(
-        Report(*s, t, {{w, 2 * t, value->checksum, -1}, {w, 2 * t + 1, value->checksum, -1}})));
-  }
-  ASSERT_EQ(Resolution(s->epoch).state, StepState::kCommitted);
+  StepInfo s;
+  ASSERT_NO_FATAL_FAILURE(CommitAgreedStep(w, 1, *value, &s));
   auto cut = core_.BeginStep(2, absl::Seconds(10));
   ASSERT_OK(cut);
 
   Coordinator after(Options(), &clock_, &workers_, &log_);
   ASSERT_OK(after.Recover());
-  auto committed = after.WaitStepResolution(s->epoch, absl::InfinitePast());
+  auto committed = after.WaitStepResolution(s.epoch, absl::InfinitePast());
   ASSERT_OK(committed);
   EXPECT_EQ(committed->state, StepState::kCommitted);
   EXPECT_EQ(committed->step, 1);
@@ -532,7 +538,7 @@ TEST_F(StepCoreTest, F3_AfterARestart_LastCommittedStepAnsweredCommitted_CutOffS
   EXPECT_EQ(committed->changed[0].name, "w");
   EXPECT_EQ(committed->changed[0].version, 2);
   EXPECT_EQ(committed->changed[0].checksum, value->checksum);
-  auto plan = after.WaitStepPlan(s->epoch, absl::InfinitePast());
+  auto plan = after.WaitStepPlan(s.epoch, absl::InfinitePast());
   ASSERT_OK(plan);
   ASSERT_TRUE(std::holds_alternative<StepResolution>(*plan));
   EXPECT_EQ(std::get<StepResolution>(*plan).state, StepState::kCommitted);
@@ -552,14 +558,9 @@ TEST_F(StepCoreTest, F3_AfterARestart_LastCommittedStepAnsweredCommitted_CutOffS
 // read and the replicas are rewritten with it. Found by the crash trials.
 TEST_F(StepCoreTest, F7_WriteAfterAStep_CommittedValueKeptBeforeTheReplicasAreOverwritten) {
   const uint64_t w = Create("w", Aggregation::kNone);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
-  ASSERT_OK(s);
   auto value = F32({5, 6});
-  for (int t = 0; t < 3; ++t) {
-    ASSERT_OK(core_.ReportStep(
-        Report(*s, t, {{w, 2 * t, value->checksum, -1}, {w, 2 * t + 1, value->checksum, -1}})));
-  }
-  ASSERT_EQ(Resolution(s->epoch).state, StepState::kCommitted);
+  StepInfo s;
+  ASSERT_NO_FATAL_FAILURE(CommitAgreedStep(w, 1, *value, &s));
   for (int i = 0; i < 6; ++i) workers_.Install(absl::StrCat("tpu_worker:", i / 2), w, i, 2, *value);
 
   log_.refuse_values = true;

@@ -102,6 +102,23 @@ class LocalStepsTest : public ::testing::Test {
                                         std::vector<std::string> devices, absl::Duration wait) {
     return steps_.Commit(step, epoch, devices, absl::Now() + wait);
   }
+  // Step 3 plans a MEAN allreduce of w; this host writes deltas +4
+  // (replica 0) and +8 (replica 1), the other host adds 12.
+  void WriteMeanStep() {
+    StepPlan plan;
+    plan.group = "g";
+    plan.timeout = absl::Seconds(1);
+    StepCollective c;
+    c.kind = StepCollective::Kind::kAllreduce;
+    c.variable_ids = {kW};
+    plan.collectives.push_back(c);
+    plan.changed_ids = {kW};
+    plan.changed_checksums = {0};
+    link_.plan = plan;
+    ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({5, 6})}}));
+    ASSERT_OK(steps_.Write(3, 11, {{kW, 1, F32({9, 10})}}));
+    collectives_.others = 12;
+  }
   StepResolution& PlannedResolution() {
     link_.plan = StepResolution{};
     return std::get<StepResolution>(link_.plan);
@@ -207,20 +224,7 @@ TEST_F(LocalStepsTest, S3_TwoTrainersPerHost_OneReportOnceEveryDeviceCommitted) 
 }
 
 TEST_F(LocalStepsTest, S4_MeanPlan_BeginPlusMeanOfDeltas_InstalledWithNewVersion) {
-  StepPlan plan;
-  plan.group = "g";
-  plan.timeout = absl::Seconds(1);
-  StepCollective c;
-  c.kind = StepCollective::Kind::kAllreduce;
-  c.variable_ids = {kW};
-  plan.collectives.push_back(c);
-  plan.changed_ids = {kW};
-  plan.changed_checksums = {0};
-  link_.plan = plan;
-  // Local deltas: +4 (replica 0) and +8 (replica 1); the other host adds 12.
-  ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({5, 6})}}));
-  ASSERT_OK(steps_.Write(3, 11, {{kW, 1, F32({9, 10})}}));
-  collectives_.others = 12;
+  WriteMeanStep();
   auto expected = F32({7, 8});  // 1,2 + (4 + 8 + 12) / 4
   link_.resolution.state = StepState::kCommitted;
   link_.resolution.changed.push_back(CommittedVariable{kW, "w", 6, expected->checksum});
@@ -243,19 +247,7 @@ TEST_F(LocalStepsTest, S4_MeanPlan_BeginPlusMeanOfDeltas_InstalledWithNewVersion
 // as it would have. Discarding them would leave no replica holding the
 // committed value.
 TEST_F(LocalStepsTest, S4_FinishAnswerLost_CommittedWhenAsked_Installed) {
-  StepPlan plan;
-  plan.group = "g";
-  plan.timeout = absl::Seconds(1);
-  StepCollective c;
-  c.kind = StepCollective::Kind::kAllreduce;
-  c.variable_ids = {kW};
-  plan.collectives.push_back(c);
-  plan.changed_ids = {kW};
-  plan.changed_checksums = {0};
-  link_.plan = plan;
-  ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({5, 6})}}));
-  ASSERT_OK(steps_.Write(3, 11, {{kW, 1, F32({9, 10})}}));
-  collectives_.others = 12;
+  WriteMeanStep();
   auto expected = F32({7, 8});
   link_.finish_error = absl::UnavailableError("the coordinator went away");
   link_.resolution.state = StepState::kCommitted;

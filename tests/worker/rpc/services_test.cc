@@ -136,6 +136,23 @@ class WorkerServicesTest : public ::testing::Test {
     return out;
   }
 
+  // Replica 0 of w (float32[2], version 1) is here; `req` writes `data` to
+  // it in step 3 (epoch 11).
+  void StepThreeWritesReplicaZero(const std::string& data, v1::StepWriteSmallRequest* req) {
+    ASSERT_OK(store_.Apply({ReplicaWrite{
+        1,
+        "w",
+        1,
+        {0},
+        std::make_shared<const Tensor>(*Tensor::Zeros(TensorSpec{DType::kFloat32, {2}}))}}));
+    v1::StepWriteHeader* h = req->add_writes();
+    h->set_step(3);
+    h->set_epoch(11);
+    h->set_variable_id(1);
+    Tensor2(data, h->mutable_tensor());
+    h->set_inline_data(data);
+  }
+
   ReplicaStore store_;
   OneStepLink link_;
   CommittingResolver resolver_;
@@ -197,21 +214,10 @@ TEST_F(WorkerServicesTest, Replicas_WriteSmall_OnlyWholeInlineTensors) {
 // to tensors being received: a write over it is RESOURCE_EXHAUSTED naming
 // the connection, and changes nothing; one within it goes through.
 TEST_F(WorkerServicesTest, Steps_WriteOverTheConnectionsShare_ResourceExhausted) {
-  ASSERT_OK(store_.Apply({ReplicaWrite{
-      1,
-      "w",
-      1,
-      {0},
-      std::make_shared<const Tensor>(*Tensor::Zeros(TensorSpec{DType::kFloat32, {2}}))}}));
   MemoryBudget budget(1 << 20, nullptr, "the worker's budget");
   const std::string data = FloatBytes({5, 6});
   v1::StepWriteSmallRequest req;
-  v1::StepWriteHeader* h = req.add_writes();
-  h->set_step(3);
-  h->set_epoch(11);
-  h->set_variable_id(1);
-  Tensor2(data, h->mutable_tensor());
-  h->set_inline_data(data);
+  ASSERT_NO_FATAL_FAILURE(StepThreeWritesReplicaZero(data, &req));
   for (uint64_t share : {4, 8}) {
     StepsService limited(&steps_, &budget, share);
     grpc::ServerBuilder builder;
@@ -234,20 +240,10 @@ TEST_F(WorkerServicesTest, Steps_WriteOverTheConnectionsShare_ResourceExhausted)
 }
 
 TEST_F(WorkerServicesTest, Steps_WriteReadCommit_Converted_BadHeaderRefused) {
-  ASSERT_OK(store_.Apply({ReplicaWrite{
-      1,
-      "w",
-      1,
-      {0},
-      std::make_shared<const Tensor>(*Tensor::Zeros(TensorSpec{DType::kFloat32, {2}}))}}));
   const std::string data = FloatBytes({5, 6});
   v1::StepWriteSmallRequest req;
-  v1::StepWriteHeader* h = req.add_writes();
-  h->set_step(3);
-  h->set_epoch(11);
-  h->set_variable_id(1);
-  Tensor2(data, h->mutable_tensor());
-  h->set_inline_data(data);
+  ASSERT_NO_FATAL_FAILURE(StepThreeWritesReplicaZero(data, &req));
+  v1::StepWriteHeader* h = req.mutable_writes(0);
   h->mutable_tensor()->set_checksum(1);
   v1::StepWriteResponse resp;
   EXPECT_THAT(FromGrpcStatus(steps_stub_->StepWriteSmall(Ctx().get(), req, &resp)),
