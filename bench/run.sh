@@ -91,6 +91,7 @@ echo "== repvar"
 # shellcheck disable=SC2086
 "$build/bench/repvar_bench" --workers="$(echo $workers | tr ' ' ,)" --mib="$mibs" \
   --iters="$iters" --small_ops="$small" | tee -a "$results"
+"$build/bench/repvar_bench" --only_memory | tee -a "$results"
 if [ -n "$baseline" ]; then
   echo "== baseline repvar ($baseline)"
   # shellcheck disable=SC2086
