@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/status_util.h"
+#include "spdlog/spdlog.h"
 
 namespace repvar::server {
 namespace {
@@ -196,6 +197,12 @@ absl::StatusOr<std::shared_ptr<const Tensor>> BlobStore::Load(const disk::Tensor
   }
   if (!mapping()) return ReadWhole(ref, path, spec);
   auto mapped = Buffer::MapFile(path, n);
+  if (absl::IsInternal(mapped.status())) {
+    // No mapping to be had (vm.max_map_count, address space): the value is
+    // read into memory instead, checked whole.
+    spdlog::warn("blob {} is read into memory: {}", path, mapped.status().ToString());
+    return ReadWhole(ref, path, spec);
+  }
   if (!mapped.ok()) {
     return absl::Status(mapped.status().code(),
                         absl::StrCat("blob ", path, ": ", mapped.status().message()));
