@@ -64,15 +64,25 @@ absl::Status Registry::CheckRoom(uint64_t value_bytes) const {
   return log_->CheckRoom(value_bytes);
 }
 
-absl::StatusOr<uint64_t> Registry::NextFence() {
+absl::StatusOr<uint64_t> Registry::NextFence() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   constexpr uint64_t kBlock = 1 << 16;
-  CallLock lock(this);
+  mu_.Lock();
   if (last_fence_ >= state_.fences_reserved()) {
     Record record;
     record.changes.push_back(FencesReserved{last_fence_ + kBlock});
-    REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)));
+    if (absl::Status s = CommitLocked(std::move(record)); !s.ok()) {
+      mu_.Unlock();
+      return s;
+    }
+    fences_position_ = applied_;
   }
-  return ++last_fence_;
+  const uint64_t fence = ++last_fence_;
+  const uint64_t reserved_at = fences_position_;
+  mu_.Unlock();
+  // The token may reach a worker once its reservation would survive a
+  // crash; other writers' records need not be.
+  if (reserved_at > 0) REPVAR_RETURN_IF_ERROR(log_->Durable(reserved_at));
+  return fence;
 }
 
 absl::Status Registry::Commit(Builder build) {
@@ -395,11 +405,19 @@ std::vector<VariableView> Registry::ListVariables(absl::string_view collection) 
   return out;
 }
 
-absl::StatusOr<std::optional<Answer>> Registry::Outcome(const RequestKey& key,
-                                                        absl::string_view op) const {
+absl::StatusOr<std::optional<Answer>> Registry::Outcome(
+    const RequestKey& key, absl::string_view op) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   const absl::Time now = clock_->Now();
-  CallLock lock(this);
-  return state_.Outcome(key, op, now);
+  mu_.Lock();
+  absl::StatusOr<std::optional<Answer>> found = state_.Outcome(key, op, now);
+  if (found.ok() && !found->has_value()) {
+    // Nothing to answer from: the request goes on, and its commit waits.
+    mu_.Unlock();
+    return found;
+  }
+  // An answer (or a refusal) is reported: once what it came from is durable.
+  REPVAR_RETURN_IF_ERROR(Leave());
+  return found;
 }
 
 }  // namespace repvar::server

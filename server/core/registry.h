@@ -78,6 +78,23 @@ class Registry {
     return read(static_cast<const ClusterState&>(state_));
   }
 
+  // Runs `read` on the state under the lock and returns at once, without
+  // waiting for what it read to be durable: for a write's own decisions
+  // (ids, versions, where replicas are), which the durability of the write's
+  // commit covers (the log keeps order). Writers running together then wait
+  // for syncs once, at their commits. A caller that answers from what it
+  // peeked without committing (an error) calls AwaitDurable first.
+  template <typename F>
+  auto Peek(F&& read) const ABSL_LOCKS_EXCLUDED(mu_) {
+    RankedLock lock(&mu_);
+    return read(static_cast<const ClusterState&>(state_));
+  }
+  // Returns once everything applied so far is durable.
+  absl::Status AwaitDurable() const ABSL_LOCKS_EXCLUDED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    mu_.Lock();
+    return Leave();
+  }
+
   // StateLog::Stage: lets the log write `value` ahead of its record. Takes
   // no lock (the log's Stage is thread-safe).
   absl::Status Stage(const Tensor& value) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -92,7 +109,9 @@ class Registry {
   absl::Status CheckRoom(uint64_t value_bytes) const ABSL_LOCKS_EXCLUDED(mu_);
   // A fencing token for a write to workers (ReplicaWrite::fence): larger
   // than every token handed out before, in this run or an earlier one.
-  // Tokens are reserved in blocks by a record. Errors: the log's.
+  // Tokens are reserved in blocks by a record; a token is returned once its
+  // block's record is durable (not everything applied before it). Errors:
+  // the log's.
   absl::StatusOr<uint64_t> NextFence() ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Membership (T1-T5). ----
@@ -151,7 +170,8 @@ class Registry {
   std::vector<VariableView> ListVariables(absl::string_view collection) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The answer recorded for a retried request (C6); nullopt when none.
+  // The answer recorded for a retried request (C6); nullopt when none (not
+  // waiting for durability: the request goes on to a commit that does).
   // Errors: INVALID_ARGUMENT (the id was used for another payload).
   absl::StatusOr<std::optional<Answer>> Outcome(const RequestKey& key, absl::string_view op) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -192,6 +212,9 @@ class Registry {
   std::map<TaskKey, absl::Time> last_heartbeat_ ABSL_GUARDED_BY(mu_);
   uint64_t last_fence_ ABSL_GUARDED_BY(mu_) = 0;  // the last token handed out
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;     // log position of the last record applied
+  // Log position of the record that reserved the current block of fences
+  // (0: reserved by an earlier run, durable).
+  uint64_t fences_position_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace repvar::server

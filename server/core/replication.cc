@@ -20,8 +20,23 @@ absl::Duration CollectiveTimeout(uint64_t bytes) {
   return absl::Seconds(30) + absl::Seconds(static_cast<double>(bytes) / 50e6);
 }
 
+// A recorded answer to an assign (C6), as results without values.
+std::vector<WriteResult> Answered(const Answer& answer) {
+  std::vector<WriteResult> results;
+  for (const WriteOutcome& w : std::get<std::vector<WriteOutcome>>(answer)) {
+    results.push_back(WriteResult{w.version, w.checksum, nullptr});
+  }
+  return results;
+}
+
 absl::Status NotFound(absl::string_view name) {
   return absl::NotFoundError(absl::StrCat("variable \"", name, "\" does not exist"));
+}
+
+absl::StatusOr<uint64_t> IdIn(const ClusterState& s, absl::string_view name) {
+  const VariableRecord* v = s.Find(name);
+  if (v == nullptr) return NotFound(name);
+  return v->id;
 }
 
 }  // namespace
@@ -45,11 +60,7 @@ std::shared_ptr<absl::Mutex> Replication::WriteLockOf(uint64_t id) {
 }
 
 absl::StatusOr<uint64_t> Replication::IdOf(absl::string_view name) const {
-  return registry_->Read([&](const ClusterState& s) -> absl::StatusOr<uint64_t> {
-    const VariableRecord* v = s.Find(name);
-    if (v == nullptr) return NotFound(name);
-    return v->id;
-  });
+  return registry_->Read([&](const ClusterState& s) { return IdIn(s, name); });
 }
 
 // ---- Delivery ----
@@ -67,7 +78,7 @@ absl::StatusOr<Replication::Delivery> Replication::Deliver(
     WorkerTarget target;
     std::vector<ReplicaWrite> writes;
   };
-  std::vector<Batch> batches = registry_->Read([&](const ClusterState& state) {
+  std::vector<Batch> batches = registry_->Peek([&](const ClusterState& state) {
     std::map<TaskKey, Batch> per_task;
     for (const PlannedWrite& w : writes) {
       const VariableRecord* v = state.FindId(w.id);
@@ -323,23 +334,28 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
                                                              const std::vector<Assignment>& items) {
   if (items.empty()) return absl::InvalidArgumentError("assign needs at least one variable");
   const absl::string_view op = items.size() == 1 ? "assign" : "assign_batch";
-  auto answered = [](const Answer& answer) {
-    std::vector<WriteResult> results;
-    for (const WriteOutcome& w : std::get<std::vector<WriteOutcome>>(answer)) {
-      results.push_back(WriteResult{w.version, w.checksum, nullptr});
-    }
-    return results;
-  };
   // C6 before anything that refuses new writes: the retry of a write that
   // was applied (its first answer lost, or too late for its caller) gets
   // that answer, even if a step opened since (S5) or the variable is gone.
   REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> earlier, registry_->Outcome(key, op));
-  if (earlier) return answered(*earlier);
+  if (earlier) return Answered(*earlier);
   REPVAR_RETURN_IF_ERROR(steps_->EnterWriteGate());
   struct Leave {
     StepCoordinator* steps;
     ~Leave() { steps->LeaveWriteGate(); }
   } leave{steps_};
+  // The decisions below read the state without waiting for it to be durable
+  // (Registry::Peek): the commit at the end waits for all of it. A refusal
+  // reports what was read, so it waits first.
+  absl::StatusOr<std::vector<WriteResult>> done = AssignInGate(key, items, op);
+  if (!done.ok()) {
+    if (absl::Status durable = registry_->AwaitDurable(); !durable.ok()) return durable;
+  }
+  return done;
+}
+
+absl::StatusOr<std::vector<WriteResult>> Replication::AssignInGate(
+    const RequestKey& key, const std::vector<Assignment>& items, absl::string_view op) {
   std::vector<uint64_t> ids;
   std::set<absl::string_view> names;
   for (const Assignment& item : items) {
@@ -347,13 +363,14 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
       return absl::InvalidArgumentError(
           absl::StrCat("variable ", item.name, " appears twice in one batched assign"));
     }
-    REPVAR_ASSIGN_OR_RETURN(uint64_t id, IdOf(item.name));
+    REPVAR_ASSIGN_OR_RETURN(
+        uint64_t id, registry_->Peek([&](const ClusterState& s) { return IdIn(s, item.name); }));
     ids.push_back(id);
   }
   WriteLocks locks(this, ids);
   // Again under the locks: an attempt that was still running has finished.
-  REPVAR_ASSIGN_OR_RETURN(earlier, registry_->Outcome(key, op));
-  if (earlier) return answered(*earlier);
+  REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> earlier, registry_->Outcome(key, op));
+  if (earlier) return Answered(*earlier);
 
   // The write locks are held: versions and values cannot move under us.
   struct Target {
@@ -362,7 +379,7 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
     bool only_replicas = false;  // the committed value lives on the replicas alone
   };
   std::vector<Target> targets;
-  REPVAR_RETURN_IF_ERROR(registry_->Read([&](const ClusterState& state) -> absl::Status {
+  REPVAR_RETURN_IF_ERROR(registry_->Peek([&](const ClusterState& state) -> absl::Status {
     for (size_t i = 0; i < items.size(); ++i) {
       const Assignment& item = items[i];
       const VariableRecord* v = state.FindId(ids[i]);

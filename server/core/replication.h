@@ -122,6 +122,10 @@ class Replication {
 
  private:
   class WriteLocks;
+  // Assign inside the write gate, deciding on state it peeks (Registry::Peek).
+  absl::StatusOr<std::vector<WriteResult>> AssignInGate(const RequestKey& key,
+                                                        const std::vector<Assignment>& items,
+                                                        absl::string_view op);
   struct PlannedWrite {
     uint64_t id = 0;
     std::string name;

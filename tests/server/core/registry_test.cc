@@ -271,5 +271,41 @@ TEST(RegistryDurabilityTest, AnswersAndReadsWaitUntilWhatTheySawIsDurable) {
   EXPECT_EQ(r.Snapshot().tasks.size(), 1u);  // durable now: answered at once
 }
 
+// What a write decides on (Peek) and the fences it sends (NextFence, once
+// its block's reservation is durable) do not wait for other writers'
+// records to be synced: writers running together wait once, at their
+// commits. AwaitDurable, which a refusal goes through, does wait.
+TEST(RegistryDurabilityTest, PeekAndFencesDoNotWaitForOtherWritersSyncs) {
+  repvar::testing::FakeClock clock;
+  GatedLog log;
+  Registry r(RegistryOptions{}, &clock, &log);
+  std::thread reserve([&] { EXPECT_OK(r.NextFence()); });  // reserves a block: waits
+  log.AwaitWaiting(1);
+  log.Release(1);
+  reserve.join();
+
+  std::atomic<bool> registered{false};
+  std::thread writer([&] {
+    EXPECT_OK(r.Register(Tpu("tpu_worker", 0, 2)));  // record 2, not yet synced
+    registered = true;
+  });
+  log.AwaitWaiting(1);
+  EXPECT_EQ(r.Peek([](const ClusterState& s) { return s.workers().size(); }), 1u);
+  auto fence = r.NextFence();
+  EXPECT_OK(fence);
+  EXPECT_FALSE(registered);
+  std::atomic<bool> awaited{false};
+  std::thread refusal([&] {
+    EXPECT_OK(r.AwaitDurable());
+    awaited = true;
+  });
+  log.AwaitWaiting(2);
+  EXPECT_FALSE(awaited);
+  log.Release(2);
+  writer.join();
+  refusal.join();
+  EXPECT_TRUE(registered && awaited);
+}
+
 }  // namespace
 }  // namespace repvar::server
