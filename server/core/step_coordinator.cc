@@ -40,6 +40,19 @@ class StepCoordinator::ChangeNotifier {
   const std::pair<uint64_t, int> state_;
 };
 
+namespace {
+
+// The first epoch of a run: after every epoch recorded, and at least the
+// clock in microseconds, so that a coordinator with nothing recorded
+// (--ephemeral, a new data dir) still begins above the epochs an earlier one
+// gave workers that outlived it (as fences do, Registry::NextFence).
+uint64_t FirstEpoch(uint64_t last_recorded, absl::Time now) {
+  return std::max<uint64_t>(last_recorded + 1,
+                            static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMicros(now))));
+}
+
+}  // namespace
+
 StepCoordinator::StepCoordinator(Clock* clock, Registry* registry, CollectiveGroups* groups)
     : clock_(clock),
       registry_(registry),
@@ -49,13 +62,15 @@ StepCoordinator::StepCoordinator(Clock* clock, Registry* registry, CollectiveGro
              [this](const StepRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS { return RecordCommit(r); },
              [this](int64_t step, uint64_t epoch)
                  ABSL_NO_THREAD_SAFETY_ANALYSIS { RecordFailure(step, epoch); },
-             registry->Read([](const ClusterState& s) { return s.last_epoch() + 1; }),
+             FirstEpoch(registry->Read([](const ClusterState& s) { return s.last_epoch(); }),
+                        clock->Now()),
              registry->Read([](const ClusterState& s) { return s.last_committed_step(); })) {}
 
 void StepCoordinator::Recovered() {
-  const auto [next_epoch, last_committed, last_step] = registry_->Read([](const ClusterState& s) {
-    return std::make_tuple(s.last_epoch() + 1, s.last_committed_step(), s.last_step());
+  const auto [last_epoch, last_committed, last_step] = registry_->Read([](const ClusterState& s) {
+    return std::make_tuple(s.last_epoch(), s.last_committed_step(), s.last_step());
   });
+  const uint64_t next_epoch = FirstEpoch(last_epoch, clock_->Now());
   RankedLock lock(&mu_);
   steps_.ContinueFrom(next_epoch, last_committed);
   first_epoch_ = next_epoch;

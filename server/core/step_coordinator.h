@@ -46,7 +46,9 @@ class StepCoordinator {
   StepCoordinator(Clock* clock, Registry* registry, CollectiveGroups* groups);
 
   // After the registry recovered its state (Registry::Recover): steps go on
-  // from its last epoch and last committed step. Before any step opens.
+  // from its last committed step, and epochs from above both its last epoch
+  // and the clock in microseconds (a coordinator that recorded nothing
+  // still never repeats an epoch workers saw). Before any step opens.
   void Recovered() ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- The write gate (S1, S5). ----

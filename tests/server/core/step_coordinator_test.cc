@@ -45,18 +45,19 @@ class StoppableLog final : public StateLog {
 
 class StepCoreTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    // Three hosts with two TPUs each (6 replicas: 0,1 | 2,3 | 4,5), plus a
-    // CPU-only host that holds nothing.
+  void SetUp() override { RegisterHosts(core_); }
+  // Three hosts with two TPUs each (6 replicas: 0,1 | 2,3 | 4,5), plus a
+  // CPU-only host that holds nothing.
+  static void RegisterHosts(Coordinator& c) {
     for (int t = 0; t < 3; ++t) {
       WorkerRegistration r{"tpu_worker", t, absl::StrCat("h", t, ":1"), Inc(t), {}};
       for (int i = 0; i < 2; ++i) {
         r.devices.push_back(absl::StrCat("/job:tpu_worker/replica:0/task:", t, "/device:TPU:", i));
       }
-      ASSERT_OK(core_.RegisterWorker(r));
+      ASSERT_OK(c.RegisterWorker(r));
     }
-    ASSERT_OK(core_.RegisterWorker(
-        {"worker", 0, "cpu:1", 5, {"/job:worker/replica:0/task:0/device:CPU:0"}}));
+    ASSERT_OK(
+        c.RegisterWorker({"worker", 0, "cpu:1", 5, {"/job:worker/replica:0/task:0/device:CPU:0"}}));
   }
   static uint64_t Inc(int task) { return 100 + static_cast<uint64_t>(task); }
 
@@ -584,6 +585,32 @@ TEST_F(StepCoreTest, F7_WriteAfterAStep_CommittedValueKeptBeforeTheReplicasAreOv
     EXPECT_EQ(held->version, 2) << "replica " << i;
     EXPECT_EQ(held->checksum, value->checksum) << "replica " << i;
   }
+}
+
+// F6 with nothing recorded: a coordinator that keeps nothing (--ephemeral),
+// started again under workers that outlived it, begins its epochs above the
+// ones it gave before (they start at the clock in microseconds), so no
+// worker sees an epoch twice.
+TEST_F(StepCoreTest, F6_EpochsNeverRepeat_EvenForACoordinatorThatRecordsNothing) {
+  Create("w", Aggregation::kMean);
+  auto first = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(first);
+  ASSERT_OK(core_.AbortStep(first->epoch, "the coordinator goes away"));
+  clock_.Advance(absl::Seconds(1));
+  Coordinator again(Options(), &clock_, &workers_);  // nothing recorded
+  ASSERT_OK(again.Recover());
+  ASSERT_NO_FATAL_FAILURE(RegisterHosts(again));
+  VariableDef d;
+  d.name = "w";
+  d.tensor = TensorSpec{DType::kFloat32, {2}};
+  d.replica_count = 6;
+  Initializer zeros;
+  zeros.kind = InitializerKind::kZeros;
+  ASSERT_OK(again.CreateVariables({}, {{d, zeros}}));
+  ASSERT_OK(again.Initialize({}, {{"w", std::nullopt}}));
+  auto next = again.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(next);
+  EXPECT_GT(next->epoch, first->epoch);
 }
 
 TEST_F(StepCoreTest, F1_DeadWorker_FailsOpenStepWithUnavailableNamingIt) {
