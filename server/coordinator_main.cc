@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
   // lock on each acquisition. Tests keep it on.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   repvar::BlockShutdownSignals();
+  repvar::InstallCrashHandler();
   absl::SetProgramUsageMessage("repvar coordinator daemon");
   absl::ParseCommandLine(argc, argv);
   repvar::InitLogging({"coordinator", absl::GetFlag(FLAGS_log_level)});

@@ -53,6 +53,7 @@ ABSL_FLAG(int64_t, max_inflight_bytes_per_connection, 0,
 int main(int argc, char** argv) {
   repvar::TuneMallocForBulkTransfers();
   repvar::BlockShutdownSignals();
+  repvar::InstallCrashHandler();
   absl::SetProgramUsageMessage("repvar worker daemon");
   absl::ParseCommandLine(argc, argv);
   const std::string job = absl::GetFlag(FLAGS_job);

@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 
+#include "absl/debugging/failure_signal_handler.h"
 #include "absl/strings/str_cat.h"
 
 namespace repvar {
@@ -26,6 +28,13 @@ absl::Status WritePortFile(const std::string& path, int port) {
         absl::StrCat("cannot write port file ", path, ": ", strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+void InstallCrashHandler() {
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
+  // Abseil counts SIGTERM as a failure; here it asks for a clean shutdown
+  // (WaitForShutdownSignal takes it), so it keeps its default disposition.
+  std::signal(SIGTERM, SIG_DFL);
 }
 
 void BlockShutdownSignals() {

@@ -2,12 +2,14 @@
 #include "tests/testing/cluster.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 
@@ -110,8 +112,24 @@ Daemon::~Daemon() { Stop(); }
 TestCluster::TestCluster(ClusterOptions options) : options_(std::move(options)) {}
 
 TestCluster::~TestCluster() {
+  std::vector<std::string> logs;
+  if (coordinator_ != nullptr) logs.push_back(coordinator_->log_path());
+  for (const auto& w : workers_) logs.push_back(w->log_path());
   workers_.clear();
   coordinator_.reset();
+  // A failed test shows what the daemons said last (their files go with the
+  // test's directory unless $REPVAR_KEEP_TEST_DIRS is set).
+  if (!::testing::Test::HasFailure()) return;
+  for (const std::string& path : logs) {
+    std::ifstream in(path);
+    std::deque<std::string> tail;
+    for (std::string line; std::getline(in, line);) {
+      tail.push_back(std::move(line));
+      if (tail.size() > 40) tail.pop_front();
+    }
+    std::printf("---- the last %zu lines of %s ----\n", tail.size(), path.c_str());
+    for (const std::string& line : tail) std::printf("%s\n", line.c_str());
+  }
 }
 
 std::string TestCluster::address() const {
