@@ -122,12 +122,12 @@ void ClusterState::ApplyChange(const WorkerDied& c) {
 void ClusterState::ApplyChange(const WorkerJoined& c) {
   // Changes no record of the worker: what it holds is in its replicas'
   // states already. Listing it is a new topology.
-  const WorkerRecord* w = Worker(c.task);
-  REPVAR_CHECK_MSG(
-      w != nullptr && w->state == WorkerState::kLive && w->incarnation == c.incarnation,
-      absl::StrCat("WorkerJoined names ", c.task.ToString(), " incarnation ", c.incarnation,
-                   ", which is not live"));
-  workers_[c.task].joining = false;
+  auto w = workers_.find(c.task);
+  REPVAR_CHECK_MSG(w != workers_.end() && w->second.state == WorkerState::kLive &&
+                       w->second.incarnation == c.incarnation,
+                   absl::StrCat("WorkerJoined names ", c.task.ToString(), " incarnation ",
+                                c.incarnation, ", which is not live"));
+  w->second.joining = false;
   membership_changed_ = true;
 }
 

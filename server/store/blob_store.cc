@@ -46,10 +46,9 @@ std::string BlobStore::BlobNameOf(const Tensor& t) const {
   return absl::StrFormat("%016x-%d.bin", t.checksum, t.bytes.size());
 }
 
-BlobStore::BlobInfo BlobStore::Summarize(const Tensor& t, BlobInfo::Checked checked) const {
+BlobStore::BlobInfo BlobStore::Summarize(const Tensor& t) const {
   BlobInfo info;
   info.chunk_bytes = options_.chunk_bytes;
-  info.checked = checked;
   ForEachChunk(
       t.bytes.span(), options_.chunk_bytes,
       [&](uint64_t, std::span<const std::byte> chunk) { info.sums.push_back(Checksum(chunk)); });
@@ -78,7 +77,7 @@ void BlobStore::Describe(const Tensor& t, disk::TensorRef* ref) {
   }
   // Not written or loaded by this process (the same bytes were on disk):
   // summed from `t`, and the file checked against that at its first use.
-  BlobInfo info = Summarize(t, BlobInfo::Checked::kNo);
+  BlobInfo info = Summarize(t);
   ref->set_chunk_bytes(info.chunk_bytes);
   for (uint64_t sum : info.sums) ref->add_chunk_checksums(sum);
   absl::MutexLock lock(&mu_);

@@ -111,8 +111,9 @@ class BlobStore final : public TensorFiles {
   };
   absl::Status Write(const std::string& name, const Tensor& t);
   absl::Status SyncDir();
-  // The chunk checksums of `t`'s bytes, as a blob of chunk_bytes chunks.
-  BlobInfo Summarize(const Tensor& t, BlobInfo::Checked checked) const;
+  // The chunk checksums of `t`'s bytes, as a blob of chunk_bytes chunks
+  // (not yet checked against the file).
+  BlobInfo Summarize(const Tensor& t) const;
   absl::StatusOr<std::shared_ptr<const Tensor>> ReadWhole(const disk::TensorRef& ref,
                                                           const std::string& path,
                                                           const TensorSpec& spec);

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+// Reads (C1): the committed value of a variable, from the coordinator's
+// copy (checked at its first use when it lives in a blob file) or from an
+// up-to-date replica when a step changed it, and the bounded cache of what
+// was read back. The writes of Replication are in replication.cc, repair in
+// repair.cc.
+#include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
+#include "server/core/replication.h"
+#include "server/core/replication_internal.h"
+#include "spdlog/spdlog.h"
+
+namespace repvar::server {
+
+// ---- Reads ----
+
+absl::StatusOr<ReadResult> Replication::Read(absl::string_view name) {
+  REPVAR_ASSIGN_OR_RETURN(uint64_t id, IdOf(name));
+  return CommittedValue(id);
+}
+
+absl::StatusOr<ReadResult> Replication::CommittedValue(uint64_t id) {
+  struct Source {
+    int32_t replica;
+    WorkerTarget target;
+  };
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  std::string name;
+  std::vector<Source> sources;  // up-to-date replicas, primary first
+  std::optional<ReadResult> kept;
+  REPVAR_RETURN_IF_ERROR(registry_->Read([&](const ClusterState& state) -> absl::Status {
+    const VariableRecord* v = state.FindId(id);
+    if (v == nullptr)
+      return absl::NotFoundError(absl::StrCat("variable id ", id, " does not exist"));
+    if (v->version == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "variable ", v->def.name, " is uninitialized; initialize or assign it first"));
+    }
+    version = v->version;
+    checksum = v->checksum;
+    name = v->def.name;
+    if (v->value != nullptr) kept = ReadResult{v->version, v->value};
+    for (size_t i = 0; i < v->placement.size(); ++i) {
+      if (v->replicas[i].state != ReplicaState::kUpToDate) continue;
+      const WorkerRecord& w = *state.Worker(v->placement[i].task);
+      sources.push_back(Source{static_cast<int32_t>(i), {w.task, w.address, w.incarnation}});
+    }
+    return absl::OkStatus();
+  }));
+  if (kept) {
+    // Kept in a file: its bytes are checked at their first use. A damaged
+    // copy is never served; the replicas still hold the value.
+    absl::Status s = registry_->CheckValue(*kept->value);
+    if (s.ok()) return *kept;
+    spdlog::error(
+        "variable {}: the coordinator's copy of version {} is damaged ({}); reading it "
+        "from a replica",
+        name, version, s.ToString());
+  }
+  {
+    RankedLock lock(&mu_);
+    auto it = fetched_.find(id);
+    if (it != fetched_.end() && it->second.version == version) return it->second;
+  }
+  std::string last_error = "no up-to-date replica is live";
+  for (const Source& source : sources) {
+    absl::StatusOr<WorkerClient::ReplicaValue> got;
+    CallGroup call(1);
+    workers_->ReadReplicaAsync(
+        source.target, id, source.replica, version,
+        [&got, done = call.Callback(0)](absl::StatusOr<WorkerClient::ReplicaValue> r) mutable {
+          got = std::move(r);
+          std::move(done)(absl::OkStatus());
+        });
+    call.Wait();
+    if (!got.ok()) {
+      last_error = absl::StrCat(source.target.task.ToString(), ": ", got.status().ToString());
+      continue;
+    }
+    if (got->version != version || got->value->checksum != checksum) {
+      last_error = absl::StrCat(source.target.task.ToString(), " holds version ", got->version);
+      continue;
+    }
+    ReadResult r{version, got->value};
+    Cache(id, r);
+    return r;
+  }
+  return absl::UnavailableError(
+      absl::StrCat("variable ", name, ": no up-to-date replica could be read (", last_error, ")"));
+}
+
+void Replication::Cache(uint64_t id, std::optional<ReadResult> value) {
+  RankedLock lock(&mu_);
+  if (auto it = fetched_.find(id); it != fetched_.end()) {
+    fetched_bytes_ -= it->second.value->bytes.size();
+    fetched_.erase(it);
+  }
+  if (!value || value->value->bytes.size() > options_.read_cache_bytes / 4) return;
+  // Room by evicting whatever comes first: any entry is as good as another
+  // for a cache this is (reads of step-changed variables).
+  while (!fetched_.empty() &&
+         fetched_bytes_ + value->value->bytes.size() > options_.read_cache_bytes) {
+    fetched_bytes_ -= fetched_.begin()->second.value->bytes.size();
+    fetched_.erase(fetched_.begin());
+  }
+  fetched_bytes_ += value->value->bytes.size();
+  fetched_.emplace(id, *std::move(value));
+}
+
+uint64_t Replication::cached_bytes() {
+  RankedLock lock(&mu_);
+  return fetched_bytes_;
+}
+
+}  // namespace repvar::server
