@@ -62,6 +62,7 @@ VariableSpec ReplicatedScope::Apply(VariableSpec spec) {
 namespace {
 
 constexpr int64_t kSmallReadBytes = 1 << 20;
+constexpr int64_t kSmallWriteBytes = 1 << 20;  // written in one unary call
 
 std::string NewRequestId() {
   return absl::StrFormat("%016x%016x", RandomNonZero64(), RandomNonZero64());
@@ -289,6 +290,42 @@ absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignOp kind,
     return absl::FailedPreconditionError(absl::StrCat(
         "variable ", name, " is ", DTypeName(spec->dtype), "; the values are ", DTypeName(*dtype)));
   }
+  auto ack = [&](const v1::AssignVariableResponse& resp) -> absl::StatusOr<WriteAck> {
+    WriteAck out{resp.version(), resp.checksum(), std::nullopt};
+    if (resp.has_value()) {
+      REPVAR_ASSIGN_OR_RETURN(out.value, TensorValueFromProto(resp.value(), resp.version()));
+    } else if (read_value) {
+      REPVAR_ASSIGN_OR_RETURN(TensorValue v, Read(name));
+      out.value = std::move(v);
+    }
+    return out;
+  };
+  if (static_cast<int64_t>(bytes.size()) <= kSmallWriteBytes) {
+    // A small value goes in one unary call: a stream's set-up costs more
+    // than the bytes.
+    v1::AssignVariablesRequest req;
+    req.set_request_id(NewRequestId());
+    v1::AssignItem* item = req.add_items();
+    item->set_name(name);
+    item->set_op(static_cast<v1::AssignOp>(kind));
+    item->set_read_value(read_value);
+    HeaderToProto(spec->dtype, spec->dims, bytes, item->mutable_value()->mutable_header());
+    item->mutable_value()->set_data(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    v1::AssignVariablesResponse resp;
+    absl::Status s = impl_->Retry([&] {
+      grpc::ClientContext ctx;
+      impl_->SetDeadline(&ctx, bytes.size());
+      return FromGrpcStatus(impl_->stub()->AssignVariables(&ctx, req, &resp));
+    });
+    if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) impl_->Forget(name);
+    REPVAR_RETURN_IF_ERROR(s);
+    if (resp.results_size() != 1) {
+      return absl::InternalError(
+          absl::StrCat("the coordinator answered a write of one variable with ",
+                       resp.results_size(), " results"));
+    }
+    return ack(resp.results(0));
+  }
   v1::AssignVariableRequest head;
   v1::AssignHeader* h = head.mutable_header();
   h->set_request_id(NewRequestId());
@@ -312,14 +349,7 @@ absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignOp kind,
   });
   if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) impl_->Forget(name);
   REPVAR_RETURN_IF_ERROR(s);
-  WriteAck ack{resp.version(), resp.checksum(), std::nullopt};
-  if (resp.has_value()) {
-    REPVAR_ASSIGN_OR_RETURN(ack.value, TensorValueFromProto(resp.value(), resp.version()));
-  } else if (read_value) {
-    REPVAR_ASSIGN_OR_RETURN(TensorValue v, Read(name));
-    ack.value = std::move(v);
-  }
-  return ack;
+  return ack(resp);
 }
 
 absl::StatusOr<std::vector<WriteAck>> Client::AssignBatch(const std::vector<AssignItem>& items) {

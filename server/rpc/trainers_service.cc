@@ -212,7 +212,11 @@ grpc::Status TrainersService::AssignVariables(grpc::ServerContext*,
   }
   auto results = core_->AssignBatch(*key, items);
   if (!results.ok()) return Fail("AssignVariables", results.status());
-  for (const WriteResult& r : *results) WriteResultToProto(r, 0, resp->add_results());
+  for (size_t i = 0; i < results->size(); ++i) {
+    const bool read_value =
+        i < static_cast<size_t>(req->items_size()) && req->items(i).read_value();
+    WriteResultToProto((*results)[i], read_value ? kMaxReadValueBytes : 0, resp->add_results());
+  }
   return grpc::Status::OK;
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "repvar/step.h"
 #include "tests/testing/in_process_coordinator.h"
 #include "tests/testing/status_matchers.h"
@@ -94,6 +95,32 @@ TEST_F(ClientTest, WriteRead_RoundTrip_AndDtypeChecked) {
   EXPECT_THAT(client_->Assign<int32_t>("w", ints),
               StatusIs(absl::StatusCode::kFailedPrecondition, "int32"));
   EXPECT_THAT(client_->Read("nope"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// A write of at most 1 MiB goes in one unary call, a larger one in a
+// stream: both answer the same way (version, checksum, the value when asked
+// for) and a retried request id is applied once on either.
+TEST_F(ClientTest, SmallAndLargeWrites_UnaryAndStream_AnswerAlike) {
+  for (int64_t n : {int64_t{3}, int64_t{(1 << 20) / 4 + 1}}) {
+    const std::string name = absl::StrCat("w", n);
+    ASSERT_OK(client_->CreateVariable(
+        {.name = name, .dtype = DType::kFloat32, .shape = {n}, .replica_count = 4}));
+    std::vector<float> v(static_cast<size_t>(n), 0.5f);
+    v.back() = 7;
+    auto ack = client_->Assign<float>(name, v, /*read_value=*/true);
+    ASSERT_OK(ack);
+    EXPECT_EQ(ack->version, 1) << n;
+    ASSERT_TRUE(ack->value.has_value()) << n;
+    EXPECT_EQ(std::vector<float>(ack->value->as<float>().begin(), ack->value->as<float>().end()), v)
+        << n;
+    auto added = client_->AssignAdd<float>(name, v);
+    ASSERT_OK(added);
+    EXPECT_EQ(added->version, 2) << n;
+    auto back = client_->Read(name);
+    ASSERT_OK(back);
+    EXPECT_EQ(back->as<float>()[static_cast<size_t>(n - 1)], 14.0f) << n;
+    EXPECT_EQ(client_->GetVariable(name)->checksum, added->checksum) << n;
+  }
 }
 
 TEST_F(ClientTest, Admin_DeleteAndClusterStatus) {
