@@ -54,8 +54,23 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
   last_step_ = std::move(data.last_step);
   last_epoch_ = data.last_epoch;
   fences_reserved_ = data.fences_reserved;
+  std::map<uint64_t, WritePrepared> prepared;
+  for (WritePrepared& p : data.prepared) {
+    for (const PreparedValue& value : p.values) {
+      if (value.value == nullptr || value.value->checksum != value.checksum) {
+        return absl::DataLossError(absl::StrCat("checkpoint: the write prepared with fence ",
+                                                p.fence, " lacks the value of variable id ",
+                                                value.id));
+      }
+    }
+    const uint64_t fence = p.fence;
+    if (!prepared.emplace(fence, std::move(p)).second) {
+      return absl::DataLossError(absl::StrCat("checkpoint: fence ", fence, " prepared twice"));
+    }
+  }
   outcomes_ = std::move(outcomes);
   outcome_order_ = std::move(order);
+  prepared_ = std::move(prepared);
   return absl::OkStatus();
 }
 
@@ -201,6 +216,23 @@ void ClusterState::ApplyChange(const ValueKept& c) {
                    absl::StrCat("ValueKept of ", v.def.name, " version ", c.version,
                                 " is not its committed value (version ", v.version, ")"));
   v.value = c.value;
+}
+
+void ClusterState::ApplyChange(const WritePrepared& c) {
+  for (const PreparedValue& p : c.values) {
+    const VariableRecord& v = MustFind(p.id, "WritePrepared");
+    REPVAR_CHECK_MSG(
+        p.version == v.version + 1 && p.value != nullptr && p.value->checksum == p.checksum,
+        absl::StrCat("WritePrepared of ", v.def.name, " version ", p.version,
+                     " does not follow its committed version ", v.version));
+  }
+  const bool fresh = prepared_.emplace(c.fence, c).second;
+  REPVAR_CHECK_MSG(fresh, absl::StrCat("WritePrepared with fence ", c.fence, " twice"));
+}
+
+void ClusterState::ApplyChange(const WriteResolved& c) {
+  REPVAR_CHECK_MSG(prepared_.erase(c.fence) == 1,
+                   absl::StrCat("WriteResolved of fence ", c.fence, ", which was not prepared"));
 }
 
 void ClusterState::ApplyChange(const ReplicasWritten& c) {
@@ -431,6 +463,14 @@ std::string ClusterState::Dump() const {
     const StoredOutcome& o = outcomes_.at(id);
     absl::StrAppend(&out, "request ", id, " ", o.op, " ", o.digest, " ", AnswerText(o.answer),
                     "\n");
+  }
+  for (const auto& [fence, p] : prepared_) {
+    absl::StrAppend(&out, "prepared ", fence, " request ", p.outcome.key.id, " ",
+                    AnswerText(p.outcome.answer));
+    for (const PreparedValue& v : p.values) {
+      absl::StrAppend(&out, " ", v.id, "@", v.version, ":", v.checksum);
+    }
+    absl::StrAppend(&out, "\n");
   }
   return out;
 }

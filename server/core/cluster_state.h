@@ -92,6 +92,7 @@ struct ClusterStateData {
   uint64_t fences_reserved = 0;
   LastStep last_step;
   std::vector<std::pair<std::string, StoredOutcome>> outcomes;  // by id, oldest first
+  std::vector<WritePrepared> prepared;                          // unresolved writes
 };
 
 struct ClusterStateOptions {
@@ -153,6 +154,10 @@ class ClusterState {
   absl::StatusOr<std::optional<Answer>> Outcome(const RequestKey& key, absl::string_view op,
                                                 absl::Time now) const;
 
+  // Writes prepared and not yet resolved (WritePrepared), by fence: after a
+  // restart, those to roll forward.
+  const std::map<uint64_t, WritePrepared>& prepared() const { return prepared_; }
+
   // Calls `fn(id, outcome)` for every recorded answer, oldest first.
   template <typename F>
   void ForEachOutcome(F&& fn) const {
@@ -178,6 +183,8 @@ class ClusterState {
   void ApplyChange(const FencesReserved& c);
   void ApplyChange(const WorkerJoined& c);
   void ApplyChange(const ValueKept& c);
+  void ApplyChange(const WritePrepared& c);
+  void ApplyChange(const WriteResolved& c);
   VariableRecord& MustFind(uint64_t id, const char* change);
   // Records what `h` acknowledged and moves its replica through the event
   // that follows from it (acked when it is the committed value).
@@ -199,7 +206,8 @@ class ClusterState {
   uint64_t fences_reserved_ = 0;
 
   absl::flat_hash_map<std::string, StoredOutcome> outcomes_;
-  std::deque<std::string> outcome_order_;  // oldest first
+  std::deque<std::string> outcome_order_;       // oldest first
+  std::map<uint64_t, WritePrepared> prepared_;  // by fence
 };
 
 }  // namespace repvar::server

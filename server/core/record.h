@@ -148,11 +148,33 @@ struct RequestRecorded {
   Answer answer;
   absl::Time at;
 };
+// A cross-replica write of small values, recorded before the values leave
+// for the workers, and synced while they travel: once it is durable the
+// write is decided. Its commit (ValueCommitted + the answer + WriteResolved)
+// is then applied and answered without waiting for its own sync, since a
+// restart that finds the write unresolved commits it (roll-forward,
+// Registry::Recover) to the same version, checksum and answer; the
+// replicas are verified then. A write that fails resolves it in a record
+// that is synced before the caller hears of the failure.
+struct PreparedValue {
+  uint64_t id = 0;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  std::shared_ptr<const Tensor> value;
+};
+struct WritePrepared {
+  uint64_t fence = 0;  // the write's fencing token: unique, never reused
+  std::vector<PreparedValue> values;
+  RequestRecorded outcome;  // the answer once committed (C6)
+};
+struct WriteResolved {
+  uint64_t fence = 0;
+};
 
-using Change =
-    std::variant<WorkerRegistered, WorkerDied, VariableCreated, VariableDeleted, ValueCommitted,
-                 ReplicasWritten, ResyncFlagged, StepBegun, StepCommitted, StepFailed,
-                 RequestRecorded, FencesReserved, WorkerJoined, ValueKept>;
+using Change = std::variant<WorkerRegistered, WorkerDied, VariableCreated, VariableDeleted,
+                            ValueCommitted, ReplicasWritten, ResyncFlagged, StepBegun,
+                            StepCommitted, StepFailed, RequestRecorded, FencesReserved,
+                            WorkerJoined, ValueKept, WritePrepared, WriteResolved>;
 
 struct Record {
   std::vector<Change> changes;

@@ -20,9 +20,10 @@ Registry::Registry(RegistryOptions options, Clock* clock, StateLog* log)
   last_fence_ = static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMicros(clock_->Now())));
 }
 
-absl::Status Registry::CommitLocked(Record record) {
+absl::Status Registry::CommitLocked(Record record, bool decided) {
   if (record.empty()) return absl::OkStatus();
   REPVAR_ASSIGN_OR_RETURN(applied_, log_->Append(record));
+  if (!decided) required_ = applied_;
   state_.Apply(record);
   log_->Applied(state_);
   return absl::OkStatus();
@@ -31,7 +32,7 @@ absl::Status Registry::CommitLocked(Record record) {
 // StateLog::Durable is thread-safe and called without mu_: that is what
 // lets the writers that wait at the same time share one sync.
 absl::Status Registry::Leave() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  const uint64_t seen = applied_;
+  const uint64_t seen = required_;
   mu_.Unlock();
   if (seen == 0) return absl::OkStatus();
   return log_->Durable(seen);
@@ -40,6 +41,35 @@ absl::Status Registry::Leave() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
 absl::Status Registry::Recover() {
   RankedLock lock(&mu_);
   REPVAR_RETURN_IF_ERROR(log_->Recover(state_));
+  // Roll-forward: a write prepared and never resolved was decided when its
+  // WritePrepared was durable, and its caller may have been answered.
+  if (!state_.prepared().empty()) {
+    Record record;
+    for (const auto& [fence, p] : state_.prepared()) {
+      // It follows its variables' committed versions, unless its commit
+      // failed in the log (a full disk) and the variables moved on.
+      bool follows = true;
+      for (const PreparedValue& v : p.values) {
+        const VariableRecord* now = state_.FindId(v.id);
+        follows = follows && now != nullptr && now->version + 1 == v.version;
+      }
+      if (follows) {
+        for (const PreparedValue& v : p.values) {
+          // No holders: which replicas took it is verified after recovery.
+          record.changes.push_back(ValueCommitted{v.id, v.version, v.checksum, v.value, {}, {}});
+          record.changes.push_back(ResyncFlagged{v.id, true});
+        }
+        record.changes.push_back(p.outcome);
+        spdlog::info("the write prepared with fence {} (request \"{}\") was committed at restart",
+                     fence, p.outcome.key.id);
+      } else {
+        spdlog::warn("the write prepared with fence {} (request \"{}\") was overtaken; dropped",
+                     fence, p.outcome.key.id);
+      }
+      record.changes.push_back(WriteResolved{fence});
+    }
+    REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)));
+  }
   // Workers recorded live get a whole heartbeat timeout from now to be heard
   // from again (they keep their incarnation across our restart).
   const absl::Time now = clock_->Now();
@@ -91,6 +121,26 @@ absl::Status Registry::Commit(Builder build) {
   const absl::Status committed = record.ok() ? CommitLocked(*std::move(record)) : record.status();
   const absl::Status durable = Leave();
   return committed.ok() ? durable : committed;
+}
+
+absl::StatusOr<uint64_t> Registry::CommitUnsynced(Builder build) {
+  RankedLock lock(&mu_);
+  REPVAR_ASSIGN_OR_RETURN(Record record, build(state_));
+  if (record.empty()) return required_;
+  REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)));
+  log_->StartSync(applied_);  // in the background, while the caller goes on
+  return applied_;
+}
+
+absl::Status Registry::AwaitDurable(uint64_t position) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (position == 0) return absl::OkStatus();
+  return log_->Durable(position);
+}
+
+absl::Status Registry::CommitDecided(Builder build) {
+  RankedLock lock(&mu_);
+  REPVAR_ASSIGN_OR_RETURN(Record record, build(state_));
+  return CommitLocked(std::move(record), /*decided=*/true);
 }
 
 // ---- Membership ----

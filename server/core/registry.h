@@ -66,9 +66,27 @@ class Registry {
   // and is returned. An empty record is not committed.
   using Builder = absl::FunctionRef<absl::StatusOr<Record>(const ClusterState&)>;
   absl::Status Commit(Builder build) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Commit without the wait: appended and applied, its sync started in the
+  // background (StateLog::StartSync), and its log position returned for
+  // AwaitDurable(position) - a write's WritePrepared, synced while its
+  // values travel to the workers. Everyone else who sees the
+  // state waits for it as for any record.
+  absl::StatusOr<uint64_t> CommitUnsynced(Builder build) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns once the record at `position` (and all before it) is durable.
+  absl::Status AwaitDurable(uint64_t position) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits a record that a durable record already decided: the resolution
+  // of a durable WritePrepared that commits it. Applied at once, and
+  // neither the caller nor anyone who sees the state waits for its sync -
+  // a crash that loses it rolls the prepared write forward to the same
+  // versions, checksums and answer (Recover). Errors: the log's.
+  absl::Status CommitDecided(Builder build) ABSL_LOCKS_EXCLUDED(mu_);
   // Loads what the log kept from an earlier run (StateLog::Recover); call
-  // once, before serving. Workers recorded live are given a heartbeat
-  // timeout from now to be heard from. On error the registry is unusable.
+  // once, before serving. Writes prepared and never resolved are committed
+  // (roll-forward: their answers may have been given); every replica of
+  // theirs is STALE until verified. Workers recorded live are given a
+  // heartbeat timeout from now to be heard from. On error the registry is
+  // unusable.
   absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `read` on the state under the lock and returns what it returns,
   // once the state it read is durable.
@@ -89,7 +107,8 @@ class Registry {
     RankedLock lock(&mu_);
     return read(static_cast<const ClusterState&>(state_));
   }
-  // Returns once everything applied so far is durable.
+  // Returns once everything applied so far is durable (but for records a
+  // durable one decided).
   absl::Status AwaitDurable() const ABSL_LOCKS_EXCLUDED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     mu_.Lock();
     return Leave();
@@ -178,7 +197,7 @@ class Registry {
 
  private:
   // mu_ for one call: leaving releases it and waits until everything the
-  // call saw or committed (up to applied_) is durable. What is returned is
+  // call saw or committed (up to required_) is durable. What is returned is
   // computed before, under the lock; the caller gets it after.
   class ABSL_SCOPED_LOCKABLE CallLock {
    public:
@@ -192,11 +211,12 @@ class Registry {
    private:
     const Registry* const r_;
   };
-  // Releases mu_, then waits for applied_ to be durable. An error only
+  // Releases mu_, then waits for required_ to be durable. An error only
   // when a test's log was told not to stop the process (StateLog::Durable).
   absl::Status Leave() const ABSL_UNLOCK_FUNCTION(mu_);
 
-  absl::Status CommitLocked(Record record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `decided`: a durable record already decided this one (CommitDecided).
+  absl::Status CommitLocked(Record record, bool decided = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TopologySnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The topology users see: live tasks that are not joining.
   TopologySnapshot VisibleTopology(const std::map<std::string, int32_t>& expected) const
@@ -212,6 +232,9 @@ class Registry {
   std::map<TaskKey, absl::Time> last_heartbeat_ ABSL_GUARDED_BY(mu_);
   uint64_t last_fence_ ABSL_GUARDED_BY(mu_) = 0;  // the last token handed out
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;     // log position of the last record applied
+  // What a caller who saw the state waits for: applied_, except records a
+  // durable one decided (CommitDecided).
+  uint64_t required_ ABSL_GUARDED_BY(mu_) = 0;
   // Log position of the record that reserved the current block of fences
   // (0: reserved by an earlier run, durable).
   uint64_t fences_position_ ABSL_GUARDED_BY(mu_) = 0;

@@ -65,14 +65,27 @@ absl::StatusOr<uint64_t> Replication::IdOf(absl::string_view name) const {
 
 // ---- Delivery ----
 
-absl::StatusOr<Replication::Delivery> Replication::Deliver(
-    const std::vector<PlannedWrite>& writes) {
+absl::StatusOr<Replication::Delivery> Replication::Deliver(const std::vector<PlannedWrite>& writes,
+                                                           const RequestRecorded* prepare) {
   // Room for the record before anything leaves: a full disk refuses the
   // write here, with nothing changed anywhere.
   uint64_t value_bytes = 0;
   for (const PlannedWrite& w : writes) value_bytes += w.value->bytes.size();
-  REPVAR_RETURN_IF_ERROR(registry_->CheckRoom(value_bytes));
+  REPVAR_RETURN_IF_ERROR(registry_->CheckRoom(prepare != nullptr ? 2 * value_bytes : value_bytes));
   REPVAR_ASSIGN_OR_RETURN(const uint64_t fence, registry_->NextFence());
+  // The decision, before anything leaves; synced while the values travel.
+  uint64_t prepared_at = 0;
+  if (prepare != nullptr) {
+    REPVAR_ASSIGN_OR_RETURN(
+        prepared_at, registry_->CommitUnsynced([&](const ClusterState&) -> absl::StatusOr<Record> {
+          WritePrepared p{fence, {}, *prepare};
+          for (const PlannedWrite& w : writes) {
+            p.values.push_back(PreparedValue{w.id, w.version, w.value->checksum, w.value});
+          }
+          return Record{{std::move(p)}};
+        }));
+  }
+  absl::Status prepared_durable;
   // Group the replicas each live worker holds.
   struct Batch {
     WorkerTarget target;
@@ -107,6 +120,7 @@ absl::StatusOr<Replication::Delivery> Replication::Deliver(
     for (size_t i = 0; i < batches.size(); ++i) {
       workers_->WriteReplicasAsync(batches[i].target, batches[i].writes, calls.Callback(i));
     }
+    if (prepared_at > 0) prepared_durable = registry_->AwaitDurable(prepared_at);
     return calls.Wait();
   };
   // The data plane carries single large writes to enough workers (during a
@@ -162,6 +176,10 @@ absl::StatusOr<Replication::Delivery> Replication::Deliver(
   }
 
   Delivery d;
+  d.prepared = prepare != nullptr ? fence : 0;
+  if (!prepared_durable.ok()) {
+    d.failures.push_back(absl::StrCat("state log: ", prepared_durable.ToString()));
+  }
   for (size_t i = 0; i < batches.size(); ++i) {
     const WorkerTarget& t = batches[i].target;
     if (!statuses[i].ok()) {
@@ -184,45 +202,58 @@ absl::Status Replication::CommitWrites(const std::vector<PlannedWrite>& writes,
                                        const std::map<uint64_t, Initializer>& initializers,
                                        std::optional<RequestRecorded> outcome) {
   const bool delivered = delivery.failures.empty();
-  absl::Status committed =
-      registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
-        Record record;
-        for (const PlannedWrite& w : writes) {
-          const VariableRecord* v = state.FindId(w.id);
-          if (v == nullptr) continue;
-          auto h = delivery.holders.find(w.id);
-          std::vector<Holder> holders = LiveHolders(
-              state, *v, h == delivery.holders.end() ? std::vector<Holder>{} : h->second);
-          if (delivered) {
-            auto init = initializers.find(w.id);
-            record.changes.push_back(ValueCommitted{
-                w.id, w.version, w.value->checksum, w.value, std::move(holders),
-                init == initializers.end() ? std::nullopt
-                                           : std::optional<Initializer>(init->second)});
-            if (v->needs_resync) record.changes.push_back(ResyncFlagged{w.id, false});
-          } else {
-            // The replicas that got it now hold an uncommitted version: they are
-            // STALE, not silently ahead.
-            if (!holders.empty()) {
-              record.changes.push_back(
-                  ReplicasWritten{w.id, w.version, w.value->checksum, std::move(holders)});
-            }
-            // The replicas that did not answer may hold either value (the
-            // answer may be what was lost): STALE too, until repair
-            // rewrites them with a higher fence and checks what they hold.
-            auto u = delivery.unknown.find(w.id);
-            if (u != delivery.unknown.end() && v->version > 0) {
-              std::vector<Holder> unknown = LiveHolders(state, *v, u->second);
-              if (!unknown.empty()) {
-                record.changes.push_back(ReplicasWritten{w.id, 0, 0, std::move(unknown)});
-              }
-            }
-            record.changes.push_back(ResyncFlagged{w.id, true});
+  auto build = [&](const ClusterState& state) -> absl::StatusOr<Record> {
+    Record record;
+    for (const PlannedWrite& w : writes) {
+      const VariableRecord* v = state.FindId(w.id);
+      if (v == nullptr) continue;
+      auto h = delivery.holders.find(w.id);
+      std::vector<Holder> holders =
+          LiveHolders(state, *v, h == delivery.holders.end() ? std::vector<Holder>{} : h->second);
+      if (delivered) {
+        auto init = initializers.find(w.id);
+        record.changes.push_back(ValueCommitted{
+            w.id, w.version, w.value->checksum, w.value, std::move(holders),
+            init == initializers.end() ? std::nullopt : std::optional<Initializer>(init->second)});
+        if (v->needs_resync) record.changes.push_back(ResyncFlagged{w.id, false});
+      } else {
+        // The replicas that got it now hold an uncommitted version: they are
+        // STALE, not silently ahead.
+        if (!holders.empty()) {
+          record.changes.push_back(
+              ReplicasWritten{w.id, w.version, w.value->checksum, std::move(holders)});
+        }
+        // The replicas that did not answer may hold either value (the
+        // answer may be what was lost): STALE too, until repair
+        // rewrites them with a higher fence and checks what they hold.
+        auto u = delivery.unknown.find(w.id);
+        if (u != delivery.unknown.end() && v->version > 0) {
+          std::vector<Holder> unknown = LiveHolders(state, *v, u->second);
+          if (!unknown.empty()) {
+            record.changes.push_back(ReplicasWritten{w.id, 0, 0, std::move(unknown)});
           }
         }
-        if (delivered && outcome) record.changes.push_back(*std::move(outcome));
-        return record;
-      });
+        record.changes.push_back(ResyncFlagged{w.id, true});
+      }
+    }
+    if (delivered && outcome) record.changes.push_back(*std::move(outcome));
+    if (delivery.prepared != 0) record.changes.push_back(WriteResolved{delivery.prepared});
+    return record;
+  };
+  // A prepared write that reached everyone was decided by its durable
+  // WritePrepared: its commit is not waited for. A failure is, before the
+  // caller hears of it (a restart must not roll the write forward then).
+  absl::Status committed = delivered && delivery.prepared != 0 ? registry_->CommitDecided(build)
+                                                               : registry_->Commit(build);
+  // A durable WritePrepared that the log has no room to resolve would be
+  // rolled forward by the next start, whatever its caller is told now:
+  // stop, as a failed write does (the log stops the process itself then,
+  // unless a test asked it not to), and let the restart resolve it (the
+  // caller retries with its request id and gets the answer).
+  REPVAR_CHECK_MSG(delivery.prepared == 0 || !absl::IsResourceExhausted(committed),
+                   absl::StrCat("the write prepared with fence ", delivery.prepared,
+                                " cannot be resolved in the state log (", committed.ToString(),
+                                "); stopping so that a restart resolves it"));
   if (!committed.ok()) {
     // The workers took values the log could not record (a disk that filled
     // after CheckRoom): the records still name the old ones. Repair asks.
@@ -468,11 +499,15 @@ absl::StatusOr<std::vector<WriteResult>> Replication::AssignInGate(
           return record;
         }));
   }
-  REPVAR_ASSIGN_OR_RETURN(const Delivery delivery, Deliver(writes));
   std::vector<WriteOutcome> answer;
-  for (const PlannedWrite& w : writes) answer.push_back(WriteOutcome{w.version, w.value->checksum});
-  REPVAR_RETURN_IF_ERROR(CommitWrites(
-      writes, delivery, {}, RequestRecorded{key, std::string(op), answer, clock_->Now()}));
+  bool small = true;
+  for (const PlannedWrite& w : writes) {
+    answer.push_back(WriteOutcome{w.version, w.value->checksum});
+    small = small && w.value->bytes.size() <= options_.prepare_max_bytes;
+  }
+  const RequestRecorded outcome{key, std::string(op), answer, clock_->Now()};
+  REPVAR_ASSIGN_OR_RETURN(const Delivery delivery, Deliver(writes, small ? &outcome : nullptr));
+  REPVAR_RETURN_IF_ERROR(CommitWrites(writes, delivery, {}, outcome));
   std::vector<WriteResult> results;
   for (const PlannedWrite& w : writes) {
     results.push_back(WriteResult{w.version, w.value->checksum, w.value});

@@ -63,6 +63,11 @@ struct ReplicationOptions {
   // cached up to this many bytes in all; a value over a quarter of it is
   // not cached (a checkpoint reads the whole model once).
   uint64_t read_cache_bytes = uint64_t{64} << 20;
+  // Assigns whose values are all at most this many bytes are decided before
+  // they are sent (WritePrepared, synced while the workers take them) and
+  // answered without waiting for their commit's own sync. Above it, the
+  // commit is synced before the answer (the values go to blob files).
+  uint64_t prepare_max_bytes = 16 << 10;
 };
 
 class Replication {
@@ -138,10 +143,15 @@ class Replication {
     std::map<uint64_t, std::vector<Holder>> holders;
     std::map<uint64_t, std::vector<Holder>> unknown;
     std::vector<std::string> failures;
+    uint64_t prepared = 0;  // the fence of its WritePrepared (0: none)
   };
+  // `prepare`: the answer of a write of small values, recorded with them in
+  // a WritePrepared before they are sent and synced while they travel.
   // Errors: RESOURCE_EXHAUSTED (no room for its record on disk), those of
-  // Registry::NextFence; nothing was sent then.
-  absl::StatusOr<Delivery> Deliver(const std::vector<PlannedWrite>& writes);
+  // Registry::NextFence and of the WritePrepared's commit; nothing was sent
+  // then.
+  absl::StatusOr<Delivery> Deliver(const std::vector<PlannedWrite>& writes,
+                                   const RequestRecorded* prepare = nullptr);
   // Commits `writes` as the delivery left them (see the file comment, step
   // 5) with `outcome` when all of them reached every live replica.
   absl::Status CommitWrites(const std::vector<PlannedWrite>& writes, const Delivery& delivery,

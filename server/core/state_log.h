@@ -16,7 +16,9 @@
 #ifndef REPVAR_SERVER_CORE_STATE_LOG_H_
 #define REPVAR_SERVER_CORE_STATE_LOG_H_
 
+#include <atomic>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -48,6 +50,11 @@ class StateLog {
     (void)position;
     return absl::OkStatus();
   }
+  // A hint: the record at `position` will be waited for soon. A log may
+  // start syncing it now, in the background, so that the sync overlaps
+  // what the caller does meanwhile (a write's fan-out to the workers).
+  // Any thread, no lock.
+  virtual void StartSync(uint64_t position) { (void)position; }
   // Whether a record carrying `value_bytes` of tensor values would fit now.
   // A write asks before it sends anything to any worker, so that a full
   // disk refuses it (RESOURCE_EXHAUSTED) with nothing changed anywhere
@@ -97,21 +104,38 @@ class VolatileStateLog final : public StateLog {
 };
 
 // Keeps every record in memory, in order: for tests that replay them, or
-// that restart a coordinator on them (Recover applies them all).
+// that restart a coordinator on them (Recover applies them all). Remembers
+// how far it was asked to be durable, so that a test can restart on what a
+// power loss would have left (Synced()).
 class MemoryStateLog final : public StateLog {
  public:
+  MemoryStateLog() = default;
+  explicit MemoryStateLog(std::vector<Record> records) : records_(std::move(records)) {}
+
   absl::StatusOr<uint64_t> Append(Record& record) override {
     records_.push_back(record);
     return records_.size();
+  }
+  absl::Status Durable(uint64_t position) override {  // any thread
+    uint64_t seen = synced_.load();
+    while (seen < position && !synced_.compare_exchange_weak(seen, position)) {
+    }
+    return absl::OkStatus();
   }
   absl::Status Recover(ClusterState& state) override {
     for (const Record& r : records_) state.Apply(r);
     return absl::OkStatus();
   }
   const std::vector<Record>& records() const { return records_; }
+  // The records up to the last position anyone waited for.
+  std::vector<Record> Synced() const {
+    return std::vector<Record>(records_.begin(),
+                               records_.begin() + static_cast<long>(synced_.load()));
+  }
 
  private:
   std::vector<Record> records_;
+  std::atomic<uint64_t> synced_{0};
 };
 
 }  // namespace repvar::server

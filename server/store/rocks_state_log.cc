@@ -60,6 +60,9 @@ void ForEachValue(R& record, F&& fn) {
           using T = std::decay_t<decltype(c)>;
           if constexpr (std::is_same_v<T, VariableCreated>) fn(c.initializer.value);
           if constexpr (std::is_same_v<T, ValueKept>) fn(c.value);
+          if constexpr (std::is_same_v<T, WritePrepared>) {
+            for (auto& v : c.values) fn(v.value);
+          }
           if constexpr (std::is_same_v<T, ValueCommitted>) {
             fn(c.value);
             if (c.initializer) fn(c.initializer->value);
@@ -116,7 +119,33 @@ RocksStateLog::RocksStateLog(RocksStateLogOptions options, std::shared_ptr<rocks
       }()) {}
 
 RocksStateLog::~RocksStateLog() {
+  {
+    absl::MutexLock lock(&sync_mu_);
+    stopping_ = true;
+  }
+  if (syncer_.joinable()) syncer_.join();
   if (db_ != nullptr) (void)db_->Close();
+}
+
+void RocksStateLog::StartSync(uint64_t position) {
+  absl::MutexLock lock(&sync_mu_);
+  if (position <= durable_ || position <= wanted_) return;
+  wanted_ = position;
+  if (syncer_.joinable()) return;  // it wakes on wanted_
+  syncer_ = std::thread([this] {
+    absl::MutexLock held(&sync_mu_);
+    auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_) {
+      return stopping_ || (wanted_ > durable_ && !syncing_ && sync_failed_.ok());
+    };
+    while (true) {
+      sync_mu_.Await(absl::Condition(&work));
+      if (stopping_) return;
+      const uint64_t target = wanted_;
+      sync_mu_.Unlock();
+      (void)Durable(target);  // a failure is fatal there, or kept in sync_failed_
+      sync_mu_.Lock();
+    }
+  });
 }
 
 absl::StatusOr<std::unique_ptr<RocksStateLog>> RocksStateLog::Open(RocksStateLogOptions options) {
@@ -338,7 +367,6 @@ absl::Status RocksStateLog::WriteCheckpoint(const ClusterState& state) {
   }
   meta.set_last_epoch(state.last_epoch());
   meta.set_fences_reserved(state.fences_reserved());
-  batch.Put(kMetaKey, meta.SerializeAsString());
   for (const auto& [key, w] : state.workers()) {
     disk::WorkerRecord row;
     EncodeWorker(w, &row);
@@ -353,6 +381,17 @@ absl::Status RocksStateLog::WriteCheckpoint(const ClusterState& state) {
       if (t != nullptr && blobs_.BlobBytes(*t) > 0) live.insert(blobs_.BlobNameOf(*t));
     }
   }
+  if (!state.prepared().empty()) {
+    Record prepared;
+    for (const auto& [fence, p] : state.prepared()) {
+      prepared.changes.push_back(p);
+      for (const PreparedValue& v : p.values) {
+        if (blobs_.BlobBytes(*v.value) > 0) live.insert(blobs_.BlobNameOf(*v.value));
+      }
+    }
+    REPVAR_RETURN_IF_ERROR(EncodeRecord(prepared, files, meta.mutable_prepared()));
+  }
+  batch.Put(kMetaKey, meta.SerializeAsString());
   uint64_t n = 0;
   state.ForEachOutcome([&](const std::string& id, const StoredOutcome& o) {
     disk::RequestRecorded row;
@@ -391,6 +430,14 @@ absl::Status RocksStateLog::LoadCheckpoint(ClusterStateData& data, uint64_t& las
   }
   data.last_epoch = meta.last_epoch();
   data.fences_reserved = meta.fences_reserved();
+  if (meta.has_prepared()) {
+    REPVAR_ASSIGN_OR_RETURN(Record prepared, DecodeRecord(meta.prepared(), blobs_));
+    for (Change& c : prepared.changes) {
+      auto* p = std::get_if<WritePrepared>(&c);
+      if (p == nullptr) return absl::DataLossError("checkpoint: a prepared write of another kind");
+      data.prepared.push_back(std::move(*p));
+    }
+  }
 
   rocksdb::ReadOptions r;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(r));

@@ -281,6 +281,25 @@ struct ChangeEncoder {
                   out->mutable_request_recorded());
     return absl::OkStatus();
   }
+  absl::Status operator()(const WritePrepared& c) {
+    auto* m = out->mutable_write_prepared();
+    m->set_fence(c.fence);
+    for (const PreparedValue& v : c.values) {
+      auto* value = m->add_values();
+      value->set_id(v.id);
+      value->set_version(v.version);
+      value->set_checksum(v.checksum);
+      REPVAR_RETURN_IF_ERROR(PutTensor(v.value, files, value->mutable_value()));
+    }
+    EncodeOutcome(c.outcome.key.id,
+                  StoredOutcome{c.outcome.op, c.outcome.key.digest, c.outcome.answer, c.outcome.at},
+                  m->mutable_outcome());
+    return absl::OkStatus();
+  }
+  absl::Status operator()(const WriteResolved& c) {
+    out->mutable_write_resolved()->set_fence(c.fence);
+    return absl::OkStatus();
+  }
 };
 
 absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) {
@@ -348,6 +367,24 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) 
     }
     case disk::Change::kFencesReserved:
       return Change(FencesReserved{in.fences_reserved().up_to()});
+    case disk::Change::kWritePrepared: {
+      const auto& m = in.write_prepared();
+      WritePrepared c;
+      c.fence = m.fence();
+      for (const auto& v : m.values()) {
+        if (!v.has_value()) return absl::DataLossError("a prepared write without its value");
+        PreparedValue value{v.id(), v.version(), v.checksum(), nullptr};
+        REPVAR_ASSIGN_OR_RETURN(value.value, files.Load(v.value()));
+        c.values.push_back(std::move(value));
+      }
+      REPVAR_ASSIGN_OR_RETURN(auto outcome, DecodeOutcome(m.outcome()));
+      auto& [id, o] = outcome;
+      c.outcome =
+          RequestRecorded{RequestKey{std::move(id), o.digest}, o.op, std::move(o.answer), o.at};
+      return Change(std::move(c));
+    }
+    case disk::Change::kWriteResolved:
+      return Change(WriteResolved{in.write_resolved().fence()});
     case disk::Change::CHANGE_NOT_SET:
       break;
   }

@@ -584,6 +584,57 @@ TEST_F(CoordinatorTest, F2_RestartMidJoin_TheJoinIsFinishedBeforeTheWorkerIsList
   EXPECT_EQ(after.registry().Joining().size(), 0u);
 }
 
+// F3 with a roll-forward commit: a small assign is answered once its
+// WritePrepared is durable and every replica took it, without waiting for
+// its commit's own sync. A power loss that takes every record nobody waited
+// for (the commit among them) loses nothing the caller was told: the
+// restart commits the prepared write - same version, value and answer.
+TEST_F(CoordinatorTest, F3_AnsweredSmallWrite_SurvivesLosingEveryUnsyncedRecord) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  auto answered = Assign("w", F32({4, 5, 6}), AssignOp::kAssign, "req-rf");
+  ASSERT_OK(answered);
+  ASSERT_EQ(answered->version, 2);
+  std::vector<Record> synced = log_.Synced();
+  ASSERT_LT(synced.size(), log_.records().size())
+      << "the commit was synced before the answer: nothing here is rolled forward";
+
+  MemoryStateLog after_power_loss(std::move(synced));
+  Coordinator after(CoordinatorOptions{}, &clock_, &workers_, &after_power_loss);
+  ASSERT_OK(after.Recover());
+  auto view = after.GetVariable("w");
+  ASSERT_OK(view);
+  EXPECT_EQ(view->version, 2);
+  EXPECT_EQ(view->checksum, answered->checksum);
+  EXPECT_EQ(Floats(*after.Read("w")->value), (std::vector<float>{4, 5, 6}));
+  // The replicas took it before the answer: verified, they are current.
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(view->replicas[i].state, ReplicaState::kUpToDate) << "replica " << i;
+  }
+  // C6: the retry is answered, not applied again.
+  auto value = F32({4, 5, 6});
+  auto retry =
+      after.Assign(RequestKey{"req-rf", value->checksum ^ static_cast<uint64_t>(AssignOp::kAssign)},
+                   {"w", AssignOp::kAssign, value});
+  ASSERT_OK(retry);
+  EXPECT_EQ(retry->version, 2);
+  EXPECT_EQ(after.GetVariable("w")->version, 2);
+}
+
+// ... and a write that failed is resolved in a record synced before the
+// caller hears of the failure: the restart does not roll it forward.
+TEST_F(CoordinatorTest, F3_FailedSmallWrite_NotRolledForwardAfterLosingUnsyncedRecords) {
+  Create(Def("w", 6));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  workers_.Fail("tpu_worker:2", absl::UnavailableError("connection refused"));
+  EXPECT_THAT(Assign("w", F32({7, 7, 7})), StatusIs(absl::StatusCode::kUnavailable));
+  MemoryStateLog after_power_loss(log_.Synced());
+  Coordinator after(CoordinatorOptions{}, &clock_, &workers_, &after_power_loss);
+  ASSERT_OK(after.Recover());
+  EXPECT_EQ(after.GetVariable("w")->version, 1);
+  EXPECT_EQ(Floats(*after.Read("w")->value), (std::vector<float>{1, 2, 3}));
+}
+
 // F1: a write waiting on a worker that is declared dead fails then, not at
 // the call's own deadline (30 s and more before issue 5).
 TEST_F(CoordinatorTest, F1_WorkerDeclaredDeadMidWrite_CallsCancelled_WriteFailsAtOnce) {

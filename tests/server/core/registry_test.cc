@@ -307,5 +307,48 @@ TEST(RegistryDurabilityTest, PeekAndFencesDoNotWaitForOtherWritersSyncs) {
   EXPECT_TRUE(registered && awaited);
 }
 
+// A log that never blocks and remembers how far it was asked to be durable.
+class AskedLog final : public StateLog {
+ public:
+  absl::StatusOr<uint64_t> Append(Record&) override { return ++appended_; }
+  absl::Status Durable(uint64_t position) override {
+    asked_ = std::max(asked_, position);
+    return absl::OkStatus();
+  }
+  uint64_t asked() const { return asked_; }
+
+ private:
+  uint64_t appended_ = 0;
+  uint64_t asked_ = 0;
+};
+
+// A record reserving fences up to `up_to`.
+absl::StatusOr<Record> Reserve(uint64_t up_to) { return Record{{FencesReserved{up_to}}}; }
+
+// Roll-forward commits: a WritePrepared is committed without a wait
+// (CommitUnsynced) and synced while the write travels (AwaitDurable); the
+// commit it decides (CommitDecided) is waited for by nobody - neither its
+// writer nor a reader who sees it - until a later ordinary record, whose
+// sync covers it.
+TEST(RegistryDurabilityTest, ARecordADurableOneDecided_IsWaitedForByNobody) {
+  repvar::testing::FakeClock clock;
+  AskedLog log;
+  Registry r(RegistryOptions{}, &clock, &log);
+  auto prepared = r.CommitUnsynced([](const ClusterState&) { return Reserve(100); });
+  ASSERT_OK(prepared);
+  EXPECT_EQ(*prepared, 1u);
+  EXPECT_EQ(log.asked(), 0u) << "CommitUnsynced waited";
+  ASSERT_OK(r.AwaitDurable(*prepared));
+  EXPECT_EQ(log.asked(), 1u);
+
+  ASSERT_OK(r.CommitDecided([](const ClusterState&) { return Reserve(200); }));  // position 2
+  EXPECT_EQ(r.Read([](const ClusterState& s) { return s.fences_reserved(); }), 200u);
+  EXPECT_EQ(log.asked(), 1u) << "the decided record was waited for";
+
+  // Position 3: waited for, and its sync covers 2.
+  ASSERT_OK(r.Commit([](const ClusterState&) { return Reserve(300); }));
+  EXPECT_EQ(log.asked(), 3u);
+}
+
 }  // namespace
 }  // namespace repvar::server

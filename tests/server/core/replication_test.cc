@@ -32,7 +32,8 @@ using ::repvar::testing::StatusIs;
 class FillableLog final : public StateLog {
  public:
   absl::StatusOr<uint64_t> Append(Record& record) override {
-    if (refuse_appends) return absl::ResourceExhaustedError("disk full");
+    if (refuse_appends || appends_left == 0) return absl::ResourceExhaustedError("disk full");
+    if (appends_left > 0) --appends_left;
     return records_.Append(record);
   }
   absl::Status CheckRoom(uint64_t) const override {
@@ -42,6 +43,7 @@ class FillableLog final : public StateLog {
 
   bool no_room = false;
   bool refuse_appends = false;
+  int appends_left = -1;  // refuse once this many more were taken (-1: never)
 
  private:
   MemoryStateLog records_;
@@ -60,9 +62,10 @@ class ReplicationTruthTest : public ::testing::Test {
     ASSERT_OK(core_->CreateVariables({}, {{def, {}}}));
     ASSERT_OK(Assign({1, 2, 3}));
   }
-  std::unique_ptr<Coordinator> Start() {
+  std::unique_ptr<Coordinator> Start(uint64_t prepare_max_bytes = 16 << 10) {
     CoordinatorOptions options;
     options.idempotency_capacity = 5;
+    options.replication.prepare_max_bytes = prepare_max_bytes;
     return std::make_unique<Coordinator>(options, &clock_, &workers_, &log_);
   }
   void Register(int task, uint64_t incarnation) {
@@ -204,7 +207,11 @@ TEST_F(ReplicationTruthTest, F4_DiskFullBeforeAWrite_ResourceExhausted_NothingSe
   ASSERT_OK(Assign({7, 7, 7}));
 }
 
+// A write whose commit is synced before its answer (values over
+// prepare_max_bytes; here every write).
 TEST_F(ReplicationTruthTest, F4_DiskFullAfterTheWorkersTookIt_RepairFindsAndRewrites) {
+  core_ = Start(/*prepare_max_bytes=*/0);
+  ASSERT_OK(core_->Recover());
   log_.refuse_appends = true;
   EXPECT_THAT(Assign({7, 7, 7}), StatusIs(absl::StatusCode::kResourceExhausted));
   log_.refuse_appends = false;
@@ -213,6 +220,33 @@ TEST_F(ReplicationTruthTest, F4_DiskFullAfterTheWorkersTookIt_RepairFindsAndRewr
   core_->ResyncStale();
   EXPECT_THAT(Disagreements(), ::testing::IsEmpty());
   EXPECT_EQ(Floats(*core_->Read("w")->value), (std::vector<float>{1, 2, 3}));
+}
+
+// A small write is decided (WritePrepared) before anything is sent: a full
+// disk refuses it there, with nothing sent and nothing changed.
+TEST_F(ReplicationTruthTest, F4_DiskFullBeforeASmallWrite_RefusedBeforeAnythingIsSent) {
+  const int calls = workers_.calls();
+  const std::string before = core_->registry().Read([](const ClusterState& s) { return s.Dump(); });
+  log_.refuse_appends = true;
+  EXPECT_THAT(Assign({7, 7, 7}), StatusIs(absl::StatusCode::kResourceExhausted));
+  log_.refuse_appends = false;
+  EXPECT_EQ(workers_.calls(), calls);
+  EXPECT_EQ(core_->registry().Read([](const ClusterState& s) { return s.Dump(); }), before);
+  EXPECT_THAT(Disagreements(), ::testing::IsEmpty());
+}
+
+// Once its WritePrepared is durable, a write's resolution must be recorded:
+// a log that refuses it stops the coordinator (as a failed sync does), and
+// the restart resolves the write, rather than the caller being told of a
+// failure that the next start would turn into a commit.
+TEST_F(ReplicationTruthTest, F4_DiskFullAfterAWriteWasDecided_StopsTheCoordinator) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        log_.appends_left = 1;  // the WritePrepared, not its resolution
+        (void)Assign({7, 7, 7});
+      },
+      "cannot be resolved in the state log");
 }
 
 TEST_F(ReplicationTruthTest, C6_IdempotencyTableFull_NewIdRefusedBeforeFanOut_RetriesAnswered) {

@@ -25,7 +25,9 @@ using ::repvar::testing::StatusIs;
 constexpr uint64_t kA = 0xA, kB = 0xB;  // stand-in checksums of local values
 
 // What a restarted coordinator recovers; it can stop recording new values
-// (the coordinator stopped between sending a value and recording it).
+// (the coordinator stopped between sending a value and recording it: the
+// write's WritePrepared was written but lost unsynced, its commit never
+// written).
 class StoppableLog final : public StateLog {
  public:
   absl::StatusOr<uint64_t> Append(Record& record) override {
@@ -33,6 +35,8 @@ class StoppableLog final : public StateLog {
       if (refuse_values && std::holds_alternative<ValueCommitted>(c)) {
         return absl::UnavailableError("the coordinator stopped");
       }
+      // Written, and lost by the stop before it was synced.
+      if (refuse_values && std::holds_alternative<WritePrepared>(c)) return ++lost_;
     }
     return records_.Append(record);
   }
@@ -41,6 +45,7 @@ class StoppableLog final : public StateLog {
 
  private:
   MemoryStateLog records_;
+  uint64_t lost_ = 1000;
 };
 
 class StepCoreTest : public ::testing::Test {

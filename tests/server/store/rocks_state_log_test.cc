@@ -17,6 +17,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
+#include "server/core/registry.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/power_loss_fs.h"
 #include "tests/testing/random_cluster.h"
 #include "tests/testing/status_matchers.h"
@@ -94,6 +96,58 @@ TEST_F(RocksStateLogTest, Reopen_RecoversExactlyWhatWasApplied_ThroughCheckpoint
   }
 }
 
+// A write decided (WritePrepared) and not resolved when the process
+// stopped is kept by checkpoints (taken here after every record) and
+// committed by the next start (Registry::Recover: roll-forward), answer
+// included; every replica of it is STALE until verified.
+TEST_F(RocksStateLogTest, PreparedWrite_KeptByCheckpoints_RolledForwardAtRecovery) {
+  repvar::testing::FakeClock clock;
+  uint64_t id = 0;
+  int64_t version = 0;
+  std::shared_ptr<const Tensor> value;
+  {
+    auto log = Open(Options(/*checkpoint_every=*/1));
+    RandomCluster cluster(5, log.get(), 3);
+    ASSERT_OK(cluster.core().Recover());
+    cluster.Run(60);
+    cluster.core().registry().Read([&](const ClusterState& s) {
+      for (const auto& [i, v] : s.variables()) {
+        id = i;
+        version = v.version;
+      }
+    });
+    ASSERT_NE(id, 0u);
+    value = F32({9, 9, 9});
+    WritePrepared p{
+        uint64_t{1} << 62,
+        {PreparedValue{id, version + 1, value->checksum, value}},
+        RequestRecorded{RequestKey{"req-prepared", 7}, "assign",
+                        std::vector<WriteOutcome>{{version + 1, value->checksum}}, clock.Now()}};
+    auto at = cluster.core().registry().CommitUnsynced(
+        [&](const ClusterState&) -> absl::StatusOr<Record> { return Record{{p}}; });
+    ASSERT_OK(at);
+    ASSERT_OK(cluster.core().registry().AwaitDurable(*at));
+    EXPECT_GT(log->stats().checkpoints, 1u);
+  }
+  EXPECT_THAT(Recovered(Options(1)), ::testing::HasSubstr("prepared 4611686018427387904"));
+
+  auto log = Open(Options(1));
+  Registry registry(RegistryOptions{.state = RandomCluster::StateOptions()}, &clock, log.get());
+  ASSERT_OK(registry.Recover());
+  registry.Read([&](const ClusterState& s) {
+    EXPECT_TRUE(s.prepared().empty());
+    const VariableRecord* v = s.FindId(id);
+    ASSERT_NE(v, nullptr);
+    EXPECT_EQ(v->version, version + 1);
+    EXPECT_EQ(v->checksum, value->checksum);
+    EXPECT_TRUE(v->needs_resync);
+    for (const ReplicaRecord& r : v->replicas) EXPECT_NE(r.state, ReplicaState::kUpToDate);
+  });
+  auto answer = registry.Outcome(RequestKey{"req-prepared", 7}, "assign");
+  ASSERT_OK(answer);
+  EXPECT_TRUE(answer->has_value()) << "the answer was not committed with the write";
+}
+
 TEST_F(RocksStateLogTest, RecoverThenContinue_IdsAndSequencesGoOn) {
   std::string expected;
   uint64_t last_sequence = 0;
@@ -164,7 +218,7 @@ TEST_F(RocksStateLogTest, NoRoom_ResourceExhausted_NothingChanges_ThenWritesAgai
 
   fs_->SetFreeSpace(std::nullopt);
   EXPECT_OK(cluster.core().Assign({}, {"w", AssignOp::kAssign, F32({1, 2, 3})}));
-  EXPECT_EQ(log->stats().last_sequence, sequence + 1);
+  EXPECT_EQ(log->stats().last_sequence, sequence + 2);  // WritePrepared, its commit
 }
 
 TEST_F(RocksStateLogTest, FailedSync_IsFatal) {
