@@ -6,9 +6,11 @@
 #ifndef REPVAR_TESTS_TESTING_RANDOM_CLUSTER_H_
 #define REPVAR_TESTS_TESTING_RANDOM_CLUSTER_H_
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -75,8 +77,16 @@ class RandomCluster {
       case 3:
       case 4: {
         const AssignOp op = Pick(2) ? AssignOp::kAssign : AssignOp::kAdd;
-        (void)core_->Assign({absl::StrCat("a", Pick(30)), static_cast<uint64_t>(Pick(3))},
-                            {Name(), op, Value(n_)});
+        const std::string name = Name();
+        const server::RequestKey key{absl::StrCat("a", Pick(30)), static_cast<uint64_t>(Pick(3))};
+        auto done = core_->Assign(key, {name, op, Value(n_)});
+        // A request id answered before gets that answer again (C6), which
+        // may be of another variable: only a first answer counts.
+        if (done.ok() && answered_keys_.insert({key.id, key.digest}).second) {
+          if (auto v = core_->GetVariable(name); v.ok()) {
+            answered_[v->id] = std::max(answered_[v->id], done->version);
+          }
+        }
         break;
       }
       case 5:
@@ -106,6 +116,8 @@ class RandomCluster {
   }
 
   server::Coordinator& core() { return *core_; }
+  // The highest version each variable (by id) was answered for by a write.
+  const std::map<uint64_t, int64_t>& answered() const { return answered_; }
   std::string CoordinatorState() {
     return core_->registry().Read([](const server::ClusterState& s) { return s.Dump(); });
   }
@@ -205,6 +217,8 @@ class RandomCluster {
   server::MemoryStateLog log_;
   std::unique_ptr<server::Coordinator> core_;
   std::map<int, uint64_t> incarnation_;
+  std::map<uint64_t, int64_t> answered_;
+  std::set<std::pair<std::string, uint64_t>> answered_keys_;  // request keys answered OK
   int64_t step_ = 0;
 };
 

@@ -6,7 +6,10 @@
 // was not synced is then lost, and the state recovered from what is left
 // must hold every record the log reported durable (StateLog::Durable: what
 // any answer waits for), followed by at most some of the records appended
-// after them, in order - nothing acknowledged lost, nothing invented. The
+// after them, in order - nothing acknowledged lost, nothing invented - and a
+// coordinator started on it (which rolls forward writes decided by a synced
+// WritePrepared whose commit was not synced) must hold every write it
+// answered. The
 // negative control runs the same trials without syncs and must lose
 // acknowledged records, or the test proves nothing.
 #include <gtest/gtest.h>
@@ -17,7 +20,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/core/registry.h"
 #include "server/store/rocks_state_log.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/power_loss_fs.h"
 #include "tests/testing/random_cluster.h"
 #include "tests/testing/status_matchers.h"
@@ -82,10 +87,12 @@ class AcknowledgedLog final : public StateLog {
 };
 
 struct Trial {
-  uint64_t mutations = 0;  // file system operations the run made
-  bool cut = false;        // the power went off before the run ended
-  bool recovered = false;  // the data dir opened and recovered
-  bool same = false;       // into the acknowledged state (+ some unacknowledged records)
+  uint64_t mutations = 0;     // file system operations the run made
+  bool cut = false;           // the power went off before the run ended
+  bool recovered = false;     // the data dir opened and recovered
+  bool same = false;          // into the acknowledged state (+ some unacknowledged records)
+  bool answers_kept = false;  // every answered write at or below its variable's version
+  uint64_t answered = 0;      // variables written with an answer
   std::string detail;
 };
 
@@ -107,18 +114,20 @@ Trial RunTrial(const std::string& dir, uint64_t seed, bool sync, uint64_t cut_at
   o.on_fatal = [](const absl::Status&) {};  // the process is "dead" anyway
   Trial trial;
   std::unique_ptr<AcknowledgedLog> acknowledged;
+  std::map<uint64_t, int64_t> answered;
   {
     auto log = RocksStateLog::Open(o);
-    if (!log.ok()) return {0, false, false, false, log.status().ToString()};
+    if (!log.ok()) return {.detail = log.status().ToString()};
     acknowledged = std::make_unique<AcknowledgedLog>(log->get());
     RandomCluster cluster(seed, acknowledged.get(), 1 + static_cast<int>(rng() % 6));
-    if (!cluster.core().Recover().ok()) return {0, false, false, false, "first recover"};
+    if (!cluster.core().Recover().ok()) return {.detail = "first recover"};
     const uint64_t before = fs->mutations();
     if (cut_at > 0) fs->CutPowerAt(cut_at);
     cluster.Start();
     for (int i = 0; i < 100 && !fs->power_cut(); ++i) cluster.Step();
     trial.mutations = fs->mutations() - before;
     trial.cut = fs->power_cut();
+    answered = cluster.answered();
   }  // the "process" ends; its writes after the cut all failed
   fs->LoseUnsyncedData();
 
@@ -136,6 +145,35 @@ Trial RunTrial(const std::string& dir, uint64_t seed, bool sync, uint64_t cut_at
   }
   trial.recovered = true;
   trial.same = acknowledged->Explains(state.Dump(), &trial.detail);
+  if (!trial.same) return trial;
+
+  // What callers were told: a coordinator starting on what is left (its
+  // recovery rolls forward the writes decided before the cut, whose
+  // commits were not synced) holds every write it answered.
+  log->reset();
+  log = RocksStateLog::Open(o);
+  if (!log.ok()) {
+    trial.detail = log.status().ToString();
+    return trial;
+  }
+  repvar::testing::FakeClock clock;
+  Registry registry(RegistryOptions{.state = RandomCluster::StateOptions()}, &clock, log->get());
+  if (absl::Status s = registry.Recover(); !s.ok()) {
+    trial.detail = s.ToString();
+    return trial;
+  }
+  trial.answered = answered.size();
+  trial.answers_kept = registry.Read([&](const ClusterState& s) {
+    for (const auto& [id, version] : answered) {
+      const VariableRecord* v = s.FindId(id);
+      if (v != nullptr && v->version < version) {
+        trial.detail = absl::StrCat("variable ", v->def.name, " (id ", id, ") was answered for ",
+                                    "version ", version, " and is at version ", v->version);
+        return false;
+      }
+    }
+    return true;
+  });
   return trial;
 }
 
@@ -150,13 +188,17 @@ Trial CutTrial(const std::string& dir, uint64_t seed, bool sync) {
 TEST(PowerLossTest, CutAtARandomWrite_RecoversExactlyWhatWasAcknowledged) {
   repvar::testing::TempDir dir;
   int cuts = 0;
+  uint64_t answered = 0;
   for (uint64_t seed = 1; cuts < 100 && seed <= 150; ++seed) {
     Trial t = CutTrial(dir.path() + "/data", seed, /*sync=*/true);
     ASSERT_TRUE(t.recovered) << "seed " << seed << ": " << t.detail;
     ASSERT_TRUE(t.same) << "seed " << seed << ": " << t.detail;
+    ASSERT_TRUE(t.answers_kept) << "seed " << seed << ": " << t.detail;
     cuts += t.cut;
+    answered += t.answered;
   }
   EXPECT_EQ(cuts, 100) << "trials in which the power went off mid-run";
+  EXPECT_GT(answered, 30u) << "variables written with an answer, over all trials";
 }
 
 TEST(PowerLossTest, NegativeControl_WithoutSyncs_AcknowledgedRecordsAreLost) {
