@@ -35,7 +35,6 @@ ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(10),
 ABSL_FLAG(std::string, expected_tasks, "",
           "tasks the cluster waits for, as job:count[,job:count], e.g. tpu_worker:3,worker:1");
 ABSL_FLAG(int64_t, max_variable_bytes, int64_t{64} << 30, "largest variable accepted");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
 ABSL_FLAG(bool, data_plane, true,
           "large writes to 3+ workers go to one root worker, which broadcasts them over gloo");
 ABSL_FLAG(int64_t, data_plane_min_bytes, 1 << 20, "smallest write the data plane carries");
@@ -98,9 +97,11 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   repvar::BlockShutdownSignals();
   repvar::InstallCrashHandler();
-  absl::SetProgramUsageMessage("repvar coordinator daemon");
-  absl::ParseCommandLine(argc, argv);
-  repvar::InitLogging({"coordinator", absl::GetFlag(FLAGS_log_level)});
+  repvar::ParseDaemonFlags(argc, argv, "the repvar coordinator daemon (state, placement, steps)");
+  if (absl::Status s = repvar::InitDaemonLogging("coordinator"); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
 
   repvar::server::CoordinatorOptions options;
   options.membership.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);

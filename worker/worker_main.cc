@@ -43,7 +43,6 @@ ABSL_FLAG(std::string, devices, "", "comma-separated full device names of this h
 ABSL_FLAG(int32_t, tpu_devices, -1,
           "instead of --devices: this many virtual TPU devices (plus CPU:0)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port here (atomically) once serving");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn or error");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "memory lent to tensors being received at once; beyond it writes get "
           "RESOURCE_EXHAUSTED (0: half the machine's memory)");
@@ -54,11 +53,14 @@ int main(int argc, char** argv) {
   repvar::TuneMallocForBulkTransfers();
   repvar::BlockShutdownSignals();
   repvar::InstallCrashHandler();
-  absl::SetProgramUsageMessage("repvar worker daemon");
-  absl::ParseCommandLine(argc, argv);
+  repvar::ParseDaemonFlags(argc, argv, "the repvar worker daemon (replicas of one host)");
   const std::string job = absl::GetFlag(FLAGS_job);
   const int32_t task = absl::GetFlag(FLAGS_task);
-  repvar::InitLogging({absl::StrCat("worker-", job, "-", task), absl::GetFlag(FLAGS_log_level)});
+  if (absl::Status s = repvar::InitDaemonLogging(absl::StrCat("worker-", job, "-", task));
+      !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
 
   std::string coordinator = absl::GetFlag(FLAGS_coordinator_address);
   if (coordinator.empty()) {

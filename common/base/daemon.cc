@@ -5,14 +5,81 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <vector>
 
 #include "absl/debugging/failure_signal_handler.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/logging.h"
+#include "common/base/version.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(
+    std::string, log_level, "info",
+    "trace, debug, info, warn, error, critical or off (any case); $SPDLOG_LEVEL overrides it");
+ABSL_FLAG(std::string, log_format, "text",
+          "text (one line per message) or json (one object per line: time, level, logger, pid, "
+          "msg)");
 
 namespace repvar {
+
+std::string VersionString(absl::string_view program) {
+  return absl::StrCat(program, " ", kVersion, " (commit ", kGitCommit, ", ", kBuildType, " build)");
+}
+
+namespace {
+std::string& Program() {
+  static auto* program = new std::string("repvar");
+  return *program;
+}
+}  // namespace
+
+void ParseDaemonFlags(int argc, char** argv, absl::string_view what) {
+  const std::string program = argc > 0 ? std::string(absl::string_view(argv[0]).substr(
+                                             absl::string_view(argv[0]).rfind('/') + 1))
+                                       : std::string("repvar");
+  absl::FlagsUsageConfig config;
+  // Every flag but Abseil's own (those are under --helpfull).
+  auto ours = [](absl::string_view file) { return !absl::StrContains(file, "absl/"); };
+  config.contains_help_flags = ours;
+  config.contains_helpshort_flags = ours;
+  config.version_string = [program] { return VersionString(program) + "\n"; };
+  absl::SetFlagsUsageConfig(config);
+  Program() = program;
+  absl::SetProgramUsageMessage(what);
+  absl::ParseCommandLine(argc, argv);
+}
+
+absl::Status InitDaemonLogging(const std::string& name) {
+  const std::string level = absl::GetFlag(FLAGS_log_level);
+  const std::string format = absl::GetFlag(FLAGS_log_format);
+  if (absl::Status s = ParseLogLevel(level).status(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--log_level=", level, ": ", s.message()));
+  }
+  if (absl::Status s = InitLogging({name, level, format}); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--log_format=", format, ": ", s.message()));
+  }
+  spdlog::info("{} starting", VersionString(Program()));
+  std::vector<std::string> given;
+  for (const auto& [flag_name, flag] : absl::GetAllFlags()) {
+    if (flag->CurrentValue() != flag->DefaultValue()) {
+      given.push_back(absl::StrCat("--", flag_name, "=", flag->CurrentValue()));
+    }
+  }
+  std::sort(given.begin(), given.end());
+  spdlog::debug("flags not at their defaults: {}", absl::StrJoin(given, " "));
+  return absl::OkStatus();
+}
 
 absl::Status WritePortFile(const std::string& path, int port) {
   std::string tmp = absl::StrCat(path, ".tmp.", getpid());

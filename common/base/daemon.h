@@ -6,8 +6,22 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace repvar {
+
+// "repvar-coordinator 0.1.0 (commit 0123456789ab, Release build)".
+std::string VersionString(absl::string_view program);
+
+// Parses a daemon's command line (absl flags; --flagfile works). --help
+// lists every repvar flag with its meaning (those of the shared libraries
+// too: --log_level, --log_format), --helpfull adds Abseil's, and --version
+// prints VersionString. `what`: one line saying what the daemon is.
+void ParseDaemonFlags(int argc, char** argv, absl::string_view what);
+
+// Logging as --log_level and --log_format say, for the logger `name`.
+// Errors: INVALID_ARGUMENT naming the flag (the daemon exits 2).
+absl::Status InitDaemonLogging(const std::string& name);
 
 // Writes "<port>\n" to `path` through a temporary file, fsync and rename, so a
 // reader never sees a partial file.

@@ -4,15 +4,33 @@
 
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "spdlog/common.h"
+
 namespace repvar {
 
 struct LogOptions {
   std::string name = "repvar";
-  std::string level = "info";  // trace, debug, info, warn, error; SPDLOG_LEVEL overrides
+  // trace, debug, info, warn (warning), error, critical or off, in any case;
+  // $SPDLOG_LEVEL overrides it.
+  std::string level = "info";
+  // "text": one line per message; "json": one JSON object per line, with
+  // the keys time, level, logger, pid and msg.
+  std::string format = "text";
 };
 
-// Call once in main(): stderr sink, one pattern for every daemon.
-void InitLogging(const LogOptions& options);
+// The level `name` names. Errors: INVALID_ARGUMENT naming the levels.
+absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(absl::string_view name);
+
+// Call once in main(): stderr sink, one pattern for every daemon. Errors:
+// INVALID_ARGUMENT (an unknown level or format); nothing changes then.
+absl::Status InitLogging(const LogOptions& options);
+
+// `text` as the inside of a JSON string (quotes, backslashes and control
+// characters escaped; bytes that are not UTF-8 replaced by U+FFFD).
+std::string JsonEscape(absl::string_view text);
 
 }  // namespace repvar
 

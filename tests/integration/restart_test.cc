@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
 #include "repvar/client.h"
 #include "repvar/step.h"
 #include "tests/testing/started_cluster.h"
@@ -208,9 +209,10 @@ TEST_F(RestartTest, F6_StepIdsAndEpochsGoOn_AnOpenStepIsAbortedByTheRestart) {
 }
 
 // Runs the coordinator with `flags`; its exit code (124: still running
-// after 20 s).
-int RunCoordinator(const std::string& dir, const std::vector<std::string>& flags) {
-  const std::string cmd = absl::StrCat("timeout 20 ", BinaryPath("server/repvar-coordinator"), " ",
+// after `seconds`), its output appended to `dir`/refused.log.
+int RunCoordinator(const std::string& dir, const std::vector<std::string>& flags, int seconds = 20,
+                   const std::string& binary = "server/repvar-coordinator") {
+  const std::string cmd = absl::StrCat("timeout ", seconds, " ", BinaryPath(binary), " ",
                                        absl::StrJoin(flags, " "), " >>", dir, "/refused.log 2>&1");
   const int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -227,6 +229,66 @@ TEST(CoordinatorStartup, ExactlyOneOfDataDirAndEphemeral_ElseExit2) {
   EXPECT_EQ(RunCoordinator(dir.path(), {"--ephemeral", "--data_dir=" + dir.path() + "/d"}), 2);
   EXPECT_THAT(ReadAll(dir.path() + "/refused.log"),
               ::testing::HasSubstr("give exactly one of --data_dir=DIR"));
+}
+
+// Operators can read what a daemon takes: --help lists every repvar flag
+// with its meaning (the shared logging flags too), --version says what was
+// built.
+TEST(DaemonFlags, Help_ListsEveryFlagWithItsMeaning_VersionNamesCommitAndBuild) {
+  for (const std::string binary : {"server/repvar-coordinator", "worker/repvar-worker"}) {
+    testing::TempDir dir;
+    EXPECT_EQ(RunCoordinator(dir.path(), {"--help"}, 20, binary), 1);  // Abseil's code for help
+    const std::string help = ReadAll(dir.path() + "/refused.log");
+    EXPECT_THAT(help, ::testing::Not(::testing::HasSubstr("No flags matched"))) << binary;
+    for (const char* flag :
+         {"--log_level (trace, debug", "--log_format (text", "--listen_address ("}) {
+      EXPECT_THAT(help, ::testing::HasSubstr(flag)) << binary;
+    }
+    EXPECT_THAT(help,
+                ::testing::HasSubstr(binary == "worker/repvar-worker" ? "--coordinator_address"
+                                                                      : "--data_dir ("))
+        << binary;
+    std::filesystem::remove(dir.path() + "/refused.log");
+    EXPECT_EQ(RunCoordinator(dir.path(), {"--version"}, 20, binary), 0);
+    EXPECT_THAT(
+        ReadAll(dir.path() + "/refused.log"),
+        ::testing::MatchesRegex("repvar-(coordinator|worker) [0-9]+\\.[0-9]+\\.[0-9]+ \\(commit "
+                                "([0-9a-f]{12}(-dirty)?|unknown), [A-Za-z]+ build\\)\n"))
+        << binary;
+  }
+}
+
+// A log level or format the daemon does not know stops it at startup (exit
+// 2, naming the flag) - "DEBUG" used to turn logging off silently - and
+// --log_format=json writes one JSON object per line.
+TEST(DaemonFlags, LogLevelAndFormat_UnknownExit2_JsonLinesParse) {
+  testing::TempDir dir;
+  const std::string log = dir.path() + "/refused.log";
+  EXPECT_EQ(RunCoordinator(dir.path(), {"--ephemeral", "--log_level=loud"}), 2);
+  EXPECT_THAT(ReadAll(log), ::testing::HasSubstr("--log_level=loud: unknown log level"));
+  EXPECT_EQ(RunCoordinator(dir.path(), {"--ephemeral", "--log_format=xml"}), 2);
+  EXPECT_THAT(ReadAll(log), ::testing::HasSubstr("--log_format=xml: unknown log format"));
+  std::filesystem::remove(log);
+
+  // Valid: it starts and runs until `timeout` stops it (124).
+  EXPECT_EQ(RunCoordinator(dir.path(),
+                           {"--ephemeral", "--listen_address=127.0.0.1:0", "--log_level=DEBUG",
+                            "--log_format=json", "--port_file=" + dir.path() + "/port"},
+                           3),
+            124);
+  std::ifstream in(log);
+  int lines = 0, debug = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << "not JSON: " << line;
+    ASSERT_TRUE(j.contains("time") && j.contains("level") && j.contains("msg")) << line;
+    EXPECT_EQ(j["logger"], "coordinator");
+    debug += j["level"] == "debug";
+    ++lines;
+  }
+  EXPECT_GT(lines, 2);
+  EXPECT_GT(debug, 0) << "--log_level=DEBUG did not log at debug";
 }
 
 TEST_F(RestartTest, SecondCoordinatorOnTheDataDirOrThePort_Refused) {
