@@ -190,13 +190,19 @@ int main(int argc, char** argv) {
   repvar::server::AdminService admin_service(&core);
 
   int port = 0;
-  auto server = repvar::StartGrpcServer(
-      absl::GetFlag(FLAGS_listen_address), {&workers_service, &trainers_service, &admin_service},
-      absl::GetFlag(FLAGS_port_file), &port, absl::GetFlag(FLAGS_max_rpc_threads));
+  const std::vector<repvar::ServedService> services = {
+      {&workers_service, repvar::v1::CoordinatorWorkers::service_full_name()},
+      {&trainers_service, repvar::v1::CoordinatorTrainers::service_full_name()},
+      {&admin_service, repvar::v1::CoordinatorAdmin::service_full_name()}};
+  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address), services,
+                                        absl::GetFlag(FLAGS_port_file), &port,
+                                        absl::GetFlag(FLAGS_max_rpc_threads));
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 1;
   }
+  // Ready: the state was recovered before the server started.
+  repvar::SetServing(**server, services, true);
   spdlog::info("coordinator serving on port {} (heartbeat timeout {})", port,
                absl::FormatDuration(options.membership.heartbeat_timeout));
 

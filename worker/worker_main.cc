@@ -112,8 +112,10 @@ int main(int argc, char** argv) {
   int port = 0;
   // The port file is written once the agent runs (below), so a waiter sees a
   // worker that serves and registers.
-  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address),
-                                        {&replicas_service, &steps_service}, "", &port);
+  const std::vector<repvar::ServedService> services = {
+      {&replicas_service, repvar::v1::WorkerReplicas::service_full_name()},
+      {&steps_service, repvar::v1::WorkerSteps::service_full_name()}};
+  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address), services, "", &port);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 1;
@@ -124,6 +126,7 @@ int main(int argc, char** argv) {
   absl::Notification stop;
   absl::Notification registered;
   std::thread agent_thread([&] {
+    bool serving = false;
     absl::Time next = absl::Now();
     while (
         !stop.WaitForNotificationWithTimeout(std::max(next - absl::Now(), absl::ZeroDuration()))) {
@@ -133,10 +136,13 @@ int main(int argc, char** argv) {
         kill(getpid(), SIGTERM);
         return;
       }
-      if (agent.state() == repvar::worker::WorkerAgent::State::kRegistered &&
-          !registered.HasBeenNotified()) {
-        registered.Notify();
+      // Health: SERVING while registered (listed, replicas resynced).
+      const bool now = agent.state() == repvar::worker::WorkerAgent::State::kRegistered;
+      if (now != serving) {
+        serving = now;
+        repvar::SetServing(**server, services, serving);
       }
+      if (now && !registered.HasBeenNotified()) registered.Notify();
     }
   });
   spdlog::info("worker {}:{} serving on {} (incarnation {}, {} devices), coordinator {}", job, task,

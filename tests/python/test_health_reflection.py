@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Operators and tools can ask the daemons what they serve and whether they
+are ready: grpc.health.v1 per service (SERVING once ready; an unknown
+service is NOT_FOUND) and server reflection (grpcurl-style listing), both
+through stubs generated at test time from Debian's grpc-proto files (its
+python3-grpcio has no grpc_health/grpc_reflection modules)."""
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+PROTOS = "/usr/share/grpc-proto"
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory):
+    # Compiled under names of their own: the grpc package cannot take
+    # modules from another directory.
+    out = str(tmp_path_factory.mktemp("grpc-stubs"))
+    for proto, name in (("grpc/health/v1/health.proto", "health"),
+                        ("grpc/reflection/v1alpha/reflection.proto", "reflection")):
+        shutil.copy(os.path.join(PROTOS, proto), os.path.join(out, name + ".proto"))
+        subprocess.run(["protoc", f"-I{out}", f"--python_out={out}", f"--grpc_python_out={out}",
+                        "--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin",
+                        os.path.join(out, name + ".proto")], check=True)
+    sys.path.insert(0, out)
+    try:
+        yield {name: importlib.import_module(name) for name in (
+            "health_pb2", "health_pb2_grpc", "reflection_pb2", "reflection_pb2_grpc")}
+    finally:
+        sys.path.remove(out)
+
+
+def check(stubs, address, service):
+    pb = stubs["health_pb2"]
+    with grpc.insecure_channel(address) as channel:
+        stub = stubs["health_pb2_grpc"].HealthStub(channel)
+        try:
+            status = stub.Check(pb.HealthCheckRequest(service=service), timeout=10).status
+        except grpc.RpcError as e:
+            return e.code()
+    return pb.HealthCheckResponse.ServingStatus.Name(status)
+
+
+def test_health_per_service_serving_once_ready_unknown_not_found(stubs, client, cluster):
+    for service in ("", "repvar.v1.CoordinatorWorkers", "repvar.v1.CoordinatorTrainers",
+                    "repvar.v1.CoordinatorAdmin"):
+        assert check(stubs, cluster, service) == "SERVING", service
+    assert check(stubs, cluster, "repvar.v1.NoSuchService") == grpc.StatusCode.NOT_FOUND
+    workers = [t.address for t in client.topology().tasks]
+    assert len(workers) == 4
+    for address in workers:
+        for service in ("", "repvar.v1.WorkerReplicas", "repvar.v1.WorkerSteps"):
+            assert check(stubs, address, service) == "SERVING", (address, service)
+
+
+def list_services(stubs, address):
+    pb = stubs["reflection_pb2"]
+    with grpc.insecure_channel(address) as channel:
+        stub = stubs["reflection_pb2_grpc"].ServerReflectionStub(channel)
+        requests = [pb.ServerReflectionRequest(list_services=""),
+                    pb.ServerReflectionRequest(
+                        file_containing_symbol="repvar.v1.CoordinatorTrainers")]
+        answers = list(stub.ServerReflectionInfo(iter(requests), timeout=10))
+    names = {s.name for s in answers[0].list_services_response.service}
+    return names, answers[1]
+
+
+def test_reflection_lists_the_services_and_describes_them(stubs, client, cluster):
+    names, described = list_services(stubs, cluster)
+    assert {"repvar.v1.CoordinatorWorkers", "repvar.v1.CoordinatorTrainers",
+            "repvar.v1.CoordinatorAdmin", "grpc.health.v1.Health"} <= names
+    files = described.file_descriptor_response.file_descriptor_proto
+    assert files, described
+    from google.protobuf import descriptor_pb2
+    parsed = [descriptor_pb2.FileDescriptorProto.FromString(f) for f in files]
+    methods = {m.name for f in parsed for s in f.service if s.name == "CoordinatorTrainers"
+               for m in s.method}
+    assert {"AssignVariable", "ReadVariable", "BeginStep"} <= methods
+    worker = client.topology().tasks[0].address
+    worker_names, _ = list_services(stubs, worker)
+    assert {"repvar.v1.WorkerReplicas", "repvar.v1.WorkerSteps"} <= worker_names
