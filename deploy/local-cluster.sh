@@ -31,6 +31,7 @@ pids=()
 stop_all() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -f "$data"/*.port  # no stale ports for the next reader
 }
 trap stop_all EXIT
 trap 'exit 130' INT TERM
@@ -44,7 +45,10 @@ wait_port() {  # file -> prints the port once the daemon has written it
   return 1
 }
 
-"$build/server/repvar-coordinator" --listen_address=127.0.0.1:0 --port_file="$data/coordinator.port" \
+# --exit_with_parent: the daemons stop with this script even if it is killed
+# with SIGKILL (no trap runs then).
+"$build/server/repvar-coordinator" --exit_with_parent --listen_address=127.0.0.1:0 \
+  --port_file="$data/coordinator.port" \
   --expected_tasks=tpu_worker:3,worker:1 --heartbeat_timeout=5s --data_dir="$data/coordinator-data" \
   2>"$data/coordinator.log" &
 pids+=($!)
@@ -52,11 +56,11 @@ port=$(wait_port "$data/coordinator.port")
 export REPVAR_COORDINATOR_ADDRESS=127.0.0.1:$port
 echo "coordinator on $REPVAR_COORDINATOR_ADDRESS (logs in $data)"
 for t in 0 1 2; do
-  "$build/worker/repvar-worker" --job=tpu_worker --task=$t --tpu_devices=2 \
+  "$build/worker/repvar-worker" --exit_with_parent --job=tpu_worker --task=$t --tpu_devices=2 \
     --port_file="$data/tpu_worker-$t.port" 2>"$data/tpu_worker-$t.log" &
   pids+=($!)
 done
-"$build/worker/repvar-worker" --job=worker --task=0 --tpu_devices=0 \
+"$build/worker/repvar-worker" --exit_with_parent --job=worker --task=0 --tpu_devices=0 \
   --port_file="$data/worker-0.port" 2>"$data/worker-0.log" &
 pids+=($!)
 

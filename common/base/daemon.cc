@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,9 @@
 ABSL_FLAG(
     std::string, log_level, "info",
     "trace, debug, info, warn, error, critical or off (any case); $SPDLOG_LEVEL overrides it");
+ABSL_FLAG(bool, exit_with_parent, false,
+          "shut down (as on SIGTERM) when the process that started this one dies, even by "
+          "SIGKILL: no daemon outlives a script that started it (deploy/local-cluster.sh)");
 ABSL_FLAG(std::string, log_format, "text",
           "text (one line per message) or json (one object per line: time, level, logger, pid, "
           "msg)");
@@ -57,7 +61,15 @@ void ParseDaemonFlags(int argc, char** argv, absl::string_view what) {
   absl::SetFlagsUsageConfig(config);
   Program() = program;
   absl::SetProgramUsageMessage(what);
+  const pid_t parent = getppid();
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_exit_with_parent)) {
+    // SIGTERM is blocked (BlockShutdownSignals) and taken by
+    // WaitForShutdownSignal: the parent's death starts a clean shutdown. A
+    // parent that died before prctl is seen as a new parent.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) kill(getpid(), SIGTERM);
+  }
 }
 
 absl::Status InitDaemonLogging(const std::string& name) {

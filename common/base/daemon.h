@@ -15,8 +15,9 @@ std::string VersionString(absl::string_view program);
 
 // Parses a daemon's command line (absl flags; --flagfile works). --help
 // lists every repvar flag with its meaning (those of the shared libraries
-// too: --log_level, --log_format), --helpfull adds Abseil's, and --version
-// prints VersionString. `what`: one line saying what the daemon is.
+// too: --log_level, --log_format, --exit_with_parent), --helpfull adds
+// Abseil's, and --version prints VersionString. `what`: one line saying
+// what the daemon is. Call after BlockShutdownSignals.
 void ParseDaemonFlags(int argc, char** argv, absl::string_view what);
 
 // Logging as --log_level and --log_format say, for the logger `name`.

@@ -7,7 +7,9 @@
 // would split the state: no data dir choice, a data dir in use, a busy port.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -289,6 +291,51 @@ TEST(DaemonFlags, LogLevelAndFormat_UnknownExit2_JsonLinesParse) {
   }
   EXPECT_GT(lines, 2);
   EXPECT_GT(debug, 0) << "--log_level=DEBUG did not log at debug";
+}
+
+// --exit_with_parent: a daemon whose starter (a shell, as in
+// deploy/local-cluster.sh) is SIGKILLed - no trap runs - shuts down on its
+// own; without the flag it outlives the shell (the control case).
+TEST(DaemonFlags, ExitWithParent_DaemonStopsWhenItsStarterIsKilled) {
+  // Orphans come to this process, which can then wait for them.
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  for (const bool flag : {true, false}) {
+    testing::TempDir dir;
+    const std::string cmd = absl::StrCat(
+        BinaryPath("server/repvar-coordinator"), " --ephemeral --listen_address=127.0.0.1:0",
+        " --port_file=", dir.path(), "/port", flag ? " --exit_with_parent" : "", " 2>>", dir.path(),
+        "/log & echo $! >", dir.path(), "/pid; wait");
+    const pid_t shell = fork();
+    ASSERT_GE(shell, 0);
+    if (shell == 0) {
+      execl("/bin/bash", "bash", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (ReadAll(dir.path() + "/port").empty() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_FALSE(ReadAll(dir.path() + "/port").empty()) << ReadAll(dir.path() + "/log");
+    const pid_t daemon = std::stoi(ReadAll(dir.path() + "/pid"));
+    ASSERT_EQ(kill(shell, SIGKILL), 0);
+    ASSERT_EQ(waitpid(shell, nullptr, 0), shell);
+    // Gone within a few seconds (or, without the flag, still there after 2 s).
+    int status = 0;
+    pid_t reaped = 0;
+    const absl::Time until = absl::Now() + absl::Seconds(flag ? 10 : 2);
+    while ((reaped = waitpid(daemon, &status, WNOHANG)) == 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (flag) {
+      ASSERT_EQ(reaped, daemon) << "the daemon outlived its killed parent";
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "not a clean shutdown";
+      EXPECT_THAT(ReadAll(dir.path() + "/log"), ::testing::HasSubstr("shutting down"));
+    } else {
+      EXPECT_EQ(reaped, 0) << "the control case stopped without the flag";
+      kill(daemon, SIGTERM);
+      waitpid(daemon, nullptr, 0);
+    }
+  }
 }
 
 TEST_F(RestartTest, SecondCoordinatorOnTheDataDirOrThePort_Refused) {
