@@ -102,6 +102,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;
   }
+  if (absl::Status s = repvar::CheckPlaintextAllowed(
+          "listen_address", absl::GetFlag(FLAGS_listen_address), repvar::InsecureFlag());
+      !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
 
   repvar::server::CoordinatorOptions options;
   options.membership.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);

@@ -61,6 +61,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;
   }
+  if (absl::Status s = repvar::CheckPlaintextAllowed(
+          "listen_address", absl::GetFlag(FLAGS_listen_address), repvar::InsecureFlag());
+      !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
 
   std::string coordinator = absl::GetFlag(FLAGS_coordinator_address);
   if (coordinator.empty()) {

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/base/daemon.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/base/logging.h"
 #include "common/base/version.h"
 #include "spdlog/spdlog.h"
@@ -28,6 +31,10 @@
 ABSL_FLAG(
     std::string, log_level, "info",
     "trace, debug, info, warn, error, critical or off (any case); $SPDLOG_LEVEL overrides it");
+ABSL_FLAG(bool, insecure, false,
+          "serve gRPC in plaintext, without authentication, on a non-loopback address (refused "
+          "without it; logged as a warning with it). Bulk data-plane bytes are plaintext either "
+          "way (gloo), covered by chunk checksums");
 ABSL_FLAG(bool, exit_with_parent, false,
           "shut down (as on SIGTERM) when the process that started this one dies, even by "
           "SIGKILL: no daemon outlives a script that started it (deploy/local-cluster.sh)");
@@ -36,6 +43,38 @@ ABSL_FLAG(std::string, log_format, "text",
           "msg)");
 
 namespace repvar {
+
+bool IsLoopback(absl::string_view address) {
+  absl::string_view host = address;
+  if (absl::ConsumePrefix(&host, "[")) {
+    host = host.substr(0, host.find(']'));
+  } else if (size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
+    host = host.substr(0, colon);
+  }
+  if (host == "localhost" || host == "::1") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, std::string(host).c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  return false;
+}
+
+absl::Status CheckPlaintextAllowed(absl::string_view flag, absl::string_view address,
+                                   bool insecure) {
+  if (IsLoopback(address)) return absl::OkStatus();
+  if (!insecure) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--", flag, "=", address,
+        " is not a loopback address, and this build serves gRPC without TLS or tokens: anyone "
+        "who reaches it could read and write every variable. Serve on 127.0.0.1, or pass "
+        "--insecure on a network only the cluster can reach"));
+  }
+  spdlog::warn("--insecure: serving gRPC in plaintext without authentication on {} ({})",
+               std::string(address), std::string(flag));
+  return absl::OkStatus();
+}
+
+bool InsecureFlag() { return absl::GetFlag(FLAGS_insecure); }
 
 std::string VersionString(absl::string_view program) {
   return absl::StrCat(program, " ", kVersion, " (commit ", kGitCommit, ", ", kBuildType, " build)");

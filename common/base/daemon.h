@@ -20,6 +20,19 @@ std::string VersionString(absl::string_view program);
 // what the daemon is. Call after BlockShutdownSignals.
 void ParseDaemonFlags(int argc, char** argv, absl::string_view what);
 
+// Whether `address` ("host:port", "[v6]:port") names a loopback host:
+// 127.0.0.0/8, ::1 or localhost. "0.0.0.0", "[::]" and an empty host (every
+// interface) are not.
+bool IsLoopback(absl::string_view address);
+
+// X1 until the listeners have TLS: gRPC in plaintext on an address other
+// hosts can reach only with `insecure` (--insecure, warned about at
+// startup). Errors: FAILED_PRECONDITION naming the address and the flag.
+absl::Status CheckPlaintextAllowed(absl::string_view flag, absl::string_view address,
+                                   bool insecure);
+// --insecure, shared by the daemons.
+bool InsecureFlag();
+
 // Logging as --log_level and --log_format say, for the logger `name`.
 // Errors: INVALID_ARGUMENT naming the flag (the daemon exits 2).
 absl::Status InitDaemonLogging(const std::string& name);

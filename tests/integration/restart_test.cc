@@ -225,6 +225,17 @@ std::string ReadAll(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// X1 until TLS: a non-loopback listen address without --insecure stops the
+// coordinator before it binds anything (exit 2, naming the flag); loopback
+// serves.
+TEST(CoordinatorStartup, NonLoopbackWithoutInsecure_Exit2_LoopbackServes) {
+  testing::TempDir dir;
+  EXPECT_EQ(RunCoordinator(dir.path(), {"--ephemeral", "--listen_address=0.0.0.0:0"}), 2);
+  EXPECT_THAT(ReadAll(dir.path() + "/refused.log"),
+              ::testing::HasSubstr("--listen_address=0.0.0.0:0 is not a loopback address"));
+  EXPECT_EQ(RunCoordinator(dir.path(), {"--ephemeral", "--listen_address=127.0.0.1:0"}, 2), 124);
+}
+
 TEST(CoordinatorStartup, ExactlyOneOfDataDirAndEphemeral_ElseExit2) {
   testing::TempDir dir;
   EXPECT_EQ(RunCoordinator(dir.path(), {}), 2);
