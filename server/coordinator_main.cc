@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
   stop.Notify();
   ticker.join();
   repairer.join();
-  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*server)->Shutdown(absl::ToChronoTime(absl::Now() + repvar::ShutdownGrace()));
   (*server)->Wait();
   spdlog::info("coordinator stopped");
   return 0;

@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
   stop.Notify();
   agent_thread.join();
   (*server)->GetHealthCheckService()->Shutdown();
-  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*server)->Shutdown(absl::ToChronoTime(absl::Now() + repvar::ShutdownGrace()));
   (*server)->Wait();
   if (agent.state() == repvar::worker::WorkerAgent::State::kFenced) {
     spdlog::error("exiting: superseded by a newer incarnation of {}:{}", job, task);

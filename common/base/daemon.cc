@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "common/base/logging.h"
 #include "common/base/version.h"
 #include "spdlog/spdlog.h"
@@ -35,6 +36,9 @@ ABSL_FLAG(bool, insecure, false,
           "serve gRPC in plaintext, without authentication, on a non-loopback address (refused "
           "without it; logged as a warning with it). Bulk data-plane bytes are plaintext either "
           "way (gloo), covered by chunk checksums");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
+          "on SIGTERM, how long calls in flight may take to finish before they are cancelled "
+          "(the daemon exits as soon as none is left)");
 ABSL_FLAG(bool, exit_with_parent, false,
           "shut down (as on SIGTERM) when the process that started this one dies, even by "
           "SIGKILL: no daemon outlives a script that started it (deploy/local-cluster.sh)");
@@ -75,6 +79,10 @@ absl::Status CheckPlaintextAllowed(absl::string_view flag, absl::string_view add
 }
 
 bool InsecureFlag() { return absl::GetFlag(FLAGS_insecure); }
+
+absl::Duration ShutdownGrace() {
+  return std::max(absl::ZeroDuration(), absl::GetFlag(FLAGS_shutdown_grace));
+}
 
 std::string VersionString(absl::string_view program) {
   return absl::StrCat(program, " ", kVersion, " (commit ", kGitCommit, ", ", kBuildType, " build)");

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace repvar {
 
@@ -32,6 +33,8 @@ absl::Status CheckPlaintextAllowed(absl::string_view flag, absl::string_view add
                                    bool insecure);
 // --insecure, shared by the daemons.
 bool InsecureFlag();
+// --shutdown_grace: on SIGTERM, how long calls in flight may take.
+absl::Duration ShutdownGrace();
 
 // Logging as --log_level and --log_format say, for the logger `name`.
 // Errors: INVALID_ARGUMENT naming the flag (the daemon exits 2).
