@@ -98,12 +98,7 @@ int main(int argc, char** argv) {
   repvar::BlockShutdownSignals();
   repvar::InstallCrashHandler();
   repvar::ParseDaemonFlags(argc, argv, "the repvar coordinator daemon (state, placement, steps)");
-  if (absl::Status s = repvar::InitDaemonLogging("coordinator"); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (absl::Status s = repvar::CheckPlaintextAllowed(
-          "listen_address", absl::GetFlag(FLAGS_listen_address), repvar::InsecureFlag());
+  if (absl::Status s = repvar::StartDaemon("coordinator", absl::GetFlag(FLAGS_listen_address));
       !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;

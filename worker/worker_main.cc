@@ -56,13 +56,8 @@ int main(int argc, char** argv) {
   repvar::ParseDaemonFlags(argc, argv, "the repvar worker daemon (replicas of one host)");
   const std::string job = absl::GetFlag(FLAGS_job);
   const int32_t task = absl::GetFlag(FLAGS_task);
-  if (absl::Status s = repvar::InitDaemonLogging(absl::StrCat("worker-", job, "-", task));
-      !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  if (absl::Status s = repvar::CheckPlaintextAllowed(
-          "listen_address", absl::GetFlag(FLAGS_listen_address), repvar::InsecureFlag());
+  if (absl::Status s = repvar::StartDaemon(absl::StrCat("worker-", job, "-", task),
+                                           absl::GetFlag(FLAGS_listen_address));
       !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 2;

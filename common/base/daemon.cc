@@ -182,4 +182,9 @@ int WaitForShutdownSignal() {
   return sig;
 }
 
+absl::Status StartDaemon(const std::string& logger, absl::string_view listen_address) {
+  if (absl::Status s = InitDaemonLogging(logger); !s.ok()) return s;
+  return CheckPlaintextAllowed("listen_address", listen_address, InsecureFlag());
+}
+
 }  // namespace repvar

@@ -40,6 +40,12 @@ absl::Duration ShutdownGrace();
 // Errors: INVALID_ARGUMENT naming the flag (the daemon exits 2).
 absl::Status InitDaemonLogging(const std::string& name);
 
+// What every daemon checks after ParseDaemonFlags: logging as its flags say
+// (InitDaemonLogging), then that plaintext gRPC on `listen_address` is
+// allowed (CheckPlaintextAllowed with --insecure). Errors: theirs (the
+// daemon exits 2).
+absl::Status StartDaemon(const std::string& logger, absl::string_view listen_address);
+
 // Writes "<port>\n" to `path` through a temporary file, fsync and rename, so a
 // reader never sees a partial file.
 absl::Status WritePortFile(const std::string& path, int port);
