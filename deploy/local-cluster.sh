@@ -27,6 +27,12 @@ cmake --build "$build" -j "$(nproc)" --target repvar-coordinator repvar-worker r
 data=${REPVAR_DATA_DIR:-$root/local-cluster}
 mkdir -p "$data"
 rm -f "$data"/*.port
+# Each run is a new cluster: its workers start empty, and the values steps
+# changed lived only on the previous run's workers (DESIGN.md section 4; a
+# periodic checkpoint is what survives losing every worker). A coordinator
+# kept from that run would rightly report those variables with no
+# up-to-date replica.
+rm -rf "$data/coordinator-data"
 pids=()
 stop_all() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
