@@ -64,6 +64,17 @@ namespace {
 constexpr int64_t kSmallReadBytes = 1 << 20;
 constexpr int64_t kSmallWriteBytes = 1 << 20;  // written in one unary call
 
+// One variable's value in an AssignVariables request (a small write, or
+// one item of a batch).
+void PutAssignItem(const std::string& name, AssignOp op, const TensorSpec& spec,
+                   std::span<const std::byte> bytes, bool read_value, v1::AssignItem* p) {
+  p->set_name(name);
+  p->set_op(static_cast<v1::AssignOp>(op));
+  p->set_read_value(read_value);
+  HeaderToProto(spec.dtype, spec.dims, bytes, p->mutable_value()->mutable_header());
+  p->mutable_value()->set_data(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
 std::string NewRequestId() {
   return absl::StrFormat("%016x%016x", RandomNonZero64(), RandomNonZero64());
 }
@@ -305,18 +316,9 @@ absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignOp kind,
     // than the bytes.
     v1::AssignVariablesRequest req;
     req.set_request_id(NewRequestId());
-    v1::AssignItem* item = req.add_items();
-    item->set_name(name);
-    item->set_op(static_cast<v1::AssignOp>(kind));
-    item->set_read_value(read_value);
-    HeaderToProto(spec->dtype, spec->dims, bytes, item->mutable_value()->mutable_header());
-    item->mutable_value()->set_data(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    PutAssignItem(name, kind, *spec, bytes, read_value, req.add_items());
     v1::AssignVariablesResponse resp;
-    absl::Status s = impl_->Retry([&] {
-      grpc::ClientContext ctx;
-      impl_->SetDeadline(&ctx, bytes.size());
-      return FromGrpcStatus(impl_->stub()->AssignVariables(&ctx, req, &resp));
-    });
+    absl::Status s = impl_->AssignVariables(req, &resp);
     if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) impl_->Forget(name);
     REPVAR_RETURN_IF_ERROR(s);
     if (resp.results_size() != 1) {
@@ -361,19 +363,10 @@ absl::StatusOr<std::vector<WriteAck>> Client::AssignBatch(const std::vector<Assi
       REPVAR_RETURN_IF_ERROR(GetVariable(item.name).status());
       spec = impl_->Spec(item.name);
     }
-    v1::AssignItem* p = req.add_items();
-    p->set_name(item.name);
-    p->set_op(static_cast<v1::AssignOp>(item.op));
-    HeaderToProto(spec->dtype, spec->dims, item.bytes, p->mutable_value()->mutable_header());
-    p->mutable_value()->set_data(reinterpret_cast<const char*>(item.bytes.data()),
-                                 item.bytes.size());
+    PutAssignItem(item.name, item.op, *spec, item.bytes, /*read_value=*/false, req.add_items());
   }
   v1::AssignVariablesResponse resp;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    grpc::ClientContext ctx;
-    impl_->SetDeadline(&ctx, req.ByteSizeLong());
-    return FromGrpcStatus(impl_->stub()->AssignVariables(&ctx, req, &resp));
-  }));
+  REPVAR_RETURN_IF_ERROR(impl_->AssignVariables(req, &resp));
   std::vector<WriteAck> out;
   for (const auto& r : resp.results()) out.push_back(WriteAck{r.version(), r.checksum(), {}});
   return out;

@@ -54,6 +54,17 @@ class Client::Impl {
     return retry_.Run(std::forward<F>(attempt));
   }
 
+  // The AssignVariables call (small writes and batches), retried: the
+  // request id makes a repeat safe.
+  absl::Status AssignVariables(const v1::AssignVariablesRequest& req,
+                               v1::AssignVariablesResponse* resp) {
+    return Retry([&] {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, req.ByteSizeLong());
+      return FromGrpcStatus(stub()->AssignVariables(&ctx, req, resp));
+    });
+  }
+
   // The specs of variables this client has seen (writes need them).
   std::optional<TensorSpec> Spec(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);

@@ -78,8 +78,6 @@ absl::Status CheckPlaintextAllowed(absl::string_view flag, absl::string_view add
   return absl::OkStatus();
 }
 
-bool InsecureFlag() { return absl::GetFlag(FLAGS_insecure); }
-
 absl::Duration ShutdownGrace() {
   return std::max(absl::ZeroDuration(), absl::GetFlag(FLAGS_shutdown_grace));
 }
@@ -119,6 +117,9 @@ void ParseDaemonFlags(int argc, char** argv, absl::string_view what) {
   }
 }
 
+namespace {
+
+// Logging as --log_level and --log_format say, for the logger `name`.
 absl::Status InitDaemonLogging(const std::string& name) {
   const std::string level = absl::GetFlag(FLAGS_log_level);
   const std::string format = absl::GetFlag(FLAGS_log_format);
@@ -139,6 +140,8 @@ absl::Status InitDaemonLogging(const std::string& name) {
   spdlog::debug("flags not at their defaults: {}", absl::StrJoin(given, " "));
   return absl::OkStatus();
 }
+
+}  // namespace
 
 absl::Status WritePortFile(const std::string& path, int port) {
   std::string tmp = absl::StrCat(path, ".tmp.", getpid());
@@ -184,7 +187,7 @@ int WaitForShutdownSignal() {
 
 absl::Status StartDaemon(const std::string& logger, absl::string_view listen_address) {
   if (absl::Status s = InitDaemonLogging(logger); !s.ok()) return s;
-  return CheckPlaintextAllowed("listen_address", listen_address, InsecureFlag());
+  return CheckPlaintextAllowed("listen_address", listen_address, absl::GetFlag(FLAGS_insecure));
 }
 
 }  // namespace repvar

@@ -31,19 +31,15 @@ bool IsLoopback(absl::string_view address);
 // startup). Errors: FAILED_PRECONDITION naming the address and the flag.
 absl::Status CheckPlaintextAllowed(absl::string_view flag, absl::string_view address,
                                    bool insecure);
-// --insecure, shared by the daemons.
-bool InsecureFlag();
 // --shutdown_grace: on SIGTERM, how long calls in flight may take.
 absl::Duration ShutdownGrace();
 
-// Logging as --log_level and --log_format say, for the logger `name`.
-// Errors: INVALID_ARGUMENT naming the flag (the daemon exits 2).
-absl::Status InitDaemonLogging(const std::string& name);
-
-// What every daemon checks after ParseDaemonFlags: logging as its flags say
-// (InitDaemonLogging), then that plaintext gRPC on `listen_address` is
-// allowed (CheckPlaintextAllowed with --insecure). Errors: theirs (the
-// daemon exits 2).
+// What every daemon does after ParseDaemonFlags: logging as --log_level
+// and --log_format say, for the logger `logger` (its version logged at
+// INFO, the flags not at their defaults at DEBUG), then the check that
+// plaintext gRPC on `listen_address` is allowed (CheckPlaintextAllowed with
+// --insecure). Errors: INVALID_ARGUMENT naming the logging flag,
+// FAILED_PRECONDITION from the check (the daemon exits 2).
 absl::Status StartDaemon(const std::string& logger, absl::string_view listen_address);
 
 // Writes "<port>\n" to `path` through a temporary file, fsync and rename, so a

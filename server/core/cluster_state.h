@@ -73,8 +73,6 @@ struct StoredOutcome {
   absl::Time at;
 };
 
-// Everything a ClusterState holds, as plain data: what a checkpoint of the
-// state log saves, and what ClusterState::Restore takes back.
 // The last committed step and what it changed (StepCommitted).
 struct LastStep {
   int64_t step = 0;
@@ -82,6 +80,8 @@ struct LastStep {
   std::vector<CommittedVariable> changed;
 };
 
+// Everything a ClusterState holds, as plain data: what a checkpoint of the
+// state log saves, and what ClusterState::Restore takes back.
 struct ClusterStateData {
   std::map<uint64_t, VariableRecord> variables;  // by id
   uint64_t next_variable_id = 1;

@@ -111,7 +111,7 @@ absl::StatusOr<uint64_t> Registry::NextFence() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   mu_.Unlock();
   // The token may reach a worker once its reservation would survive a
   // crash; other writers' records need not be.
-  if (reserved_at > 0) REPVAR_RETURN_IF_ERROR(log_->Durable(reserved_at));
+  REPVAR_RETURN_IF_ERROR(AwaitDurable(reserved_at));
   return fence;
 }
 

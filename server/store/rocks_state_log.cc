@@ -383,12 +383,10 @@ absl::Status RocksStateLog::WriteCheckpoint(const ClusterState& state) {
   }
   if (!state.prepared().empty()) {
     Record prepared;
-    for (const auto& [fence, p] : state.prepared()) {
-      prepared.changes.push_back(p);
-      for (const PreparedValue& v : p.values) {
-        if (blobs_.BlobBytes(*v.value) > 0) live.insert(blobs_.BlobNameOf(*v.value));
-      }
-    }
+    for (const auto& [fence, p] : state.prepared()) prepared.changes.push_back(p);
+    ForEachValue(prepared, [&](const std::shared_ptr<const Tensor>& t) {
+      if (t != nullptr && blobs_.BlobBytes(*t) > 0) live.insert(blobs_.BlobNameOf(*t));
+    });
     REPVAR_RETURN_IF_ERROR(EncodeRecord(prepared, files, meta.mutable_prepared()));
   }
   batch.Put(kMetaKey, meta.SerializeAsString());

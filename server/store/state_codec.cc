@@ -191,6 +191,17 @@ absl::StatusOr<Answer> Get(const disk::Answer& in) {
 
 // ---- Changes ----
 
+// A request's answer as a record carries it (RequestRecorded, and inside
+// WritePrepared): the same row as a checkpointed answer.
+void PutRequest(const RequestRecorded& c, disk::RequestRecorded* out) {
+  EncodeOutcome(c.key.id, StoredOutcome{c.op, c.key.digest, c.answer, c.at}, out);
+}
+absl::StatusOr<RequestRecorded> GetRequest(const disk::RequestRecorded& in) {
+  REPVAR_ASSIGN_OR_RETURN(auto outcome, DecodeOutcome(in));
+  auto& [id, o] = outcome;
+  return RequestRecorded{RequestKey{std::move(id), o.digest}, o.op, std::move(o.answer), o.at};
+}
+
 struct ChangeEncoder {
   TensorFiles& files;
   disk::Change* out;
@@ -277,8 +288,7 @@ struct ChangeEncoder {
     return absl::OkStatus();
   }
   absl::Status operator()(const RequestRecorded& c) {
-    EncodeOutcome(c.key.id, StoredOutcome{c.op, c.key.digest, c.answer, c.at},
-                  out->mutable_request_recorded());
+    PutRequest(c, out->mutable_request_recorded());
     return absl::OkStatus();
   }
   absl::Status operator()(const WritePrepared& c) {
@@ -291,9 +301,7 @@ struct ChangeEncoder {
       value->set_checksum(v.checksum);
       REPVAR_RETURN_IF_ERROR(PutTensor(v.value, files, value->mutable_value()));
     }
-    EncodeOutcome(c.outcome.key.id,
-                  StoredOutcome{c.outcome.op, c.outcome.key.digest, c.outcome.answer, c.outcome.at},
-                  m->mutable_outcome());
+    PutRequest(c.outcome, m->mutable_outcome());
     return absl::OkStatus();
   }
   absl::Status operator()(const WriteResolved& c) {
@@ -360,10 +368,8 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) 
     case disk::Change::kStepFailed:
       return Change(StepFailed{in.step_failed().step(), in.step_failed().epoch()});
     case disk::Change::kRequestRecorded: {
-      REPVAR_ASSIGN_OR_RETURN(auto outcome, DecodeOutcome(in.request_recorded()));
-      auto& [id, o] = outcome;
-      return Change(
-          RequestRecorded{RequestKey{std::move(id), o.digest}, o.op, std::move(o.answer), o.at});
+      REPVAR_ASSIGN_OR_RETURN(RequestRecorded c, GetRequest(in.request_recorded()));
+      return Change(std::move(c));
     }
     case disk::Change::kFencesReserved:
       return Change(FencesReserved{in.fences_reserved().up_to()});
@@ -377,10 +383,7 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) 
         REPVAR_ASSIGN_OR_RETURN(value.value, files.Load(v.value()));
         c.values.push_back(std::move(value));
       }
-      REPVAR_ASSIGN_OR_RETURN(auto outcome, DecodeOutcome(m.outcome()));
-      auto& [id, o] = outcome;
-      c.outcome =
-          RequestRecorded{RequestKey{std::move(id), o.digest}, o.op, std::move(o.answer), o.at};
+      REPVAR_ASSIGN_OR_RETURN(c.outcome, GetRequest(m.outcome()));
       return Change(std::move(c));
     }
     case disk::Change::kWriteResolved:

@@ -210,10 +210,11 @@ TEST_F(RestartTest, F6_StepIdsAndEpochsGoOn_AnOpenStepIsAbortedByTheRestart) {
   EXPECT_EQ(w->as<float>()[0], 6.0f);
 }
 
-// Runs the coordinator with `flags`; its exit code (124: still running
-// after `seconds`), its output appended to `dir`/refused.log.
-int RunCoordinator(const std::string& dir, const std::vector<std::string>& flags, int seconds = 20,
-                   const std::string& binary = "server/repvar-coordinator") {
+// Runs a daemon (the coordinator unless `binary` says) with `flags`; its
+// exit code (124: still running after `seconds`), its output appended to
+// `dir`/refused.log.
+int RunDaemon(const std::string& dir, const std::vector<std::string>& flags, int seconds = 20,
+              const std::string& binary = "server/repvar-coordinator") {
   const std::string cmd = absl::StrCat("timeout ", seconds, " ", BinaryPath(binary), " ",
                                        absl::StrJoin(flags, " "), " >>", dir, "/refused.log 2>&1");
   const int status = std::system(cmd.c_str());
@@ -230,16 +231,16 @@ std::string ReadAll(const std::string& path) {
 // serves.
 TEST(CoordinatorStartup, NonLoopbackWithoutInsecure_Exit2_LoopbackServes) {
   testing::TempDir dir;
-  EXPECT_EQ(RunCoordinator(dir.path(), {"--ephemeral", "--listen_address=0.0.0.0:0"}), 2);
+  EXPECT_EQ(RunDaemon(dir.path(), {"--ephemeral", "--listen_address=0.0.0.0:0"}), 2);
   EXPECT_THAT(ReadAll(dir.path() + "/refused.log"),
               ::testing::HasSubstr("--listen_address=0.0.0.0:0 is not a loopback address"));
-  EXPECT_EQ(RunCoordinator(dir.path(), {"--ephemeral", "--listen_address=127.0.0.1:0"}, 2), 124);
+  EXPECT_EQ(RunDaemon(dir.path(), {"--ephemeral", "--listen_address=127.0.0.1:0"}, 2), 124);
 }
 
 TEST(CoordinatorStartup, ExactlyOneOfDataDirAndEphemeral_ElseExit2) {
   testing::TempDir dir;
-  EXPECT_EQ(RunCoordinator(dir.path(), {}), 2);
-  EXPECT_EQ(RunCoordinator(dir.path(), {"--ephemeral", "--data_dir=" + dir.path() + "/d"}), 2);
+  EXPECT_EQ(RunDaemon(dir.path(), {}), 2);
+  EXPECT_EQ(RunDaemon(dir.path(), {"--ephemeral", "--data_dir=" + dir.path() + "/d"}), 2);
   EXPECT_THAT(ReadAll(dir.path() + "/refused.log"),
               ::testing::HasSubstr("give exactly one of --data_dir=DIR"));
 }
@@ -250,7 +251,7 @@ TEST(CoordinatorStartup, ExactlyOneOfDataDirAndEphemeral_ElseExit2) {
 TEST(DaemonFlags, Help_ListsEveryFlagWithItsMeaning_VersionNamesCommitAndBuild) {
   for (const std::string binary : {"server/repvar-coordinator", "worker/repvar-worker"}) {
     testing::TempDir dir;
-    EXPECT_EQ(RunCoordinator(dir.path(), {"--help"}, 20, binary), 1);  // Abseil's code for help
+    EXPECT_EQ(RunDaemon(dir.path(), {"--help"}, 20, binary), 1);  // Abseil's code for help
     const std::string help = ReadAll(dir.path() + "/refused.log");
     EXPECT_THAT(help, ::testing::Not(::testing::HasSubstr("No flags matched"))) << binary;
     for (const char* flag :
@@ -262,7 +263,7 @@ TEST(DaemonFlags, Help_ListsEveryFlagWithItsMeaning_VersionNamesCommitAndBuild) 
                                                                       : "--data_dir ("))
         << binary;
     std::filesystem::remove(dir.path() + "/refused.log");
-    EXPECT_EQ(RunCoordinator(dir.path(), {"--version"}, 20, binary), 0);
+    EXPECT_EQ(RunDaemon(dir.path(), {"--version"}, 20, binary), 0);
     EXPECT_THAT(
         ReadAll(dir.path() + "/refused.log"),
         ::testing::MatchesRegex("repvar-(coordinator|worker) [0-9]+\\.[0-9]+\\.[0-9]+ \\(commit "
@@ -277,17 +278,17 @@ TEST(DaemonFlags, Help_ListsEveryFlagWithItsMeaning_VersionNamesCommitAndBuild) 
 TEST(DaemonFlags, LogLevelAndFormat_UnknownExit2_JsonLinesParse) {
   testing::TempDir dir;
   const std::string log = dir.path() + "/refused.log";
-  EXPECT_EQ(RunCoordinator(dir.path(), {"--ephemeral", "--log_level=loud"}), 2);
+  EXPECT_EQ(RunDaemon(dir.path(), {"--ephemeral", "--log_level=loud"}), 2);
   EXPECT_THAT(ReadAll(log), ::testing::HasSubstr("--log_level=loud: unknown log level"));
-  EXPECT_EQ(RunCoordinator(dir.path(), {"--ephemeral", "--log_format=xml"}), 2);
+  EXPECT_EQ(RunDaemon(dir.path(), {"--ephemeral", "--log_format=xml"}), 2);
   EXPECT_THAT(ReadAll(log), ::testing::HasSubstr("--log_format=xml: unknown log format"));
   std::filesystem::remove(log);
 
   // Valid: it starts and runs until `timeout` stops it (124).
-  EXPECT_EQ(RunCoordinator(dir.path(),
-                           {"--ephemeral", "--listen_address=127.0.0.1:0", "--log_level=DEBUG",
-                            "--log_format=json", "--port_file=" + dir.path() + "/port"},
-                           3),
+  EXPECT_EQ(RunDaemon(dir.path(),
+                      {"--ephemeral", "--listen_address=127.0.0.1:0", "--log_level=DEBUG",
+                       "--log_format=json", "--port_file=" + dir.path() + "/port"},
+                      3),
             124);
   std::ifstream in(log);
   int lines = 0, debug = 0;
@@ -351,14 +352,14 @@ TEST(DaemonFlags, ExitWithParent_DaemonStopsWhenItsStarterIsKilled) {
 
 TEST_F(RestartTest, SecondCoordinatorOnTheDataDirOrThePort_Refused) {
   const std::string log = cluster_.dir() + "/refused.log";
-  EXPECT_EQ(RunCoordinator(cluster_.dir(), {"--listen_address=127.0.0.1:0",
-                                            "--data_dir=" + cluster_.coordinator_data_dir()}),
+  EXPECT_EQ(RunDaemon(cluster_.dir(), {"--listen_address=127.0.0.1:0",
+                                       "--data_dir=" + cluster_.coordinator_data_dir()}),
             1);
   EXPECT_THAT(ReadAll(log), ::testing::HasSubstr("in use by another coordinator"));
   testing::TempDir other;
-  EXPECT_EQ(RunCoordinator(cluster_.dir(), {absl::StrCat("--listen_address=127.0.0.1:",
-                                                         cluster_.coordinator().port()),
-                                            "--data_dir=" + other.path() + "/d"}),
+  EXPECT_EQ(RunDaemon(cluster_.dir(),
+                      {absl::StrCat("--listen_address=127.0.0.1:", cluster_.coordinator().port()),
+                       "--data_dir=" + other.path() + "/d"}),
             1);
   EXPECT_THAT(ReadAll(log), ::testing::HasSubstr("cannot listen on 127.0.0.1"));
   // The cluster's own coordinator still answers.

@@ -85,3 +85,23 @@ def test_reflection_lists_the_services_and_describes_them(stubs, client, cluster
     worker = client.topology().tasks[0].address
     worker_names, _ = list_services(stubs, worker)
     assert {"repvar.v1.WorkerReplicas", "repvar.v1.WorkerSteps"} <= worker_names
+
+
+def test_worker_not_serving_until_registered(stubs, tmp_path):
+    """A worker whose coordinator is unreachable serves its port but is not
+    ready: health says NOT_SERVING (it would say SERVING once registered,
+    as the cluster test above shows)."""
+    from conftest import BUILD, Daemon
+    import socket
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        nobody = s.getsockname()[1]
+    worker = Daemon([os.path.join(BUILD, "worker/repvar-worker"), "--job=tpu_worker", "--task=0",
+                     "--tpu_devices=1", f"--coordinator_address=127.0.0.1:{nobody}"],
+                    str(tmp_path), "lonely-worker")
+    try:
+        address = f"127.0.0.1:{worker.port}"
+        for service in ("", "repvar.v1.WorkerReplicas", "repvar.v1.WorkerSteps"):
+            assert check(stubs, address, service) == "NOT_SERVING", service
+    finally:
+        worker.stop()
