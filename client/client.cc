@@ -96,8 +96,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.chunk_bytes == 0 || options.chunk_bytes > kMaxChunkBytes) {
     return absl::InvalidArgumentError("chunk_bytes must be in (0, 4 MiB]");
   }
+  for (auto [field, env] : {std::pair{&options.tls_ca_file, "REPVAR_TLS_CA"},
+                            std::pair{&options.tls_cert_file, "REPVAR_TLS_CERT"},
+                            std::pair{&options.tls_key_file, "REPVAR_TLS_KEY"},
+                            std::pair{&options.token_file, "REPVAR_TOKEN_FILE"}}) {
+    const char* value = std::getenv(env);
+    if (field->empty() && value != nullptr) *field = value;
+  }
+  absl::StatusOr<ChannelSecurity> security = LoadChannelSecurity(
+      options.tls_ca_file, options.tls_cert_file, options.tls_key_file, options.token_file);
+  if (!security.ok()) return security.status();
   if (options.tune_malloc) TuneMallocForBulkTransfers();
-  return std::unique_ptr<Client>(new Client(std::make_unique<Impl>(std::move(options))));
+  return std::unique_ptr<Client>(
+      new Client(std::make_unique<Impl>(std::move(options), *std::move(security))));
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -17,8 +17,8 @@
 #include "absl/time/time.h"
 #include "client/retry.h"
 #include "common/model/step.h"
-#include "common/rpc/channel.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/security.h"
 #include "common/tensor/tensor.h"
 #include "repvar/client.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
@@ -31,10 +31,11 @@ namespace repvar {
 // and what it caches: variable specs and the last step layout. Thread-safe.
 class Client::Impl {
  public:
-  explicit Impl(ClientOptions options)
+  Impl(ClientOptions options, ChannelSecurity security)
       : options_(std::move(options)),
+        security_(std::move(security)),
         retry_(options_.max_attempts, options_.initial_backoff, RealClock::Get()) {
-    auto channel = OpenChannel(options_.coordinator_address);
+    auto channel = OpenChannel(options_.coordinator_address, security_);
     trainers_ = v1::CoordinatorTrainers::NewStub(channel);
     admin_ = v1::CoordinatorAdmin::NewStub(channel);
   }
@@ -107,7 +108,7 @@ class Client::Impl {
       absl::MutexLock lock(&mu_);
       auto& slot = workers_[address];
       if (slot == nullptr) {
-        fresh = OpenChannel(address);
+        fresh = OpenChannel(address, security_);
         slot = v1::WorkerSteps::NewStub(fresh);
       }
       stub = slot.get();
@@ -120,6 +121,7 @@ class Client::Impl {
 
  private:
   const ClientOptions options_;
+  const ChannelSecurity security_;
   const client_internal::RetryPolicy retry_;
   std::unique_ptr<v1::CoordinatorTrainers::Stub> trainers_;
   std::unique_ptr<v1::CoordinatorAdmin::Stub> admin_;

@@ -41,11 +41,8 @@ Topology TopologyFromProto(const v1::Topology& p) {
   Topology t;
   t.version = p.version();
   for (const auto& task : p.tasks()) {
-    t.tasks.push_back(TaskInfo{task.job(),
-                               task.task(),
-                               task.address(),
-                               task.incarnation(),
-                               {task.devices().begin(), task.devices().end()}});
+    t.tasks.push_back(TaskInfo{
+        task.job(), task.task(), task.address(), {task.devices().begin(), task.devices().end()}});
   }
   for (const auto& a : p.accelerators()) {
     t.accelerators.push_back(AcceleratorInfo{a.ordinal(), a.device(), a.job(), a.task()});

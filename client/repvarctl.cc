@@ -80,9 +80,8 @@ int Topology(repvar::Client& c, bool json) {
       std::vector<std::string> devs;
       for (const auto& d : task.devices) devs.push_back(Q(d));
       tasks.push_back(absl::StrCat("{\"job\":", Q(task.job), ",\"task\":", task.task,
-                                   ",\"address\":", Q(task.address), ",\"incarnation\":\"",
-                                   task.incarnation, "\",\"devices\":[", absl::StrJoin(devs, ","),
-                                   "]}"));
+                                   ",\"address\":", Q(task.address), ",\"devices\":[",
+                                   absl::StrJoin(devs, ","), "]}"));
     }
     for (const auto& a : t->accelerators) {
       accs.push_back(absl::StrCat("{\"ordinal\":", a.ordinal, ",\"device\":", Q(a.device), "}"));

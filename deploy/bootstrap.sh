@@ -9,7 +9,8 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git clang-format clang-14 libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libgloo-dev libxxhash-dev librocksdb-dev nlohmann-json3-dev
+  libgloo-dev libxxhash-dev librocksdb-dev nlohmann-json3-dev libssl-dev openssl
+  libcpp-httplib-dev libsystemd-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest python3-xxhash
   procps iproute2
 )

@@ -20,6 +20,7 @@
 #include "common/tensor/tensor.h"
 #include "server/core/coordinator.h"
 #include "server/rpc/admin_service.h"
+#include "server/rpc/coordinator_metrics.h"
 #include "server/rpc/grpc_worker_client.h"
 #include "server/rpc/trainers_service.h"
 #include "server/rpc/workers_service.h"
@@ -30,6 +31,9 @@
 ABSL_FLAG(std::string, listen_address, "127.0.0.1:0",
           "host:port to serve on; port 0 picks a free port (see --port_file)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port here (atomically) once serving");
+ABSL_FLAG(std::string, worker_token_file, "",
+          "file of the worker tokens (the cluster's shared secret, one per line) workers may "
+          "call with; the first is sent on this daemon's calls to workers. Required with TLS");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(10),
           "a worker silent this long is declared dead");
 ABSL_FLAG(std::string, expected_tasks, "",
@@ -98,9 +102,15 @@ int main(int argc, char** argv) {
   repvar::BlockShutdownSignals();
   repvar::InstallCrashHandler();
   repvar::ParseDaemonFlags(argc, argv, "the repvar coordinator daemon (state, placement, steps)");
-  if (absl::Status s = repvar::StartDaemon("coordinator", absl::GetFlag(FLAGS_listen_address));
-      !s.ok()) {
+  if (absl::Status s = repvar::StartDaemon("coordinator"); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
+  auto security = repvar::LoadDaemonSecurity(
+      repvar::GetSecurityFlags(), repvar::kCoordinatorCertificateName, "worker_token_file",
+      absl::GetFlag(FLAGS_worker_token_file), absl::GetFlag(FLAGS_listen_address));
+  if (!security.ok()) {
+    std::fprintf(stderr, "%s\n", security.status().ToString().c_str());
     return 2;
   }
 
@@ -160,7 +170,9 @@ int main(int argc, char** argv) {
     log = *std::move(opened);
   }
 
-  repvar::server::GrpcWorkerClient workers;
+  repvar::server::GrpcWorkerClient::Options worker_calls;
+  worker_calls.security = security->channel;
+  repvar::server::GrpcWorkerClient workers(worker_calls);
   repvar::server::Coordinator core(options, repvar::RealClock::Get(), &workers, log.get());
   if (absl::Status s = core.Recover(); !s.ok()) {
     spdlog::error("cannot recover the state in {}: {}", data_dir, s.ToString());
@@ -195,15 +207,21 @@ int main(int argc, char** argv) {
       {&workers_service, repvar::v1::CoordinatorWorkers::service_full_name()},
       {&trainers_service, repvar::v1::CoordinatorTrainers::service_full_name()},
       {&admin_service, repvar::v1::CoordinatorAdmin::service_full_name()}};
-  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address), services,
-                                        absl::GetFlag(FLAGS_port_file), &port,
-                                        absl::GetFlag(FLAGS_max_rpc_threads));
+  auto server = repvar::StartGrpcServer(security->server, services, absl::GetFlag(FLAGS_port_file),
+                                        &port, absl::GetFlag(FLAGS_max_rpc_threads));
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 1;
   }
   // Ready: the state was recovered before the server started.
+  std::atomic<bool> ready{true};
   repvar::SetServing(**server, services, true);
+  repvar::server::RegisterCoordinatorGauges(&core);
+  auto metrics = repvar::StartDaemonMetrics([&ready] { return ready.load(); });
+  if (!metrics.ok()) {
+    spdlog::error("{}", metrics.status().ToString());
+    return 1;
+  }
   spdlog::info("coordinator serving on port {} (heartbeat timeout {})", port,
                absl::FormatDuration(options.membership.heartbeat_timeout));
 
@@ -228,6 +246,7 @@ int main(int argc, char** argv) {
   spdlog::info("signal {}: shutting down", sig);
   checkpointer.reset();  // a checkpoint being written is finished first
   (*server)->GetHealthCheckService()->Shutdown();
+  ready = false;
   workers_service.Shutdown();
   trainers_service.Shutdown();
   stop.Notify();
@@ -235,6 +254,8 @@ int main(int argc, char** argv) {
   repairer.join();
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + repvar::ShutdownGrace()));
   (*server)->Wait();
+  metrics->reset();
+  repvar::server::UnregisterCoordinatorGauges();
   spdlog::info("coordinator stopped");
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "common/base/daemon.h"
 #include "common/base/logging.h"
 #include "common/base/memory_budget.h"
+#include "common/base/metrics.h"
 #include "common/base/random.h"
 #include "common/model/device_name.h"
 #include "common/rpc/server.h"
@@ -42,6 +43,9 @@ ABSL_FLAG(std::string, coordinator_address, "",
 ABSL_FLAG(std::string, devices, "", "comma-separated full device names of this host");
 ABSL_FLAG(int32_t, tpu_devices, -1,
           "instead of --devices: this many virtual TPU devices (plus CPU:0)");
+ABSL_FLAG(std::string, token_file, "",
+          "file whose first line is the worker token (the cluster's shared secret): sent to the "
+          "coordinator, and the only token the coordinator's calls here are accepted with");
 ABSL_FLAG(std::string, port_file, "", "write the bound port here (atomically) once serving");
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "memory lent to tensors being received at once; beyond it writes get "
@@ -56,10 +60,15 @@ int main(int argc, char** argv) {
   repvar::ParseDaemonFlags(argc, argv, "the repvar worker daemon (replicas of one host)");
   const std::string job = absl::GetFlag(FLAGS_job);
   const int32_t task = absl::GetFlag(FLAGS_task);
-  if (absl::Status s = repvar::StartDaemon(absl::StrCat("worker-", job, "-", task),
-                                           absl::GetFlag(FLAGS_listen_address));
-      !s.ok()) {
+  if (absl::Status s = repvar::StartDaemon(absl::StrCat("worker-", job, "-", task)); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
+  auto security = repvar::LoadDaemonSecurity(
+      repvar::GetSecurityFlags(), repvar::TaskCertificateName(repvar::TaskKey{job, task}),
+      "token_file", absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_listen_address));
+  if (!security.ok()) {
+    std::fprintf(stderr, "%s\n", security.status().ToString().c_str());
     return 2;
   }
 
@@ -91,7 +100,7 @@ int main(int argc, char** argv) {
 
   const uint64_t incarnation = repvar::NewIncarnation();
   repvar::worker::ReplicaStore store;
-  repvar::worker::GrpcCoordinatorLink link(coordinator);
+  repvar::worker::GrpcCoordinatorLink link(coordinator, security->channel);
   repvar::worker::GlooDataPlane data_plane(absl::GetFlag(FLAGS_advertise_host), &link);
   repvar::worker::WorkerIdentity identity{job, task, incarnation, {}};
   for (const std::string& d : devices) {
@@ -116,12 +125,29 @@ int main(int argc, char** argv) {
   const std::vector<repvar::ServedService> services = {
       {&replicas_service, repvar::v1::WorkerReplicas::service_full_name()},
       {&steps_service, repvar::v1::WorkerSteps::service_full_name()}};
-  auto server = repvar::StartGrpcServer(absl::GetFlag(FLAGS_listen_address), services, "", &port);
+  auto server = repvar::StartGrpcServer(security->server, services, "", &port);
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 1;
   }
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", port);
+  std::atomic<bool> ready{false};
+  repvar::Metrics::Global().SetGauge("repvar_worker_replicas_bytes",
+                                     "bytes of the replicas this worker holds", [&store] {
+                                       return std::vector<std::pair<repvar::MetricLabels, double>>{
+                                           {{}, static_cast<double>(store.BytesHeld())}};
+                                     });
+  repvar::Metrics::Global().SetGauge(
+      "repvar_inflight_bytes", "memory lent to tensors being received, and its limit", [&budget] {
+        return std::vector<std::pair<repvar::MetricLabels, double>>{
+            {{{"of", "used"}}, static_cast<double>(budget.used())},
+            {{{"of", "limit"}}, static_cast<double>(budget.capacity())}};
+      });
+  auto metrics = repvar::StartDaemonMetrics([&ready] { return ready.load(); });
+  if (!metrics.ok()) {
+    spdlog::error("{}", metrics.status().ToString());
+    return 1;
+  }
 
   repvar::worker::WorkerAgent agent({job, task, address, incarnation, devices}, &link);
   absl::Notification stop;
@@ -141,6 +167,7 @@ int main(int argc, char** argv) {
       const bool now = agent.state() == repvar::worker::WorkerAgent::State::kRegistered;
       if (now != serving) {
         serving = now;
+        ready = now;
         repvar::SetServing(**server, services, serving);
       }
       if (now && !registered.HasBeenNotified()) registered.Notify();
@@ -157,9 +184,13 @@ int main(int argc, char** argv) {
   spdlog::info("signal {}: shutting down", sig);
   stop.Notify();
   agent_thread.join();
+  ready = false;
   (*server)->GetHealthCheckService()->Shutdown();
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + repvar::ShutdownGrace()));
   (*server)->Wait();
+  metrics->reset();
+  repvar::Metrics::Global().RemoveGauge("repvar_worker_replicas_bytes");
+  repvar::Metrics::Global().RemoveGauge("repvar_inflight_bytes");
   if (agent.state() == repvar::worker::WorkerAgent::State::kFenced) {
     spdlog::error("exiting: superseded by a newer incarnation of {}:{}", job, task);
     return 3;

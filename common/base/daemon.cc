@@ -36,6 +36,25 @@ ABSL_FLAG(bool, insecure, false,
           "serve gRPC in plaintext, without authentication, on a non-loopback address (refused "
           "without it; logged as a warning with it). Bulk data-plane bytes are plaintext either "
           "way (gloo), covered by chunk checksums");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate this daemon serves with and presents to the others (its CN names it: "
+          "\"coordinator\", or a worker's \"/job:J/task:T\"); with --tls_key and --tls_ca, every "
+          "listener and call is TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate(s) that signed the cluster's certificates: peers are verified "
+          "against it");
+ABSL_FLAG(std::string, trainer_token_file, "",
+          "file of the bearer tokens trainers may call with (one per line); required with TLS");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "file of the bearer tokens operators may call with (everything a trainer may, and the "
+          "admin service); without it nobody is admin under TLS");
+ABSL_FLAG(std::string, metrics_address, "",
+          "HOST:PORT of the HTTP server of /metrics (Prometheus text) and /healthz (200 when "
+          "ready); empty (the default): none; port 0 picks one (logged, and written to "
+          "--metrics_port_file)");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "write the metrics server's port here (atomically) once it serves");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
           "on SIGTERM, how long calls in flight may take to finish before they are cancelled "
           "(the daemon exits as soon as none is left)");
@@ -78,6 +97,16 @@ absl::Status CheckPlaintextAllowed(absl::string_view flag, absl::string_view add
   return absl::OkStatus();
 }
 
+MetricsFlags GetMetricsFlags() {
+  return {absl::GetFlag(FLAGS_metrics_address), absl::GetFlag(FLAGS_metrics_port_file)};
+}
+
+SecurityFlags GetSecurityFlags() {
+  return {absl::GetFlag(FLAGS_tls_cert),         absl::GetFlag(FLAGS_tls_key),
+          absl::GetFlag(FLAGS_tls_ca),           absl::GetFlag(FLAGS_trainer_token_file),
+          absl::GetFlag(FLAGS_admin_token_file), absl::GetFlag(FLAGS_insecure)};
+}
+
 absl::Duration ShutdownGrace() {
   return std::max(absl::ZeroDuration(), absl::GetFlag(FLAGS_shutdown_grace));
 }
@@ -117,10 +146,7 @@ void ParseDaemonFlags(int argc, char** argv, absl::string_view what) {
   }
 }
 
-namespace {
-
-// Logging as --log_level and --log_format say, for the logger `name`.
-absl::Status InitDaemonLogging(const std::string& name) {
+absl::Status StartDaemon(const std::string& name) {
   const std::string level = absl::GetFlag(FLAGS_log_level);
   const std::string format = absl::GetFlag(FLAGS_log_format);
   if (absl::Status s = ParseLogLevel(level).status(); !s.ok()) {
@@ -140,8 +166,6 @@ absl::Status InitDaemonLogging(const std::string& name) {
   spdlog::debug("flags not at their defaults: {}", absl::StrJoin(given, " "));
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::Status WritePortFile(const std::string& path, int port) {
   std::string tmp = absl::StrCat(path, ".tmp.", getpid());
@@ -183,11 +207,6 @@ int WaitForShutdownSignal() {
   while (sigwait(&set, &sig) != 0) {
   }
   return sig;
-}
-
-absl::Status StartDaemon(const std::string& logger, absl::string_view listen_address) {
-  if (absl::Status s = InitDaemonLogging(logger); !s.ok()) return s;
-  return CheckPlaintextAllowed("listen_address", listen_address, absl::GetFlag(FLAGS_insecure));
 }
 
 }  // namespace repvar

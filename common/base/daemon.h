@@ -26,21 +26,34 @@ void ParseDaemonFlags(int argc, char** argv, absl::string_view what);
 // interface) are not.
 bool IsLoopback(absl::string_view address);
 
-// X1 until the listeners have TLS: gRPC in plaintext on an address other
-// hosts can reach only with `insecure` (--insecure, warned about at
-// startup). Errors: FAILED_PRECONDITION naming the address and the flag.
+// X1: gRPC in plaintext on an address other hosts can reach only with
+// `insecure` (--insecure, warned about at startup). Errors:
+// FAILED_PRECONDITION naming the address and the flag.
 absl::Status CheckPlaintextAllowed(absl::string_view flag, absl::string_view address,
                                    bool insecure);
+
+// The security flags both daemons share (common/rpc/security.h turns them
+// into credentials): paths, empty when not given.
+struct SecurityFlags {
+  std::string tls_cert, tls_key, tls_ca;
+  std::string trainer_token_file, admin_token_file;
+  bool insecure = false;
+};
+SecurityFlags GetSecurityFlags();
+
+// --metrics_address (empty: no metrics server) and --metrics_port_file.
+struct MetricsFlags {
+  std::string address, port_file;
+};
+MetricsFlags GetMetricsFlags();
 // --shutdown_grace: on SIGTERM, how long calls in flight may take.
 absl::Duration ShutdownGrace();
 
 // What every daemon does after ParseDaemonFlags: logging as --log_level
 // and --log_format say, for the logger `logger` (its version logged at
-// INFO, the flags not at their defaults at DEBUG), then the check that
-// plaintext gRPC on `listen_address` is allowed (CheckPlaintextAllowed with
-// --insecure). Errors: INVALID_ARGUMENT naming the logging flag,
-// FAILED_PRECONDITION from the check (the daemon exits 2).
-absl::Status StartDaemon(const std::string& logger, absl::string_view listen_address);
+// INFO, the flags not at their defaults at DEBUG). Errors: INVALID_ARGUMENT
+// naming the logging flag (the daemon exits 2).
+absl::Status StartDaemon(const std::string& logger);
 
 // Writes "<port>\n" to `path` through a temporary file, fsync and rename, so a
 // reader never sees a partial file.

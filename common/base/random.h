@@ -17,6 +17,10 @@ uint64_t RandomNonZero64();
 // old process coming back, which is refused (contract T1). Thread-safe.
 uint64_t NewIncarnation();
 
+// What a step description shows of an incarnation (X1: others must not learn
+// it): the first 8 bytes of its SHA-256, one-way.
+uint64_t IncarnationDigest(uint64_t incarnation);
+
 }  // namespace repvar
 
 #endif  // REPVAR_COMMON_BASE_RANDOM_H_

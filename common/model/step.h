@@ -22,8 +22,11 @@ namespace repvar {
 
 struct StepParticipant {
   TaskKey task;
+  // The coordinator's; a worker's copy of a step holds only the digest
+  // (IncarnationDigest), which is what travels.
   uint64_t incarnation = 0;
   std::string address;
+  uint64_t incarnation_digest = 0;
 };
 
 struct StepVariable {

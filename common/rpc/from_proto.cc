@@ -187,7 +187,8 @@ absl::StatusOr<StepInfo> StepInfoFromProto(const v1::StepInfo& proto) {
   }
   info.participants.reserve(proto.participants_size());
   for (const v1::StepParticipant& p : proto.participants()) {
-    info.participants.push_back(StepParticipant{{p.job(), p.task()}, p.incarnation(), p.address()});
+    info.participants.push_back(
+        StepParticipant{{p.job(), p.task()}, 0, p.address(), p.incarnation_digest()});
   }
   info.variables.reserve(proto.variables_size());
   for (const v1::StepVariable& v : proto.variables()) {

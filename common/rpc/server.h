@@ -16,6 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/daemon.h"
+#include "common/rpc/metrics_server.h"
+#include "common/rpc/security.h"
 
 namespace repvar {
 
@@ -37,7 +39,8 @@ inline void SetServing(grpc::Server& server, const std::vector<ServedService>& s
 }
 
 // Serves `services`, grpc.health.v1 and server reflection (grpcurl-style
-// listing) on `address`; port 0 picks a free port, returned in `*port` and,
+// listing) on `security.address` with its credentials (every call checked by
+// its policy, see security.h); port 0 picks a free port, returned in `*port` and,
 // when `port_file` is set, written there atomically. Health says
 // NOT_SERVING until the daemon calls SetServing(..., true) (ready), and again
 // from HealthCheckServiceInterface::Shutdown (draining). Messages may be up
@@ -47,8 +50,9 @@ inline void SetServing(grpc::Server& server, const std::vector<ServedService>& s
 // (callback methods do not count). Errors: UNAVAILABLE (cannot listen, e.g.
 // the port is in use), INTERNAL (port file).
 inline absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
-    const std::string& address, const std::vector<ServedService>& services,
+    const ServerSecurity& security, const std::vector<ServedService>& services,
     const std::string& port_file, int* port, int max_threads = 0) {
+  const std::string& address = security.address;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -57,13 +61,16 @@ inline absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpcServer(
     quota.SetMaxThreads(max_threads);
     builder.SetResourceQuota(quota);
   }
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.SetMaxSendMessageSize(64 << 20);
+  builder.AddListeningPort(address, ServerCredentialsFor(security), port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
   // gRPC sets SO_REUSEPORT by default: a second daemon on a busy port would
   // start and share it. A busy port is a startup error instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (const ServedService& s : services) builder.RegisterService(s.service);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counting;
+  counting.push_back(std::make_unique<RpcMetricsFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(counting));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));

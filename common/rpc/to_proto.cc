@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "common/base/random.h"
+
 namespace repvar {
 
 void SpecToProto(const TensorSpec& spec, v1::TensorSpec* proto) {
@@ -95,7 +97,6 @@ void TopologyToProto(const TopologySnapshot& topo, v1::Topology* proto) {
     p->set_job(t.key.job);
     p->set_task(t.key.task);
     p->set_address(t.address);
-    p->set_incarnation(t.incarnation);
     for (const DeviceName& d : t.devices) p->add_devices(d.ToString());
   }
   for (const Accelerator& a : topo.accelerators) {
@@ -150,7 +151,7 @@ void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto) {
     v1::StepParticipant* pp = proto->add_participants();
     pp->set_job(p.task.job);
     pp->set_task(p.task.task);
-    pp->set_incarnation(p.incarnation);
+    pp->set_incarnation_digest(IncarnationDigest(p.incarnation));
     pp->set_address(p.address);
   }
   for (const StepVariable& v : info.variables) {

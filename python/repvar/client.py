@@ -76,16 +76,61 @@ def value(array, dtype_name: str):
     return tpb.Initializer(value=tensors.to_tensor(array, dtype_name))
 
 
+def _read(path, what):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"{what} {path}: {e.strerror}") from None
+    if not data.strip():
+        raise ValueError(f"{what} {path} is empty")
+    return data
+
+
+def _credentials(tls_ca, tls_cert, tls_key, token_file):
+    """Channel credentials as the C++ client makes them (common/rpc/security.h):
+    TLS when a CA is given; the token on every call; with a token and no TLS,
+    local credentials (plaintext that reaches loopback only). None: plaintext."""
+    if bool(tls_cert) != bool(tls_key):
+        raise ValueError("a client certificate needs both its file and its key's")
+    token = None
+    if token_file:
+        lines = [l.strip() for l in _read(token_file, "token file").decode().splitlines()]
+        token = next((l for l in lines if l and not l.startswith("#")), None)
+        if token is None:
+            raise ValueError(f"token file {token_file} holds no token")
+    if tls_ca:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=_read(tls_ca, "CA file"),
+            private_key=_read(tls_key, "key file") if tls_key else None,
+            certificate_chain=_read(tls_cert, "certificate file") if tls_cert else None)
+    elif token:
+        creds = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+    else:
+        return None
+    if token:
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    return creds
+
+
 class Client:
     """numpy-level access to a repvar coordinator. Every call has a deadline."""
 
-    def __init__(self, address: str = None, timeout: float = 30.0):
+    def __init__(self, address: str = None, timeout: float = 30.0, *, tls_ca: str = None,
+                 tls_cert: str = None, tls_key: str = None, token_file: str = None):
+        """Arguments left out come from the environment: REPVAR_COORDINATOR_ADDRESS,
+        REPVAR_TLS_CA (a PEM CA file: every call is TLS), REPVAR_TLS_CERT and
+        REPVAR_TLS_KEY (an optional client certificate), REPVAR_TOKEN_FILE (its
+        first line is the bearer token sent on every call)."""
         address = address or os.environ.get("REPVAR_COORDINATOR_ADDRESS")
         if not address:
             raise ValueError("no coordinator address: pass one or set REPVAR_COORDINATOR_ADDRESS")
-        opts = [("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20)]
-        self.channel = grpc.insecure_channel(address, options=opts)
+        self._credentials = _credentials(
+            tls_ca or os.environ.get("REPVAR_TLS_CA"),
+            tls_cert or os.environ.get("REPVAR_TLS_CERT"),
+            tls_key or os.environ.get("REPVAR_TLS_KEY"),
+            token_file or os.environ.get("REPVAR_TOKEN_FILE"))
+        self.channel = self._open(address)
         self.stub = cgrpc.CoordinatorTrainersStub(self.channel)
         self.admin = cgrpc.CoordinatorAdminStub(self.channel)
         self.timeout = timeout
@@ -177,12 +222,17 @@ class Client:
     def last_committed_step(self):
         return self.stub.GetSteps(spb.GetStepsRequest(), timeout=self.timeout).last_committed_step
 
+    def _open(self, address):
+        opts = [("grpc.max_receive_message_length", 64 << 20),
+                ("grpc.max_send_message_length", 64 << 20)]
+        if self._credentials is None:
+            return grpc.insecure_channel(address, options=opts)
+        return grpc.secure_channel(address, self._credentials, options=opts)
+
     def _worker_channel(self, address):
         cache = self.__dict__.setdefault("_workers", {})
         if address not in cache:
-            cache[address] = grpc.insecure_channel(address, options=[
-                ("grpc.max_receive_message_length", 64 << 20),
-                ("grpc.max_send_message_length", 64 << 20)])
+            cache[address] = self._open(address)
         return cache[address]
 
 

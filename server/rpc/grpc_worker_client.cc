@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
-#include "common/rpc/channel.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/replica_stream.h"
@@ -238,7 +237,7 @@ void GrpcWorkerClient::CancelCalls(const WorkerTarget& target) {
 v1::WorkerReplicas::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
-  if (stub == nullptr) stub = v1::WorkerReplicas::NewStub(OpenChannel(address));
+  if (stub == nullptr) stub = v1::WorkerReplicas::NewStub(OpenChannel(address, options_.security));
   return stub.get();
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/rpc/security.h"
 #include "repvar/v1/worker.grpc.pb.h"
 #include "server/core/worker_client.h"
 
@@ -50,9 +51,10 @@ class GrpcWorkerClient final : public WorkerClient {
     absl::Duration base_deadline = absl::Seconds(30);
     double min_bytes_per_second = 50e6;  // deadline slack for big tensors
     size_t chunk_bytes = 1 << 20;
+    ChannelSecurity security;  // the coordinator's certificate and worker token
   };
   GrpcWorkerClient() : GrpcWorkerClient(Options()) {}
-  explicit GrpcWorkerClient(Options options) : options_(options) {}
+  explicit GrpcWorkerClient(Options options) : options_(std::move(options)) {}
 
   void WriteReplicasAsync(const WorkerTarget& target, std::vector<ReplicaWrite> writes,
                           Done done) override;

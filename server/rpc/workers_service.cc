@@ -5,6 +5,7 @@
 
 #include "common/rpc/from_proto.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/security.h"
 #include "common/rpc/to_proto.h"
 #include "spdlog/spdlog.h"
 
@@ -35,6 +36,10 @@ grpc::ServerUnaryReactor* WorkersService::RegisterWorker(grpc::CallbackServerCon
                                                          const v1::RegisterWorkerRequest* req,
                                                          v1::RegisterWorkerResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status s = CheckCallerIsTask(*ctx, TaskKey{req->job(), req->task()}); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
   auto serve = [this, req, resp]() -> grpc::Status {
     auto version = core_->RegisterWorker(RegistrationFromProto(*req));
     if (!version.ok()) return ToGrpcStatus(version.status());
@@ -69,7 +74,12 @@ grpc::ServerUnaryReactor* WorkersService::Heartbeat(grpc::CallbackServerContext*
                                                     v1::HeartbeatResponse* resp) {
   // Answered at once, on the callback thread: a lock and a map update.
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  auto version = core_->Heartbeat(TaskKey{req->job(), req->task()}, req->incarnation());
+  const TaskKey task{req->job(), req->task()};
+  if (grpc::Status s = CheckCallerIsTask(*ctx, task); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  auto version = core_->Heartbeat(task, req->incarnation());
   if (version.ok()) resp->set_topology_version(*version);
   reactor->Finish(version.ok() ? grpc::Status::OK : ToGrpcStatus(version.status()));
   return reactor;
@@ -88,6 +98,10 @@ grpc::ServerUnaryReactor* WorkersService::ReportStep(grpc::CallbackServerContext
                                                      v1::StepPlan* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   WorkerReport report = ReportFromProto(*req);
+  if (grpc::Status s = CheckCallerIsTask(*ctx, report.task); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
   if (absl::Status s = core_->ReportStep(report); !s.ok()) {
     spdlog::debug("ReportStep from {} refused: {}", report.task.ToString(), s.ToString());
     reactor->Finish(ToGrpcStatus(s));
@@ -118,6 +132,10 @@ grpc::ServerUnaryReactor* WorkersService::FinishStep(grpc::CallbackServerContext
                                                      const v1::FinishStepRequest* req,
                                                      v1::StepResolution* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (grpc::Status s = CheckCallerIsTask(*ctx, TaskKey{req->job(), req->task()}); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
   if (absl::Status s = core_->FinishStep(FinishFromProto(*req)); !s.ok()) {
     reactor->Finish(ToGrpcStatus(s));
     return reactor;

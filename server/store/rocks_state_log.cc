@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/metrics.h"
 #include "common/base/status_util.h"
 #include "spdlog/spdlog.h"
 
@@ -316,7 +317,11 @@ absl::Status RocksStateLog::Durable(uint64_t position) {
     syncing_ = true;
     const uint64_t target = appended_;
     sync_mu_.Unlock();
+    static Histogram& sync_seconds = Metrics::Global().GetHistogram(
+        "repvar_state_log_sync_seconds", "fsync of the coordinator's state log (one per group)");
+    const absl::Time sync_start = absl::Now();
     const rocksdb::Status s = options_.sync ? db_->SyncWAL() : rocksdb::Status::OK();
+    sync_seconds.Observe(absl::Now() - sync_start);
     sync_mu_.Lock();
     syncing_ = false;
     ++syncs_;

@@ -91,12 +91,7 @@ class StepTest : public testing::StartedCluster {
   }
 
   uint64_t Incarnation(int host) {
-    auto topo = client_->GetTopology();
-    if (!topo.ok()) return 0;
-    for (const TaskInfo& t : topo->tasks) {
-      if (t.job == "tpu_worker" && t.task == host) return t.incarnation;
-    }
-    return 0;
+    return testing::WorkerIncarnation(cluster_.worker_address(host));
   }
 
   // Restarts tpu_worker:`host` after a kill and waits until its new
@@ -269,12 +264,7 @@ TEST_F(StepTest, S2_InStepWritesAreLocalCopies_AbortLeavesReplicasAsCommitted) {
 
 TEST_F(StepTest, S3_OneReportPerWorker_RefusalsHaveDistinctStatuses) {
   Create("w", Aggregation::kNone);
-  auto topo = client_->GetTopology();
-  ASSERT_OK(topo);
-  uint64_t inc0 = 0;
-  for (const TaskInfo& t : topo->tasks) {
-    if (t.job == "tpu_worker" && t.task == 0) inc0 = t.incarnation;
-  }
+  const uint64_t inc0 = testing::WorkerIncarnation(cluster_.worker_address(0));
   auto scope = StepScope::Begin(*client_, 3, Options(0));
   ASSERT_OK(scope);
   auto stub = v1::CoordinatorWorkers::NewStub(

@@ -140,13 +140,38 @@ std::string TestCluster::worker_address(int i) const {
   return absl::StrCat("127.0.0.1:", workers_[i]->port());
 }
 
+std::vector<std::string> TestCluster::OptionFlags(const std::string& name,
+                                                  const std::string& token_flag) const {
+  std::vector<std::string> flags;
+  if (options_.tls) {
+    flags = {absl::StrCat("--tls_cert=", cert(name + ".pem")),
+             absl::StrCat("--tls_key=", cert(name + ".key")),
+             absl::StrCat("--tls_ca=", cert("ca.pem")),
+             absl::StrCat("--", token_flag, "=", cert("worker.token")),
+             absl::StrCat("--trainer_token_file=", cert("trainer.token")),
+             absl::StrCat("--admin_token_file=", cert("admin.token"))};
+  }
+  if (options_.metrics) {
+    flags.push_back("--metrics_address=127.0.0.1:0");
+    flags.push_back(absl::StrCat("--metrics_port_file=", dir(), "/", name, ".metrics_port"));
+  }
+  return flags;
+}
+
+int TestCluster::metrics_port(const std::string& daemon) const {
+  std::ifstream in(absl::StrCat(dir(), "/", daemon, ".metrics_port"));
+  int port = 0;
+  return in >> port ? port : 0;
+}
+
 absl::StatusOr<std::unique_ptr<Daemon>> TestCluster::StartWorker(const std::string& job, int task,
                                                                  int tpus) {
-  return Daemon::Start(
-      BinaryPath("worker/repvar-worker"),
-      {absl::StrCat("--job=", job), absl::StrCat("--task=", task),
-       absl::StrCat("--tpu_devices=", tpus), absl::StrCat("--coordinator_address=", address())},
-      dir(), absl::StrCat(job, "-", task));
+  const std::string name = absl::StrCat(job, "-", task);
+  std::vector<std::string> args = {absl::StrCat("--job=", job), absl::StrCat("--task=", task),
+                                   absl::StrCat("--tpu_devices=", tpus),
+                                   absl::StrCat("--coordinator_address=", address())};
+  for (std::string& f : OptionFlags(name, "token_file")) args.push_back(std::move(f));
+  return Daemon::Start(BinaryPath("worker/repvar-worker"), std::move(args), dir(), name);
 }
 
 absl::StatusOr<std::unique_ptr<Daemon>> TestCluster::StartCoordinator(int port) {
@@ -162,6 +187,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> TestCluster::StartCoordinator(int port) 
                    absl::FormatDuration(Scaled(options_.heartbeat_timeout))),
       options_.durable ? absl::StrCat("--data_dir=", coordinator_data_dir()) : "--ephemeral"};
   args.insert(args.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
+  for (std::string& f : OptionFlags("coordinator", "worker_token_file")) {
+    args.push_back(std::move(f));
+  }
   return Daemon::Start(BinaryPath("server/repvar-coordinator"), std::move(args), dir(),
                        "coordinator");
 }
@@ -181,6 +209,18 @@ absl::Status TestCluster::RestartCoordinator(int sig, const std::function<void()
 }
 
 absl::Status TestCluster::Start() {
+  if (options_.tls) {
+    std::vector<std::string> workers;
+    for (int t = 0; t < options_.tpu_workers; ++t)
+      workers.push_back(absl::StrCat("tpu_worker:", t));
+    if (options_.cpu_host) workers.push_back("worker:0");
+    const std::string command =
+        absl::StrCat(REPVAR_SOURCE_DIR, "/deploy/make-certs.sh ", dir(), "/certs --workers ",
+                     absl::StrJoin(workers, ","), " --expired tpu_worker-0 --other-ca");
+    if (std::system(command.c_str()) != 0) {
+      return absl::InternalError(absl::StrCat("failed: ", command));
+    }
+  }
   auto c = StartCoordinator(0);
   if (!c.ok()) return c.status();
   coordinator_ = *std::move(c);

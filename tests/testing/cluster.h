@@ -56,6 +56,13 @@ struct ClusterOptions {
   // memory, --ephemeral).
   bool durable = true;
   std::vector<std::string> coordinator_flags;  // more flags
+  // TLS and tokens on every daemon (X1), from deploy/make-certs.sh run into
+  // <dir>/certs at Start(): a certificate per daemon, worker, trainer and
+  // admin tokens, an expired certificate of tpu_worker:0 and a second CA
+  // with one certificate of each name.
+  bool tls = false;
+  // Every daemon serves /metrics on 127.0.0.1 (a port of its own).
+  bool metrics = false;
 };
 
 // A coordinator plus workers; Start() waits until the cluster has formed.
@@ -76,11 +83,21 @@ class TestCluster {
   absl::Status RestartCoordinator(int sig, const std::function<void()>& while_down = nullptr);
   std::string coordinator_data_dir() const { return dir() + "/coordinator-data"; }
   std::string worker_address(int i) const;
+  bool tls() const { return options_.tls; }
+  // The metrics port of "coordinator" or a worker ("tpu_worker-0"); 0 when
+  // it has none.
+  int metrics_port(const std::string& daemon) const;
+  // A file of <dir>/certs ("ca.pem", "trainer.token", "tpu_worker-0.key").
+  std::string cert(const std::string& file) const { return dir() + "/certs/" + file; }
   const std::string& dir() const { return dir_.path(); }
 
  private:
   absl::StatusOr<std::unique_ptr<Daemon>> StartWorker(const std::string& job, int task, int tpus);
   absl::StatusOr<std::unique_ptr<Daemon>> StartCoordinator(int port);
+  // The flags of the daemon `name` (its certificate <name>.pem) that
+  // ClusterOptions asks for; `token_flag` names its worker token flag.
+  std::vector<std::string> OptionFlags(const std::string& name,
+                                       const std::string& token_flag) const;
   ClusterOptions options_;
   TempDir dir_;
   std::unique_ptr<Daemon> coordinator_;

@@ -34,16 +34,37 @@ inline v1::GetReplicaStatusResponse WorkerStatus(const std::string& address) {
   return resp;
 }
 
+// The worker process's incarnation, as it answers the coordinator (X1: no
+// trainer-facing answer shows it); 0 when it does not answer.
+inline uint64_t WorkerIncarnation(const std::string& address) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetReplicaStatusResponse resp;
+  if (!WorkerStub(address)->GetReplicaStatus(&ctx, {}, &resp).ok()) return 0;
+  return resp.incarnation();
+}
+
 // A started cluster and a client that has seen it form.
 class StartedCluster : public ::testing::Test {
  protected:
   explicit StartedCluster(ClusterOptions options = {}) : cluster_(std::move(options)) {}
   void SetUp() override {
     ASSERT_OK(cluster_.Start());
-    auto c = Client::Connect({.coordinator_address = cluster_.address()});
+    auto c = Client::Connect(ClientOptionsFor("admin.token"));
     ASSERT_OK(c);
     client_ = *std::move(c);
     ASSERT_OK(client_->WaitForTopology(Scaled(absl::Seconds(20))));
+  }
+
+  // Options of a client of this cluster; with TLS, trusting its CA and
+  // sending the token in `token_file` (empty: none).
+  ClientOptions ClientOptionsFor(const std::string& token_file) {
+    ClientOptions options{.coordinator_address = cluster_.address()};
+    if (cluster_.tls()) {
+      options.tls_ca_file = cluster_.cert("ca.pem");
+      if (!token_file.empty()) options.token_file = cluster_.cert(token_file);
+    }
+    return options;
   }
 
   TestCluster cluster_;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/random.h"
 #include "common/base/status_util.h"
 
 namespace repvar::worker {
@@ -157,10 +158,9 @@ absl::StatusOr<std::shared_ptr<const StepLayout>> StepTable::ParseLayout(StepInf
   for (size_t i = 0; i < participants.size(); ++i) {
     const StepParticipant& p = participants[i];
     if (p.task.job == me_.job && p.task.task == me_.task) {
-      if (p.incarnation != me_.incarnation) {
-        return absl::AbortedError(absl::StrCat(StepName(info), " counts incarnation ",
-                                               p.incarnation, " of this worker, not ",
-                                               me_.incarnation));
+      if (p.incarnation_digest != IncarnationDigest(me_.incarnation)) {
+        return absl::AbortedError(absl::StrCat(
+            StepName(info), " counts another incarnation of this worker, not ", me_.incarnation));
       }
       layout->me = static_cast<int32_t>(i);
     }

@@ -4,7 +4,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/base/status_util.h"
-#include "common/rpc/channel.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/to_proto.h"
@@ -26,8 +25,9 @@ absl::StatusOr<Resp> Unary(v1::CoordinatorWorkers::Stub* stub, Method method, co
 
 }  // namespace
 
-GrpcCoordinatorLink::GrpcCoordinatorLink(const std::string& address)
-    : stub_(v1::CoordinatorWorkers::NewStub(OpenChannel(address))) {}
+GrpcCoordinatorLink::GrpcCoordinatorLink(const std::string& address,
+                                         const ChannelSecurity& security)
+    : stub_(v1::CoordinatorWorkers::NewStub(OpenChannel(address, security))) {}
 
 absl::StatusOr<absl::Duration> GrpcCoordinatorLink::Register(const WorkerRegistration& reg) {
   v1::RegisterWorkerRequest req;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "common/rpc/security.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "worker/core/coordinator_link.h"
 
@@ -15,7 +16,7 @@ namespace repvar::worker {
 // Thread-safe.
 class GrpcCoordinatorLink final : public CoordinatorLink, public StepLink, public RendezvousClient {
  public:
-  explicit GrpcCoordinatorLink(const std::string& address);
+  GrpcCoordinatorLink(const std::string& address, const ChannelSecurity& security);
 
   absl::StatusOr<absl::Duration> Register(const WorkerRegistration& reg) override;
   absl::Status Heartbeat(const TaskKey& task, uint64_t incarnation) override;

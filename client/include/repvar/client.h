@@ -50,6 +50,19 @@ constexpr std::optional<DType> DTypeOf() {
 struct ClientOptions {
   // host:port; empty: $REPVAR_COORDINATOR_ADDRESS.
   std::string coordinator_address;
+  // Security (docs/operations.md, "Security"). Each empty field takes its
+  // environment variable; all empty: plaintext without a token (a cluster on
+  // loopback without token files).
+  //   tls_ca_file    $REPVAR_TLS_CA: the PEM CA that signed the cluster's
+  //                  certificates; set, every call is TLS
+  //   tls_cert_file  $REPVAR_TLS_CERT, tls_key_file $REPVAR_TLS_KEY: an
+  //                  optional client certificate and its key
+  //   token_file     $REPVAR_TOKEN_FILE: the first line is the bearer token
+  //                  (trainer or admin) sent on every call
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string token_file;
   // Per attempt, for calls that move little data; bulk calls add time per byte.
   absl::Duration deadline = absl::Seconds(30);
   int max_attempts = 5;
@@ -140,7 +153,6 @@ struct TaskInfo {
   std::string job;
   int32_t task = 0;
   std::string address;
-  uint64_t incarnation = 0;
   std::vector<std::string> devices;
 };
 struct AcceleratorInfo {
@@ -253,7 +265,8 @@ struct RestoreResult {
 class Client {
  public:
   // Connects lazily; fails only on bad options. Errors: INVALID_ARGUMENT
-  // (no address given and $REPVAR_COORDINATOR_ADDRESS unset).
+  // (no address given and $REPVAR_COORDINATOR_ADDRESS unset; a security
+  // file that cannot be read or holds nothing usable).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
   ~Client();
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/base/random.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
 #include "worker/core/step_resolver.h"
@@ -84,7 +85,7 @@ class LocalStepsTest : public ::testing::Test {
     for (auto [task, incarnation] : {std::pair<int32_t, uint64_t>{0, kInc}, {1, 8}}) {
       StepParticipant p;
       p.task = TaskKey{"tpu_worker", task};
-      p.incarnation = incarnation;
+      p.incarnation_digest = IncarnationDigest(incarnation);  // what the wire carries
       info.participants.push_back(p);
     }
     StepVariable w;

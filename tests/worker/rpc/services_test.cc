@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "common/base/random.h"
 #include "common/base/status_util.h"
 #include "common/rpc/grpc_status.h"
 #include "common/tensor/tensor.h"
@@ -50,7 +51,7 @@ class OneStepLink final : public StepLink {
     info.layout_id = 5;
     StepParticipant me;
     me.task = TaskKey{"tpu_worker", 0};
-    me.incarnation = kInc;
+    me.incarnation_digest = IncarnationDigest(kInc);  // what the wire carries
     info.participants.push_back(me);
     StepVariable v;
     v.id = 1;

@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "common/rpc/metrics_server.h"
+
+#include <httplib.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/daemon.h"
+#include "common/base/metrics.h"
+#include "spdlog/spdlog.h"
+
+namespace repvar {
+namespace {
+
+class RpcMetrics : public grpc::experimental::Interceptor {
+ public:
+  explicit RpcMetrics(std::string method) : method_(std::move(method)), start_(absl::Now()) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using Hook = grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(Hook::PRE_SEND_STATUS)) {
+      const grpc::Status status = methods->GetSendStatus();
+      Metrics& m = Metrics::Global();
+      m.GetCounter("repvar_rpc_requests_total", "gRPC calls served, by method and status code",
+                   {{"method", method_}, {"code", CodeName(status.error_code())}})
+          .Add();
+      m.GetHistogram("repvar_rpc_duration_seconds", "gRPC call latency, by method",
+                     {{"method", method_}})
+          .Observe(absl::Now() - start_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  static std::string CodeName(grpc::StatusCode code) {
+    static const char* const kNames[] = {"OK",
+                                         "CANCELLED",
+                                         "UNKNOWN",
+                                         "INVALID_ARGUMENT",
+                                         "DEADLINE_EXCEEDED",
+                                         "NOT_FOUND",
+                                         "ALREADY_EXISTS",
+                                         "PERMISSION_DENIED",
+                                         "RESOURCE_EXHAUSTED",
+                                         "FAILED_PRECONDITION",
+                                         "ABORTED",
+                                         "OUT_OF_RANGE",
+                                         "UNIMPLEMENTED",
+                                         "INTERNAL",
+                                         "UNAVAILABLE",
+                                         "DATA_LOSS",
+                                         "UNAUTHENTICATED"};
+    const int i = static_cast<int>(code);
+    return i >= 0 && i < 17 ? kNames[i] : absl::StrCat(i);
+  }
+
+  const std::string method_;
+  const absl::Time start_;
+};
+
+}  // namespace
+
+grpc::experimental::Interceptor* RpcMetricsFactory::CreateServerInterceptor(
+    grpc::experimental::ServerRpcInfo* info) {
+  return new RpcMetrics(info->method());
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
+                                                                    std::function<bool()> ready) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    return absl::InvalidArgumentError(absl::StrCat("not host:port: ", address));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
+  server->http_ = std::make_unique<httplib::Server>();
+  server->http_->Get("/metrics", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Metrics::Global().Render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server->http_->Get("/healthz", [ready](const httplib::Request&, httplib::Response& res) {
+    const bool ok = ready();
+    res.status = ok ? 200 : 503;
+    res.set_content(ok ? "SERVING\n" : "NOT_SERVING\n", "text/plain");
+  });
+  server->port_ = port == 0 ? server->http_->bind_to_any_port(host)
+                            : (server->http_->bind_to_port(host, port) ? port : -1);
+  if (server->port_ <= 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address));
+  }
+  server->thread_ = std::thread([http = server->http_.get()] { http->listen_after_bind(); });
+  return server;
+}
+
+MetricsServer::~MetricsServer() {
+  http_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartDaemonMetrics(std::function<bool()> ready) {
+  const MetricsFlags flags = GetMetricsFlags();
+  if (flags.address.empty()) return std::unique_ptr<MetricsServer>();
+  auto server = MetricsServer::Start(flags.address, std::move(ready));
+  if (!server.ok()) return server.status();
+  spdlog::info("metrics on http://{}:{}/metrics", flags.address.substr(0, flags.address.rfind(':')),
+               (*server)->port());
+  if (!flags.port_file.empty()) {
+    if (absl::Status s = WritePortFile(flags.port_file, (*server)->port()); !s.ok()) return s;
+  }
+  return server;
+}
+
+}  // namespace repvar

@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+// What a daemon shows operators over HTTP (cpp-httplib): /metrics, the
+// process's Metrics in the Prometheus text format, and /healthz, 200 while
+// the daemon is ready and 503 otherwise (for probes that cannot speak gRPC
+// health over TLS). And the gRPC interceptor that counts every call.
+#ifndef REPVAR_COMMON_RPC_METRICS_SERVER_H_
+#define REPVAR_COMMON_RPC_METRICS_SERVER_H_
+
+#include <grpcpp/support/server_interceptor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace repvar {
+
+// Counts each call by method and status code (repvar_rpc_requests_total)
+// and times it by method (repvar_rpc_duration_seconds), from the first
+// metadata to the status sent. Refusals by the access policy count too.
+class RpcMetricsFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override;
+};
+
+class MetricsServer {
+ public:
+  // Serves on `address` ("127.0.0.1:0" picks a port); `ready` answers
+  // /healthz. Errors: UNAVAILABLE (cannot listen), INVALID_ARGUMENT (bad
+  // address).
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
+                                                              std::function<bool()> ready);
+  ~MetricsServer();  // stops serving
+  int port() const { return port_; }
+
+ private:
+  MetricsServer() = default;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+// What both daemons do with --metrics_address and --metrics_port_file: no
+// server when the address is empty (the default), else one started, its
+// port logged and written to the port file. Errors as Start, and the port
+// file's.
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartDaemonMetrics(std::function<bool()> ready);
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_RPC_METRICS_SERVER_H_

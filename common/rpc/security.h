@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: Apache-2.0
+// Who may call what (contract X1): TLS on the listeners, bearer tokens per
+// role checked for every method in one place (AccessPolicy, run by the
+// server's AuthMetadataProcessor before any handler), a worker's identity
+// from its certificate.
+//
+//   role         proves itself with                        may call
+//   worker       worker token, and with TLS a certificate  CoordinatorWorkers, as
+//                whose CN is "/job:J/task:T"               its own task only
+//   coordinator  worker token (the cluster's shared        WorkerReplicas
+//                secret), with TLS a certificate whose
+//                CN is "coordinator"
+//   trainer      trainer token (a client certificate is    CoordinatorTrainers,
+//                optional)                                 WorkerSteps
+//   admin        admin token                               what a trainer may, and
+//                                                          CoordinatorAdmin
+//   anyone                                                 grpc.health.v1.Health
+//   any role                                               server reflection
+//
+// A listener is in one of three modes:
+//   TLS          --tls_cert, --tls_key and --tls_ca: clients verify the
+//                server; workers and the coordinator present certificates
+//                signed by the same CA (mutual TLS). Worker and trainer
+//                token files are required; without an admin file nobody is
+//                admin.
+//   local        plaintext on a loopback address: with token files, each
+//                role needs its token (a role without a file admits nobody)
+//                and a worker is who it says it is (no certificates say
+//                otherwise); with none, nothing is checked (a development
+//                cluster).
+//   insecure     plaintext on any address, only with --insecure (warned at
+//                startup): nothing is checked.
+#ifndef REPVAR_COMMON_RPC_SECURITY_H_
+#define REPVAR_COMMON_RPC_SECURITY_H_
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/auth_metadata_processor.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/base/daemon.h"
+#include "common/model/task.h"
+
+namespace repvar {
+
+enum class Role : uint8_t { kWorker, kCoordinator, kTrainer, kAdmin };
+absl::string_view RoleName(Role role);
+
+// A worker's name in its certificate's CN: "/job:worker/task:3".
+std::string TaskCertificateName(const TaskKey& task);
+// The coordinator's CN.
+inline constexpr absl::string_view kCoordinatorCertificateName = "coordinator";
+
+// The tokens a role accepts, read from a file: one per line, blank lines and
+// lines starting with '#' skipped, surrounding spaces trimmed; the first is
+// the one a daemon sends (a file may list a new token before the old one
+// while both are accepted). Only SHA-256 digests are kept and compared, in
+// constant time.
+class TokenSet {
+ public:
+  // Errors: NOT_FOUND/PERMISSION_DENIED (cannot read), INVALID_ARGUMENT (no
+  // token, or one shorter than 16 characters). A file others may read is
+  // accepted with a warning.
+  static absl::StatusOr<TokenSet> Load(const std::string& path);
+  static TokenSet Of(const std::vector<std::string>& tokens);  // tests
+
+  bool Contains(absl::string_view token) const;
+  const std::string& first() const { return first_; }
+
+ private:
+  std::vector<std::array<unsigned char, 32>> digests_;
+  std::string first_;
+};
+
+// What a call presents.
+struct CallerCredentials {
+  absl::string_view method;                // ":path", "/repvar.v1.CoordinatorWorkers/Heartbeat"
+  std::optional<absl::string_view> token;  // from "authorization: Bearer <token>"
+  std::optional<absl::string_view> certificate;  // CN of a verified client certificate
+};
+// Who a call was admitted as.
+struct Admission {
+  Role role = Role::kTrainer;
+  // Worker calls: the task the caller may act as, "*" when any (no TLS).
+  std::string task;
+};
+
+// The table above, for one listener. Immutable; thread-safe.
+class AccessPolicy {
+ public:
+  struct Tokens {
+    std::optional<TokenSet> worker;  // also the coordinator's
+    std::optional<TokenSet> trainer;
+    std::optional<TokenSet> admin;
+  };
+  AccessPolicy(bool tls, Tokens tokens) : tls_(tls), tokens_(std::move(tokens)) {}
+
+  // Errors: UNAUTHENTICATED (no or unknown token, no certificate where one
+  // is needed), PERMISSION_DENIED (a valid token or certificate of a role
+  // that may not call `method`, or an unknown service).
+  absl::StatusOr<Admission> Authorize(const CallerCredentials& caller) const;
+
+ private:
+  // Whether `token` proves `role` (or no token is needed for it here).
+  bool Proves(Role role, const std::optional<absl::string_view>& token) const;
+  bool open() const { return !tls_ && !tokens_.worker && !tokens_.trainer && !tokens_.admin; }
+
+  const bool tls_;
+  const Tokens tokens_;
+};
+
+// For a call admitted as a worker: OK when the caller may act as `task` (its
+// certificate names it, or the listener has no certificates to check).
+// PERMISSION_DENIED otherwise, naming both tasks.
+grpc::Status CheckCallerIsTask(const grpc::ServerContextBase& ctx, const TaskKey& task);
+
+// A daemon's credentials, as its flags give them.
+struct ServerSecurity {
+  std::string address;                                // the listen address
+  std::string tls_cert_pem, tls_key_pem, tls_ca_pem;  // all empty: plaintext
+  bool insecure = false;
+  std::shared_ptr<const AccessPolicy> policy;
+  bool tls() const { return !tls_cert_pem.empty(); }
+};
+// How a process calls the others.
+struct ChannelSecurity {
+  std::string tls_ca_pem;                 // empty: plaintext
+  std::string tls_cert_pem, tls_key_pem;  // optional client certificate
+  std::string token;                      // sent as "authorization: Bearer <token>"; empty: none
+};
+
+// The listener's credentials, with the policy's processor attached
+// (nothing for insecure).
+std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const ServerSecurity& security);
+// Messages stay below 32 MiB by design (chunks are at most 4 MiB); the limit
+// leaves headroom for batched calls.
+inline constexpr int kMaxMessageBytes = 64 << 20;
+grpc::ChannelArguments DefaultChannelArguments();
+
+// Opens a client channel the same way everywhere (coordinator, workers,
+// client library): messages up to kMaxMessageBytes; TLS when `security` has
+// a CA; its token on every call. Plaintext with a token goes only to
+// loopback addresses (local credentials); elsewhere no token is sent.
+std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
+                                           const ChannelSecurity& security);
+
+// Both, for a daemon, from the shared flags and the file of the worker token
+// (the coordinator's --worker_token_file, a worker's --token_file), which
+// the daemon also sends on its own calls. Checks that the flags make a mode
+// of the table above, and that the daemon's certificate names it
+// (`certificate_name`: "coordinator", a worker's TaskCertificateName).
+// Errors: INVALID_ARGUMENT (a TLS flag without the others, unreadable or bad
+// files, a certificate of another name), FAILED_PRECONDITION (plaintext on a
+// non-loopback address without --insecure; TLS without the token files).
+struct DaemonSecurity {
+  ServerSecurity server;
+  ChannelSecurity channel;
+};
+absl::StatusOr<DaemonSecurity> LoadDaemonSecurity(const SecurityFlags& flags,
+                                                  absl::string_view certificate_name,
+                                                  const std::string& worker_token_flag,
+                                                  const std::string& worker_token_file,
+                                                  const std::string& listen_address);
+
+// The CN of a PEM certificate. Errors: INVALID_ARGUMENT (not a certificate).
+absl::StatusOr<std::string> CertificateCommonName(const std::string& pem);
+
+// A client's channel security from file paths (any may be empty). Errors:
+// INVALID_ARGUMENT naming the file that cannot be read or is empty.
+absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const std::string& tls_ca_file,
+                                                    const std::string& tls_cert_file,
+                                                    const std::string& tls_key_file,
+                                                    const std::string& token_file);
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_RPC_SECURITY_H_

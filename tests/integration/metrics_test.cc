@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: Apache-2.0
+// /metrics and /healthz of both daemons, scraped over HTTP from a cluster
+// serving TLS with tokens: the exposition format parses line by line, and
+// the numbers follow what the cluster did.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <map>
+#include <optional>
+#include <regex>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "repvar/client.h"
+#include "tests/testing/started_cluster.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar {
+namespace {
+
+using ::repvar::testing::Scaled;
+using ::repvar::testing::StatusIs;
+
+// One scrape: every sample by its series ("name{labels}"), after checking
+// each line against the text format (version 0.0.4): "# HELP name text",
+// "# TYPE name counter|gauge|histogram", samples of a family after its TYPE,
+// histogram buckets cumulative with "+Inf" equal to _count.
+struct Scrape {
+  std::map<std::string, double> samples;
+  std::vector<std::string> errors;
+
+  static Scrape Parse(const std::string& text) {
+    static const std::regex kHelp(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .*)");
+    static const std::regex kType(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram))");
+    static const std::regex kSample(
+        R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? (\S+))");
+    Scrape s;
+    std::string family, type;
+    double last_bucket = -1;
+    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+      const std::string l(line);
+      std::smatch m;
+      if (std::regex_match(l, m, kHelp)) continue;
+      if (std::regex_match(l, m, kType)) {
+        family = m[1];
+        type = m[2];
+        continue;
+      }
+      if (!std::regex_match(l, m, kSample)) {
+        s.errors.push_back("not a sample: " + l);
+        continue;
+      }
+      const std::string name = m[1];
+      double value = 0;
+      const std::string v = m[m.size() - 1];
+      if (!absl::SimpleAtod(v, &value) && v != "+Inf" && v != "NaN") {
+        s.errors.push_back("bad value: " + l);
+      }
+      const bool of_family =
+          name == family ||
+          (type == "histogram" &&
+           (name == family + "_bucket" || name == family + "_sum" || name == family + "_count"));
+      if (!of_family) s.errors.push_back("sample outside its family's TYPE: " + l);
+      if (name == family + "_bucket") {
+        if (value < last_bucket) s.errors.push_back("buckets not cumulative: " + l);
+        last_bucket = absl::StrContains(l, "le=\"+Inf\"") ? -1 : value;
+      }
+      s.samples[l.substr(0, l.rfind(' '))] = value;
+    }
+    return s;
+  }
+  double Get(const std::string& series) const {
+    auto it = samples.find(series);
+    return it == samples.end() ? -1 : it->second;
+  }
+};
+
+class MetricsTest : public testing::StartedCluster {
+ protected:
+  MetricsTest()
+      : StartedCluster([] {
+          testing::ClusterOptions o;
+          o.tpu_workers = 2;
+          o.tpu_per_worker = 1;
+          o.cpu_host = false;
+          o.tls = true;
+          o.metrics = true;
+          return o;
+        }()) {}
+
+  // GET `path` from `daemon`'s metrics server: (status, body).
+  std::pair<int, std::string> Get(const std::string& daemon, const std::string& path) {
+    int port = 0;
+    for (absl::Time until = absl::Now() + Scaled(absl::Seconds(10));
+         (port = cluster_.metrics_port(daemon)) == 0 && absl::Now() < until;) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    httplib::Client http("127.0.0.1", port);
+    auto res = http.Get(path.c_str());
+    if (!res) return {0, ""};
+    return {res->status, res->body};
+  }
+  Scrape ScrapeOf(const std::string& daemon) {
+    auto [status, body] = Get(daemon, "/metrics");
+    EXPECT_EQ(status, 200);
+    Scrape s = Scrape::Parse(body);
+    EXPECT_TRUE(s.errors.empty()) << ::testing::PrintToString(s.errors);
+    return s;
+  }
+};
+
+TEST_F(MetricsTest, Coordinator_CountsCallsByMethodAndCode_GaugesFollowTheState) {
+  const std::string create = R"(method="/repvar.v1.CoordinatorTrainers/CreateVariables")";
+  const Scrape before = ScrapeOf("coordinator");
+  VariableSpec s{.name = "w", .dtype = DType::kFloat32, .shape = {4}};
+  s.replica_count = 2;
+  s.initializer = InitializerSpec::Zeros();
+  ASSERT_OK(client_->CreateVariable(s));
+  ASSERT_OK(client_->Initialize({"w"}));
+  // A refused call is counted where it is refused.
+  auto anonymous = Client::Connect(ClientOptionsFor(""));
+  ASSERT_OK(anonymous);
+  s.name = "x";
+  EXPECT_THAT((*anonymous)->CreateVariable(s), StatusIs(absl::StatusCode::kUnauthenticated));
+
+  const Scrape after = ScrapeOf("coordinator");
+  EXPECT_EQ(
+      after.Get("repvar_rpc_requests_total{" + create + R"(,code="OK"})"),
+      std::max(0.0, before.Get("repvar_rpc_requests_total{" + create + R"(,code="OK"})")) + 1);
+  EXPECT_GE(after.Get("repvar_rpc_duration_seconds_count{" + create + "}"), 1);
+  EXPECT_EQ(after.Get("repvar_rpc_duration_seconds_bucket{" + create + R"(,le="+Inf"})"),
+            after.Get("repvar_rpc_duration_seconds_count{" + create + "}"));
+  EXPECT_GE(
+      after.Get(
+          R"(repvar_auth_refused_total{service="repvar.v1.CoordinatorTrainers",code="UNAUTHENTICATED"})"),
+      1);
+  EXPECT_EQ(after.Get(R"(repvar_workers{state="live"})"), 2);
+  EXPECT_EQ(after.Get(R"(repvar_variables{needs_resync="false"})"), 1);
+  EXPECT_EQ(after.Get(R"(repvar_replicas{state="UP_TO_DATE"})"), 2);
+  // Initializing wrote the state log: its syncs are timed.
+  EXPECT_GE(after.Get("repvar_state_log_sync_seconds_count"), 1);
+  EXPECT_EQ(after.Get("repvar_open_step_age_seconds"), 0);
+}
+
+TEST_F(MetricsTest, Workers_HeldBytesAndCalls_HealthzWhenReady) {
+  VariableSpec s{.name = "w", .dtype = DType::kFloat32, .shape = {1024}};
+  s.replica_count = 2;
+  s.initializer = InitializerSpec::Ones();
+  ASSERT_OK(client_->CreateVariable(s));
+  ASSERT_OK(client_->Initialize({"w"}));
+  const Scrape w = ScrapeOf("tpu_worker-0");
+  EXPECT_EQ(w.Get("repvar_worker_replicas_bytes"), 4096);
+  bool counted = false;
+  for (const auto& [series, value] : w.samples) {
+    counted |=
+        absl::StartsWith(series, "repvar_rpc_requests_total{method=\"/repvar.v1.WorkerReplicas/") &&
+        value >= 1;
+  }
+  EXPECT_TRUE(counted);
+  EXPECT_EQ(Get("tpu_worker-0", "/healthz").first, 200);
+  EXPECT_EQ(Get("coordinator", "/healthz").first, 200);
+  EXPECT_EQ(Get("coordinator", "/nothing").first, 404);
+}
+
+TEST(ScrapeParser, RejectsWhatIsNotTheFormat) {
+  EXPECT_TRUE(Scrape::Parse("# HELP a x\n# TYPE a counter\na{b=\"c\"} 1\n").errors.empty());
+  EXPECT_FALSE(Scrape::Parse("# TYPE a counter\nb 1\n").errors.empty());       // outside its family
+  EXPECT_FALSE(Scrape::Parse("# TYPE a counter\na{b=c} 1\n").errors.empty());  // unquoted
+  EXPECT_FALSE(Scrape::Parse("# TYPE a counter\na one\n").errors.empty());
+  EXPECT_FALSE(Scrape::Parse("# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"2\"} 1\n")
+                   .errors.empty());
+}
+
+}  // namespace
+}  // namespace repvar
