@@ -226,12 +226,21 @@ int main(int argc, char** argv) {
                absl::FormatDuration(options.membership.heartbeat_timeout));
 
   absl::Notification stop;
+  std::atomic<int64_t> last_tick_ms{absl::ToUnixMillis(absl::Now())};
   std::thread ticker([&] {
     // Often enough for heartbeats and step barrier timeouts alike.
     absl::Duration period =
         std::min(options.membership.heartbeat_timeout / 10, absl::Milliseconds(100));
-    while (!stop.WaitForNotificationWithTimeout(period)) core.Tick(absl::Now());
+    while (!stop.WaitForNotificationWithTimeout(period)) {
+      core.Tick(absl::Now());
+      last_tick_ms = absl::ToUnixMillis(absl::Now());
+    }
   });
+  // systemd: ready now; the watchdog is fed while the ticker turns (it takes
+  // the registry's locks, so a deadlock or a stuck disk stops it).
+  repvar::NotifyReady(absl::StrCat("serving on port ", port));
+  repvar::Watchdog watchdog(
+      [&] { return absl::Now() - absl::FromUnixMillis(last_tick_ms) < absl::Seconds(10); });
   // Repairs stale replicas on live workers; apart from the ticker because it
   // moves bytes. Buffers released by writes and not reused for a while go
   // back to the system: the values themselves live on disk.
@@ -244,6 +253,7 @@ int main(int argc, char** argv) {
 
   int sig = repvar::WaitForShutdownSignal();
   spdlog::info("signal {}: shutting down", sig);
+  repvar::NotifyStopping();
   checkpointer.reset();  // a checkpoint being written is finished first
   (*server)->GetHealthCheckService()->Shutdown();
   ready = false;

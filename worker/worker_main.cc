@@ -152,12 +152,14 @@ int main(int argc, char** argv) {
   repvar::worker::WorkerAgent agent({job, task, address, incarnation, devices}, &link);
   absl::Notification stop;
   absl::Notification registered;
+  std::atomic<int64_t> last_turn_ms{absl::ToUnixMillis(absl::Now())};
   std::thread agent_thread([&] {
     bool serving = false;
     absl::Time next = absl::Now();
     while (
         !stop.WaitForNotificationWithTimeout(std::max(next - absl::Now(), absl::ZeroDuration()))) {
       next = agent.Tick(absl::Now());
+      last_turn_ms = absl::ToUnixMillis(absl::Now());
       if (agent.state() == repvar::worker::WorkerAgent::State::kFenced) {
         // A newer process of this task registered: this one must not serve.
         kill(getpid(), SIGTERM);
@@ -170,7 +172,11 @@ int main(int argc, char** argv) {
         ready = now;
         repvar::SetServing(**server, services, serving);
       }
-      if (now && !registered.HasBeenNotified()) registered.Notify();
+      if (now && !registered.HasBeenNotified()) {
+        registered.Notify();
+        // systemd: ready once registered the first time.
+        repvar::NotifyReady(absl::StrCat("registered as ", job, ":", task, " at ", address));
+      }
     }
   });
   spdlog::info("worker {}:{} serving on {} (incarnation {}, {} devices), coordinator {}", job, task,
@@ -180,8 +186,13 @@ int main(int argc, char** argv) {
     if (!s.ok()) spdlog::error("{}", s.ToString());
   }
 
+  // systemd: the watchdog is fed while the agent's loop turns (heartbeats).
+  repvar::Watchdog watchdog(
+      [&] { return absl::Now() - absl::FromUnixMillis(last_turn_ms) < absl::Seconds(30); });
+
   int sig = repvar::WaitForShutdownSignal();
   spdlog::info("signal {}: shutting down", sig);
+  repvar::NotifyStopping();
   stop.Notify();
   agent_thread.join();
   ready = false;

@@ -6,12 +6,14 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "absl/debugging/failure_signal_handler.h"
@@ -24,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/base/logging.h"
 #include "common/base/version.h"
@@ -165,6 +168,40 @@ absl::Status StartDaemon(const std::string& name) {
   std::sort(given.begin(), given.end());
   spdlog::debug("flags not at their defaults: {}", absl::StrJoin(given, " "));
   return absl::OkStatus();
+}
+
+void NotifyReady(const std::string& status) {
+  sd_notifyf(0, "READY=1\nSTATUS=%s\nMAINPID=%d", status.c_str(), static_cast<int>(getpid()));
+}
+
+void NotifyStopping() { sd_notify(0, "STOPPING=1\nSTATUS=shutting down"); }
+
+struct Watchdog::State {
+  absl::Notification stop;
+  std::thread thread;
+};
+
+Watchdog::Watchdog(std::function<bool()> alive) {
+  uint64_t usec = 0;
+  if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0) return;
+  state_ = std::make_unique<State>();
+  const absl::Duration period = absl::Microseconds(static_cast<int64_t>(usec)) / 2;
+  spdlog::info("systemd watchdog: pinging every {}", absl::FormatDuration(period));
+  state_->thread = std::thread([s = state_.get(), period, alive = std::move(alive)] {
+    while (!s->stop.WaitForNotificationWithTimeout(period)) {
+      if (alive()) {
+        sd_notify(0, "WATCHDOG=1");
+      } else {
+        spdlog::error("the daemon's loop is stuck: no watchdog ping");
+      }
+    }
+  });
+}
+
+Watchdog::~Watchdog() {
+  if (state_ == nullptr) return;
+  state_->stop.Notify();
+  state_->thread.join();
 }
 
 absl::Status WritePortFile(const std::string& path, int port) {

@@ -3,6 +3,8 @@
 #ifndef REPVAR_COMMON_BASE_DAEMON_H_
 #define REPVAR_COMMON_BASE_DAEMON_H_
 
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -54,6 +56,28 @@ absl::Duration ShutdownGrace();
 // INFO, the flags not at their defaults at DEBUG). Errors: INVALID_ARGUMENT
 // naming the logging flag (the daemon exits 2).
 absl::Status StartDaemon(const std::string& logger);
+
+// systemd (Type=notify): READY=1 once the daemon serves, STOPPING=1 when
+// it starts to shut down, with a STATUS line each. No-ops when systemd did
+// not start the process ($NOTIFY_SOCKET unset).
+void NotifyReady(const std::string& status);
+void NotifyStopping();
+
+// With WatchdogSec= (sd_watchdog_enabled), pings systemd every half period
+// while `alive()` says the daemon's own loop still turns; a daemon that
+// stops pinging is killed and restarted by systemd. Stops with the
+// returned object. Without a watchdog: does nothing.
+class Watchdog {
+ public:
+  explicit Watchdog(std::function<bool()> alive);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // Writes "<port>\n" to `path` through a temporary file, fsync and rename, so a
 // reader never sees a partial file.

@@ -1,5 +1,4 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "common/base/metrics.h"
 #include "common/rpc/security.h"
 
 #include <openssl/crypto.h>
@@ -16,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/base/metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace repvar {
