@@ -4,17 +4,23 @@
 # a coordinator, 3 TPU hosts (/job:tpu_worker, 2 virtual TPUs each) and one
 # host without accelerators (/job:worker), so the infeed-host discovery shows.
 # Does its own set-up (packages, Release build shared with tests/run.sh).
-#   deploy/local-cluster.sh          run the workload, then stay up until Ctrl-C
-#   deploy/local-cluster.sh --once   run the workload and exit with its status
+# Every daemon serves TLS with per-role tokens, from a CA and certificates
+# made for this run (deploy/make-certs.sh, into $REPVAR_DATA_DIR/certs); the
+# workload connects as a trainer (REPVAR_TLS_CA, REPVAR_TOKEN_FILE).
+#   deploy/local-cluster.sh             run the workload, then stay up until Ctrl-C
+#   deploy/local-cluster.sh --once      run the workload and exit with its status
+#   deploy/local-cluster.sh --plaintext the same without TLS or tokens
 # Data and logs go to $REPVAR_DATA_DIR (default ./local-cluster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 once=0
+tls=1
 for arg in "$@"; do
   case "$arg" in
     --once) once=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --plaintext) tls=0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -33,6 +39,19 @@ rm -f "$data"/*.port
 # kept from that run would rightly report those variables with no
 # up-to-date replica.
 rm -rf "$data/coordinator-data"
+# secure NAME TOKEN_FLAG: the TLS and token flags of the daemon whose
+# certificate is certs/NAME.pem.
+secure() { :; }
+if [ $tls -eq 1 ]; then
+  rm -rf "$data/certs"
+  deploy/make-certs.sh "$data/certs" --workers tpu_worker:0,tpu_worker:1,tpu_worker:2,worker:0
+  c=$data/certs
+  secure() {
+    echo "--tls_cert=$c/$1.pem --tls_key=$c/$1.key --tls_ca=$c/ca.pem --$2=$c/worker.token" \
+      "--trainer_token_file=$c/trainer.token --admin_token_file=$c/admin.token"
+  }
+  export REPVAR_TLS_CA=$c/ca.pem REPVAR_TOKEN_FILE=$c/trainer.token
+fi
 pids=()
 stop_all() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -56,18 +75,19 @@ wait_port() {  # file -> prints the port once the daemon has written it
 "$build/server/repvar-coordinator" --exit_with_parent --listen_address=127.0.0.1:0 \
   --port_file="$data/coordinator.port" \
   --expected_tasks=tpu_worker:3,worker:1 --heartbeat_timeout=5s --data_dir="$data/coordinator-data" \
-  2>"$data/coordinator.log" &
+  $(secure coordinator worker_token_file) 2>"$data/coordinator.log" &
 pids+=($!)
 port=$(wait_port "$data/coordinator.port")
 export REPVAR_COORDINATOR_ADDRESS=127.0.0.1:$port
-echo "coordinator on $REPVAR_COORDINATOR_ADDRESS (logs in $data)"
+echo "coordinator on $REPVAR_COORDINATOR_ADDRESS (logs in $data)$([ $tls -eq 1 ] && echo ", TLS and tokens (certs in $data/certs)")"
 for t in 0 1 2; do
   "$build/worker/repvar-worker" --exit_with_parent --job=tpu_worker --task=$t --tpu_devices=2 \
-    --port_file="$data/tpu_worker-$t.port" 2>"$data/tpu_worker-$t.log" &
+    --port_file="$data/tpu_worker-$t.port" $(secure tpu_worker-$t token_file) \
+    2>"$data/tpu_worker-$t.log" &
   pids+=($!)
 done
 "$build/worker/repvar-worker" --exit_with_parent --job=worker --task=0 --tpu_devices=0 \
-  --port_file="$data/worker-0.port" 2>"$data/worker-0.log" &
+  --port_file="$data/worker-0.port" $(secure worker-0 token_file) 2>"$data/worker-0.log" &
 pids+=($!)
 
 rc=0
@@ -93,6 +113,9 @@ if [ $once -eq 1 ]; then
 fi
 echo
 echo "cluster is up: export REPVAR_COORDINATOR_ADDRESS=$REPVAR_COORDINATOR_ADDRESS"
+if [ $tls -eq 1 ]; then
+  echo "  export REPVAR_TLS_CA=$REPVAR_TLS_CA REPVAR_TOKEN_FILE=$data/certs/admin.token"
+fi
 echo "try: $build/client/repvarctl topology | vars | read NAME | assign NAME --value=..."
 echo "Ctrl-C stops every process this script started."
 wait
