@@ -250,6 +250,18 @@ absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
   return out;
 }
 
+absl::StatusOr<Client::DrainState> Client::Drain(bool resume) {
+  v1::DrainRequest req;
+  req.set_resume(resume);
+  v1::DrainResponse resp;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    grpc::ClientContext ctx;
+    impl_->SetDeadline(&ctx);
+    return FromGrpcStatus(impl_->admin()->Drain(&ctx, req, &resp));
+  }));
+  return DrainState{resp.draining(), resp.open_step()};
+}
+
 absl::StatusOr<std::vector<InitializeResult>> Client::Initialize(
     const std::vector<std::string>& names) {
   v1::InitializeVariablesRequest req;

@@ -346,7 +346,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "repvarctl [--coordinator=H:P] [--json] topology | vars [COLLECTION] | read NAME | "
       "assign|assign_add|assign_sub NAME --value=v1,v2,... | steps | watch [--watch_for=D] | "
-      "status | delete NAME | save FILE | restore FILE [--replicas=N]");
+      "status | delete NAME | save FILE | restore FILE [--replicas=N] | drain | resume. "
+      "Security from $REPVAR_TLS_CA, $REPVAR_TLS_CERT, $REPVAR_TLS_KEY, $REPVAR_TOKEN_FILE");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
@@ -366,6 +367,16 @@ int main(int argc, char** argv) {
   if (cmd == "delete" && args.size() == 3) {
     absl::Status s = (*client)->DeleteVariable(args[2]);
     return s.ok() ? 0 : Fail(s);
+  }
+  if ((cmd == "drain" || cmd == "resume") && args.size() == 2) {
+    auto state = (*client)->Drain(cmd == "resume");
+    if (!state.ok()) return Fail(state.status());
+    std::printf("%s", state->draining ? "draining: new changes are refused" : "serving");
+    if (state->open_step != 0) {
+      std::printf("; step %lld is still open", static_cast<long long>(state->open_step));
+    }
+    std::printf("\n");
+    return 0;
   }
   if (cmd == "save" && args.size() == 3) return Save(**client, args[2], json);
   if (cmd == "restore" && args.size() == 3) return Restore(**client, args[2], json);

@@ -200,7 +200,18 @@ int main(int argc, char** argv) {
       &core, &step_infos,
       static_cast<uint64_t>(
           std::max<int64_t>(0, absl::GetFlag(FLAGS_max_inflight_bytes_per_connection))));
-  repvar::server::AdminService admin_service(&core);
+  // Drain: the server and the trainers' service say NOT_SERVING (so do
+  // /healthz and systemd's status); workers' and the admin's go on.
+  grpc::Server* served = nullptr;
+  std::atomic<bool> ready{false};
+  repvar::server::AdminService admin_service(&core, [&](bool draining) {
+    ready = !draining;
+    if (served == nullptr) return;
+    repvar::SetServing(*served,
+                       {{&trainers_service, repvar::v1::CoordinatorTrainers::service_full_name()}},
+                       !draining);
+    repvar::NotifyStatus(draining ? "draining" : "serving");
+  });
 
   int port = 0;
   const std::vector<repvar::ServedService> services = {
@@ -214,7 +225,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Ready: the state was recovered before the server started.
-  std::atomic<bool> ready{true};
+  served = server->get();
+  ready = true;
   repvar::SetServing(**server, services, true);
   repvar::server::RegisterCoordinatorGauges(&core);
   auto metrics = repvar::StartDaemonMetrics([&ready] { return ready.load(); });

@@ -174,6 +174,8 @@ void NotifyReady(const std::string& status) {
   sd_notifyf(0, "READY=1\nSTATUS=%s\nMAINPID=%d", status.c_str(), static_cast<int>(getpid()));
 }
 
+void NotifyStatus(const std::string& status) { sd_notifyf(0, "STATUS=%s", status.c_str()); }
+
 void NotifyStopping() { sd_notify(0, "STOPPING=1\nSTATUS=shutting down"); }
 
 struct Watchdog::State {

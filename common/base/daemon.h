@@ -62,6 +62,7 @@ absl::Status StartDaemon(const std::string& logger);
 // not start the process ($NOTIFY_SOCKET unset).
 void NotifyReady(const std::string& status);
 void NotifyStopping();
+void NotifyStatus(const std::string& status);
 
 // With WatchdogSec= (sd_watchdog_enabled), pings systemd every half period
 // while `alive()` says the daemon's own loop still turns; a daemon that

@@ -29,12 +29,12 @@ struct ServedService {
 };
 
 // grpc.health.v1 reports the whole server ("") and each of `services`
-// SERVING or NOT_SERVING. Thread-safe.
+// SERVING or NOT_SERVING; other services keep their status. Thread-safe.
 inline void SetServing(grpc::Server& server, const std::vector<ServedService>& services,
                        bool serving) {
   grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
   if (health == nullptr) return;
-  health->SetServingStatus(serving);
+  health->SetServingStatus("", serving);
   for (const ServedService& s : services) health->SetServingStatus(s.name, serving);
 }
 

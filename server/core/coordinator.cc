@@ -76,11 +76,13 @@ void Coordinator::Tick(absl::Time now) {
 }
 
 absl::StatusOr<WriteResult> Coordinator::Assign(const RequestKey& key, const Assignment& item) {
+  REPVAR_RETURN_IF_ERROR(RefuseIfDraining());
   REPVAR_ASSIGN_OR_RETURN(std::vector<WriteResult> r, replication_.Assign(key, {item}));
   return r.front();
 }
 
 absl::StatusOr<StepInfo> Coordinator::BeginStep(int64_t step, absl::Duration barrier_timeout) {
+  REPVAR_RETURN_IF_ERROR(RefuseIfDraining());
   REPVAR_ASSIGN_OR_RETURN(SharedStep s, steps_.BeginStep(step, barrier_timeout));
   return Copy(s);
 }

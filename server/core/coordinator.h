@@ -40,6 +40,7 @@
 #ifndef REPVAR_SERVER_CORE_COORDINATOR_H_
 #define REPVAR_SERVER_CORE_COORDINATOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -112,9 +113,18 @@ class Coordinator {
   // Replication::ResyncStale.
   void ResyncStale() { replication_.ResyncStale(); }
 
+  // ---- Draining (an operator's, before maintenance) ----
+  // While draining, new changes -- creating, deleting, initializing, writing,
+  // beginning a step -- are refused with UNAVAILABLE (clients retry until
+  // the coordinator serves again); reads, membership, and the open step's
+  // reports and resolution go on. SetDraining(false) resumes.
+  void SetDraining(bool draining) { draining_ = draining; }
+  bool draining() const { return draining_; }
+
   // ---- Variables (see Registry and Replication for the errors) ----
   absl::StatusOr<CreateResult> CreateVariables(const RequestKey& key,
                                                const std::vector<CreateItem>& items) {
+    REPVAR_RETURN_IF_ERROR(RefuseIfDraining());
     return registry_.CreateVariables(key, items);
   }
   absl::StatusOr<VariableView> GetVariable(absl::string_view name) const {
@@ -124,15 +134,18 @@ class Coordinator {
     return registry_.ListVariables(collection);
   }
   absl::Status DeleteVariable(const RequestKey& key, absl::string_view name) {
+    REPVAR_RETURN_IF_ERROR(RefuseIfDraining());
     return replication_.Delete(key, name);
   }
   absl::StatusOr<std::vector<InitializeResult>> Initialize(
       const RequestKey& key, const std::vector<InitializeItem>& items) {
+    REPVAR_RETURN_IF_ERROR(RefuseIfDraining());
     return replication_.Initialize(key, items);
   }
   absl::StatusOr<WriteResult> Assign(const RequestKey& key, const Assignment& item);
   absl::StatusOr<std::vector<WriteResult>> AssignBatch(const RequestKey& key,
                                                        const std::vector<Assignment>& items) {
+    REPVAR_RETURN_IF_ERROR(RefuseIfDraining());
     return replication_.Assign(key, items);
   }
   absl::StatusOr<ReadResult> Read(absl::string_view name) { return replication_.Read(name); }
@@ -178,6 +191,7 @@ class Coordinator {
   absl::StatusOr<StepInfo> BeginStep(int64_t step, absl::Duration barrier_timeout);
   absl::StatusOr<StepInfo> GetStep(uint64_t epoch) const;
   absl::StatusOr<SharedStep> BeginStepShared(int64_t step, absl::Duration barrier_timeout) {
+    REPVAR_RETURN_IF_ERROR(RefuseIfDraining());
     return steps_.BeginStep(step, barrier_timeout);
   }
   absl::StatusOr<SharedStep> GetStepShared(uint64_t epoch) const { return steps_.GetStep(epoch); }
@@ -206,6 +220,13 @@ class Coordinator {
   }
 
  private:
+  absl::Status RefuseIfDraining() const {
+    if (!draining_) return absl::OkStatus();
+    return absl::UnavailableError(
+        "the coordinator is draining for maintenance: no new changes until it resumes (retry)");
+  }
+
+  std::atomic<bool> draining_{false};
   Clock* const clock_;
   WorkerClient* const workers_;
   MemoryBudget budget_;

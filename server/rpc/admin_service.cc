@@ -10,6 +10,7 @@
 #include "common/rpc/chunks.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/to_proto.h"
+#include "spdlog/spdlog.h"
 
 namespace repvar::server {
 
@@ -29,6 +30,18 @@ grpc::Status AdminService::GetClusterStatus(grpc::ServerContext*,
     VariableViewToProto(v, resp->add_variables());
   }
   StepsStatusToProto(core_->GetSteps(), resp->mutable_steps());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Drain(grpc::ServerContext*, const v1::DrainRequest* req,
+                                 v1::DrainResponse* resp) {
+  core_->SetDraining(!req->resume());
+  if (on_drain_) on_drain_(core_->draining());
+  spdlog::warn("{}", core_->draining() ? "draining: new changes are refused until resumed"
+                                       : "resumed: serving changes again");
+  const StepsStatus steps = core_->GetSteps();
+  resp->set_draining(core_->draining());
+  resp->set_open_step(steps.open ? steps.open->step : 0);
   return grpc::Status::OK;
 }
 

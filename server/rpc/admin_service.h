@@ -2,6 +2,8 @@
 #ifndef REPVAR_SERVER_RPC_ADMIN_SERVICE_H_
 #define REPVAR_SERVER_RPC_ADMIN_SERVICE_H_
 
+#include <functional>
+
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "server/core/coordinator.h"
 
@@ -11,7 +13,10 @@ namespace repvar::server {
 // Thread-safe.
 class AdminService final : public v1::CoordinatorAdmin::Service {
  public:
-  explicit AdminService(Coordinator* core) : core_(core) {}
+  // `on_drain(draining)` runs after each Drain call (the daemon sets its
+  // health from it).
+  AdminService(Coordinator* core, std::function<void(bool)> on_drain)
+      : core_(core), on_drain_(std::move(on_drain)) {}
 
   grpc::Status DeleteVariable(grpc::ServerContext*, const v1::DeleteVariableRequest*,
                               v1::DeleteVariableResponse*) override;
@@ -19,9 +24,12 @@ class AdminService final : public v1::CoordinatorAdmin::Service {
                                 v1::ClusterStatus*) override;
   grpc::Status SaveCheckpoint(grpc::ServerContext* ctx, const v1::SaveCheckpointRequest* req,
                               grpc::ServerWriter<v1::SaveCheckpointResponse>* writer) override;
+  grpc::Status Drain(grpc::ServerContext*, const v1::DrainRequest* req,
+                     v1::DrainResponse* resp) override;
 
  private:
   Coordinator* const core_;
+  const std::function<void(bool)> on_drain_;
 };
 
 }  // namespace repvar::server

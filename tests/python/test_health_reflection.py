@@ -105,3 +105,30 @@ def test_worker_not_serving_until_registered(stubs, tmp_path):
             assert check(stubs, address, service) == "NOT_SERVING", service
     finally:
         worker.stop()
+
+
+def test_drain_not_serving_changes_refused_reads_go_on_resume(stubs, client, cluster):
+    import numpy as np
+    from repvar.v1 import coordinator_pb2 as cpb
+    client.create("drained/w", "float32", (2,), replica_count=2)
+    client.assign("drained/w", np.array([1, 2], dtype=np.float32))
+    drained = client.admin.Drain(cpb.DrainRequest(), timeout=10)
+    try:
+        assert drained.draining
+        assert check(stubs, cluster, "") == "NOT_SERVING"
+        assert check(stubs, cluster, "repvar.v1.CoordinatorTrainers") == "NOT_SERVING"
+        # Workers and the operator are still served.
+        assert check(stubs, cluster, "repvar.v1.CoordinatorWorkers") == "SERVING"
+        assert check(stubs, cluster, "repvar.v1.CoordinatorAdmin") == "SERVING"
+        with pytest.raises(grpc.RpcError) as refused:
+            client.assign("drained/w", np.array([3, 4], dtype=np.float32))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "draining" in refused.value.details()
+        back, version = client.read("drained/w")
+        assert version == 1 and back.tolist() == [1, 2]
+    finally:
+        resumed = client.admin.Drain(cpb.DrainRequest(resume=True), timeout=10)
+    assert not resumed.draining
+    assert check(stubs, cluster, "") == "SERVING"
+    assert check(stubs, cluster, "repvar.v1.CoordinatorTrainers") == "SERVING"
+    assert client.assign("drained/w", np.array([3, 4], dtype=np.float32)).version == 2

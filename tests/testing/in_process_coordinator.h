@@ -27,7 +27,7 @@ class InProcessCoordinator {
       : core_(options, &clock_, &workers_),
         workers_service_(&core_, &step_infos_),
         trainers_service_(&core_, &step_infos_),
-        admin_service_(&core_) {
+        admin_service_(&core_, nullptr) {
     grpc::ServerBuilder builder;
     if (listen) builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(&workers_service_);

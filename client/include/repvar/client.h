@@ -291,6 +291,15 @@ class Client {
   absl::Status DeleteVariable(const std::string& name);
   // An operator's call (the coordinator's admin service).
   absl::StatusOr<ClusterStatus> GetClusterStatus();
+  // An operator's call: before maintenance, the coordinator refuses new
+  // changes (create, delete, initialize, writes, new steps) with
+  // UNAVAILABLE, which clients retry, and reports NOT_SERVING; reads and
+  // the open step go on. `resume` undoes it.
+  struct DrainState {
+    bool draining = false;
+    int64_t open_step = 0;  // the step still open, 0 when none
+  };
+  absl::StatusOr<DrainState> Drain(bool resume = false);
 
   // Initialize-if-uninitialized, with the initializer given at create.
   absl::StatusOr<std::vector<InitializeResult>> Initialize(const std::vector<std::string>& names);

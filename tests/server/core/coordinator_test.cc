@@ -686,5 +686,26 @@ TEST_F(CoordinatorTest, Delete_RemovesVariableAndNotFoundAfter) {
   EXPECT_THAT(core_.DeleteVariable({}, "w"), StatusIs(absl::StatusCode::kNotFound));
 }
 
+TEST_F(CoordinatorTest, Drain_RefusesNewChanges_ReadsGoOn_ResumeServesAgain) {
+  Create(Def("w", 2));
+  ASSERT_OK(Assign("w", F32({1, 2, 3})));
+  core_.SetDraining(true);
+  EXPECT_THAT(Assign("w", F32({4, 5, 6})), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(core_.AssignBatch({}, {{"w", AssignOp::kAssign, F32({4, 5, 6})}}),
+              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(core_.CreateVariables({}, {{Def("x", 2), {}}}),
+              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(core_.DeleteVariable({}, "w"), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(core_.Initialize({}, {}), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(core_.BeginStep(1, absl::Seconds(5)), StatusIs(absl::StatusCode::kUnavailable));
+  // Nothing changed, and reads go on.
+  EXPECT_EQ(core_.Read("w")->version, 1);
+  EXPECT_EQ(Floats(*core_.Read("w")->value), (std::vector<float>{1, 2, 3}));
+  EXPECT_THAT(core_.GetVariable("x"), StatusIs(absl::StatusCode::kNotFound));
+  core_.SetDraining(false);
+  ASSERT_OK(Assign("w", F32({4, 5, 6})));
+  EXPECT_EQ(core_.Read("w")->version, 2);
+}
+
 }  // namespace
 }  // namespace repvar::server
