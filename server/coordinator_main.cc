@@ -263,7 +263,12 @@ int main(int argc, char** argv) {
     }
   });
 
-  int sig = repvar::WaitForShutdownSignal();
+  int sig = repvar::WaitForShutdownSignal([&] {
+    (void)repvar::ReloadDaemonTokens(repvar::GetSecurityFlags(),
+                                     absl::GetFlag(FLAGS_worker_token_file),
+                                     security->server.policy.get());
+  });
+
   spdlog::info("signal {}: shutting down", sig);
   repvar::NotifyStopping();
   checkpointer.reset();  // a checkpoint being written is finished first

@@ -190,7 +190,11 @@ int main(int argc, char** argv) {
   repvar::Watchdog watchdog(
       [&] { return absl::Now() - absl::FromUnixMillis(last_turn_ms) < absl::Seconds(30); });
 
-  int sig = repvar::WaitForShutdownSignal();
+  int sig = repvar::WaitForShutdownSignal([&] {
+    (void)repvar::ReloadDaemonTokens(repvar::GetSecurityFlags(), absl::GetFlag(FLAGS_token_file),
+                                     security->server.policy.get());
+  });
+
   spdlog::info("signal {}: shutting down", sig);
   repvar::NotifyStopping();
   stop.Notify();

@@ -84,14 +84,15 @@ class Watchdog {
 // reader never sees a partial file.
 absl::Status WritePortFile(const std::string& path, int port);
 
-// Blocks SIGINT and SIGTERM in the calling thread (call first in main, before
-// any thread starts, so every thread inherits the mask).
+// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (call first in
+// main, before any thread starts, so every thread inherits the mask).
 void BlockShutdownSignals();
 // On a crash (SIGSEGV, SIGBUS, SIGABRT — an uncaught exception too) the
 // process writes a stack trace to stderr (its log file) before it dies.
 void InstallCrashHandler();
-// Waits for SIGINT or SIGTERM; returns the signal number.
-int WaitForShutdownSignal();
+// Waits for SIGINT or SIGTERM; returns the signal number. Each SIGHUP on
+// the way calls `on_hangup` (when given: reload what can be reloaded).
+int WaitForShutdownSignal(const std::function<void()>& on_hangup = nullptr);
 
 }  // namespace repvar
 

@@ -69,8 +69,7 @@ const std::map<absl::string_view, Callers>& ServiceCallers() {
 // reaches one. Non-blocking: the check is a few hashes.
 class PolicyProcessor : public grpc::AuthMetadataProcessor {
  public:
-  explicit PolicyProcessor(std::shared_ptr<const AccessPolicy> policy)
-      : policy_(std::move(policy)) {}
+  explicit PolicyProcessor(std::shared_ptr<AccessPolicy> policy) : policy_(std::move(policy)) {}
 
   bool IsBlocking() const override { return false; }
 
@@ -111,7 +110,7 @@ class PolicyProcessor : public grpc::AuthMetadataProcessor {
   }
 
  private:
-  const std::shared_ptr<const AccessPolicy> policy_;
+  const std::shared_ptr<AccessPolicy> policy_;
 };
 
 // "authorization: Bearer <token>" on every call.
@@ -189,15 +188,28 @@ bool TokenSet::Contains(absl::string_view token) const {
   return found;
 }
 
-bool AccessPolicy::Proves(Role role, const std::optional<absl::string_view>& token) const {
+bool AccessPolicy::Proves(const Tokens& tokens, bool open, Role role,
+                          const std::optional<absl::string_view>& token) {
   const std::optional<TokenSet>& set = role == Role::kWorker || role == Role::kCoordinator
-                                           ? tokens_.worker
-                                       : role == Role::kTrainer ? tokens_.trainer
-                                                                : tokens_.admin;
+                                           ? tokens.worker
+                                       : role == Role::kTrainer ? tokens.trainer
+                                                                : tokens.admin;
   // A role with no file admits nobody, unless no role has one (a local
   // development cluster: nothing is checked).
-  if (!set.has_value()) return open();
+  if (!set.has_value()) return open;
   return token.has_value() && set->Contains(*token);
+}
+
+absl::Status AccessPolicy::ReplaceTokens(Tokens tokens) {
+  absl::MutexLock lock(&mu_);
+  if (tokens.worker.has_value() != tokens_->worker.has_value() ||
+      tokens.trainer.has_value() != tokens_->trainer.has_value() ||
+      tokens.admin.has_value() != tokens_->admin.has_value()) {
+    return absl::FailedPreconditionError(
+        "a reload cannot add or remove a role's token file; restart for that");
+  }
+  tokens_ = std::make_shared<const Tokens>(std::move(tokens));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Admission> AccessPolicy::Authorize(const CallerCredentials& caller) const {
@@ -207,9 +219,11 @@ absl::StatusOr<Admission> AccessPolicy::Authorize(const CallerCredentials& calle
   }
   const Callers callers = it->second;
   if (callers == Callers::kAnyone) return Admission{Role::kTrainer, ""};
-  const bool admin = Proves(Role::kAdmin, caller.token);
-  const bool trainer = admin || Proves(Role::kTrainer, caller.token);
-  const bool worker = Proves(Role::kWorker, caller.token);
+  const std::shared_ptr<const Tokens> tokens = this->tokens();
+  const bool open = !tls_ && !tokens->worker && !tokens->trainer && !tokens->admin;
+  const bool admin = Proves(*tokens, open, Role::kAdmin, caller.token);
+  const bool trainer = admin || Proves(*tokens, open, Role::kTrainer, caller.token);
+  const bool worker = Proves(*tokens, open, Role::kWorker, caller.token);
   if (!admin && !trainer && !worker) {
     return absl::UnauthenticatedError(caller.token ? "the token is not valid here"
                                                    : "no token (\"authorization: Bearer ...\")");
@@ -343,6 +357,37 @@ absl::StatusOr<ChannelSecurity> LoadChannelSecurity(const std::string& tls_ca_fi
   return security;
 }
 
+namespace {
+
+// The accepted tokens of each role whose file is given.
+absl::StatusOr<AccessPolicy::Tokens> LoadTokens(const SecurityFlags& flags,
+                                                const std::string& worker_token_file) {
+  AccessPolicy::Tokens tokens;
+  for (auto [path, set] : {std::pair{&worker_token_file, &tokens.worker},
+                           std::pair{&flags.trainer_token_file, &tokens.trainer},
+                           std::pair{&flags.admin_token_file, &tokens.admin}}) {
+    if (path->empty()) continue;
+    absl::StatusOr<TokenSet> loaded = TokenSet::Load(*path);
+    if (!loaded.ok()) return loaded.status();
+    *set = *std::move(loaded);
+  }
+  return tokens;
+}
+
+}  // namespace
+
+absl::Status ReloadDaemonTokens(const SecurityFlags& flags, const std::string& worker_token_file,
+                                AccessPolicy* policy) {
+  absl::StatusOr<AccessPolicy::Tokens> tokens = LoadTokens(flags, worker_token_file);
+  absl::Status s = tokens.ok() ? policy->ReplaceTokens(*std::move(tokens)) : tokens.status();
+  if (s.ok()) {
+    spdlog::info("token files reloaded");
+  } else {
+    spdlog::error("token files not reloaded (the old tokens stay): {}", s.ToString());
+  }
+  return s;
+}
+
 absl::StatusOr<std::string> CertificateCommonName(const std::string& pem) {
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(
       BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
@@ -392,21 +437,14 @@ absl::StatusOr<DaemonSecurity> LoadDaemonSecurity(const SecurityFlags& flags,
           "; this daemon's must be \"", certificate_name, "\""));
     }
   }
-  AccessPolicy::Tokens tokens;
-  for (auto [path, set] : {std::pair{&worker_token_file, &tokens.worker},
-                           std::pair{&flags.trainer_token_file, &tokens.trainer},
-                           std::pair{&flags.admin_token_file, &tokens.admin}}) {
-    if (path->empty()) continue;
-    absl::StatusOr<TokenSet> loaded = TokenSet::Load(*path);
-    if (!loaded.ok()) return loaded.status();
-    *set = *std::move(loaded);
-  }
+  absl::StatusOr<AccessPolicy::Tokens> tokens = LoadTokens(flags, worker_token_file);
+  if (!tokens.ok()) return tokens.status();
   out.server.address = listen_address;
   out.server.insecure = flags.insecure && !tls && !IsLoopback(listen_address);
   out.server.tls_ca_pem = out.channel.tls_ca_pem;
   out.server.tls_cert_pem = out.channel.tls_cert_pem;
   out.server.tls_key_pem = out.channel.tls_key_pem;
-  out.server.policy = std::make_shared<const AccessPolicy>(tls, std::move(tokens));
+  out.server.policy = std::make_shared<AccessPolicy>(tls, *std::move(tokens));
   return out;
 }
 

@@ -45,6 +45,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/base/daemon.h"
 #include "common/model/task.h"
 
@@ -92,7 +93,7 @@ struct Admission {
   std::string task;
 };
 
-// The table above, for one listener. Immutable; thread-safe.
+// The table above, for one listener. Thread-safe.
 class AccessPolicy {
  public:
   struct Tokens {
@@ -100,7 +101,13 @@ class AccessPolicy {
     std::optional<TokenSet> trainer;
     std::optional<TokenSet> admin;
   };
-  AccessPolicy(bool tls, Tokens tokens) : tls_(tls), tokens_(std::move(tokens)) {}
+  AccessPolicy(bool tls, Tokens tokens)
+      : tls_(tls), tokens_(std::make_shared<const Tokens>(std::move(tokens))) {}
+
+  // Token rotation (SIGHUP): the accepted tokens become `tokens`, for calls
+  // that start after this returns. Which roles have files stays as it was.
+  // Errors: FAILED_PRECONDITION (a role gains or loses its file).
+  absl::Status ReplaceTokens(Tokens tokens) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Errors: UNAUTHENTICATED (no or unknown token, no certificate where one
   // is needed), PERMISSION_DENIED (a valid token or certificate of a role
@@ -109,11 +116,16 @@ class AccessPolicy {
 
  private:
   // Whether `token` proves `role` (or no token is needed for it here).
-  bool Proves(Role role, const std::optional<absl::string_view>& token) const;
-  bool open() const { return !tls_ && !tokens_.worker && !tokens_.trainer && !tokens_.admin; }
+  static bool Proves(const Tokens& tokens, bool open, Role role,
+                     const std::optional<absl::string_view>& token);
+  std::shared_ptr<const Tokens> tokens() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::ReaderMutexLock lock(&mu_);
+    return tokens_;
+  }
 
   const bool tls_;
-  const Tokens tokens_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const Tokens> tokens_ ABSL_GUARDED_BY(mu_);
 };
 
 // For a call admitted as a worker: OK when the caller may act as `task` (its
@@ -126,7 +138,7 @@ struct ServerSecurity {
   std::string address;                                // the listen address
   std::string tls_cert_pem, tls_key_pem, tls_ca_pem;  // all empty: plaintext
   bool insecure = false;
-  std::shared_ptr<const AccessPolicy> policy;
+  std::shared_ptr<AccessPolicy> policy;
   bool tls() const { return !tls_cert_pem.empty(); }
 };
 // How a process calls the others.
@@ -171,6 +183,13 @@ absl::StatusOr<DaemonSecurity> LoadDaemonSecurity(const SecurityFlags& flags,
 
 // The CN of a PEM certificate. Errors: INVALID_ARGUMENT (not a certificate).
 absl::StatusOr<std::string> CertificateCommonName(const std::string& pem);
+
+// SIGHUP: reads the token files of `flags` and `worker_token_file` again
+// and makes them the accepted tokens of `policy`. On any error the old ones
+// stay (and the error is returned). Logs the outcome. The token a daemon sends changes at its
+// next start.
+absl::Status ReloadDaemonTokens(const SecurityFlags& flags, const std::string& worker_token_file,
+                                AccessPolicy* policy);
 
 // A client's channel security from file paths (any may be empty). Errors:
 // INVALID_ARGUMENT naming the file that cannot be read or is empty.

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/random.h"
 #include "repvar/client.h"
@@ -318,6 +319,50 @@ TEST_F(SecurityTest, X1_WorkerServices_NeedTheirCertificateAndToken) {
   grpc::ClientContext c4;
   EXPECT_TRUE(
       WorkersStubAs("tpu_worker-0", "worker.token")->Heartbeat(WithDeadline(&c4), hb, &resp).ok());
+}
+
+TEST_F(SecurityTest, X1_Sighup_ReloadsTheTokenFiles_ABadFileKeepsTheOld) {
+  const std::string old_token = [&] {
+    std::ifstream in(cluster_.cert("trainer.token"));
+    std::string t;
+    in >> t;
+    return t;
+  }();
+  const std::string fresh = cluster_.dir() + "/fresh.token";
+  { std::ofstream(fresh) << "fresh-trainer-token-0123456789abcdef\n"; }
+  ClientOptions o = ClientOptionsFor("");
+  o.token_file = fresh;
+  o.max_attempts = 1;
+  auto rotated = Client::Connect(o);
+  ASSERT_OK(rotated);
+  EXPECT_THAT((*rotated)->GetTopology(), StatusIs(absl::StatusCode::kUnauthenticated));
+  // The new token first, the old one still accepted; then SIGHUP.
+  {
+    std::ofstream(cluster_.cert("trainer.token")) << "fresh-trainer-token-0123456789abcdef\n"
+                                                  << old_token << "\n";
+  }
+  cluster_.coordinator().Kill(SIGHUP);
+  absl::Status s = absl::UnknownError("not tried");
+  for (absl::Time until = absl::Now() + Scaled(absl::Seconds(10)); absl::Now() < until;) {
+    if ((s = (*rotated)->GetTopology().status()).ok()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_OK(s);
+  EXPECT_OK(ClientWith("trainer.token")->GetTopology());
+  // A file that cannot be used: the tokens stay as they were.
+  { std::ofstream(cluster_.cert("trainer.token")) << "short\n"; }
+  cluster_.coordinator().Kill(SIGHUP);
+  bool logged = false;
+  for (absl::Time until = absl::Now() + Scaled(absl::Seconds(10));
+       !logged && absl::Now() < until;) {
+    std::ifstream log(cluster_.coordinator().log_path());
+    std::stringstream text;
+    text << log.rdbuf();
+    logged = absl::StrContains(text.str(), "token files not reloaded");
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(logged);
+  EXPECT_OK((*rotated)->GetTopology());
 }
 
 // Whether `bytes` holds `value` as a protobuf varint or fixed64.

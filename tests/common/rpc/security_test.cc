@@ -114,6 +114,22 @@ TEST(AccessPolicy, X1_LocalWithoutTokenFiles_Open_WithAny_EveryRoleNeedsItsToken
   EXPECT_EQ(Policy(false).Authorize(Call(kHeartbeat, kWorker))->task, "*");
 }
 
+TEST(AccessPolicy, X1_ReplaceTokens_RotatesAcceptedTokens_RolesStayAsTheyWere) {
+  AccessPolicy p = Policy(true);
+  const std::string fresh = "fresh-trainer-token-0123";
+  EXPECT_THAT(p.Authorize(Call(kCreate, fresh)), StatusIs(Code::kUnauthenticated));
+  AccessPolicy::Tokens t;
+  t.worker = TokenSet::Of({kWorker});
+  t.trainer = TokenSet::Of({fresh, kTrainer});
+  t.admin = TokenSet::Of({kAdmin});
+  ASSERT_TRUE(p.ReplaceTokens(t).ok());
+  EXPECT_TRUE(p.Authorize(Call(kCreate, fresh)).ok());
+  EXPECT_TRUE(p.Authorize(Call(kCreate, kTrainer)).ok());
+  t.admin.reset();  // a role losing its file: refused, nothing changes
+  EXPECT_THAT(p.ReplaceTokens(t), StatusIs(Code::kFailedPrecondition));
+  EXPECT_TRUE(p.Authorize(Call(kDelete, kAdmin)).ok());
+}
+
 TEST(TokenSet, Load_SkipsCommentsAndBlanks_RefusesShortOrNone) {
   testing::TempDir dir;
   const std::string path = dir.path() + "/tokens";
