@@ -5,9 +5,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/base/daemon.h"
 #include "common/base/metrics.h"
+#include "common/base/random.h"
 #include "spdlog/spdlog.h"
 
 namespace repvar {
@@ -19,15 +21,38 @@ class RpcMetrics : public grpc::experimental::Interceptor {
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     using Hook = grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(Hook::POST_RECV_INITIAL_METADATA)) {
+      auto* metadata = methods->GetRecvInitialMetadata();
+      auto it = metadata->find(kRequestIdKey);
+      if (it != metadata->end() && it->second.size() <= 64) {
+        request_id_.assign(it->second.data(), it->second.size());
+        // Printable ASCII only: it goes on log lines.
+        for (char& c : request_id_) c = (c > ' ' && c < 127) ? c : '?';
+      }
+    }
     if (methods->QueryInterceptionHookPoint(Hook::PRE_SEND_STATUS)) {
       const grpc::Status status = methods->GetSendStatus();
+      if (request_id_.empty()) request_id_ = absl::StrFormat("%016x", RandomNonZero64());
+      methods->GetSendTrailingMetadata()->emplace(kRequestIdKey, request_id_);
+      // The access log: every call at DEBUG; at WARN those that failed on
+      // this side (not a caller's mistake or choice).
+      const absl::Duration took = absl::Now() - start_;
+      const bool ours = status.error_code() == grpc::StatusCode::INTERNAL ||
+                        status.error_code() == grpc::StatusCode::UNKNOWN ||
+                        status.error_code() == grpc::StatusCode::DATA_LOSS ||
+                        status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                        status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      spdlog::log(ours ? spdlog::level::warn : spdlog::level::debug,
+                  "rpc request_id={} method={} code={} ms={:.2f}{}{}", request_id_, method_,
+                  CodeName(status.error_code()), absl::ToDoubleMilliseconds(took),
+                  status.ok() ? "" : " error=", status.error_message());
       Metrics& m = Metrics::Global();
       m.GetCounter("repvar_rpc_requests_total", "gRPC calls served, by method and status code",
                    {{"method", method_}, {"code", CodeName(status.error_code())}})
           .Add();
       m.GetHistogram("repvar_rpc_duration_seconds", "gRPC call latency, by method",
                      {{"method", method_}})
-          .Observe(absl::Now() - start_);
+          .Observe(took);
     }
     methods->Proceed();
   }
@@ -55,8 +80,10 @@ class RpcMetrics : public grpc::experimental::Interceptor {
     return i >= 0 && i < 17 ? kNames[i] : absl::StrCat(i);
   }
 
+  static constexpr char kRequestIdKey[] = "x-request-id";
   const std::string method_;
   const absl::Time start_;
+  std::string request_id_;
 };
 
 }  // namespace

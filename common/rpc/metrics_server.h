@@ -23,7 +23,11 @@ namespace repvar {
 
 // Counts each call by method and status code (repvar_rpc_requests_total)
 // and times it by method (repvar_rpc_duration_seconds), from the first
-// metadata to the status sent. Refusals by the access policy count too.
+// metadata to the status sent; and writes its access log line ("rpc
+// request_id=... method=... code=... ms=...": DEBUG, WARN when it failed on
+// this side) with the caller's "x-request-id" (else a fresh one), which goes
+// back in the trailing metadata. Calls the access policy refused never get
+// here (repvar_auth_refused_total counts them).
 class RpcMetricsFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
   grpc::experimental::Interceptor* CreateServerInterceptor(

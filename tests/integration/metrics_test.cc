@@ -5,14 +5,18 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <fstream>
 #include <map>
 #include <optional>
 #include <regex>
+#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/rpc/security.h"
 #include "repvar/client.h"
+#include "repvar/v1/coordinator.grpc.pb.h"
 #include "tests/testing/started_cluster.h"
 #include "tests/testing/status_matchers.h"
 
@@ -161,6 +165,46 @@ TEST_F(MetricsTest, Workers_HeldBytesAndCalls_HealthzWhenReady) {
   EXPECT_EQ(Get("tpu_worker-0", "/healthz").first, 200);
   EXPECT_EQ(Get("coordinator", "/healthz").first, 200);
   EXPECT_EQ(Get("coordinator", "/nothing").first, 404);
+}
+
+TEST_F(MetricsTest, RequestId_EchoedInTrailers_OnTheLogLineOfAFailedCall) {
+  auto security =
+      LoadChannelSecurity(cluster_.cert("ca.pem"), "", "", cluster_.cert("admin.token"));
+  ASSERT_OK(security);
+  auto stub = v1::CoordinatorTrainers::NewStub(OpenChannel(cluster_.address(), *security));
+  auto echoed = [](const grpc::ClientContext& ctx) {
+    auto it = ctx.GetServerTrailingMetadata().find("x-request-id");
+    return it == ctx.GetServerTrailingMetadata().end()
+               ? std::string()
+               : std::string(it->second.data(), it->second.size());
+  };
+  // Drained, a new step fails on the coordinator's side: a WARN line with
+  // the caller's id, which comes back in the trailers.
+  ASSERT_OK(client_->Drain());
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-request-id", "req-0123456789");
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    v1::BeginStepRequest req;
+    req.set_step(1);
+    v1::StepInfo resp;
+    EXPECT_EQ(stub->BeginStep(&ctx, req, &resp).error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(echoed(ctx), "req-0123456789");
+  }
+  std::ifstream log(cluster_.coordinator().log_path());
+  std::stringstream text;
+  text << log.rdbuf();
+  EXPECT_TRUE(absl::StrContains(text.str(),
+                                "rpc request_id=req-0123456789 "
+                                "method=/repvar.v1.CoordinatorTrainers/BeginStep code=UNAVAILABLE"))
+      << text.str();
+  ASSERT_OK(client_->Drain(/*resume=*/true));
+  // Without one, the answer names the id the call was given.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+  v1::Topology topo;
+  EXPECT_TRUE(stub->GetTopology(&ctx, {}, &topo).ok());
+  EXPECT_EQ(echoed(ctx).size(), 16u);
 }
 
 TEST(ScrapeParser, RejectsWhatIsNotTheFormat) {
