@@ -120,11 +120,8 @@ const std::string& Client::coordinator_address() const {
 
 absl::StatusOr<Topology> Client::GetTopology() {
   v1::Topology resp;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    grpc::ClientContext ctx;
-    impl_->SetDeadline(&ctx);
-    return FromGrpcStatus(impl_->stub()->GetTopology(&ctx, v1::GetTopologyRequest(), &resp));
-  }));
+  REPVAR_RETURN_IF_ERROR(
+      impl_->Call(&v1::CoordinatorTrainers::Stub::GetTopology, v1::GetTopologyRequest(), &resp));
   return TopologyFromProto(resp);
 }
 
@@ -197,11 +194,7 @@ absl::StatusOr<VariableInfo> Client::GetVariable(const std::string& name) {
   v1::GetVariableRequest req;
   req.set_name(name);
   v1::VariableInfo resp;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    grpc::ClientContext ctx;
-    impl_->SetDeadline(&ctx);
-    return FromGrpcStatus(impl_->stub()->GetVariable(&ctx, req, &resp));
-  }));
+  REPVAR_RETURN_IF_ERROR(impl_->Call(&v1::CoordinatorTrainers::Stub::GetVariable, req, &resp));
   VariableInfo v = VariableFromProto(resp);
   impl_->Remember(v);
   return v;
@@ -211,11 +204,7 @@ absl::StatusOr<std::vector<VariableInfo>> Client::ListVariables(const std::strin
   v1::ListVariablesRequest req;
   req.set_collection(collection);
   v1::ListVariablesResponse resp;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    grpc::ClientContext ctx;
-    impl_->SetDeadline(&ctx);
-    return FromGrpcStatus(impl_->stub()->ListVariables(&ctx, req, &resp));
-  }));
+  REPVAR_RETURN_IF_ERROR(impl_->Call(&v1::CoordinatorTrainers::Stub::ListVariables, req, &resp));
   std::vector<VariableInfo> out;
   for (const auto& p : resp.variables()) out.push_back(VariableFromProto(p));
   return out;
@@ -226,22 +215,14 @@ absl::Status Client::DeleteVariable(const std::string& name) {
   req.set_request_id(NewRequestId());
   req.set_name(name);
   impl_->Forget(name);
-  return impl_->Retry([&] {
-    grpc::ClientContext ctx;
-    impl_->SetDeadline(&ctx);
-    v1::DeleteVariableResponse resp;
-    return FromGrpcStatus(impl_->admin()->DeleteVariable(&ctx, req, &resp));
-  });
+  v1::DeleteVariableResponse resp;
+  return impl_->Call(&v1::CoordinatorAdmin::Stub::DeleteVariable, req, &resp);
 }
 
 absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
   v1::ClusterStatus resp;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    grpc::ClientContext ctx;
-    impl_->SetDeadline(&ctx);
-    return FromGrpcStatus(
-        impl_->admin()->GetClusterStatus(&ctx, v1::GetClusterStatusRequest(), &resp));
-  }));
+  REPVAR_RETURN_IF_ERROR(impl_->Call(&v1::CoordinatorAdmin::Stub::GetClusterStatus,
+                                     v1::GetClusterStatusRequest(), &resp));
   ClusterStatus out;
   out.topology = TopologyFromProto(resp.topology());
   for (const auto& v : resp.variables()) out.variables.push_back(VariableFromProto(v));
@@ -254,11 +235,7 @@ absl::StatusOr<Client::DrainState> Client::Drain(bool resume) {
   v1::DrainRequest req;
   req.set_resume(resume);
   v1::DrainResponse resp;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    grpc::ClientContext ctx;
-    impl_->SetDeadline(&ctx);
-    return FromGrpcStatus(impl_->admin()->Drain(&ctx, req, &resp));
-  }));
+  REPVAR_RETURN_IF_ERROR(impl_->Call(&v1::CoordinatorAdmin::Stub::Drain, req, &resp));
   return DrainState{resp.draining(), resp.open_step()};
 }
 
@@ -268,11 +245,8 @@ absl::StatusOr<std::vector<InitializeResult>> Client::Initialize(
   req.set_request_id(NewRequestId());
   for (const auto& n : names) req.add_items()->set_name(n);
   v1::InitializeVariablesResponse resp;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    grpc::ClientContext ctx;
-    impl_->SetDeadline(&ctx);
-    return FromGrpcStatus(impl_->stub()->InitializeVariables(&ctx, req, &resp));
-  }));
+  REPVAR_RETURN_IF_ERROR(
+      impl_->Call(&v1::CoordinatorTrainers::Stub::InitializeVariables, req, &resp));
   std::vector<InitializeResult> out;
   for (const auto& r : resp.results()) {
     out.push_back(InitializeResult{r.name(), r.initialized_now(), r.version(), r.checksum()});
@@ -285,11 +259,7 @@ absl::StatusOr<std::vector<InitializedState>> Client::IsInitialized(
   v1::IsInitializedRequest req;
   for (const auto& n : names) req.add_names(n);
   v1::IsInitializedResponse resp;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    grpc::ClientContext ctx;
-    impl_->SetDeadline(&ctx);
-    return FromGrpcStatus(impl_->stub()->IsInitialized(&ctx, req, &resp));
-  }));
+  REPVAR_RETURN_IF_ERROR(impl_->Call(&v1::CoordinatorTrainers::Stub::IsInitialized, req, &resp));
   std::vector<InitializedState> out;
   for (const auto& r : resp.results()) {
     InitializedState s{r.name(), r.initialized(), {}};
@@ -469,11 +439,7 @@ absl::StatusOr<std::vector<TensorValue>> Client::ReadBatch(const std::vector<std
   v1::ReadVariablesRequest req;
   for (const auto& n : names) req.add_names(n);
   v1::ReadVariablesResponse resp;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    grpc::ClientContext ctx;
-    impl_->SetDeadline(&ctx);
-    return FromGrpcStatus(impl_->stub()->ReadVariables(&ctx, req, &resp));
-  }));
+  REPVAR_RETURN_IF_ERROR(impl_->Call(&v1::CoordinatorTrainers::Stub::ReadVariables, req, &resp));
   std::vector<TensorValue> out;
   for (const auto& r : resp.results()) {
     REPVAR_ASSIGN_OR_RETURN(TensorValue v, TensorValueFromProto(r.value(), r.version()));

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -53,6 +54,25 @@ class Client::Impl {
   template <typename F>
   absl::Status Retry(F&& attempt) {
     return retry_.Run(std::forward<F>(attempt));
+  }
+
+  // One unary call to the coordinator's trainer or admin service, retried
+  // (only for calls safe to repeat), each attempt with the client's
+  // deadline.
+  template <typename Stub, typename Request, typename Response>
+  absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& req, Response* resp) {
+    Stub* stub = nullptr;
+    if constexpr (std::is_same_v<Stub, v1::CoordinatorAdmin::Stub>) {
+      stub = admin_.get();
+    } else {
+      stub = trainers_.get();
+    }
+    return Retry([&] {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx);
+      return FromGrpcStatus((stub->*method)(&ctx, req, resp));
+    });
   }
 
   // The AssignVariables call (small writes and batches), retried: the
