@@ -3,6 +3,7 @@
 
 #include <httplib.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -90,7 +91,11 @@ class RpcMetrics : public grpc::experimental::Interceptor {
 
 grpc::experimental::Interceptor* RpcMetricsFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
-  return new RpcMetrics(info->method());
+  // Methods of repvar's and gRPC's own services are labels; anything else a
+  // caller names is "other" (no unbounded series).
+  const absl::string_view method = info->method() == nullptr ? "" : info->method();
+  const bool known = absl::StartsWith(method, "/repvar.v1.") || absl::StartsWith(method, "/grpc.");
+  return new RpcMetrics(known && method.size() <= 128 ? std::string(method) : "other");
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
