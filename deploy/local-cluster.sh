@@ -32,7 +32,7 @@ cmake --build "$build" -j "$(nproc)" --target repvar-coordinator repvar-worker r
 
 data=${REPVAR_DATA_DIR:-$root/local-cluster}
 mkdir -p "$data"
-rm -f "$data"/*.port
+rm -f "$data"/*.port "$data"/*.metrics_port
 # Each run is a new cluster: its workers start empty, and the values steps
 # changed lived only on the previous run's workers (DESIGN.md section 4; a
 # periodic checkpoint is what survives losing every worker). A coordinator
@@ -75,6 +75,7 @@ wait_port() {  # file -> prints the port once the daemon has written it
 "$build/server/repvar-coordinator" --exit_with_parent --listen_address=127.0.0.1:0 \
   --port_file="$data/coordinator.port" \
   --expected_tasks=tpu_worker:3,worker:1 --heartbeat_timeout=5s --data_dir="$data/coordinator-data" \
+  --metrics_address=127.0.0.1:0 --metrics_port_file="$data/coordinator.metrics_port" \
   $(secure coordinator worker_token_file) 2>"$data/coordinator.log" &
 pids+=($!)
 port=$(wait_port "$data/coordinator.port")
@@ -102,6 +103,15 @@ if [ $rc -eq 0 ]; then
   echo "== the same cluster from Python (generated stubs + numpy helper)"
   PYTHONPATH="$root/$build/python" /usr/bin/python3 "$root/$build/python/repvar_example.py" || rc=$?
 fi
+echo
+echo "== the coordinator's metrics: divergences repaired, replicas by state"
+/usr/bin/python3 - "$(cat "$data/coordinator.metrics_port")" <<'PY' || rc=$?
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+for line in text.splitlines():
+    if line.startswith(("repvar_divergences_repaired_total", "repvar_replicas{", "repvar_last_committed_step")):
+        print(line)
+PY
 echo
 echo "== repvarctl read model/dense/bias"
 "$build/client/repvarctl" read model/dense/bias || rc=$?

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/metrics.h"
 #include "common/base/status_util.h"
 #include "server/core/replication.h"
 #include "server/core/replication_internal.h"
@@ -94,6 +95,9 @@ void Replication::ResyncTask(const TaskKey& task) {
     spdlog::error("cannot record the resync of {}: {}", task.ToString(), s.ToString());
     return;
   }
+  static Counter& resynced = Metrics::Global().GetCounter(
+      "repvar_resyncs_total", "replica sets rewritten from the committed value by repair");
+  resynced.Add(writes.size());
   spdlog::info("resynced {} variable(s) on {}", writes.size(), task.ToString());
 }
 
@@ -173,6 +177,12 @@ absl::Status Replication::Reconcile(const WorkerTarget& target,
     return record;
   }));
   if (demoted > 0) {
+    static Counter& found =
+        Metrics::Global().GetCounter("repvar_divergences_repaired_total",
+                                     "replicas found holding other than the value they should, "
+                                     "rewritten (in: a step's vote, or verification of a worker)",
+                                     {{"in", "verification"}});
+    found.Add(static_cast<uint64_t>(demoted));
     spdlog::warn("{} holds {} replica(s) other than the committed value; marked for repair",
                  target.task.ToString(), demoted);
   }
