@@ -137,12 +137,7 @@ int main(int argc, char** argv) {
                                        return std::vector<std::pair<repvar::MetricLabels, double>>{
                                            {{}, static_cast<double>(store.BytesHeld())}};
                                      });
-  repvar::Metrics::Global().SetGauge(
-      "repvar_inflight_bytes", "memory lent to tensors being received, and its limit", [&budget] {
-        return std::vector<std::pair<repvar::MetricLabels, double>>{
-            {{{"of", "used"}}, static_cast<double>(budget.used())},
-            {{{"of", "limit"}}, static_cast<double>(budget.capacity())}};
-      });
+  repvar::SetInflightBytesGauge(&budget);
   auto metrics = repvar::StartDaemonMetrics([&ready] { return ready.load(); });
   if (!metrics.ok()) {
     spdlog::error("{}", metrics.status().ToString());

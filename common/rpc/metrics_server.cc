@@ -3,6 +3,7 @@
 
 #include <httplib.h>
 
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -60,25 +61,7 @@ class RpcMetrics : public grpc::experimental::Interceptor {
 
  private:
   static std::string CodeName(grpc::StatusCode code) {
-    static const char* const kNames[] = {"OK",
-                                         "CANCELLED",
-                                         "UNKNOWN",
-                                         "INVALID_ARGUMENT",
-                                         "DEADLINE_EXCEEDED",
-                                         "NOT_FOUND",
-                                         "ALREADY_EXISTS",
-                                         "PERMISSION_DENIED",
-                                         "RESOURCE_EXHAUSTED",
-                                         "FAILED_PRECONDITION",
-                                         "ABORTED",
-                                         "OUT_OF_RANGE",
-                                         "UNIMPLEMENTED",
-                                         "INTERNAL",
-                                         "UNAVAILABLE",
-                                         "DATA_LOSS",
-                                         "UNAUTHENTICATED"};
-    const int i = static_cast<int>(code);
-    return i >= 0 && i < 17 ? kNames[i] : absl::StrCat(i);
+    return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
   }
 
   static constexpr char kRequestIdKey[] = "x-request-id";
@@ -129,6 +112,15 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
 MetricsServer::~MetricsServer() {
   http_->stop();
   if (thread_.joinable()) thread_.join();
+}
+
+void SetInflightBytesGauge(const MemoryBudget* budget) {
+  Metrics::Global().SetGauge("repvar_inflight_bytes",
+                             "memory lent to tensors being received, and its limit", [budget] {
+                               return std::vector<std::pair<MetricLabels, double>>{
+                                   {{{"of", "used"}}, static_cast<double>(budget->used())},
+                                   {{{"of", "limit"}}, static_cast<double>(budget->capacity())}};
+                             });
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> StartDaemonMetrics(std::function<bool()> ready) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/base/memory_budget.h"
 
 namespace httplib {
 class Server;
@@ -50,6 +51,10 @@ class MetricsServer {
   std::thread thread_;
   int port_ = 0;
 };
+
+// repvar_inflight_bytes{of=used|limit}: what `budget` lends now, and its
+// size. RemoveGauge("repvar_inflight_bytes") before `budget` goes.
+void SetInflightBytesGauge(const MemoryBudget* budget);
 
 // What both daemons do with --metrics_address and --metrics_port_file: no
 // server when the address is empty (the default), else one started, its

@@ -27,12 +27,6 @@ constexpr absl::string_view kBearer = "Bearer ";
 constexpr char kRoleProperty[] = "repvar.role";
 constexpr char kTaskProperty[] = "repvar.task";
 
-std::array<unsigned char, 32> Digest(absl::string_view token) {
-  std::array<unsigned char, 32> d{};
-  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), d.data());
-  return d;
-}
-
 absl::StatusOr<std::string> ReadFile(absl::string_view what, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, ": cannot be read"));
@@ -178,22 +172,27 @@ absl::StatusOr<TokenSet> TokenSet::Load(const std::string& path) {
 
 TokenSet TokenSet::Of(const std::vector<std::string>& tokens) {
   TokenSet set;
-  for (const std::string& t : tokens) set.digests_.push_back(Digest(t));
+  for (const std::string& t : tokens) set.digests_.push_back(DigestOf(t));
   if (!tokens.empty()) set.first_ = tokens.front();
   return set;
 }
 
-bool TokenSet::Contains(absl::string_view token) const {
-  const std::array<unsigned char, 32> d = Digest(token);
+TokenSet::Digest TokenSet::DigestOf(absl::string_view token) {
+  Digest d{};
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), d.data());
+  return d;
+}
+
+bool TokenSet::Contains(const Digest& token) const {
   bool found = false;
-  for (const auto& known : digests_) {
-    found |= CRYPTO_memcmp(known.data(), d.data(), d.size()) == 0;
+  for (const Digest& known : digests_) {
+    found |= CRYPTO_memcmp(known.data(), token.data(), token.size()) == 0;
   }
   return found;
 }
 
 bool AccessPolicy::Proves(const Tokens& tokens, bool open, Role role,
-                          const std::optional<absl::string_view>& token) {
+                          const std::optional<TokenSet::Digest>& token) {
   const std::optional<TokenSet>& set = role == Role::kWorker || role == Role::kCoordinator
                                            ? tokens.worker
                                        : role == Role::kTrainer ? tokens.trainer
@@ -225,9 +224,12 @@ absl::StatusOr<Admission> AccessPolicy::Authorize(const CallerCredentials& calle
   if (callers == Callers::kAnyone) return Admission{Role::kTrainer, ""};
   const std::shared_ptr<const Tokens> tokens = this->tokens();
   const bool open = !tls_ && !tokens->worker && !tokens->trainer && !tokens->admin;
-  const bool admin = Proves(*tokens, open, Role::kAdmin, caller.token);
-  const bool trainer = admin || Proves(*tokens, open, Role::kTrainer, caller.token);
-  const bool worker = Proves(*tokens, open, Role::kWorker, caller.token);
+  // Hashed once, compared with each role's digests.
+  std::optional<TokenSet::Digest> token;
+  if (caller.token) token = TokenSet::DigestOf(*caller.token);
+  const bool admin = Proves(*tokens, open, Role::kAdmin, token);
+  const bool trainer = admin || Proves(*tokens, open, Role::kTrainer, token);
+  const bool worker = Proves(*tokens, open, Role::kWorker, token);
   if (!admin && !trainer && !worker) {
     return absl::UnauthenticatedError(caller.token ? "the token is not valid here"
                                                    : "no token (\"authorization: Bearer ...\")");

@@ -72,7 +72,9 @@ class TokenSet {
   static absl::StatusOr<TokenSet> Load(const std::string& path);
   static TokenSet Of(const std::vector<std::string>& tokens);  // tests
 
-  bool Contains(absl::string_view token) const;
+  using Digest = std::array<unsigned char, 32>;
+  static Digest DigestOf(absl::string_view token);  // SHA-256
+  bool Contains(const Digest& token) const;
   const std::string& first() const { return first_; }
 
  private:
@@ -117,7 +119,7 @@ class AccessPolicy {
  private:
   // Whether `token` proves `role` (or no token is needed for it here).
   static bool Proves(const Tokens& tokens, bool open, Role role,
-                     const std::optional<absl::string_view>& token);
+                     const std::optional<TokenSet::Digest>& token);
   std::shared_ptr<const Tokens> tokens() const ABSL_LOCKS_EXCLUDED(mu_) {
     absl::ReaderMutexLock lock(&mu_);
     return tokens_;

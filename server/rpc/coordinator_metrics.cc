@@ -5,6 +5,7 @@
 
 #include "absl/time/clock.h"
 #include "common/base/metrics.h"
+#include "common/rpc/metrics_server.h"
 
 namespace repvar::server {
 namespace {
@@ -62,11 +63,7 @@ void RegisterCoordinatorGauges(Coordinator* core) {
                for (const ParticipantProgress& p : steps.progress) waiting += !p.reported;
                return Series{{{}, steps.open ? waiting : 0}};
              });
-  m.SetGauge("repvar_inflight_bytes", "memory lent to tensors being received, and its limit",
-             [core] {
-               return Series{{{{"of", "used"}}, static_cast<double>(core->budget()->used())},
-                             {{{"of", "limit"}}, static_cast<double>(core->budget()->capacity())}};
-             });
+  SetInflightBytesGauge(core->budget());
 }
 
 void UnregisterCoordinatorGauges() {

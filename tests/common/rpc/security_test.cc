@@ -137,9 +137,9 @@ TEST(TokenSet, Load_SkipsCommentsAndBlanks_RefusesShortOrNone) {
   auto set = TokenSet::Load(path);
   ASSERT_TRUE(set.ok()) << set.status();
   EXPECT_EQ(set->first(), "new-token-0123456789");
-  EXPECT_TRUE(set->Contains("old-token-0123456789"));
-  EXPECT_FALSE(set->Contains("old-token-012345678"));
-  EXPECT_FALSE(set->Contains(""));
+  EXPECT_TRUE(set->Contains(TokenSet::DigestOf("old-token-0123456789")));
+  EXPECT_FALSE(set->Contains(TokenSet::DigestOf("old-token-012345678")));
+  EXPECT_FALSE(set->Contains(TokenSet::DigestOf("")));
   std::ofstream(path) << "short\n";
   EXPECT_THAT(TokenSet::Load(path), StatusIs(Code::kInvalidArgument));
   std::ofstream(path) << "# nothing\n";
