@@ -41,6 +41,13 @@ if [ "${REPVAR_SKIP_SANITIZERS:-0}" != 1 ]; then
   done
 fi
 
+echo "== container image: deploy/container/image.sh's steps in a fresh Debian 12 root"
+if [ "$(id -u)" -eq 0 ]; then
+  tests/deploy/container_image_test.sh "$build"
+else
+  echo "SKIPPED: tests/deploy/container_image_test.sh needs root (debootstrap, chroot); CI runs as root"
+fi
+
 echo "== Python tests"
 PYTHONPATH="$root/$build/python" REPVAR_BUILD_DIR="$root/$build" \
   /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python

@@ -78,3 +78,23 @@ def test_systemd_units_are_notify_services_with_real_flags(unit, daemon):
     assert len(lines) > 5
     unknown = flags_in("\n".join(lines)) - known_flags(daemon)
     assert not unknown, f"{unit}: {daemon} has no flag {unknown}"
+
+
+def test_the_manifests_run_the_image_the_dockerfile_builds():
+    with open(os.path.join(SOURCE, "deploy/container/Dockerfile")) as f:
+        dockerfile = f.read()
+    with open(os.path.join(SOURCE, "CMakeLists.txt")) as f:
+        version = re.search(r"project\(repvar VERSION (\S+)", f.read()).group(1)
+    tag = re.search(r"docker build .* -t (\S+) \.", dockerfile).group(1)
+    assert tag == f"repvar:{version}"
+    uid = int(re.search(r"^USER (\d+):", dockerfile, re.M).group(1))
+    with open(os.path.join(SOURCE, "deploy/container/image.sh")) as f:
+        assert f"UID_GID={uid}" in f.read()
+    for s in (d for d in manifests() if d["kind"] == "StatefulSet"):
+        pod = s["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsUser"] == uid
+        for c in pod["containers"]:
+            assert c["image"] == tag
+            # A daemon on the image's PATH (/usr/local/bin), run directly or by exec.
+            text = " ".join(c["command"] + c.get("args", []))
+            assert re.match(r"(\S*sh -c [^;]*; exec )?repvar-(coordinator|worker) ", text), text
