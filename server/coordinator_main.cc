@@ -202,32 +202,31 @@ int main(int argc, char** argv) {
           std::max<int64_t>(0, absl::GetFlag(FLAGS_max_inflight_bytes_per_connection))));
   // Drain: the server and the trainers' service say NOT_SERVING (so do
   // /healthz and systemd's status); workers' and the admin's go on.
-  grpc::Server* served = nullptr;
+  repvar::DaemonServer* served = nullptr;
   std::atomic<bool> ready{false};
   repvar::server::AdminService admin_service(&core, [&](bool draining) {
     ready = !draining;
     if (served == nullptr) return;
-    repvar::SetServing(*served,
-                       {{&trainers_service, repvar::v1::CoordinatorTrainers::service_full_name()}},
-                       !draining);
+    served->SetServing({repvar::v1::CoordinatorTrainers::service_full_name()}, !draining);
     repvar::NotifyStatus(draining ? "draining" : "serving");
   });
 
-  int port = 0;
   const std::vector<repvar::ServedService> services = {
       {&workers_service, repvar::v1::CoordinatorWorkers::service_full_name()},
       {&trainers_service, repvar::v1::CoordinatorTrainers::service_full_name()},
       {&admin_service, repvar::v1::CoordinatorAdmin::service_full_name()}};
-  auto server = repvar::StartGrpcServer(security->server, services, absl::GetFlag(FLAGS_port_file),
-                                        &port, absl::GetFlag(FLAGS_max_rpc_threads));
+  auto server =
+      repvar::DaemonServer::Start(security->server, services, absl::GetFlag(FLAGS_port_file),
+                                  absl::GetFlag(FLAGS_max_rpc_threads), repvar::GetHealthFlags());
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 1;
   }
   // Ready: the state was recovered before the server started.
+  const int port = (*server)->port();
   served = server->get();
   ready = true;
-  repvar::SetServing(**server, services, true);
+  (*server)->SetServing(true);
   repvar::server::RegisterCoordinatorGauges(&core);
   auto metrics = repvar::StartDaemonMetrics([&ready] { return ready.load(); });
   if (!metrics.ok()) {
@@ -272,15 +271,14 @@ int main(int argc, char** argv) {
   spdlog::info("signal {}: shutting down", sig);
   repvar::NotifyStopping();
   checkpointer.reset();  // a checkpoint being written is finished first
-  (*server)->GetHealthCheckService()->Shutdown();
+  (*server)->StopServing();
   ready = false;
   workers_service.Shutdown();
   trainers_service.Shutdown();
   stop.Notify();
   ticker.join();
   repairer.join();
-  (*server)->Shutdown(absl::ToChronoTime(absl::Now() + repvar::ShutdownGrace()));
-  (*server)->Wait();
+  (*server)->Shutdown(absl::Now() + repvar::ShutdownGrace());
   metrics->reset();
   repvar::server::UnregisterCoordinatorGauges();
   spdlog::info("coordinator stopped");

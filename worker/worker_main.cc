@@ -113,23 +113,24 @@ int main(int argc, char** argv) {
   repvar::worker::StepTable steps(identity, &store, &link, &resolver);
   const int64_t inflight = absl::GetFlag(FLAGS_max_inflight_bytes);
   repvar::MemoryBudget budget(inflight > 0 ? static_cast<uint64_t>(inflight)
-                                           : repvar::MemoryBudget::HalfOfPhysicalMemory());
+                                           : repvar::MemoryBudget::HalfOfMemoryLimit());
   repvar::worker::ReplicasService replicas_service(incarnation, &store, &data_plane, &budget);
   repvar::worker::StepsService steps_service(
       &steps, &budget,
       static_cast<uint64_t>(
           std::max<int64_t>(0, absl::GetFlag(FLAGS_max_inflight_bytes_per_connection))));
-  int port = 0;
   // The port file is written once the agent runs (below), so a waiter sees a
   // worker that serves and registers.
   const std::vector<repvar::ServedService> services = {
       {&replicas_service, repvar::v1::WorkerReplicas::service_full_name()},
       {&steps_service, repvar::v1::WorkerSteps::service_full_name()}};
-  auto server = repvar::StartGrpcServer(security->server, services, "", &port);
+  auto server =
+      repvar::DaemonServer::Start(security->server, services, "", 0, repvar::GetHealthFlags());
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return 1;
   }
+  const int port = (*server)->port();
   const std::string address = absl::StrCat(absl::GetFlag(FLAGS_advertise_host), ":", port);
   std::atomic<bool> ready{false};
   repvar::Metrics::Global().SetGauge("repvar_worker_replicas_bytes",
@@ -165,7 +166,7 @@ int main(int argc, char** argv) {
       if (now != serving) {
         serving = now;
         ready = now;
-        repvar::SetServing(**server, services, serving);
+        (*server)->SetServing(serving);
       }
       if (now && !registered.HasBeenNotified()) {
         registered.Notify();
@@ -195,9 +196,8 @@ int main(int argc, char** argv) {
   stop.Notify();
   agent_thread.join();
   ready = false;
-  (*server)->GetHealthCheckService()->Shutdown();
-  (*server)->Shutdown(absl::ToChronoTime(absl::Now() + repvar::ShutdownGrace()));
-  (*server)->Wait();
+  (*server)->StopServing();
+  (*server)->Shutdown(absl::Now() + repvar::ShutdownGrace());
   metrics->reset();
   repvar::Metrics::Global().RemoveGauge("repvar_worker_replicas_bytes");
   repvar::Metrics::Global().RemoveGauge("repvar_inflight_bytes");

@@ -58,6 +58,12 @@ ABSL_FLAG(std::string, metrics_address, "",
           "--metrics_port_file)");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "write the metrics server's port here (atomically) once it serves");
+ABSL_FLAG(std::string, health_address, "",
+          "HOST:PORT of a plaintext gRPC listener serving grpc.health.v1 and nothing else, for "
+          "probes that cannot speak TLS (Kubernetes' grpc probe); empty (the default): none; "
+          "port 0 picks one (logged, and written to --health_port_file)");
+ABSL_FLAG(std::string, health_port_file, "",
+          "write the health listener's port here (atomically) once it serves");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
           "on SIGTERM, how long calls in flight may take to finish before they are cancelled "
           "(the daemon exits as soon as none is left)");
@@ -100,8 +106,12 @@ absl::Status CheckPlaintextAllowed(absl::string_view flag, absl::string_view add
   return absl::OkStatus();
 }
 
-MetricsFlags GetMetricsFlags() {
+SideListenerFlags GetMetricsFlags() {
   return {absl::GetFlag(FLAGS_metrics_address), absl::GetFlag(FLAGS_metrics_port_file)};
+}
+
+SideListenerFlags GetHealthFlags() {
+  return {absl::GetFlag(FLAGS_health_address), absl::GetFlag(FLAGS_health_port_file)};
 }
 
 SecurityFlags GetSecurityFlags() {

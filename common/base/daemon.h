@@ -43,11 +43,16 @@ struct SecurityFlags {
 };
 SecurityFlags GetSecurityFlags();
 
-// --metrics_address (empty: no metrics server) and --metrics_port_file.
-struct MetricsFlags {
+// A listener beside the gRPC one: HOST:PORT (empty: none) and the file its
+// port is written to (port 0 picks one).
+struct SideListenerFlags {
   std::string address, port_file;
 };
-MetricsFlags GetMetricsFlags();
+// --metrics_address, --metrics_port_file: /metrics and /healthz (HTTP).
+SideListenerFlags GetMetricsFlags();
+// --health_address, --health_port_file: grpc.health.v1 alone, in plaintext
+// (probes that cannot speak TLS, such as Kubernetes' grpc probe).
+SideListenerFlags GetHealthFlags();
 // --shutdown_grace: on SIGTERM, how long calls in flight may take.
 absl::Duration ShutdownGrace();
 

@@ -3,6 +3,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace repvar {
@@ -39,11 +45,29 @@ std::shared_ptr<MemoryBudget> ConnectionBudgets::For(const std::string& peer) {
   return b;
 }
 
-uint64_t MemoryBudget::HalfOfPhysicalMemory() {
+std::optional<uint64_t> MemoryBudget::ParseCgroupMemoryLimit(absl::string_view text) {
+  uint64_t limit = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &limit)) return std::nullopt;  // "max"
+  if (limit == 0 || limit >= (uint64_t{1} << 62)) return std::nullopt;  // v1: no limit
+  return limit;
+}
+
+uint64_t MemoryBudget::HalfOfMemoryLimit() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return uint64_t{4} << 30;
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2;
+  uint64_t memory = pages > 0 && page > 0
+                        ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                        : uint64_t{8} << 30;
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(path);
+    std::string text;
+    if (!std::getline(in, text)) continue;
+    if (std::optional<uint64_t> limit = ParseCgroupMemoryLimit(text)) {
+      memory = std::min(memory, *limit);
+    }
+  }
+  return memory / 2;
 }
 
 }  // namespace repvar

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -43,8 +44,13 @@ class MemoryBudget {
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
   uint64_t capacity() const { return capacity_; }
 
-  // Half the machine's physical memory: the default capacity of a daemon.
-  static uint64_t HalfOfPhysicalMemory();
+  // Half the memory this process may use: the machine's physical memory, or
+  // its cgroup's limit when lower (a container): a daemon's default capacity.
+  static uint64_t HalfOfMemoryLimit();
+  // A cgroup's memory limit from the text of cgroup v2's memory.max or v1's
+  // memory.limit_in_bytes: nullopt for "max", v1's "no limit" (>= 2^62),
+  // or text that is not a number.
+  static std::optional<uint64_t> ParseCgroupMemoryLimit(absl::string_view text);
 
  private:
   const uint64_t capacity_;

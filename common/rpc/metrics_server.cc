@@ -124,7 +124,7 @@ void SetInflightBytesGauge(const MemoryBudget* budget) {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> StartDaemonMetrics(std::function<bool()> ready) {
-  const MetricsFlags flags = GetMetricsFlags();
+  const SideListenerFlags flags = GetMetricsFlags();
   if (flags.address.empty()) return std::unique_ptr<MetricsServer>();
   auto server = MetricsServer::Start(flags.address, std::move(ready));
   if (!server.ok()) return server.status();

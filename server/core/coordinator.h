@@ -73,7 +73,7 @@ struct CoordinatorOptions {
   ReplicationOptions replication;
   // Memory lent to requests (tensors being received or computed); beyond it
   // they get RESOURCE_EXHAUSTED (MemoryBudget).
-  uint64_t max_inflight_bytes = MemoryBudget::HalfOfPhysicalMemory();
+  uint64_t max_inflight_bytes = MemoryBudget::HalfOfMemoryLimit();
 };
 
 class Coordinator {

@@ -58,9 +58,18 @@ def test_kubernetes_manifests_name_real_flags_ports_and_volumes():
             # TLS and tokens on every daemon.
             assert {"tls_cert", "tls_key", "tls_ca", "trainer_token_file"} <= flags_in(text)
             ports = {p["containerPort"] for p in c["ports"]}
-            for probe in ("readinessProbe", "livenessProbe"):
+            # grpc probes on the plaintext health listener, readiness and liveness.
+            health = re.search(r"--health_address=\S+:(\d+)", text)
+            assert health, f"{s['metadata']['name']}: no --health_address"
+            assert int(health.group(1)) in ports
+            assert "readinessProbe" in c and "livenessProbe" in c
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
                 if probe in c:
-                    assert c[probe]["httpGet"]["port"] in ports
+                    assert c[probe]["grpc"]["port"] == int(health.group(1)), probe
+            assert c["livenessProbe"]["grpc"]["service"] == "liveness"
+            assert c["readinessProbe"]["grpc"].get("service", "") == ""
+            assert {"cpu", "memory"} <= set(c["resources"]["requests"])
+            assert "memory" in c["resources"]["limits"]
             for m in c.get("volumeMounts", []):
                 assert m["name"] in volumes
 

@@ -132,3 +132,56 @@ def test_drain_not_serving_changes_refused_reads_go_on_resume(stubs, client, clu
     assert check(stubs, cluster, "") == "SERVING"
     assert check(stubs, cluster, "repvar.v1.CoordinatorTrainers") == "SERVING"
     assert client.assign("drained/w", np.array([3, 4], dtype=np.float32)).version == 2
+
+
+def test_health_alone_in_plaintext_beside_tls(stubs, tmp_path):
+    """--health_address: a plaintext listener for probes that cannot speak
+    TLS (Kubernetes' grpc probe) answers grpc.health.v1 as the TLS listener
+    does, "liveness" SERVING through a drain, and serves nothing else: no
+    repvar method, no reflection."""
+    from conftest import BUILD, Daemon
+    import repvar
+    from repvar.v1 import coordinator_pb2 as cpb
+    source = os.path.join(os.path.dirname(__file__), "../..")
+    certs = str(tmp_path / "certs")
+    subprocess.run([os.path.join(source, "deploy/make-certs.sh"), certs], check=True,
+                   capture_output=True)
+    health_port_file = str(tmp_path / "health.port")
+    coord = Daemon([os.path.join(BUILD, "server/repvar-coordinator"), "--ephemeral",
+                    "--expected_tasks=tpu_worker:1", f"--tls_cert={certs}/coordinator.pem",
+                    f"--tls_key={certs}/coordinator.key", f"--tls_ca={certs}/ca.pem",
+                    f"--worker_token_file={certs}/worker.token",
+                    f"--trainer_token_file={certs}/trainer.token",
+                    f"--admin_token_file={certs}/admin.token",
+                    "--health_address=127.0.0.1:0", f"--health_port_file={health_port_file}"],
+                   str(tmp_path), "coordinator")
+    admin = repvar.Client(f"127.0.0.1:{coord.port}", tls_ca=f"{certs}/ca.pem",
+                          token_file=f"{certs}/admin.token")
+    try:
+        with open(health_port_file) as f:
+            health = f"127.0.0.1:{int(f.read())}"
+        assert check(stubs, health, "") == "SERVING"
+        assert check(stubs, health, "liveness") == "SERVING"
+        assert check(stubs, health, "repvar.v1.CoordinatorTrainers") == "SERVING"
+        assert check(stubs, health, "repvar.v1.NoSuchService") == grpc.StatusCode.NOT_FOUND
+        # The TLS listener takes no plaintext; the health listener nothing but health.
+        assert check(stubs, f"127.0.0.1:{coord.port}", "") == grpc.StatusCode.UNAVAILABLE
+        with grpc.insecure_channel(health) as channel:
+            for method in ("/repvar.v1.CoordinatorTrainers/ListVariables",
+                           "/repvar.v1.CoordinatorAdmin/Drain"):
+                with pytest.raises(grpc.RpcError) as refused:
+                    channel.unary_unary(method)(b"", timeout=10)
+                assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED, method
+        with pytest.raises(grpc.RpcError) as no_reflection:
+            list_services(stubs, health)
+        assert no_reflection.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        # Draining: not ready, still alive; both listeners agree.
+        assert admin.admin.Drain(cpb.DrainRequest(), timeout=10).draining
+        assert check(stubs, health, "") == "NOT_SERVING"
+        assert check(stubs, health, "repvar.v1.CoordinatorTrainers") == "NOT_SERVING"
+        assert check(stubs, health, "liveness") == "SERVING"
+        assert not admin.admin.Drain(cpb.DrainRequest(resume=True), timeout=10).draining
+        assert check(stubs, health, "") == "SERVING"
+    finally:
+        admin.close()
+        coord.stop()

@@ -5,6 +5,9 @@
 #include "common/base/memory_budget.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <optional>
 
 #include "tests/testing/status_matchers.h"
 
@@ -46,6 +49,21 @@ TEST(MemoryBudgetTest, ConnectionBudget_ForgottenWhenNothingHoldsIt) {
   auto again = connections.For("ipv4:127.0.0.1:1000");
   ASSERT_OK(again->Charge(60, "x"));
   again->Release(60);
+}
+
+// In a container the default budget follows the cgroup's limit, not the
+// node's memory: a limit is read from either cgroup version's file, and
+// "no limit" in either spelling leaves the machine's memory.
+TEST(MemoryBudgetTest, DefaultCapacity_FollowsTheCgroupLimit) {
+  EXPECT_EQ(MemoryBudget::ParseCgroupMemoryLimit("8589934592\n"), uint64_t{8} << 30);
+  EXPECT_EQ(MemoryBudget::ParseCgroupMemoryLimit("max\n"), std::nullopt);
+  EXPECT_EQ(MemoryBudget::ParseCgroupMemoryLimit("9223372036854771712"), std::nullopt);  // v1
+  EXPECT_EQ(MemoryBudget::ParseCgroupMemoryLimit(""), std::nullopt);
+  EXPECT_EQ(MemoryBudget::ParseCgroupMemoryLimit("12k"), std::nullopt);
+  const uint64_t half = MemoryBudget::HalfOfMemoryLimit();
+  EXPECT_GT(half, 0u);
+  EXPECT_LE(half, static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                      static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) / 2);
 }
 
 }  // namespace
