@@ -263,9 +263,8 @@ int main(int argc, char** argv) {
   });
 
   int sig = repvar::WaitForShutdownSignal([&] {
-    (void)repvar::ReloadDaemonTokens(repvar::GetSecurityFlags(),
-                                     absl::GetFlag(FLAGS_worker_token_file),
-                                     security->server.policy.get());
+    (void)repvar::ReloadDaemonSecurity(repvar::GetSecurityFlags(),
+                                       absl::GetFlag(FLAGS_worker_token_file), *security);
   });
 
   spdlog::info("signal {}: shutting down", sig);

@@ -187,8 +187,8 @@ int main(int argc, char** argv) {
       [&] { return absl::Now() - absl::FromUnixMillis(last_turn_ms) < absl::Seconds(30); });
 
   int sig = repvar::WaitForShutdownSignal([&] {
-    (void)repvar::ReloadDaemonTokens(repvar::GetSecurityFlags(), absl::GetFlag(FLAGS_token_file),
-                                     security->server.policy.get());
+    (void)repvar::ReloadDaemonSecurity(repvar::GetSecurityFlags(), absl::GetFlag(FLAGS_token_file),
+                                       *security);
   });
 
   spdlog::info("signal {}: shutting down", sig);

@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/rpc/security.h"
 
+#include <fcntl.h>
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/sha.h>
 #include <openssl/x509.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -293,10 +297,11 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const ServerSecuri
   std::shared_ptr<grpc::ServerCredentials> creds;
   if (security.tls()) {
     // Verified when presented; AccessPolicy requires one where it must.
-    grpc::SslServerCredentialsOptions options(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
-    options.pem_root_certs = security.tls_ca_pem;
-    options.pem_key_cert_pairs.push_back({security.tls_key_pem, security.tls_cert_pem});
-    creds = grpc::SslServerCredentials(options);
+    grpc::experimental::TlsServerCredentialsOptions options(security.certificates->provider());
+    options.watch_root_certs();
+    options.watch_identity_key_cert_pairs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+    creds = grpc::experimental::TlsServerCredentials(options);
   } else if (security.insecure) {
     return grpc::InsecureServerCredentials();
   } else {
@@ -317,7 +322,14 @@ grpc::ChannelArguments DefaultChannelArguments() {
 std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address,
                                            const ChannelSecurity& security) {
   std::shared_ptr<grpc::ChannelCredentials> creds;
-  if (!security.tls_ca_pem.empty()) {
+  if (security.certificates != nullptr) {
+    grpc::experimental::TlsChannelCredentialsOptions options;
+    options.set_certificate_provider(security.certificates->provider());
+    options.watch_root_certs();
+    options.watch_identity_key_cert_pairs();
+    options.set_verify_server_certs(true);
+    creds = grpc::experimental::TlsCredentials(options);
+  } else if (!security.tls_ca_pem.empty()) {
     grpc::SslCredentialsOptions options;
     options.pem_root_certs = security.tls_ca_pem;
     options.pem_cert_chain = security.tls_cert_pem;
@@ -382,16 +394,153 @@ absl::StatusOr<AccessPolicy::Tokens> LoadTokens(const SecurityFlags& flags,
 
 }  // namespace
 
-absl::Status ReloadDaemonTokens(const SecurityFlags& flags, const std::string& worker_token_file,
-                                AccessPolicy* policy) {
+absl::Status ReloadDaemonSecurity(const SecurityFlags& flags, const std::string& worker_token_file,
+                                  const DaemonSecurity& security) {
   absl::StatusOr<AccessPolicy::Tokens> tokens = LoadTokens(flags, worker_token_file);
-  absl::Status s = tokens.ok() ? policy->ReplaceTokens(*std::move(tokens)) : tokens.status();
+  absl::Status s =
+      tokens.ok() ? security.server.policy->ReplaceTokens(*std::move(tokens)) : tokens.status();
   if (s.ok()) {
     spdlog::info("token files reloaded");
   } else {
     spdlog::error("token files not reloaded (the old tokens stay): {}", s.ToString());
   }
-  return s;
+  if (security.server.certificates == nullptr) return s;
+  absl::Status c = security.server.certificates->Reload();
+  if (c.ok()) {
+    spdlog::info("certificates reloaded: new connections use them");
+  } else {
+    spdlog::error("certificates not reloaded (the old ones stay): {}", c.ToString());
+  }
+  return s.ok() ? c : s;
+}
+
+namespace {
+
+using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
+
+// The first certificate of a PEM text, or null.
+X509Ptr ParseCertificate(const std::string& pem) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+  return X509Ptr(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
+}
+
+// A certificate naming `name`, signed by a certificate of `ca_pem`, whose
+// private key is `key_pem`.
+absl::Status CheckCertificateSet(const std::string& cert_pem, const std::string& key_pem,
+                                 const std::string& ca_pem, absl::string_view name) {
+  X509Ptr cert = ParseCertificate(cert_pem);
+  if (cert == nullptr) return absl::InvalidArgumentError("the certificate file holds none");
+  absl::StatusOr<std::string> cn = CertificateCommonName(cert_pem);
+  if (!cn.ok() || *cn != name) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(cn.ok() ? absl::StrCat("the certificate's CN is \"", *cn, "\"")
+                             : std::string(cn.status().message()),
+                     "; this daemon's must be \"", name, "\""));
+  }
+  std::unique_ptr<BIO, decltype(&BIO_free)> key_bio(
+      BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())), &BIO_free);
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr), &EVP_PKEY_free);
+  if (key == nullptr) return absl::InvalidArgumentError("the key file holds no private key");
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    return absl::InvalidArgumentError("the key is not the certificate's");
+  }
+  std::unique_ptr<X509_STORE, decltype(&X509_STORE_free)> store(X509_STORE_new(), &X509_STORE_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> ca_bio(
+      BIO_new_mem_buf(ca_pem.data(), static_cast<int>(ca_pem.size())), &BIO_free);
+  int cas = 0;
+  while (X509* ca = PEM_read_bio_X509(ca_bio.get(), nullptr, nullptr, nullptr)) {
+    X509_STORE_add_cert(store.get(), ca);
+    X509_free(ca);
+    ++cas;
+  }
+  ERR_clear_error();
+  if (cas == 0) return absl::InvalidArgumentError("the CA file holds no certificate");
+  std::unique_ptr<X509_STORE_CTX, decltype(&X509_STORE_CTX_free)> ctx(X509_STORE_CTX_new(),
+                                                                      &X509_STORE_CTX_free);
+  if (X509_STORE_CTX_init(ctx.get(), store.get(), cert.get(), nullptr) != 1 ||
+      X509_verify_cert(ctx.get()) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CA does not vouch for the certificate: ",
+                     X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx.get()))));
+  }
+  return absl::OkStatus();
+}
+
+// Writes `text` to `path` through a temporary file and a rename (mode 0600).
+absl::Status WriteAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".new";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  if (!written || rename(tmp.c_str(), path.c_str()) != 0) {
+    unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ReloadableCertificates>> ReloadableCertificates::Load(
+    std::string cert_file, std::string key_file, std::string ca_file,
+    std::string certificate_name) {
+  const char* tmp = getenv("TMPDIR");
+  std::string dir =
+      absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/repvar-tls.XXXXXX");
+  if (mkdtemp(dir.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot make a private directory ", dir));
+  }
+  std::shared_ptr<ReloadableCertificates> certs(
+      new ReloadableCertificates(std::move(cert_file), std::move(key_file), std::move(ca_file),
+                                 std::move(certificate_name), std::move(dir)));
+  if (absl::Status s = certs->Reload(); !s.ok()) return s;
+  // gRPC reads the copies every second (and at once, here).
+  certs->provider_ = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      certs->dir_ + "/key.pem", certs->dir_ + "/cert.pem", certs->dir_ + "/ca.pem", 1);
+  return certs;
+}
+
+ReloadableCertificates::~ReloadableCertificates() {
+  provider_.reset();
+  for (const char* f : {"/key.pem", "/cert.pem", "/ca.pem"}) unlink((dir_ + f).c_str());
+  rmdir(dir_.c_str());
+}
+
+absl::Status ReloadableCertificates::Reload() {
+  absl::MutexLock lock(&mu_);
+  std::string pems[3];
+  const std::pair<const char*, const std::string*> files[3] = {
+      {"--tls_cert", &cert_file_}, {"--tls_key", &key_file_}, {"--tls_ca", &ca_file_}};
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<std::string> pem = ReadFile(files[i].first, *files[i].second);
+    if (!pem.ok()) return pem.status();
+    pems[i] = *std::move(pem);
+  }
+  if (absl::Status s = CheckCertificateSet(pems[0], pems[1], pems[2], certificate_name_); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls_cert=", cert_file_, ": ", s.message()));
+  }
+  // The key first: gRPC takes a certificate and key only when they match,
+  // so a read between the renames keeps the old pair for another second.
+  for (auto [name, text] : {std::pair{"/key.pem", &pems[1]}, std::pair{"/cert.pem", &pems[0]},
+                            std::pair{"/ca.pem", &pems[2]}}) {
+    if (absl::Status s = WriteAtomically(dir_ + name, *text); !s.ok()) return s;
+  }
+  cert_pem_ = pems[0];
+  ca_pem_ = pems[2];
+  return absl::OkStatus();
+}
+
+std::string ReloadableCertificates::cert_pem() const {
+  absl::MutexLock lock(&mu_);
+  return cert_pem_;
+}
+
+std::string ReloadableCertificates::ca_pem() const {
+  absl::MutexLock lock(&mu_);
+  return ca_pem_;
 }
 
 absl::StatusOr<std::string> CertificateCommonName(const std::string& pem) {
@@ -430,26 +579,20 @@ absl::StatusOr<DaemonSecurity> LoadDaemonSecurity(const SecurityFlags& flags,
     spdlog::warn("--insecure: no token or certificate is checked on {}", listen_address);
   }
   DaemonSecurity out;
-  absl::StatusOr<ChannelSecurity> channel =
-      LoadChannelSecurity(flags.tls_ca, flags.tls_cert, flags.tls_key, worker_token_file);
+  absl::StatusOr<ChannelSecurity> channel = LoadChannelSecurity("", "", "", worker_token_file);
   if (!channel.ok()) return channel.status();
   out.channel = *std::move(channel);
   if (tls) {
-    absl::StatusOr<std::string> cn = CertificateCommonName(out.channel.tls_cert_pem);
-    if (!cn.ok() || *cn != certificate_name) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--tls_cert=", flags.tls_cert, ": ",
-          cn.ok() ? absl::StrCat("its CN is \"", *cn, "\"") : std::string(cn.status().message()),
-          "; this daemon's must be \"", certificate_name, "\""));
-    }
+    absl::StatusOr<std::shared_ptr<ReloadableCertificates>> certs = ReloadableCertificates::Load(
+        flags.tls_cert, flags.tls_key, flags.tls_ca, std::string(certificate_name));
+    if (!certs.ok()) return certs.status();
+    out.channel.certificates = *certs;
+    out.server.certificates = *std::move(certs);
   }
   absl::StatusOr<AccessPolicy::Tokens> tokens = LoadTokens(flags, worker_token_file);
   if (!tokens.ok()) return tokens.status();
   out.server.address = listen_address;
   out.server.insecure = flags.insecure && !tls && !IsLoopback(listen_address);
-  out.server.tls_ca_pem = out.channel.tls_ca_pem;
-  out.server.tls_cert_pem = out.channel.tls_cert_pem;
-  out.server.tls_key_pem = out.channel.tls_key_pem;
   out.server.policy = std::make_shared<AccessPolicy>(tls, *std::move(tokens));
   return out;
 }

@@ -35,6 +35,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/auth_metadata_processor.h>
+#include <grpcpp/security/tls_certificate_provider.h>
 
 #include <array>
 #include <cstdint>
@@ -135,19 +136,64 @@ class AccessPolicy {
 // PERMISSION_DENIED otherwise, naming both tasks.
 grpc::Status CheckCallerIsTask(const grpc::ServerContextBase& ctx, const TaskKey& task);
 
+// A daemon's certificate, key and CA as gRPC's TLS credentials read them:
+// copies in a private directory (mode 0700, removed with this object) that
+// gRPC checks every second. Reload (SIGHUP) reads the operator's files and
+// replaces the copies only when they make a valid set: a certificate naming
+// this daemon, signed by the CA, with its key. New connections then use
+// them within a second; established ones keep theirs. Thread-safe.
+class ReloadableCertificates {
+ public:
+  // Errors: INVALID_ARGUMENT (an unreadable file, a set that is not valid),
+  // INTERNAL (the private directory).
+  static absl::StatusOr<std::shared_ptr<ReloadableCertificates>> Load(std::string cert_file,
+                                                                      std::string key_file,
+                                                                      std::string ca_file,
+                                                                      std::string certificate_name);
+  ~ReloadableCertificates();
+  ReloadableCertificates(const ReloadableCertificates&) = delete;
+  ReloadableCertificates& operator=(const ReloadableCertificates&) = delete;
+
+  // Errors as Load's; the copies then stay as they were.
+  absl::Status Reload();
+  // The PEM text of the set in use.
+  std::string cert_pem() const;
+  std::string ca_pem() const;
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider() const {
+    return provider_;
+  }
+
+ private:
+  ReloadableCertificates(std::string cert_file, std::string key_file, std::string ca_file,
+                         std::string certificate_name, std::string dir)
+      : cert_file_(std::move(cert_file)),
+        key_file_(std::move(key_file)),
+        ca_file_(std::move(ca_file)),
+        certificate_name_(std::move(certificate_name)),
+        dir_(std::move(dir)) {}
+
+  const std::string cert_file_, key_file_, ca_file_, certificate_name_, dir_;
+  mutable absl::Mutex mu_;
+  std::string cert_pem_ ABSL_GUARDED_BY(mu_), ca_pem_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;
+};
+
 // A daemon's credentials, as its flags give them.
 struct ServerSecurity {
-  std::string address;                                // the listen address
-  std::string tls_cert_pem, tls_key_pem, tls_ca_pem;  // all empty: plaintext
+  std::string address;                                   // the listen address
+  std::shared_ptr<ReloadableCertificates> certificates;  // null: plaintext
   bool insecure = false;
   std::shared_ptr<AccessPolicy> policy;
-  bool tls() const { return !tls_cert_pem.empty(); }
+  bool tls() const { return certificates != nullptr; }
 };
 // How a process calls the others.
 struct ChannelSecurity {
   std::string tls_ca_pem;                 // empty: plaintext
   std::string tls_cert_pem, tls_key_pem;  // optional client certificate
-  std::string token;                      // sent as "authorization: Bearer <token>"; empty: none
+  // A daemon's own (then the three above are unused): its certificate as
+  // the client's, reloaded with the listener's.
+  std::shared_ptr<ReloadableCertificates> certificates;
+  std::string token;  // sent as "authorization: Bearer <token>"; empty: none
 };
 
 // The listener's credentials, with the policy's processor attached
@@ -187,11 +233,12 @@ absl::StatusOr<DaemonSecurity> LoadDaemonSecurity(const SecurityFlags& flags,
 absl::StatusOr<std::string> CertificateCommonName(const std::string& pem);
 
 // SIGHUP: reads the token files of `flags` and `worker_token_file` again
-// and makes them the accepted tokens of `policy`. On any error the old ones
-// stay (and the error is returned). Logs the outcome. The token a daemon sends changes at its
-// next start.
-absl::Status ReloadDaemonTokens(const SecurityFlags& flags, const std::string& worker_token_file,
-                                AccessPolicy* policy);
+// and makes them the accepted tokens of the daemon's policy, and reloads its
+// certificates (ReloadableCertificates). Each keeps its old files on an
+// error (returned, the first one). Logs the outcome. The token a daemon
+// sends changes at its next start.
+absl::Status ReloadDaemonSecurity(const SecurityFlags& flags, const std::string& worker_token_file,
+                                  const DaemonSecurity& security);
 
 // A client's channel security from file paths (any may be empty). Errors:
 // INVALID_ARGUMENT naming the file that cannot be read or is empty.

@@ -365,6 +365,61 @@ TEST_F(SecurityTest, X1_Sighup_ReloadsTheTokenFiles_ABadFileKeepsTheOld) {
   EXPECT_OK((*rotated)->GetTopology());
 }
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void WriteAll(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+TEST_F(SecurityTest, X1_Sighup_ReloadsTheCertificates_AnInvalidSetKeepsTheOld) {
+  const std::string old_ca = cluster_.dir() + "/old-ca.pem";
+  WriteAll(old_ca, ReadAll(cluster_.cert("ca.pem")));
+  // A client trusting the CA that signed what the coordinator presents
+  // connects; one trusting another CA is refused at the handshake.
+  auto fresh_client = [&](const std::string& ca) {
+    ClientOptions o = ClientOptionsFor("trainer.token");
+    o.tls_ca_file = ca;
+    o.max_attempts = 1;
+    o.deadline = Scaled(absl::Seconds(10));
+    auto c = Client::Connect(o);
+    EXPECT_OK(c);
+    return c.ok() ? (*c)->GetTopology().status() : c.status();
+  };
+  EXPECT_OK(fresh_client(old_ca));
+  EXPECT_THAT(fresh_client(cluster_.cert("other-ca.pem")),
+              StatusIs(absl::StatusCode::kUnavailable));
+
+  // An invalid set (the key is another certificate's): logged, nothing changes.
+  WriteAll(cluster_.cert("coordinator.key"), ReadAll(cluster_.cert("tpu_worker-0.key")));
+  cluster_.coordinator().Kill(SIGHUP);
+  bool logged = false;
+  for (absl::Time until = absl::Now() + Scaled(absl::Seconds(10)); !logged && absl::Now() < until;
+       absl::SleepFor(absl::Milliseconds(50))) {
+    logged =
+        absl::StrContains(ReadAll(cluster_.coordinator().log_path()), "certificates not reloaded");
+  }
+  EXPECT_TRUE(logged);
+  absl::SleepFor(absl::Milliseconds(1500));  // past the copies' refresh period
+  EXPECT_OK(fresh_client(old_ca));
+
+  // The operator rotates to a certificate of another CA (and that CA): after
+  // SIGHUP new connections get it, within the copies' one-second refresh.
+  WriteAll(cluster_.cert("coordinator.pem"), ReadAll(cluster_.cert("other-ca-coordinator.pem")));
+  WriteAll(cluster_.cert("coordinator.key"), ReadAll(cluster_.cert("other-ca-coordinator.key")));
+  WriteAll(cluster_.cert("ca.pem"), ReadAll(cluster_.cert("other-ca.pem")));
+  cluster_.coordinator().Kill(SIGHUP);
+  absl::Status s = absl::UnknownError("not tried");
+  for (absl::Time until = absl::Now() + Scaled(absl::Seconds(10)); !s.ok() && absl::Now() < until;
+       absl::SleepFor(absl::Milliseconds(100))) {
+    s = fresh_client(cluster_.cert("other-ca.pem"));
+  }
+  EXPECT_OK(s);
+  EXPECT_THAT(fresh_client(old_ca), StatusIs(absl::StatusCode::kUnavailable));
+}
+
 // Whether `bytes` holds `value` as a protobuf varint or fixed64.
 bool Shows(const std::string& bytes, uint64_t value) {
   std::string varint;
@@ -453,7 +508,7 @@ class SecurityStartupTest : public ::testing::Test {
   std::string Cert(const std::string& f) { return dir_.path() + "/certs/" + f; }
   void SetUp() override {
     ASSERT_EQ(std::system(absl::StrCat(REPVAR_SOURCE_DIR, "/deploy/make-certs.sh ", dir_.path(),
-                                       "/certs --workers tpu_worker:0")
+                                       "/certs --workers tpu_worker:0 --other-ca")
                               .c_str()),
               0);
   }
@@ -466,10 +521,14 @@ class SecurityStartupTest : public ::testing::Test {
   std::string last_log_;
 };
 
-TEST_F(SecurityStartupTest, X1_TlsWithoutTokens_OrWithAnotherNamesCertificate_Refused) {
+TEST_F(SecurityStartupTest, X1_TlsWithoutTokens_AnotherNamesCertificate_UnsignedOrWrongKey_Refused) {
   const std::string coordinator = "server/repvar-coordinator";
   std::vector<std::string> tokens = {"--worker_token_file=" + Cert("worker.token"),
                                      "--trainer_token_file=" + Cert("trainer.token")};
+  auto good_flags = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), tokens.begin(), tokens.end());
+    return flags;
+  };
   EXPECT_EQ(Run(coordinator, Tls("coordinator")), 2);
   EXPECT_NE(last_log_.find("--trainer_token_file"), std::string::npos) << last_log_;
   std::vector<std::string> wrong_name = Tls("tpu_worker-0");
@@ -479,6 +538,17 @@ TEST_F(SecurityStartupTest, X1_TlsWithoutTokens_OrWithAnotherNamesCertificate_Re
   std::vector<std::string> partial = {"--listen_address=127.0.0.1:0", "--ephemeral",
                                       "--tls_cert=" + Cert("coordinator.pem")};
   EXPECT_EQ(Run(coordinator, partial), 2);
+  // A certificate the CA did not sign, or a key that is not the
+  // certificate's: refused at startup, naming the problem.
+  std::vector<std::string> other_ca = good_flags(Tls("coordinator"));
+  other_ca[2] = "--tls_cert=" + Cert("other-ca-coordinator.pem");
+  other_ca[3] = "--tls_key=" + Cert("other-ca-coordinator.key");
+  EXPECT_EQ(Run(coordinator, other_ca), 2);
+  EXPECT_NE(last_log_.find("the CA does not vouch"), std::string::npos) << last_log_;
+  std::vector<std::string> wrong_key = good_flags(Tls("coordinator"));
+  wrong_key[3] = "--tls_key=" + Cert("tpu_worker-0.key");
+  EXPECT_EQ(Run(coordinator, wrong_key), 2);
+  EXPECT_NE(last_log_.find("the key is not the certificate's"), std::string::npos) << last_log_;
   // With everything: serves.
   std::vector<std::string> good = Tls("coordinator");
   good.insert(good.end(), tokens.begin(), tokens.end());
