@@ -31,6 +31,10 @@ class RpcMetrics : public grpc::experimental::Interceptor {
         // Printable ASCII only: it goes on log lines.
         for (char& c : request_id_) c = (c > ' ' && c < 127) ? c : '?';
       }
+      if (request_id_.empty()) request_id_ = absl::StrFormat("%016x", RandomNonZero64());
+      // The handler sees this one (RequestIdOf); request_id_ outlives the call.
+      metadata->erase(kRequestIdKey);
+      metadata->emplace(kRequestIdKey, request_id_);
     }
     if (methods->QueryInterceptionHookPoint(Hook::PRE_SEND_STATUS)) {
       const grpc::Status status = methods->GetSendStatus();
@@ -64,13 +68,18 @@ class RpcMetrics : public grpc::experimental::Interceptor {
     return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
   }
 
-  static constexpr char kRequestIdKey[] = "x-request-id";
   const std::string method_;
   const absl::Time start_;
   std::string request_id_;
 };
 
 }  // namespace
+
+std::string RequestIdOf(const grpc::ServerContextBase& ctx) {
+  const auto& metadata = ctx.client_metadata();
+  auto it = metadata.find(kRequestIdKey);
+  return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
 
 grpc::experimental::Interceptor* RpcMetricsFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {

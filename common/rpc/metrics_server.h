@@ -6,6 +6,7 @@
 #ifndef REPVAR_COMMON_RPC_METRICS_SERVER_H_
 #define REPVAR_COMMON_RPC_METRICS_SERVER_H_
 
+#include <grpcpp/server_context.h>
 #include <grpcpp/support/server_interceptor.h>
 
 #include <functional>
@@ -27,13 +28,20 @@ namespace repvar {
 // metadata to the status sent; and writes its access log line ("rpc
 // request_id=... method=... code=... ms=...": DEBUG, WARN when it failed on
 // this side) with the caller's "x-request-id" (else a fresh one), which goes
-// back in the trailing metadata. Calls the access policy refused never get
-// here (repvar_auth_refused_total counts them).
+// back in the trailing metadata and, for the handler, replaces the caller's
+// in the call's client metadata (RequestIdOf). Calls the access policy
+// refused never get here (repvar_auth_refused_total counts them).
 class RpcMetricsFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override;
 };
+
+inline constexpr char kRequestIdKey[] = "x-request-id";
+
+// The call's request id, as RpcMetricsFactory made it ("" on a server
+// without it). Handlers log under it: ScopedRequestId(RequestIdOf(*ctx)).
+std::string RequestIdOf(const grpc::ServerContextBase& ctx);
 
 class MetricsServer {
  public:

@@ -3,8 +3,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
+#include "spdlog/spdlog.h"
 
 namespace repvar::server {
+
+void Coordinator::SetDraining(bool draining) {
+  if (draining_.exchange(draining) == draining) return;
+  spdlog::info(draining ? "draining: new changes are refused until resumed"
+                        : "resumed: changes are served again");
+}
+
 namespace {
 
 RegistryOptions RegistryOptionsOf(const CoordinatorOptions& o) {

@@ -118,7 +118,8 @@ class Coordinator {
   // beginning a step -- are refused with UNAVAILABLE (clients retry until
   // the coordinator serves again); reads, membership, and the open step's
   // reports and resolution go on. SetDraining(false) resumes.
-  void SetDraining(bool draining) { draining_ = draining; }
+  // Logged when it changes (an operator's audit trail).
+  void SetDraining(bool draining);
   bool draining() const { return draining_; }
 
   // ---- Variables (see Registry and Replication for the errors) ----

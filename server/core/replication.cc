@@ -558,6 +558,7 @@ absl::Status Replication::Delete(const RequestKey& key, absl::string_view name) 
   }
   RankedLock lock(&mu_);
   write_locks_.erase(id);
+  spdlog::info("variable {} (id {}) deleted", std::string(name), id);
   return absl::OkStatus();
 }
 

@@ -5,26 +5,30 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/logging.h"
 #include "common/base/status_util.h"
 #include "common/model/names.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/metrics_server.h"
 #include "common/rpc/to_proto.h"
 #include "spdlog/spdlog.h"
 
 namespace repvar::server {
 
-grpc::Status AdminService::DeleteVariable(grpc::ServerContext*,
+grpc::Status AdminService::DeleteVariable(grpc::ServerContext* ctx,
                                           const v1::DeleteVariableRequest* req,
                                           v1::DeleteVariableResponse*) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   if (absl::Status s = ValidateRequestId(req->request_id()); !s.ok()) return ToGrpcStatus(s);
   return ToGrpcStatus(
       core_->DeleteVariable(RequestKey{req->request_id(), Digest(*req)}, req->name()));
 }
 
-grpc::Status AdminService::GetClusterStatus(grpc::ServerContext*,
+grpc::Status AdminService::GetClusterStatus(grpc::ServerContext* ctx,
                                             const v1::GetClusterStatusRequest*,
                                             v1::ClusterStatus* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   TopologyToProto(core_->registry().Snapshot(), resp->mutable_topology());
   for (const VariableView& v : core_->ListVariables("")) {
     VariableViewToProto(v, resp->add_variables());
@@ -33,8 +37,9 @@ grpc::Status AdminService::GetClusterStatus(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::Drain(grpc::ServerContext*, const v1::DrainRequest* req,
+grpc::Status AdminService::Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
                                  v1::DrainResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   core_->SetDraining(!req->resume());
   if (on_drain_) on_drain_(core_->draining());
   spdlog::warn("{}", core_->draining() ? "draining: new changes are refused until resumed"
@@ -48,6 +53,7 @@ grpc::Status AdminService::Drain(grpc::ServerContext*, const v1::DrainRequest* r
 grpc::Status AdminService::SaveCheckpoint(grpc::ServerContext* ctx,
                                           const v1::SaveCheckpointRequest* req,
                                           grpc::ServerWriter<v1::SaveCheckpointResponse>* writer) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   // An open step is waited for at most this long (or the call's deadline).
   constexpr absl::Duration kMaxWaitForStep = absl::Minutes(10);
   const absl::Time wait_until =

@@ -6,9 +6,11 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/base/status_util.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/metrics_server.h"
 #include "common/rpc/replica_stream.h"
 #include "common/rpc/to_proto.h"
 
@@ -45,6 +47,16 @@ absl::Status Named(const WorkerTarget& target, absl::Status s) {
                                              target.address, ": ", s.message()));
 }
 
+// A call made for the request the calling thread serves carries its id
+// (x-request-id): the worker's log lines about it show the same id.
+std::shared_ptr<grpc::ClientContext> CallContext() {
+  auto ctx = std::make_shared<grpc::ClientContext>();
+  if (absl::string_view id = CurrentRequestId(); !id.empty()) {
+    ctx->AddMetadata(kRequestIdKey, std::string(id));
+  }
+  return ctx;
+}
+
 // A unary call in flight: owns what the call needs until its callback.
 template <typename Req, typename Resp, typename DoneT>
 struct UnaryCall {
@@ -56,7 +68,7 @@ struct UnaryCall {
   ~UnaryCall() { in_flight->Remove(key, ctx.get()); }
   std::shared_ptr<GrpcWorkerClient::InFlight> in_flight;
   std::string key;
-  std::shared_ptr<grpc::ClientContext> ctx = std::make_shared<grpc::ClientContext>();
+  std::shared_ptr<grpc::ClientContext> ctx = CallContext();
   Req req;
   Resp resp;
   DoneT done;
@@ -127,7 +139,7 @@ class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest
   WorkerClient::Done done_;
   const std::shared_ptr<GrpcWorkerClient::InFlight> in_flight_;
   const std::string key_;
-  const std::shared_ptr<grpc::ClientContext> ctx_ = std::make_shared<grpc::ClientContext>();
+  const std::shared_ptr<grpc::ClientContext> ctx_ = CallContext();
   v1::WriteReplicasResponse resp_;
   v1::WriteReplicasRequest msg_;
   size_t index_ = 0;     // the write being sent
@@ -186,7 +198,7 @@ class ReadCall final : public grpc::ClientReadReactor<v1::ReadVariableChunk> {
   WorkerClient::ReadDone done_;
   const std::shared_ptr<GrpcWorkerClient::InFlight> in_flight_;
   const std::string key_;
-  const std::shared_ptr<grpc::ClientContext> ctx_ = std::make_shared<grpc::ClientContext>();
+  const std::shared_ptr<grpc::ClientContext> ctx_ = CallContext();
   v1::ReadReplicaRequest req_;
   v1::ReadVariableChunk msg_;
   ReplicaReceiver receiver_;

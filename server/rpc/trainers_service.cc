@@ -2,11 +2,13 @@
 #include "server/rpc/trainers_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/base/status_util.h"
 #include "common/model/names.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/metrics_server.h"
 #include "common/rpc/to_proto.h"
 #include "spdlog/spdlog.h"
 
@@ -29,8 +31,9 @@ absl::StatusOr<RequestKey> KeyOf(const std::string& request_id,
 
 }  // namespace
 
-grpc::Status TrainersService::GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*,
+grpc::Status TrainersService::GetTopology(grpc::ServerContext* ctx, const v1::GetTopologyRequest*,
                                           v1::Topology* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   TopologyToProto(core_->registry().Snapshot(), resp);
   return grpc::Status::OK;
 }
@@ -38,6 +41,7 @@ grpc::Status TrainersService::GetTopology(grpc::ServerContext*, const v1::GetTop
 grpc::Status TrainersService::WatchTopology(grpc::ServerContext* ctx,
                                             const v1::WatchTopologyRequest* req,
                                             grpc::ServerWriter<v1::Topology>* writer) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   int64_t after = req->after_version();
   while (!ctx->IsCancelled() && !shutting_down_) {
     TopologySnapshot snap =
@@ -54,6 +58,7 @@ grpc::Status TrainersService::WatchTopology(grpc::ServerContext* ctx,
 grpc::Status TrainersService::WaitForTopology(grpc::ServerContext* ctx,
                                               const v1::WaitForTopologyRequest* req,
                                               v1::Topology* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms()));
   absl::Time call_deadline = absl::FromChrono(ctx->deadline());
   if (call_deadline < deadline) deadline = call_deadline;
@@ -63,9 +68,10 @@ grpc::Status TrainersService::WaitForTopology(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status TrainersService::CreateVariables(grpc::ServerContext*,
+grpc::Status TrainersService::CreateVariables(grpc::ServerContext* ctx,
                                               const v1::CreateVariablesRequest* req,
                                               v1::CreateVariablesResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto key = KeyOf(req->request_id(), *req);
   if (!key.ok()) return Fail("CreateVariables", key.status());
   std::vector<CreateItem> items;
@@ -84,26 +90,30 @@ grpc::Status TrainersService::CreateVariables(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status TrainersService::GetVariable(grpc::ServerContext*, const v1::GetVariableRequest* req,
+grpc::Status TrainersService::GetVariable(grpc::ServerContext* ctx,
+                                          const v1::GetVariableRequest* req,
                                           v1::VariableInfo* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto view = core_->GetVariable(req->name());
   if (!view.ok()) return Fail("GetVariable", view.status());
   VariableViewToProto(*view, resp);
   return grpc::Status::OK;
 }
 
-grpc::Status TrainersService::ListVariables(grpc::ServerContext*,
+grpc::Status TrainersService::ListVariables(grpc::ServerContext* ctx,
                                             const v1::ListVariablesRequest* req,
                                             v1::ListVariablesResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   for (const VariableView& v : core_->ListVariables(req->collection())) {
     VariableViewToProto(v, resp->add_variables());
   }
   return grpc::Status::OK;
 }
 
-grpc::Status TrainersService::InitializeVariables(grpc::ServerContext*,
+grpc::Status TrainersService::InitializeVariables(grpc::ServerContext* ctx,
                                                   const v1::InitializeVariablesRequest* req,
                                                   v1::InitializeVariablesResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto key = KeyOf(req->request_id(), *req);
   if (!key.ok()) return Fail("InitializeVariables", key.status());
   std::vector<InitializeItem> items;
@@ -128,9 +138,10 @@ grpc::Status TrainersService::InitializeVariables(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status TrainersService::IsInitialized(grpc::ServerContext*,
+grpc::Status TrainersService::IsInitialized(grpc::ServerContext* ctx,
                                             const v1::IsInitializedRequest* req,
                                             v1::IsInitializedResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   for (const std::string& name : req->names()) {
     auto view = core_->GetVariable(name);
     if (!view.ok()) return Fail("IsInitialized", view.status());
@@ -149,6 +160,7 @@ namespace {}  // namespace
 grpc::Status TrainersService::AssignVariable(grpc::ServerContext* ctx,
                                              grpc::ServerReader<v1::AssignVariableRequest>* reader,
                                              v1::AssignVariableResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   v1::AssignVariableRequest msg;
   if (!reader->Read(&msg) || !msg.has_header()) {
     return Fail("AssignVariable",
@@ -193,9 +205,10 @@ grpc::Status TrainersService::AssignVariable(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status TrainersService::AssignVariables(grpc::ServerContext*,
+grpc::Status TrainersService::AssignVariables(grpc::ServerContext* ctx,
                                               const v1::AssignVariablesRequest* req,
                                               v1::AssignVariablesResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto key = KeyOf(req->request_id(), *req);
   if (!key.ok()) return Fail("AssignVariables", key.status());
   std::vector<Assignment> items;
@@ -223,6 +236,7 @@ grpc::Status TrainersService::AssignVariables(grpc::ServerContext*,
 grpc::Status TrainersService::ReadVariable(grpc::ServerContext* ctx,
                                            const v1::ReadVariableRequest* req,
                                            grpc::ServerWriter<v1::ReadVariableResponse>* writer) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto read = core_->Read(req->name());
   if (!read.ok()) return Fail("ReadVariable", read.status());
   const Tensor& t = *read->value;
@@ -240,9 +254,10 @@ grpc::Status TrainersService::ReadVariable(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status TrainersService::ReadVariables(grpc::ServerContext*,
+grpc::Status TrainersService::ReadVariables(grpc::ServerContext* ctx,
                                             const v1::ReadVariablesRequest* req,
                                             v1::ReadVariablesResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   std::vector<std::pair<std::string, ReadResult>> reads;
   uint64_t total = 0;
   for (const std::string& name : req->names()) {

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The step RPCs of TrainersService: conversions and the event stream over the
 // core's BeginStep / AbortStep / GetSteps / WaitStepEvents.
+#include "common/base/logging.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/metrics_server.h"
 #include "common/rpc/to_proto.h"
 #include "server/rpc/trainers_service.h"
 
@@ -13,27 +15,31 @@ constexpr absl::Duration kPollSlice = absl::Milliseconds(500);
 
 }  // namespace
 
-grpc::Status TrainersService::BeginStep(grpc::ServerContext*, const v1::BeginStepRequest* req,
+grpc::Status TrainersService::BeginStep(grpc::ServerContext* ctx, const v1::BeginStepRequest* req,
                                         v1::StepInfo* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto step = core_->BeginStepShared(req->step(), absl::Milliseconds(req->barrier_timeout_ms()));
   if (!step.ok()) return ToGrpcStatus(step.status());
   steps_->Answer(*step, req->known_layout(), resp);
   return grpc::Status::OK;
 }
 
-grpc::Status TrainersService::AbortStep(grpc::ServerContext*, const v1::AbortStepRequest* req,
+grpc::Status TrainersService::AbortStep(grpc::ServerContext* ctx, const v1::AbortStepRequest* req,
                                         v1::AbortStepResponse*) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   return ToGrpcStatus(core_->AbortStep(req->epoch(), req->reason()));
 }
 
-grpc::Status TrainersService::GetSteps(grpc::ServerContext*, const v1::GetStepsRequest*,
+grpc::Status TrainersService::GetSteps(grpc::ServerContext* ctx, const v1::GetStepsRequest*,
                                        v1::StepsStatus* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   StepsStatusToProto(core_->GetSteps(), resp);
   return grpc::Status::OK;
 }
 
 grpc::Status TrainersService::WatchSteps(grpc::ServerContext* ctx, const v1::WatchStepsRequest* req,
                                          grpc::ServerWriter<v1::StepEvent>* writer) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   int64_t after = req->after_seq();
   while (!ctx->IsCancelled() && !shutting_down_) {
     for (const StepEvent& e : core_->WaitStepEvents(after, absl::Now() + kPollSlice)) {

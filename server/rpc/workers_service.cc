@@ -3,8 +3,10 @@
 
 #include <algorithm>
 
+#include "common/base/logging.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/metrics_server.h"
 #include "common/rpc/security.h"
 #include "common/rpc/to_proto.h"
 #include "spdlog/spdlog.h"
@@ -35,6 +37,7 @@ WorkersService::~WorkersService() {
 grpc::ServerUnaryReactor* WorkersService::RegisterWorker(grpc::CallbackServerContext* ctx,
                                                          const v1::RegisterWorkerRequest* req,
                                                          v1::RegisterWorkerResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (grpc::Status s = CheckCallerIsTask(*ctx, TaskKey{req->job(), req->task()}); !s.ok()) {
     reactor->Finish(s);
@@ -72,6 +75,7 @@ grpc::ServerUnaryReactor* WorkersService::RegisterWorker(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* WorkersService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                     const v1::HeartbeatRequest* req,
                                                     v1::HeartbeatResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   // Answered at once, on the callback thread: a lock and a map update.
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const TaskKey task{req->job(), req->task()};
@@ -85,8 +89,9 @@ grpc::ServerUnaryReactor* WorkersService::Heartbeat(grpc::CallbackServerContext*
   return reactor;
 }
 
-grpc::Status WorkersService::GetStep(grpc::ServerContext*, const v1::GetStepRequest* req,
+grpc::Status WorkersService::GetStep(grpc::ServerContext* ctx, const v1::GetStepRequest* req,
                                      v1::StepInfo* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto step = core_->GetStepShared(req->epoch());
   if (!step.ok()) return ToGrpcStatus(step.status());
   steps_->Answer(*step, req->known_layout(), resp);
@@ -96,6 +101,7 @@ grpc::Status WorkersService::GetStep(grpc::ServerContext*, const v1::GetStepRequ
 grpc::ServerUnaryReactor* WorkersService::ReportStep(grpc::CallbackServerContext* ctx,
                                                      const v1::ReportStepRequest* req,
                                                      v1::StepPlan* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   WorkerReport report = ReportFromProto(*req);
   if (grpc::Status s = CheckCallerIsTask(*ctx, report.task); !s.ok()) {
@@ -131,6 +137,7 @@ grpc::ServerUnaryReactor* WorkersService::ReportStep(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* WorkersService::FinishStep(grpc::CallbackServerContext* ctx,
                                                      const v1::FinishStepRequest* req,
                                                      v1::StepResolution* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (grpc::Status s = CheckCallerIsTask(*ctx, TaskKey{req->job(), req->task()}); !s.ok()) {
     reactor->Finish(s);
@@ -153,6 +160,7 @@ grpc::ServerUnaryReactor* WorkersService::FinishStep(grpc::CallbackServerContext
 
 grpc::Status WorkersService::WaitStep(grpc::ServerContext* ctx, const v1::WaitStepRequest* req,
                                       v1::StepResolution* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   const absl::Time deadline =
       PollDeadline(ctx, absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms())));
   while (!ctx->IsCancelled() && !shutting_down_) {
@@ -168,13 +176,15 @@ grpc::Status WorkersService::WaitStep(grpc::ServerContext* ctx, const v1::WaitSt
   return grpc::Status(grpc::StatusCode::CANCELLED, "the call or the server ended");
 }
 
-grpc::Status WorkersService::StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* req,
+grpc::Status WorkersService::StoreSet(grpc::ServerContext* ctx, const v1::StoreSetRequest* req,
                                       v1::StoreSetResponse*) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   return ToGrpcStatus(core_->store().Set(req->key(), req->value()));
 }
 
 grpc::Status WorkersService::StoreGet(grpc::ServerContext* ctx, const v1::StoreGetRequest* req,
                                       v1::StoreGetResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto value = core_->store().Get(
       req->key(), PollDeadline(ctx, absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms()))));
   if (!value.ok()) return ToGrpcStatus(value.status());

@@ -167,7 +167,7 @@ TEST_F(MetricsTest, Workers_HeldBytesAndCalls_HealthzWhenReady) {
   EXPECT_EQ(Get("coordinator", "/nothing").first, 404);
 }
 
-TEST_F(MetricsTest, RequestId_EchoedInTrailers_OnTheLogLineOfAFailedCall) {
+TEST_F(MetricsTest, RequestId_EchoedInTrailers_OnTheLinesAboutTheCall) {
   auto security =
       LoadChannelSecurity(cluster_.cert("ca.pem"), "", "", cluster_.cert("admin.token"));
   ASSERT_OK(security);
@@ -198,7 +198,23 @@ TEST_F(MetricsTest, RequestId_EchoedInTrailers_OnTheLogLineOfAFailedCall) {
                                 "rpc request_id=req-0123456789 "
                                 "method=/repvar.v1.CoordinatorTrainers/BeginStep code=UNAVAILABLE"))
       << text.str();
-  ASSERT_OK(client_->Drain(/*resume=*/true));
+  // Lines about a request carry its id: drain it as the admin with an id,
+  // and the coordinator's line saying so shows it.
+  {
+    auto admin = v1::CoordinatorAdmin::NewStub(OpenChannel(cluster_.address(), *security));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-request-id", "req-resume-42");
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));
+    v1::DrainRequest req;
+    req.set_resume(true);
+    v1::DrainResponse resp;
+    ASSERT_TRUE(admin->Drain(&ctx, req, &resp).ok());
+    EXPECT_FALSE(resp.draining());
+  }
+  std::ifstream log2(cluster_.coordinator().log_path());
+  std::stringstream text2;
+  text2 << log2.rdbuf();
+  EXPECT_TRUE(absl::StrContains(text2.str(), "request_id=req-resume-42 resumed: ")) << text2.str();
   // Without one, the answer names the id the call was given.
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + Scaled(absl::Seconds(10))));

@@ -4,10 +4,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/base/status_util.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/metrics_server.h"
 #include "common/rpc/to_proto.h"
 #include "worker/core/write_sessions.h"
 #include "worker/rpc/streams.h"
@@ -23,9 +25,10 @@ grpc::Status Answer(absl::StatusOr<uint64_t> checksum, v1::WriteReplicasResponse
 
 }  // namespace
 
-grpc::Status ReplicasService::WriteReplicas(grpc::ServerContext*,
+grpc::Status ReplicasService::WriteReplicas(grpc::ServerContext* ctx,
                                             grpc::ServerReader<v1::WriteReplicasRequest>* reader,
                                             v1::WriteReplicasResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   ReplicaWriteSession session(incarnation_, store_, data_plane_, budget_);
   if (absl::Status s = Drain(session, reader); !s.ok()) return ToGrpcStatus(s);
   return Answer(session.Finish(), resp);
@@ -34,6 +37,7 @@ grpc::Status ReplicasService::WriteReplicas(grpc::ServerContext*,
 grpc::ServerUnaryReactor* ReplicasService::WriteSmallReplicas(
     grpc::CallbackServerContext* ctx, const v1::WriteSmallReplicasRequest* req,
     v1::WriteReplicasResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish([&]() -> grpc::Status {
     ReplicaWriteSession session(incarnation_, store_, data_plane_, budget_);
@@ -52,6 +56,7 @@ grpc::ServerUnaryReactor* ReplicasService::WriteSmallReplicas(
 grpc::Status ReplicasService::ReadReplica(grpc::ServerContext* ctx,
                                           const v1::ReadReplicaRequest* req,
                                           grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   // A step's new value may be a moment from installed: wait for it, but give
   // up early enough that "not yet" reaches the caller before its deadline
   // does (at most a second, at most half the time left), and never longer
@@ -65,8 +70,10 @@ grpc::Status ReplicasService::ReadReplica(grpc::ServerContext* ctx,
   return SendReplica(ctx, *r, req->chunk_bytes(), writer);
 }
 
-grpc::Status ReplicasService::DropVariable(grpc::ServerContext*, const v1::DropVariableRequest* req,
+grpc::Status ReplicasService::DropVariable(grpc::ServerContext* ctx,
+                                           const v1::DropVariableRequest* req,
                                            v1::DropVariableResponse*) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   if (req->incarnation() != incarnation_) {
     return ToGrpcStatus(absl::AbortedError("drop meant for another incarnation"));
   }
@@ -74,9 +81,10 @@ grpc::Status ReplicasService::DropVariable(grpc::ServerContext*, const v1::DropV
   return grpc::Status::OK;
 }
 
-grpc::Status ReplicasService::GetReplicaStatus(grpc::ServerContext*,
+grpc::Status ReplicasService::GetReplicaStatus(grpc::ServerContext* ctx,
                                                const v1::GetReplicaStatusRequest* req,
                                                v1::GetReplicaStatusResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   if (req->fence_floor() != 0 && req->incarnation() != incarnation_) {
     return ToGrpcStatus(absl::AbortedError(absl::StrCat(
         "fence meant for incarnation ", req->incarnation(), "; this worker is ", incarnation_)));

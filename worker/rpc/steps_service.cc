@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/base/status_util.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/metrics_server.h"
 #include "common/rpc/to_proto.h"
 #include "worker/core/write_sessions.h"
 #include "worker/rpc/streams.h"
@@ -17,6 +19,7 @@ namespace repvar::worker {
 
 grpc::Status StepsService::StepRead(grpc::ServerContext* ctx, const v1::StepReadRequest* req,
                                     grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto r = steps_->Read(req->epoch(), req->variable_id(), req->replica());
   if (!r.ok()) return ToGrpcStatus(r.status());
   return SendReplica(ctx, *r, req->chunk_bytes(), writer);
@@ -29,6 +32,7 @@ std::shared_ptr<MemoryBudget> StepsService::Share(const grpc::ServerContext* ctx
 grpc::Status StepsService::StepWrite(grpc::ServerContext* ctx,
                                      grpc::ServerReader<v1::StepWriteRequest>* reader,
                                      v1::StepWriteResponse*) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   const std::shared_ptr<MemoryBudget> share = Share(ctx);
   StepWriteSession session(steps_, share.get());
   if (absl::Status s = Drain(session, reader); !s.ok()) return ToGrpcStatus(s);
@@ -38,6 +42,7 @@ grpc::Status StepsService::StepWrite(grpc::ServerContext* ctx,
 grpc::Status StepsService::StepWriteSmall(grpc::ServerContext* ctx,
                                           const v1::StepWriteSmallRequest* req,
                                           v1::StepWriteResponse*) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   const std::shared_ptr<MemoryBudget> share = Share(ctx);
   StepWriteSession session(steps_, share.get());
   for (const v1::StepWriteHeader& h : req->writes()) {
@@ -53,6 +58,7 @@ grpc::Status StepsService::StepWriteSmall(grpc::ServerContext* ctx,
 
 grpc::Status StepsService::CommitStep(grpc::ServerContext* ctx, const v1::CommitStepRequest* req,
                                       v1::StepResolution* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   steps_->Hint(req->step(), req->epoch(), req->layout_id(),
                absl::Milliseconds(req->barrier_timeout_ms()));
   std::vector<std::string> devices(req->devices().begin(), req->devices().end());
@@ -66,14 +72,16 @@ grpc::Status StepsService::CommitStep(grpc::ServerContext* ctx, const v1::Commit
   return grpc::Status::OK;
 }
 
-grpc::Status StepsService::DiscardStep(grpc::ServerContext*, const v1::DiscardStepRequest* req,
+grpc::Status StepsService::DiscardStep(grpc::ServerContext* ctx, const v1::DiscardStepRequest* req,
                                        v1::DiscardStepResponse*) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   steps_->Discard(req->epoch());
   return grpc::Status::OK;
 }
 
-grpc::Status StepsService::StepMap(grpc::ServerContext*, const v1::StepMapRequest* req,
+grpc::Status StepsService::StepMap(grpc::ServerContext* ctx, const v1::StepMapRequest* req,
                                    v1::StepMapResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   steps_->Hint(req->step(), req->epoch(), req->layout_id(),
                absl::Milliseconds(req->barrier_timeout_ms()));
   auto lease = steps_->Map(req->step(), req->epoch(), req->variable_id(), req->replica(),
@@ -88,8 +96,9 @@ grpc::Status StepsService::StepMap(grpc::ServerContext*, const v1::StepMapReques
   return grpc::Status::OK;
 }
 
-grpc::Status StepsService::StepUnmap(grpc::ServerContext*, const v1::StepUnmapRequest* req,
+grpc::Status StepsService::StepUnmap(grpc::ServerContext* ctx, const v1::StepUnmapRequest* req,
                                      v1::StepUnmapResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto checksum =
       steps_->Unmap(req->lease(), req->publish(),
                     req->has_checksum() ? std::optional<uint64_t>(req->checksum()) : std::nullopt);

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "nlohmann/json.hpp"
 #include "tests/testing/status_matchers.h"
 
@@ -47,6 +49,40 @@ TEST(JsonEscape, AnyMessage_ParsesBackAsTheSameString) {
   // Bytes that are not UTF-8 still give valid JSON (replaced).
   const std::string line = "{\"msg\":\"" + JsonEscape("bad \xff\xfe byte") + "\"}";
   EXPECT_FALSE(nlohmann::json::parse(line, nullptr, false).is_discarded()) << line;
+}
+
+// Formats one INFO line "hello" as `format` does.
+std::string Line(absl::string_view format) {
+  auto formatter = LogFormatter(format);
+  EXPECT_TRUE(formatter.ok());
+  spdlog::details::log_msg msg("test", spdlog::level::info, "hello");
+  spdlog::memory_buf_t out;
+  (*formatter)->format(msg, out);
+  return std::string(out.data(), out.size());
+}
+
+TEST(RequestId, OnTheLinesWrittenInItsScope_TextAndJson_ThenThePreviousOne) {
+  EXPECT_EQ(CurrentRequestId(), "");
+  EXPECT_EQ(Line("text").find("request_id"), std::string::npos) << Line("text");
+  EXPECT_FALSE(nlohmann::json::parse(Line("json")).contains("request_id"));
+  {
+    ScopedRequestId outer("req-1");
+    EXPECT_NE(Line("text").find("request_id=req-1 hello"), std::string::npos) << Line("text");
+    nlohmann::json j = nlohmann::json::parse(Line("json"));
+    EXPECT_EQ(j["request_id"], "req-1");
+    EXPECT_EQ(j["msg"], "hello");
+    {
+      ScopedRequestId inner("req\"2");  // escaped in JSON
+      EXPECT_EQ(nlohmann::json::parse(Line("json"))["request_id"], "req\"2");
+      // Another thread works for no request.
+      std::thread([] { EXPECT_EQ(CurrentRequestId(), ""); }).join();
+    }
+    EXPECT_EQ(CurrentRequestId(), "req-1");
+    ScopedRequestId none("");
+    EXPECT_EQ(CurrentRequestId(), "");
+  }
+  EXPECT_EQ(CurrentRequestId(), "");
+  EXPECT_THAT(LogFormatter("xml").status(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace
