@@ -255,6 +255,7 @@ absl::Status StepScope::WriteBatch(const std::vector<LocalWrite>& writes) {
     v1::StepWriteHeader* h = req.add_writes();
     impl_->FillHeader(*var, w.replica, w.bytes, h);
     h->set_inline_data(reinterpret_cast<const char*>(w.bytes.data()), w.bytes.size());
+    CountSentTensorBytes(w.bytes.size());
     total += w.bytes.size();
   }
   if (req.writes_size() == 0) return absl::OkStatus();

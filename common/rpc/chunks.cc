@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/rpc/chunks.h"
 
+#include "common/base/metrics.h"
 #include "common/base/status_util.h"
 #include "common/rpc/from_proto.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -8,7 +9,28 @@
 
 namespace repvar {
 
+namespace {
+
+Counter& TensorBytes(const char* direction) {
+  return Metrics::Global().GetCounter("repvar_tensor_bytes_total",
+                                      "tensor bytes sent or received in messages, by direction",
+                                      {{"direction", direction}});
+}
+
+}  // namespace
+
+void CountReceivedTensorBytes(uint64_t n) {
+  static Counter& received = TensorBytes("received");
+  received.Add(n);
+}
+
+void CountSentTensorBytes(uint64_t n) {
+  static Counter& sent = TensorBytes("sent");
+  sent.Add(n);
+}
+
 void ChunkToProto(uint64_t offset, std::span<const std::byte> piece, v1::TensorChunk* proto) {
+  CountSentTensorBytes(piece.size());
   proto->set_offset(offset);
   proto->set_data(reinterpret_cast<const char*>(piece.data()), piece.size());
   proto->set_checksum(Checksum(piece));
@@ -20,6 +42,7 @@ absl::StatusOr<ChunkAssembler> StartAssembly(const v1::TensorHeader& header,
   REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, ChunkAssembler::Start(spec, header.byte_size(),
                                                                   header.checksum(), UINT64_MAX));
   if (!inline_data.empty()) {
+    CountReceivedTensorBytes(inline_data.size());
     auto bytes = BytesOf(inline_data);
     REPVAR_RETURN_IF_ERROR(a.Add(0, bytes, Checksum(bytes)));
   }
@@ -27,6 +50,7 @@ absl::StatusOr<ChunkAssembler> StartAssembly(const v1::TensorHeader& header,
 }
 
 absl::Status AddChunk(ChunkAssembler& assembler, const v1::TensorChunk& chunk) {
+  CountReceivedTensorBytes(chunk.data().size());
   return assembler.Add(chunk.offset(), BytesOf(chunk.data()), chunk.checksum());
 }
 

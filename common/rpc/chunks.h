@@ -16,6 +16,13 @@
 
 namespace repvar {
 
+// repvar_tensor_bytes_total{direction=sent|received}: tensor bytes this
+// process put into messages or took from them (chunks and inline data).
+// ChunkToProto, AddChunk, StartAssembly, TensorToProto and TensorFromProto
+// count theirs; other senders and receivers of inline data call these.
+void CountSentTensorBytes(uint64_t n);
+void CountReceivedTensorBytes(uint64_t n);
+
 // Fills `proto` with one chunk of a tensor: offset, bytes and their checksum.
 void ChunkToProto(uint64_t offset, std::span<const std::byte> piece, v1::TensorChunk* proto);
 // Sends `bytes` as ordered chunks: for each, a fresh `Msg` whose chunk

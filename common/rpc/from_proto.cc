@@ -30,6 +30,7 @@ absl::StatusOr<TensorHeader> TensorHeaderFromProto(const v1::TensorHeader& proto
 absl::StatusOr<Tensor> TensorFromProto(const v1::Tensor& proto) {
   REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(proto.header().spec()));
   const std::string& data = proto.data();
+  CountReceivedTensorBytes(data.size());
   if (proto.header().byte_size() != data.size()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor header says ",
                                                    proto.header().byte_size(),

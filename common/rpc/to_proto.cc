@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/base/random.h"
+#include "common/rpc/chunks.h"
 
 namespace repvar {
 
@@ -21,6 +22,7 @@ void HeaderToProto(const Tensor& t, v1::TensorHeader* proto) {
 void TensorToProto(const Tensor& t, v1::Tensor* proto) {
   HeaderToProto(t, proto->mutable_header());
   proto->set_data(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+  CountSentTensorBytes(t.bytes.size());
 }
 
 void InitializerToProto(const Initializer& init, v1::Initializer* proto) {

@@ -14,6 +14,7 @@ using Series = std::vector<std::pair<MetricLabels, double>>;
 constexpr const char* kGauges[] = {"repvar_workers",
                                    "repvar_variables",
                                    "repvar_replicas",
+                                   "repvar_replica_lag_versions",
                                    "repvar_last_committed_step",
                                    "repvar_open_step_age_seconds",
                                    "repvar_open_step_stragglers",
@@ -47,6 +48,20 @@ void RegisterCoordinatorGauges(Coordinator* core) {
       out.push_back({{{"state", ReplicaStateName(state)}}, n});
     return out;
   });
+  m.SetGauge("repvar_replica_lag_versions",
+             "replication lag: versions the furthest-behind replica on a live worker lacks, "
+             "and how many such replicas are behind (the periodic repair catches them up)",
+             [core] {
+               double max_lag = 0, behind = 0;
+               for (const VariableView& v : core->ListVariables("")) {
+                 for (const ReplicaView& r : v.replicas) {
+                   if (r.state == ReplicaState::kUnavailable || r.version >= v.version) continue;
+                   max_lag = std::max(max_lag, static_cast<double>(v.version - r.version));
+                   ++behind;
+                 }
+               }
+               return Series{{{{"of", "max"}}, max_lag}, {{{"of", "replicas_behind"}}, behind}};
+             });
   m.SetGauge("repvar_last_committed_step", "the last replicated step committed", [core] {
     return Series{{{}, static_cast<double>(core->LastCommittedStep())}};
   });

@@ -36,6 +36,7 @@ bool FillHeader(const WorkerTarget& target, const ReplicaWrite& w, v1::WriteRepl
   }
   if (w.value->bytes.size() <= kMaxInlineBytes) {
     h->set_inline_data(reinterpret_cast<const char*>(w.value->bytes.data()), w.value->bytes.size());
+    CountSentTensorBytes(w.value->bytes.size());
     return false;
   }
   return true;

@@ -142,6 +142,8 @@ TEST_F(MetricsTest, Coordinator_CountsCallsByMethodAndCode_GaugesFollowTheState)
   EXPECT_EQ(after.Get(R"(repvar_workers{state="live"})"), 2);
   EXPECT_EQ(after.Get(R"(repvar_variables{needs_resync="false"})"), 1);
   EXPECT_EQ(after.Get(R"(repvar_replicas{state="UP_TO_DATE"})"), 2);
+  EXPECT_EQ(after.Get(R"(repvar_replica_lag_versions{of="max"})"), 0);
+  EXPECT_EQ(after.Get(R"(repvar_replica_lag_versions{of="replicas_behind"})"), 0);
   // Initializing wrote the state log: its syncs are timed.
   EXPECT_GE(after.Get("repvar_state_log_sync_seconds_count"), 1);
   EXPECT_EQ(after.Get("repvar_open_step_age_seconds"), 0);
@@ -153,8 +155,20 @@ TEST_F(MetricsTest, Workers_HeldBytesAndCalls_HealthzWhenReady) {
   s.initializer = InitializerSpec::Ones();
   ASSERT_OK(client_->CreateVariable(s));
   ASSERT_OK(client_->Initialize({"w"}));
+  const Scrape coordinator_before = ScrapeOf("coordinator");
+  const Scrape w_before = ScrapeOf("tpu_worker-0");
+  std::vector<float> twos(1024, 2.0f);
+  ASSERT_OK(client_->Assign("w", std::as_bytes(std::span(twos))));
   const Scrape w = ScrapeOf("tpu_worker-0");
   EXPECT_EQ(w.Get("repvar_worker_replicas_bytes"), 4096);
+  // Bytes in and out: the coordinator took 4 KiB from the client and sent
+  // it to both replicas; this worker took its copy.
+  const std::string received = R"(repvar_tensor_bytes_total{direction="received"})";
+  const std::string sent = R"(repvar_tensor_bytes_total{direction="sent"})";
+  const Scrape coordinator = ScrapeOf("coordinator");
+  EXPECT_EQ(coordinator.Get(received) - std::max(0.0, coordinator_before.Get(received)), 4096);
+  EXPECT_EQ(coordinator.Get(sent) - std::max(0.0, coordinator_before.Get(sent)), 2 * 4096);
+  EXPECT_EQ(w.Get(received) - std::max(0.0, w_before.Get(received)), 4096);
   bool counted = false;
   for (const auto& [series, value] : w.samples) {
     counted |=
