@@ -34,6 +34,22 @@ foreach(unit ${units})
   if(NOT EXISTS ${bin} OR NOT bin MATCHES "^${PREFIX}/bin/")
     message(FATAL_ERROR "${unit}: ExecStart names ${bin}, not an installed daemon")
   endif()
+  # Its ExecStart line runs: the installed binary starts, and every flag of
+  # the example flag file the unit's comments show parses (--version then
+  # prints and exits, after the flags are parsed).
+  file(STRINGS ${unit} example REGEX "^#   --")
+  list(TRANSFORM example REPLACE "^#   (--[^ ]+).*" "\\1")
+  list(JOIN example "\n" flags)
+  get_filename_component(name ${unit} NAME_WE)
+  file(WRITE ${PREFIX}/${name}.flags "${flags}\n")
+  string(REGEX REPLACE "--flagfile=[^ ]+" "--flagfile=${PREFIX}/${name}.flags" cmd "${exec}")
+  string(REGEX REPLACE "^ExecStart=" "" cmd "${cmd}")
+  separate_arguments(cmd UNIX_COMMAND "${cmd} --version")
+  execute_process(COMMAND ${cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+                  TIMEOUT 30)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "${name} [0-9]")
+    message(FATAL_ERROR "${unit}: `${cmd}` failed (${rc}): ${out}${err}")
+  endif()
   file(STRINGS ${unit} type REGEX "^Type=notify$")
   if(NOT type)
     message(FATAL_ERROR "${unit} is not Type=notify")
