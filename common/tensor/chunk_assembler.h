@@ -16,6 +16,9 @@ namespace repvar {
 
 // Rebuilds a tensor from a header and chunks that arrive in order; verifies
 // every chunk checksum and, at Finish(), the whole-tensor checksum and length.
+// A checksum of 0 (kChecksumNotGiven) is a sender's "not given": that check
+// is skipped, and the tensor's checksum is computed here (the end-to-end
+// check then starts at this receiver; docs/wire.md).
 // On any error the partial tensor is dropped by the caller: nothing has been
 // published. Not thread-safe.
 //
@@ -24,6 +27,8 @@ namespace repvar {
 // are made resident a little ahead of the chunks as they arrive, charged to
 // the budget (if any) until Finish() hands the tensor over or the assembler
 // is dropped. A header announcing 1 GiB followed by nothing costs nothing.
+inline constexpr uint64_t kChecksumNotGiven = 0;
+
 class ChunkAssembler {
  public:
   // Errors: INVALID_ARGUMENT for a bad spec or a byte_size that does not

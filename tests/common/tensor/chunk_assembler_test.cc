@@ -72,6 +72,23 @@ TEST(ChunkAssembler, BadInput_InvalidArgument) {
   }
 }
 
+// A third-party sender may leave checksums out (0, protobuf's default): the
+// receiver computes them; any other value is still checked.
+TEST(ChunkAssembler, ChecksumZero_IsNotGiven_TheReceiverComputesIt) {
+  Tensor src = Iota(1000);
+  auto bytes = src.bytes.span();
+  auto a = ChunkAssembler::Start(src.spec, bytes.size(), kChecksumNotGiven, UINT64_MAX);
+  ASSERT_OK(a);
+  ASSERT_OK(a->Add(0, bytes.subspan(0, 2000), kChecksumNotGiven));
+  ASSERT_OK(a->Add(2000, bytes.subspan(2000), Checksum(bytes.subspan(2000))));
+  auto t = a->Finish();
+  ASSERT_OK(t);
+  EXPECT_EQ(t->checksum, src.checksum);
+  auto b = ChunkAssembler::Start(src.spec, bytes.size(), kChecksumNotGiven, UINT64_MAX);
+  EXPECT_THAT(b->Add(0, bytes.subspan(0, 2000), 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, "checksum mismatch"));
+}
+
 // Resident memory of this process, from /proc.
 uint64_t RssBytes() {
   FILE* f = std::fopen("/proc/self/statm", "r");
