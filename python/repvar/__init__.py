@@ -2,7 +2,7 @@
 """Thin numpy helper over the generated repvar v1 gRPC stubs.
 
     import repvar
-    c = repvar.Client()                       # $REPVAR_COORDINATOR_ADDRESS
+    c = repvar.connect()                      # $REPVAR_COORDINATOR_ADDRESS
     c.wait_for_topology(30)
     with repvar.replicated_scope(6, "model"):
         c.create("w", "float32", (4, 3), initializer=repvar.zeros())
@@ -14,16 +14,25 @@
             s.write("model/w", r, s.read("model/w", r) * 0.5)
         resolution = s.commit()
 
+A failed call raises a repvar.Error subclass (NotFound, AlreadyExists,
+Unavailable, ..., StepFailed) with .code (a grpc.StatusCode) and .message.
 bfloat16 travels as uint16 bit patterns (numpy 1.24 has no bfloat16).
 """
 
 from repvar.tensors import (DTYPES, checksum, from_chunks, to_chunks, to_tensor,
                             from_tensor, numpy_dtype)
-from repvar.client import (Client, Step, StepFailed, replicated_scope, zeros, ones, constant,
+from repvar.errors import (Error, Cancelled, Unknown, InvalidArgument, DeadlineExceeded,
+                           NotFound, AlreadyExists, PermissionDenied, ResourceExhausted,
+                           FailedPrecondition, Aborted, OutOfRange, Unimplemented, Internal,
+                           Unavailable, DataLoss, Unauthenticated, StepFailed)
+from repvar.client import (Client, Step, connect, replicated_scope, zeros, ones, constant,
                            random_normal, random_uniform, value)
 
 __all__ = [
     "DTYPES", "checksum", "from_chunks", "to_chunks", "to_tensor", "from_tensor",
     "numpy_dtype", "Client", "replicated_scope", "zeros", "ones", "constant",
-    "random_normal", "random_uniform", "value", "Step", "StepFailed",
+    "random_normal", "random_uniform", "value", "Step", "StepFailed", "connect", "Error",
+    "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
+    "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange",
+    "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated",
 ]

@@ -5,11 +5,13 @@ import contextlib
 import os
 import threading
 import uuid
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
 
-from repvar import tensors
+from repvar import errors, tensors
+from repvar.errors import StepFailed
 from repvar.v1 import coordinator_pb2 as cpb
 from repvar.v1 import coordinator_pb2_grpc as cgrpc
 from repvar.v1 import step_pb2 as spb
@@ -113,8 +115,31 @@ def _credentials(tls_ca, tls_cert, tls_key, token_file):
     return creds
 
 
+def connect(address: Optional[str] = None, *, tls_ca: Optional[str] = None,
+            tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+            token_file: Optional[str] = None, timeout: float = 30.0) -> "Client":
+    """A Client for the coordinator at `address`, once it answers. Arguments
+    left out come from the environment, as jax.distributed.initialize does:
+    REPVAR_COORDINATOR_ADDRESS, REPVAR_TLS_CA, REPVAR_TLS_CERT,
+    REPVAR_TLS_KEY, REPVAR_TOKEN_FILE. `timeout` bounds the wait for the
+    connection and is each call's deadline. Raises Unavailable when nothing
+    answers in time (or the TLS handshake fails), ValueError without an
+    address."""
+    c = Client(address, timeout, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+               token_file=token_file)
+    try:
+        grpc.channel_ready_future(c.channel).result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        c.close()
+        raise errors.Unavailable(
+            f"no coordinator answered at {c.address} within {timeout} s (is it up? "
+            "under TLS: the CA and the address in its certificate?)") from None
+    return c
+
+
 class Client:
-    """numpy-level access to a repvar coordinator. Every call has a deadline."""
+    """numpy-level access to a repvar coordinator. Every call has a deadline;
+    a failed call raises a repvar.Error subclass (repvar.errors)."""
 
     def __init__(self, address: str = None, timeout: float = 30.0, *, tls_ca: str = None,
                  tls_cert: str = None, tls_key: str = None, token_file: str = None):
@@ -130,25 +155,41 @@ class Client:
             tls_cert or os.environ.get("REPVAR_TLS_CERT"),
             tls_key or os.environ.get("REPVAR_TLS_KEY"),
             token_file or os.environ.get("REPVAR_TOKEN_FILE"))
+        self.address = address
         self.channel = self._open(address)
-        self.stub = cgrpc.CoordinatorTrainersStub(self.channel)
-        self.admin = cgrpc.CoordinatorAdminStub(self.channel)
+        # Their calls raise repvar.Error (errors.py), not grpc.RpcError.
+        self.stub = errors.Stub(cgrpc.CoordinatorTrainersStub(self.channel))
+        self.admin = errors.Stub(cgrpc.CoordinatorAdminStub(self.channel))
         self.timeout = timeout
         self._dtypes = {}
 
-    def close(self):
+    def close(self) -> None:
         self.channel.close()
 
-    def topology(self):
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close()
+        return False
+
+    def topology(self) -> tpb.Topology:
+        """The workers, their devices and the accelerators in ordinal order."""
         return self.stub.GetTopology(cpb.GetTopologyRequest(), timeout=self.timeout)
 
-    def wait_for_topology(self, seconds: float):
+    def wait_for_topology(self, seconds: float) -> tpb.Topology:
+        """Waits until every task the coordinator expects is live
+        (raises DeadlineExceeded after `seconds`)."""
         return self.stub.WaitForTopology(
             cpb.WaitForTopologyRequest(timeout_ms=int(seconds * 1000)),
             timeout=seconds + 5, wait_for_ready=True)
 
-    def create(self, name, dtype, shape, replica_count=0, trainable=True,
-               aggregation="NONE", initializer=None, collections=(), allow_nonfinite=False):
+    def create(self, name: str, dtype: str, shape: Sequence[int], replica_count: int = 0,
+               trainable: bool = True, aggregation: str = "NONE",
+               initializer: Optional[tpb.Initializer] = None, collections: Sequence[str] = (),
+               allow_nonfinite: bool = False) -> tpb.VariableInfo:
+        """Creates a variable (named and counted by the enclosing
+        replicated_scope); raises AlreadyExists, InvalidArgument, ..."""
         name, replica_count = _apply_scope(name, replica_count)
         spec = tpb.VariableSpec(
             name=name, tensor=tpb.TensorSpec(dtype=tensors.DTYPES[dtype][0], dims=list(shape)),
@@ -163,23 +204,26 @@ class Client:
         self._dtypes[name] = dtype
         return resp.variables[0]
 
-    def variable(self, name):
+    def variable(self, name: str) -> tpb.VariableInfo:
         return self.stub.GetVariable(cpb.GetVariableRequest(name=name), timeout=self.timeout)
 
-    def list(self, collection=""):
+    def list(self, collection: str = "") -> List[tpb.VariableInfo]:
         return self.stub.ListVariables(cpb.ListVariablesRequest(collection=collection),
                                        timeout=self.timeout).variables
 
-    def delete(self, name):
+    def delete(self, name: str) -> None:
+        """Deletes a variable (an admin's call)."""
         self.admin.DeleteVariable(cpb.DeleteVariableRequest(request_id=uuid.uuid4().hex, name=name),
                                  timeout=self.timeout)
 
-    def initialize(self, names):
+    def initialize(self, names: Iterable[str]):
+        """Initializes each variable once (the first caller wins); returns a
+        result per name."""
         req = cpb.InitializeVariablesRequest(request_id=uuid.uuid4().hex,
                                              items=[cpb.InitializeItem(name=n) for n in names])
         return self.stub.InitializeVariables(req, timeout=self.timeout).results
 
-    def is_initialized(self, names):
+    def is_initialized(self, names: Iterable[str]):
         return self.stub.IsInitialized(cpb.IsInitializedRequest(names=list(names)),
                                        timeout=self.timeout).results
 
@@ -190,8 +234,8 @@ class Client:
             self._dtypes[name] = next(k for k, (e, _) in tensors.DTYPES.items() if e == enum)
         return self._dtypes[name]
 
-    def assign(self, name, array, op="assign", read_value=False, chunk_bytes=1 << 20,
-               request_id=None):
+    def assign(self, name: str, array, op: str = "assign", read_value: bool = False,
+               chunk_bytes: int = 1 << 20, request_id: Optional[str] = None):
         """Cross-replica write; returns the AssignVariableResponse (version, checksum)."""
         dtype = self._dtype_of(name)
         pieces = tensors.to_chunks(array, dtype, chunk_bytes)
@@ -206,7 +250,7 @@ class Client:
 
         return self.stub.AssignVariable(stream(), timeout=self.timeout + h.byte_size / 50e6)
 
-    def read(self, name, chunk_bytes=1 << 20):
+    def read(self, name: str, chunk_bytes: int = 1 << 20) -> Tuple[np.ndarray, int]:
         """Returns (numpy array, version) of the last committed value."""
         responses = self.stub.ReadVariable(cpb.ReadVariableRequest(name=name, chunk_bytes=chunk_bytes),
                                            timeout=self.timeout + 60)
@@ -214,12 +258,13 @@ class Client:
         arr = tensors.from_chunks(first.header.tensor, (r.chunk for r in responses))
         return arr, first.header.version
 
-    def step(self, step, worker, barrier_timeout=60.0, devices=()):
+    def step(self, step: int, worker: str, barrier_timeout: float = 60.0,
+             devices: Sequence[str] = ()) -> "Step":
         """Begins replicated step `step` for the trainer on host `worker`
         ("job:task"); use it as a context manager (see Step)."""
         return Step(self, step, worker, barrier_timeout, devices)
 
-    def last_committed_step(self):
+    def last_committed_step(self) -> int:
         return self.stub.GetSteps(spb.GetStepsRequest(), timeout=self.timeout).last_committed_step
 
     def _open(self, address):
@@ -234,15 +279,6 @@ class Client:
         if address not in cache:
             cache[address] = self._open(address)
         return cache[address]
-
-
-class StepFailed(RuntimeError):
-    """A replicated step resolved as FAILED; `code` is the grpc.StatusCode."""
-
-    def __init__(self, code, message, resolution):
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.resolution = resolution
 
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
@@ -278,7 +314,7 @@ class Step:
                     address = t.address
         if address is None:
             raise ValueError(f"worker {worker} is not live")
-        self.worker = wgrpc.WorkerStepsStub(client._worker_channel(address))
+        self.worker = errors.Stub(wgrpc.WorkerStepsStub(client._worker_channel(address)))
         self.closed = False
 
     @property

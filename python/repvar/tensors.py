@@ -24,6 +24,11 @@ def checksum(data) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def _bytes(wire: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array, any shape (zero-size and 0-d too)."""
+    return memoryview(wire.reshape(-1).view(np.uint8))
+
+
 def numpy_dtype(dtype_name: str) -> np.dtype:
     if dtype_name not in DTYPES:
         raise ValueError(f"unsupported dtype {dtype_name!r}; supported: {sorted(DTYPES)}")
@@ -47,7 +52,7 @@ def header(array, dtype_name: str) -> types_pb2.TensorHeader:
     h.spec.dtype = DTYPES[dtype_name][0]
     h.spec.dims.extend(int(d) for d in wire.shape)
     h.byte_size = wire.nbytes
-    h.checksum = checksum(memoryview(wire).cast("B"))
+    h.checksum = checksum(_bytes(wire))
     return h
 
 
@@ -58,7 +63,7 @@ def to_chunks(array, dtype_name: str, chunk_bytes: int = 1 << 20):
     wire = _as_wire(array, dtype_name)
     h = header(wire, dtype_name)
     yield h
-    view = memoryview(wire).cast("B")
+    view = _bytes(wire)
     for off in range(0, wire.nbytes, chunk_bytes):
         piece = view[off:off + chunk_bytes]
         yield types_pb2.TensorChunk(offset=off, data=bytes(piece), checksum=checksum(piece))

@@ -39,6 +39,7 @@ def test_replicated_scope_assign_and_read_back_bit_exact(client):
 
 
 @pytest.mark.parametrize("dtype,array", [
+    ("float32", np.array([1.5, -0.0, np.finfo(np.float32).max], np.float32)),
     ("float16", np.array([1.5, -0.0, 65504], np.float16)),
     ("bfloat16", np.array([0x3f80, 0xc000, 0x0001], np.uint16)),  # bit patterns
     ("float64", np.array([np.pi, -1e300, 5e-324])),
@@ -51,6 +52,34 @@ def test_every_dtype_round_trips(client, dtype, array):
     client.assign(name, array)
     back, _ = client.read(name)
     assert back.tobytes() == array.astype(back.dtype).tobytes()
+
+
+@pytest.mark.parametrize("dtype", sorted(repvar.DTYPES))
+@pytest.mark.parametrize("shape", [(0, 3), (0,), ()])
+def test_every_dtype_round_trips_at_zero_size_and_as_a_scalar(client, dtype, shape):
+    name = f"shapes/{dtype}/{'x'.join(map(str, shape)) or 'scalar'}"
+    array = np.arange(int(np.prod(shape)), dtype=repvar.numpy_dtype(dtype)).reshape(shape)
+    client.create(name, dtype, shape, replica_count=2)
+    client.assign(name, array)
+    back, version = client.read(name)
+    assert version == 1
+    assert back.shape == shape and back.tobytes() == array.tobytes()
+
+
+def test_connect_reads_the_environment_and_fails_fast_with_unavailable(cluster, monkeypatch):
+    monkeypatch.setenv("REPVAR_COORDINATOR_ADDRESS", cluster)
+    with repvar.connect(timeout=20) as c:
+        assert len(c.topology().accelerators) == 6
+    import socket
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        nobody = f"127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(repvar.Unavailable) as e:
+        repvar.connect(nobody, timeout=0.5)
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE and nobody in e.value.message
+    monkeypatch.delenv("REPVAR_COORDINATOR_ADDRESS")
+    with pytest.raises(ValueError):
+        repvar.connect()
 
 
 def test_scalar_and_non_contiguous_and_big_endian_inputs(client):
@@ -105,24 +134,45 @@ def test_large_chunked_value(client):
 def test_bad_inputs_get_clear_statuses(client):
     client.create("guarded", "float32", (2,), replica_count=2)
     client.assign("guarded", np.array([1, 2], np.float32))
-    with pytest.raises(grpc.RpcError) as e:
+    # Each failure is the repvar.Error subclass of its code, with the message.
+    with pytest.raises(repvar.InvalidArgument) as e:
         client.assign("guarded", np.array([1, np.nan], np.float32))
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    with pytest.raises(grpc.RpcError) as e:
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and e.value.message
+    with pytest.raises(repvar.NotFound) as e:
         client.read("missing")
-    assert e.value.code() == grpc.StatusCode.NOT_FOUND
-    with pytest.raises(grpc.RpcError) as e:
+    assert e.value.code == grpc.StatusCode.NOT_FOUND and "missing" in e.value.message
+    with pytest.raises(repvar.AlreadyExists) as e:
         client.create("guarded", "float32", (3,), replica_count=2)
-    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert isinstance(e.value, repvar.Error)
     # A chunk whose checksum lies.
     header = next(repvar.to_chunks(np.array([5, 5], np.float32), "float32"))
     chunk = cpb.AssignVariableRequest(chunk=tpb.TensorChunk(offset=0, data=b"\0" * 8, checksum=1))
     msgs = [cpb.AssignVariableRequest(header=cpb.AssignHeader(name="guarded", tensor=header)), chunk]
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(repvar.InvalidArgument):
         client.stub.AssignVariable(iter(msgs), timeout=10)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     value, version = client.read("guarded")
     assert value.tolist() == [1, 2] and version == 1
+
+
+def test_a_client_without_checksums_sends_zero_and_the_coordinator_computes_them(client):
+    """docs/wire.md: a checksum of 0 is "not given" (a third-party stack that
+    has no XXH3); the stored value gets the real checksum, and any other
+    wrong value is still refused."""
+    client.create("wire/nosum", "float32", (3,), replica_count=2)
+    value = np.array([1.5, 2.5, -3], np.float32)
+    header = tpb.TensorHeader(spec=tpb.TensorSpec(dtype=tpb.DTYPE_FLOAT32, dims=[3]),
+                              byte_size=12, checksum=0)
+    msgs = [cpb.AssignVariableRequest(header=cpb.AssignHeader(
+                request_id="nosum-1", name="wire/nosum", tensor=header)),
+            cpb.AssignVariableRequest(chunk=tpb.TensorChunk(offset=0, data=value.tobytes()))]
+    ack = client.stub.AssignVariable(iter(msgs), timeout=10)
+    assert ack.version == 1 and ack.checksum == repvar.checksum(value.tobytes())
+    back, _ = client.read("wire/nosum")
+    assert back.tobytes() == value.tobytes()
+    msgs[0].header.tensor.checksum = 12345
+    msgs[0].header.request_id = "nosum-2"
+    with pytest.raises(repvar.InvalidArgument, match="checksum"):
+        client.stub.AssignVariable(iter(msgs), timeout=10)
 
 
 def test_request_id_retry_returns_original_answer(client):
@@ -150,6 +200,5 @@ def test_repvarctl_status_and_delete_use_the_admin_service(client, cluster):
     subprocess.run([ctl, "delete", "ops/doomed"], env=env, check=True)
     gone = subprocess.run([ctl, "delete", "ops/doomed"], env=env, capture_output=True, text=True)
     assert gone.returncode != 0 and "NOT_FOUND" in gone.stderr, gone.stderr
-    with pytest.raises(grpc.RpcError) as e:
+    with pytest.raises(repvar.NotFound):
         client.variable("ops/doomed")
-    assert e.value.code() == grpc.StatusCode.NOT_FOUND
