@@ -85,7 +85,8 @@ def from_chunks(h: types_pb2.TensorHeader, chunks) -> np.ndarray:
         received += len(c.data)
     if received != h.byte_size or state.intdigest() != h.checksum:
         raise ValueError("tensor truncated or whole-tensor checksum mismatch")
-    return np.frombuffer(bytes(out), dtype=npd).reshape(tuple(h.spec.dims))
+    # A writable array over the received bytes themselves (no copy).
+    return np.frombuffer(out, dtype=npd).reshape(tuple(h.spec.dims))
 
 
 def to_tensor(array, dtype_name: str) -> types_pb2.Tensor:

@@ -1,0 +1,132 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A torch.nn.Module's parameters as replicated variables: data-parallel
+training with one trainer per host, each step a replicated step.
+
+    import repvar, repvar.torch
+    model = MyModel()
+    c = repvar.connect()
+    rm = repvar.torch.ReplicatedModule(c, model, "mlp", worker="tpu_worker:0",
+                                       is_chief=(rank == 0))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, 101):
+        opt.zero_grad()
+        loss_fn(model(x_local), y_local).backward()
+        opt.step()                 # a local update of this trainer's copy
+        rm.sync(step)              # every replica: the MEAN of the trainers' updates
+
+Each parameter (and, with include_buffers, each floating-point buffer)
+becomes the variable "<prefix>/<name with dots as slashes>", one replica
+per accelerator, aggregation MEAN: in step k every trainer writes its own
+new values into its host's replicas and the step resolves every replica to
+begin + mean(local - begin) -- for plain SGD exactly one SGD step on the
+concatenated batch when the shards are the same size. sync() then copies the
+committed values back into the module's tensors (torch.from_numpy views of
+what was read: no further copy). The chief (rank 0) creates and initializes
+the variables from its module; the others wait for them and load the
+chief's values, so every trainer starts from the same weights.
+"""
+
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+import repvar
+from repvar import errors
+
+_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+           torch.int32: "int32", torch.int64: "int64"}
+
+
+def variable_name(prefix: str, name: str) -> str:
+    """The variable of a module's parameter or buffer "layer.0.weight"."""
+    return f"{prefix}/{name.replace('.', '/')}" if prefix else name.replace(".", "/")
+
+
+class ReplicatedModule:
+    """Keeps `module`'s parameters (and optionally buffers) as replicated
+    variables, kept identical across trainers by replicated steps."""
+
+    def __init__(self, client: "repvar.Client", module: torch.nn.Module, prefix: str, *,
+                 worker: str, is_chief: bool, replica_count: Optional[int] = None,
+                 include_buffers: bool = False, wait_seconds: float = 120.0):
+        self.client = client
+        self.module = module
+        self.worker = worker
+        self.tensors: Dict[str, torch.Tensor] = {}
+        for name, p in module.named_parameters():
+            self.tensors[variable_name(prefix, name)] = p
+        if include_buffers:
+            for name, b in module.named_buffers():
+                if b.dtype.is_floating_point:
+                    self.tensors[variable_name(prefix, name)] = b
+        for name, t in self.tensors.items():
+            if t.dtype not in _DTYPES:
+                raise ValueError(f"{name}: dtype {t.dtype} has no repvar dtype")
+        if replica_count is None:
+            replica_count = len(client.topology().accelerators)
+        self.replica_count = replica_count
+        if is_chief:
+            self._create_from_module()
+        self._wait_until_initialized(wait_seconds)
+        self.load()
+
+    @property
+    def names(self) -> List[str]:
+        return list(self.tensors)
+
+    def _create_from_module(self) -> None:
+        for name, t in self.tensors.items():
+            value = t.detach().cpu().numpy()
+            try:
+                self.client.create(name, _DTYPES[t.dtype], tuple(value.shape),
+                                   replica_count=self.replica_count, aggregation="MEAN",
+                                   initializer=repvar.value(value, _DTYPES[t.dtype]))
+            except errors.AlreadyExists:
+                pass  # a restarted chief: the cluster's values win
+        self.client.initialize(self.names)
+
+    def _wait_until_initialized(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                if all(r.initialized for r in self.client.is_initialized(self.names)):
+                    return
+            except errors.NotFound:
+                pass  # the chief has not created them yet
+            if time.monotonic() > deadline:
+                raise errors.DeadlineExceeded(
+                    f"the variables of {self.names[0]}... were not initialized within "
+                    f"{seconds} s (is the chief trainer running?)")
+            time.sleep(0.05)
+
+    def load(self) -> int:
+        """Makes the committed values the module's; returns their version.
+        Each tensor takes the bytes as read (torch.from_numpy: no copy) and
+        stays the same Parameter object, so optimizers keep working."""
+        version = 0
+        with torch.no_grad():
+            for name, t in self.tensors.items():
+                value, version = self.client.read(name)
+                t.data = torch.from_numpy(value.reshape(tuple(t.shape)))
+        return version
+
+    def sync(self, step: int, barrier_timeout: float = 60.0):
+        """Replicated step `step`: writes this trainer's values of every
+        tensor into its host's replicas, commits (MEAN across trainers), and
+        copies the committed values back. Returns the step's resolution;
+        raises repvar.StepFailed when the step fails (the module then holds
+        the last committed values again)."""
+        with self.client.step(step, worker=self.worker, barrier_timeout=barrier_timeout) as s:
+            for name, t in self.tensors.items():
+                local = t.detach().cpu().numpy()
+                for r in s.local_replicas(name):
+                    s.write(name, r, local)
+            try:
+                resolution = s.commit()
+            except errors.StepFailed:
+                self.load()
+                raise
+        self.load()
+        return resolution
