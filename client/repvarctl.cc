@@ -1,103 +1,122 @@
 // SPDX-License-Identifier: Apache-2.0
-// repvarctl: look at and poke a repvar cluster.
-//   repvarctl [--coordinator=host:port] [--json] topology
-//   repvarctl vars [COLLECTION]
-//   repvarctl read NAME
-//   repvarctl assign NAME --value=1,2,3   (also assign_add, assign_sub)
-//   repvarctl status                      (the admin service: the whole cluster)
-//   repvarctl delete NAME                 (the admin service)
-//   repvarctl save FILE                   a consistent cut into a .safetensors file
-//   repvarctl restore FILE [--replicas=N] the file's values back into the cluster
+// repvarctl: look at and poke a repvar cluster (CLI11; `repvarctl --help`,
+// `repvarctl COMMAND --help`). Every command prints text, or one JSON
+// document with --json (nlohmann::json: int64 exact, NaN and infinities as
+// the strings "NaN", "Infinity", "-Infinity").
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <map>
-#include <sstream>
+#include <optional>
 
-#include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "common/base/version.h"
 #include "common/tensor/element_math.h"
 #include "common/tensor/tensor.h"
+#include "nlohmann/json.hpp"
 #include "repvar/client.h"
 #include "repvar/step.h"
 
-ABSL_FLAG(std::string, coordinator, "", "host:port (default: $REPVAR_COORDINATOR_ADDRESS)");
-ABSL_FLAG(bool, json, false, "print JSON for scripts");
-ABSL_FLAG(absl::Duration, watch_for, absl::Hours(24), "how long `watch` streams");
-ABSL_FLAG(std::string, value, "", "comma-separated values for assign, row-major");
-ABSL_FLAG(int32_t, max_elements, 16, "elements printed by read (text mode)");
-ABSL_FLAG(int32_t, replicas, 0,
-          "restore: replicas of the variables it creates (0: as saved in the file)");
-
 namespace {
 
-std::string Q(absl::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", c);
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
+using json = nlohmann::json;
 
-std::string Shape(const std::vector<int64_t>& s) {
-  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
-}
+struct Options {
+  std::string coordinator;  // empty: $REPVAR_COORDINATOR_ADDRESS
+  bool json = false;
+  std::string tls_ca, tls_cert, tls_key, token_file;  // empty: $REPVAR_TLS_*, $REPVAR_TOKEN_FILE
+};
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "error: %s\n", s.ToString().c_str());
   return 1;
 }
 
-int Topology(repvar::Client& c, bool json) {
+void Print(const json& j) { std::cout << j.dump() << "\n"; }
+
+std::string Shape(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
+}
+
+// A tensor's elements: integers exactly, floats as numbers (NaN and the
+// infinities as strings: JSON has no such numbers).
+json Elements(const repvar::TensorValue& v) {
+  json out = json::array();
+  const size_t n = v.bytes.size() / repvar::ItemSize(v.dtype);
+  switch (v.dtype) {
+    case repvar::DType::kInt32:
+      for (int32_t x : v.as<int32_t>()) out.push_back(x);
+      return out;
+    case repvar::DType::kInt64:
+      for (int64_t x : v.as<int64_t>()) out.push_back(x);
+      return out;
+    default:
+      break;
+  }
+  repvar::Tensor t;
+  t.spec = repvar::TensorSpec{v.dtype, v.shape};
+  auto buf = repvar::Buffer::Allocate(v.bytes.size());
+  if (!buf.ok()) return out;
+  t.bytes = *std::move(buf);
+  if (!v.bytes.empty()) std::memcpy(t.bytes.data(), v.bytes.data(), v.bytes.size());
+  for (size_t i = 0; i < n; ++i) {
+    const double d = repvar::LoadElement(t, static_cast<int64_t>(i));
+    if (std::isnan(d)) {
+      out.push_back("NaN");
+    } else if (std::isinf(d)) {
+      out.push_back(d > 0 ? "Infinity" : "-Infinity");
+    } else {
+      out.push_back(d);
+    }
+  }
+  return out;
+}
+
+std::string ElementsText(const repvar::TensorValue& v, size_t limit) {
+  const json all = Elements(v);
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < all.size() && i < limit; ++i) {
+    parts.push_back(all[i].is_number_float() ? absl::StrFormat("%.9g", all[i].get<double>())
+                    : all[i].is_string()     ? all[i].get<std::string>()
+                                             : all[i].dump());
+  }
+  if (all.size() > limit) parts.push_back(absl::StrCat("... (", all.size(), " elements)"));
+  return absl::StrJoin(parts, ", ");
+}
+
+int Topology(repvar::Client& c, const Options& o) {
   auto t = c.GetTopology();
   if (!t.ok()) return Fail(t.status());
-  if (json) {
-    std::vector<std::string> tasks, accs;
+  if (o.json) {
+    json j{{"version", t->version},
+           {"tasks", json::array()},
+           {"accelerators", json::array()},
+           {"infeed_host", nullptr},
+           {"missing_tasks", t->missing_tasks}};
     for (const auto& task : t->tasks) {
-      std::vector<std::string> devs;
-      for (const auto& d : task.devices) devs.push_back(Q(d));
-      tasks.push_back(absl::StrCat("{\"job\":", Q(task.job), ",\"task\":", task.task,
-                                   ",\"address\":", Q(task.address), ",\"devices\":[",
-                                   absl::StrJoin(devs, ","), "]}"));
+      j["tasks"].push_back({{"job", task.job},
+                            {"task", task.task},
+                            {"address", task.address},
+                            {"devices", task.devices}});
     }
     for (const auto& a : t->accelerators) {
-      accs.push_back(absl::StrCat("{\"ordinal\":", a.ordinal, ",\"device\":", Q(a.device), "}"));
+      j["accelerators"].push_back({{"ordinal", a.ordinal}, {"device", a.device}});
     }
-    std::string infeed = "null";
     if (t->infeed_host) {
-      infeed = absl::StrCat("{\"job\":", Q(t->infeed_host->job), ",\"task\":", t->infeed_host->task,
-                            ",\"address\":", Q(t->infeed_host->address),
-                            ",\"cpu_device\":", Q(t->infeed_host->cpu_device), "}");
+      j["infeed_host"] = {{"job", t->infeed_host->job},
+                          {"task", t->infeed_host->task},
+                          {"address", t->infeed_host->address},
+                          {"cpu_device", t->infeed_host->cpu_device}};
     }
-    std::vector<std::string> missing;
-    for (const auto& m : t->missing_tasks) missing.push_back(Q(m));
-    std::cout << "{\"version\":" << t->version << ",\"tasks\":[" << absl::StrJoin(tasks, ",")
-              << "],\"accelerators\":[" << absl::StrJoin(accs, ",")
-              << "],\"infeed_host\":" << infeed << ",\"missing_tasks\":["
-              << absl::StrJoin(missing, ",") << "]}\n";
+    Print(j);
     return 0;
   }
   std::cout << "topology version " << t->version << ", " << t->tasks.size() << " task(s), "
@@ -122,28 +141,28 @@ int Topology(repvar::Client& c, bool json) {
   return 0;
 }
 
-int Vars(repvar::Client& c, const std::string& collection, bool json) {
+json VariableJson(const repvar::VariableInfo& v) {
+  json reps = json::array();
+  for (const auto& r : v.replicas) {
+    reps.push_back({{"name", r.name},
+                    {"device", r.device},
+                    {"version", r.version},
+                    {"state", repvar::ReplicaStateName(r.state)}});
+  }
+  return {
+      {"name", v.spec.name},          {"dtype", repvar::DTypeName(v.spec.dtype)},
+      {"shape", v.spec.shape},        {"version", v.version},
+      {"initialized", v.initialized}, {"aggregation", repvar::AggregationName(v.spec.aggregation)},
+      {"collections", v.collections}, {"replicas", reps}};
+}
+
+int Vars(repvar::Client& c, const std::string& collection, const Options& o) {
   auto vars = c.ListVariables(collection);
   if (!vars.ok()) return Fail(vars.status());
-  if (json) {
-    std::vector<std::string> out;
-    for (const auto& v : *vars) {
-      std::vector<std::string> reps;
-      for (const auto& r : v.replicas) {
-        reps.push_back(absl::StrCat("{\"name\":", Q(r.name), ",\"device\":", Q(r.device),
-                                    ",\"version\":", r.version,
-                                    ",\"state\":", Q(repvar::ReplicaStateName(r.state)), "}"));
-      }
-      std::vector<std::string> cols;
-      for (const auto& col : v.collections) cols.push_back(Q(col));
-      out.push_back(absl::StrCat(
-          "{\"name\":", Q(v.spec.name), ",\"dtype\":", Q(repvar::DTypeName(v.spec.dtype)),
-          ",\"shape\":", Shape(v.spec.shape), ",\"version\":", v.version,
-          ",\"initialized\":", v.initialized ? "true" : "false",
-          ",\"aggregation\":", Q(repvar::AggregationName(v.spec.aggregation)), ",\"collections\":[",
-          absl::StrJoin(cols, ","), "],\"replicas\":[", absl::StrJoin(reps, ","), "]}"));
-    }
-    std::cout << "[" << absl::StrJoin(out, ",") << "]\n";
+  if (o.json) {
+    json j = json::array();
+    for (const auto& v : *vars) j.push_back(VariableJson(v));
+    Print(j);
     return 0;
   }
   if (vars->empty()) std::cout << "no variables\n";
@@ -160,67 +179,76 @@ int Vars(repvar::Client& c, const std::string& collection, bool json) {
   return 0;
 }
 
-std::string FormatValues(const repvar::TensorValue& v, size_t limit) {
-  repvar::Tensor t;
-  t.spec = repvar::TensorSpec{v.dtype, v.shape};
-  auto buf = repvar::Buffer::Allocate(v.bytes.size());
-  if (!buf.ok()) return "?";
-  t.bytes = *std::move(buf);
-  if (!v.bytes.empty()) std::memcpy(t.bytes.data(), v.bytes.data(), v.bytes.size());
-  size_t n = v.bytes.size() / repvar::ItemSize(v.dtype);
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < n && i < limit; ++i) {
-    parts.push_back(absl::StrFormat("%.9g", repvar::LoadElement(t, static_cast<int64_t>(i))));
-  }
-  if (n > limit) parts.push_back(absl::StrCat("... (", n, " elements)"));
-  return absl::StrJoin(parts, ", ");
-}
-
-int Read(repvar::Client& c, const std::string& name, bool json) {
+int Read(repvar::Client& c, const std::string& name, int max_elements, const Options& o) {
   auto v = c.Read(name);
   if (!v.ok()) return Fail(v.status());
-  if (json) {
-    std::cout << "{\"name\":" << Q(name) << ",\"version\":" << v->version
-              << ",\"dtype\":" << Q(repvar::DTypeName(v->dtype)) << ",\"shape\":" << Shape(v->shape)
-              << ",\"checksum\":\"" << absl::StrFormat("%016x", v->checksum) << "\",\"values\":["
-              << FormatValues(*v, SIZE_MAX) << "]}\n";
+  const std::string checksum = absl::StrFormat("%016x", v->checksum);
+  if (o.json) {
+    Print({{"name", name},
+           {"version", v->version},
+           {"dtype", repvar::DTypeName(v->dtype)},
+           {"shape", v->shape},
+           {"checksum", checksum},
+           {"values", Elements(*v)}});
     return 0;
   }
   std::cout << name << " version " << v->version << " " << repvar::DTypeName(v->dtype)
-            << Shape(v->shape) << " checksum " << absl::StrFormat("%016x", v->checksum) << "\n  ["
-            << FormatValues(*v, static_cast<size_t>(absl::GetFlag(FLAGS_max_elements))) << "]\n";
+            << Shape(v->shape) << " checksum " << checksum << "\n  ["
+            << ElementsText(*v, static_cast<size_t>(std::max(0, max_elements))) << "]\n";
   return 0;
 }
 
-int Assign(repvar::Client& c, const std::string& verb, const std::string& name, bool json) {
-  auto info = c.GetVariable(name);
-  if (!info.ok()) return Fail(info.status());
-  repvar::TensorSpec spec{info->spec.dtype, info->spec.shape};
+// `text`: comma-separated values, one per element (or one to fill), parsed
+// in the variable's dtype (int64 exactly).
+absl::StatusOr<repvar::Tensor> ParseValue(const repvar::VariableInfo& info,
+                                          const std::string& text) {
+  repvar::TensorSpec spec{info.spec.dtype, info.spec.shape};
   auto t = repvar::Tensor::Zeros(spec);
-  if (!t.ok()) return Fail(t.status());
-  std::vector<std::string> parts =
-      absl::StrSplit(absl::GetFlag(FLAGS_value), absl::ByChar(','), absl::SkipWhitespace());
+  if (!t.ok()) return t.status();
+  std::vector<std::string> parts = absl::StrSplit(text, absl::ByChar(','), absl::SkipWhitespace());
   auto n = spec.NumElements();
-  if (!n.ok()) return Fail(n.status());
+  if (!n.ok()) return n.status();
   if (static_cast<int64_t>(parts.size()) != *n && parts.size() != 1) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        name, " has ", *n, " elements; --value gives ", parts.size(), " (or give one to fill)")));
+    return absl::InvalidArgumentError(absl::StrCat(info.spec.name, " has ", *n,
+                                                   " elements; --value gives ", parts.size(),
+                                                   " (or give one to fill)"));
   }
   for (int64_t i = 0; i < *n; ++i) {
-    double d;
-    const std::string& p = parts.size() == 1 ? parts[0] : parts[i];
-    if (!absl::SimpleAtod(p, &d)) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("not a number: ", p)));
+    const std::string p(absl::StripAsciiWhitespace(parts.size() == 1 ? parts[0] : parts[i]));
+    if (spec.dtype == repvar::DType::kInt64 || spec.dtype == repvar::DType::kInt32) {
+      int64_t x;
+      if (!absl::SimpleAtoi(p, &x)) return absl::InvalidArgumentError("not an integer: " + p);
+      if (spec.dtype == repvar::DType::kInt32) {
+        if (x < INT32_MIN || x > INT32_MAX) {
+          return absl::InvalidArgumentError("out of int32 range: " + p);
+        }
+        const int32_t y = static_cast<int32_t>(x);
+        std::memcpy(t->bytes.data() + i * 4, &y, 4);
+      } else {
+        std::memcpy(t->bytes.data() + i * 8, &x, 8);
+      }
+      continue;
     }
+    double d;
+    if (!absl::SimpleAtod(p, &d)) return absl::InvalidArgumentError("not a number: " + p);
     repvar::StoreElement(*t, i, d);
   }
+  return t;
+}
+
+int Assign(repvar::Client& c, const std::string& verb, const std::string& name,
+           const std::string& value, const Options& o) {
+  auto info = c.GetVariable(name);
+  if (!info.ok()) return Fail(info.status());
+  auto t = ParseValue(*info, value);
+  if (!t.ok()) return Fail(t.status());
   auto bytes = t->bytes.span();
   absl::StatusOr<repvar::WriteAck> ack = verb == "assign_add"   ? c.AssignAdd(name, bytes)
                                          : verb == "assign_sub" ? c.AssignSub(name, bytes)
                                                                 : c.Assign(name, bytes);
   if (!ack.ok()) return Fail(ack.status());
-  if (json) {
-    std::cout << "{\"name\":" << Q(name) << ",\"version\":" << ack->version << "}\n";
+  if (o.json) {
+    Print({{"name", name}, {"version", ack->version}});
   } else {
     std::cout << name << " is now version " << ack->version << " on every live replica\n";
   }
@@ -228,43 +256,104 @@ int Assign(repvar::Client& c, const std::string& verb, const std::string& name, 
 }
 
 // The open step's progress per participant and the last resolutions.
-int Steps(repvar::Client& c) {
-  auto lines = repvar::DescribeSteps(c);
-  if (!lines.ok()) return Fail(lines.status());
-  for (const std::string& l : *lines) std::printf("%s\n", l.c_str());
+int Steps(repvar::Client& c, const Options& o) {
+  if (!o.json) {
+    auto lines = repvar::DescribeSteps(c);
+    if (!lines.ok()) return Fail(lines.status());
+    for (const std::string& l : *lines) std::printf("%s\n", l.c_str());
+    return 0;
+  }
+  auto st = repvar::GetStepsSummary(c);
+  if (!st.ok()) return Fail(st.status());
+  json j{{"last_committed_step", st->last_committed_step},
+         {"open", nullptr},
+         {"recent", json::array()}};
+  if (st->open) {
+    json participants = json::array();
+    for (const auto& p : st->open->participants) {
+      participants.push_back({{"task", p.task},
+                              {"reported", p.reported},
+                              {"finished", p.finished},
+                              {"last_activity", p.last_activity}});
+    }
+    j["open"] = {{"step", st->open->step},
+                 {"epoch", st->open->epoch},
+                 {"barrier_timeout_ms", absl::ToInt64Milliseconds(st->open->barrier_timeout)},
+                 {"variables", st->open->variables},
+                 {"participants", participants}};
+  }
+  for (const auto& r : st->recent) {
+    j["recent"].push_back({{"step", r.step},
+                           {"epoch", r.epoch},
+                           {"committed", r.committed},
+                           {"error", r.error},
+                           {"variables_changed", r.variables_changed},
+                           {"divergences_repaired", r.divergences_repaired}});
+  }
+  Print(j);
   return 0;
 }
 
-// Step events as they happen (stragglers, failures), until --watch_for ends.
-int Watch(repvar::Client& c) {
-  absl::Status s =
-      repvar::WatchSteps(c, 0, absl::GetFlag(FLAGS_watch_for), [](const repvar::StepEventInfo& e) {
-        static const char* kKinds[] = {"?",          "BEGUN",       "REPORTED",
-                                       "STRAGGLERS", "AGGREGATING", "RESOLVED"};
-        std::printf("%s step %lld (epoch %llu) %s", absl::FormatTime(absl::Now()).c_str(),
-                    static_cast<long long>(e.step), static_cast<unsigned long long>(e.epoch),
-                    kKinds[static_cast<int>(e.kind)]);
-        if (!e.task.empty()) std::printf(" %s", e.task.c_str());
-        if (!e.missing.empty())
-          std::printf(" waiting for: %s", absl::StrJoin(e.missing, ", ").c_str());
-        if (e.kind == repvar::StepEventInfo::Kind::kResolved) {
-          std::printf(" %s", e.committed ? "committed" : e.error.c_str());
-        }
-        std::printf("\n");
-        std::fflush(stdout);
-        return true;
-      });
-  if (!s.ok()) return Fail(s);
-  return 0;
+// Step events as they happen (from now on, or after --after), until
+// --watch_for ends: a line each, or a JSON object per line with --json.
+int Watch(repvar::Client& c, int64_t after, absl::Duration watch_for, const Options& o) {
+  static const char* kKinds[] = {"?", "BEGUN", "REPORTED", "STRAGGLERS", "AGGREGATING", "RESOLVED"};
+  absl::Status s = repvar::WatchSteps(c, after, watch_for, [&](const repvar::StepEventInfo& e) {
+    const char* kind = kKinds[static_cast<int>(e.kind)];
+    const bool resolved = e.kind == repvar::StepEventInfo::Kind::kResolved;
+    if (o.json) {
+      json j{{"seq", e.seq},
+             {"kind", kind},
+             {"step", e.step},
+             {"epoch", e.epoch},
+             {"time", absl::FormatTime(absl::RFC3339_full, absl::Now(), absl::UTCTimeZone())}};
+      if (!e.task.empty()) j["task"] = e.task;
+      if (!e.missing.empty()) j["missing"] = e.missing;
+      if (resolved) j["committed"] = e.committed;
+      if (resolved && !e.committed) j["error"] = e.error;
+      Print(j);
+    } else {
+      std::printf("%s seq %lld step %lld (epoch %llu) %s", absl::FormatTime(absl::Now()).c_str(),
+                  static_cast<long long>(e.seq), static_cast<long long>(e.step),
+                  static_cast<unsigned long long>(e.epoch), kind);
+      if (!e.task.empty()) std::printf(" %s", e.task.c_str());
+      if (!e.missing.empty()) {
+        std::printf(" waiting for: %s", absl::StrJoin(e.missing, ", ").c_str());
+      }
+      if (resolved) std::printf(" %s", e.committed ? "committed" : e.error.c_str());
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+    return true;
+  });
+  return s.ok() ? 0 : Fail(s);
 }
-
-}  // namespace
 
 // The operator's view (CoordinatorAdmin.GetClusterStatus): tasks, every
 // variable with its replicas' states, the steps.
-int Status(repvar::Client& c) {
+int Status(repvar::Client& c, const Options& o) {
   auto st = c.GetClusterStatus();
   if (!st.ok()) return Fail(st.status());
+  std::map<std::string, int> states;
+  for (const auto& v : st->variables) {
+    for (const auto& r : v.replicas) ++states[repvar::ReplicaStateName(r.state)];
+  }
+  if (o.json) {
+    json tasks = json::array(), vars = json::array();
+    for (const auto& t : st->topology.tasks) {
+      tasks.push_back(
+          {{"job", t.job}, {"task", t.task}, {"address", t.address}, {"devices", t.devices}});
+    }
+    for (const auto& v : st->variables) vars.push_back(VariableJson(v));
+    Print({{"topology_version", st->topology.version},
+           {"tasks", tasks},
+           {"missing_tasks", st->topology.missing_tasks},
+           {"accelerators", st->topology.accelerators.size()},
+           {"variables", vars},
+           {"replicas_by_state", states},
+           {"steps", st->steps}});
+    return 0;
+  }
   std::cout << "topology version " << st->topology.version << ", " << st->topology.tasks.size()
             << " live task(s), " << st->topology.accelerators.size() << " accelerator(s)\n";
   for (const auto& t : st->topology.tasks) {
@@ -272,10 +361,6 @@ int Status(repvar::Client& c) {
               << " device(s)\n";
   }
   for (const auto& m : st->topology.missing_tasks) std::cout << "  missing " << m << "\n";
-  std::map<std::string, int> states;
-  for (const auto& v : st->variables) {
-    for (const auto& r : v.replicas) ++states[repvar::ReplicaStateName(r.state)];
-  }
   std::cout << st->variables.size() << " variable(s); replicas:";
   for (const auto& [state, n] : states) std::cout << " " << n << " " << state;
   std::cout << "\n";
@@ -305,36 +390,40 @@ class ProgressBar {
   const bool tty_;
 };
 
-int Save(repvar::Client& c, const std::string& path, bool json) {
+int Save(repvar::Client& c, const std::string& path, const Options& o) {
   ProgressBar bar("save");
   auto r = c.SaveCheckpoint(path, [&](const repvar::CheckpointProgress& p) { bar.Show(p); });
   bar.Done();
   if (!r.ok()) return Fail(r.status());
-  if (json) {
-    std::printf("{\"file\":%s,\"variables\":%d,\"bytes\":%llu,\"last_committed_step\":%lld}\n",
-                Q(path).c_str(), r->variables, static_cast<unsigned long long>(r->bytes),
-                static_cast<long long>(r->last_committed_step));
-  } else {
-    std::printf("saved %d variable(s), %llu bytes, after step %lld, to %s\n", r->variables,
-                static_cast<unsigned long long>(r->bytes),
-                static_cast<long long>(r->last_committed_step), path.c_str());
-    if (!r->uninitialized.empty()) {
-      std::printf("not saved (uninitialized): %s\n", absl::StrJoin(r->uninitialized, ", ").c_str());
-    }
+  if (o.json) {
+    Print({{"file", path},
+           {"variables", r->variables},
+           {"bytes", r->bytes},
+           {"last_committed_step", r->last_committed_step},
+           {"uninitialized", r->uninitialized}});
+    return 0;
+  }
+  std::printf("saved %d variable(s), %llu bytes, after step %lld, to %s\n", r->variables,
+              static_cast<unsigned long long>(r->bytes),
+              static_cast<long long>(r->last_committed_step), path.c_str());
+  if (!r->uninitialized.empty()) {
+    std::printf("not saved (uninitialized): %s\n", absl::StrJoin(r->uninitialized, ", ").c_str());
   }
   return 0;
 }
 
-int Restore(repvar::Client& c, const std::string& path, bool json) {
+int Restore(repvar::Client& c, const std::string& path, int replicas, const Options& o) {
   ProgressBar bar("restore");
   auto r = c.RestoreCheckpoint(
-      path, {.replicas = absl::GetFlag(FLAGS_replicas),
+      path, {.replicas = replicas,
              .progress = [&](const repvar::CheckpointProgress& p) { bar.Show(p); }});
   bar.Done();
   if (!r.ok()) return Fail(r.status());
-  if (json) {
-    std::printf("{\"file\":%s,\"variables\":%d,\"created\":%d,\"bytes\":%llu}\n", Q(path).c_str(),
-                r->variables, r->created, static_cast<unsigned long long>(r->bytes));
+  if (o.json) {
+    Print({{"file", path},
+           {"variables", r->variables},
+           {"created", r->created},
+           {"bytes", r->bytes}});
   } else {
     std::printf("restored %d variable(s) (%d created), %llu bytes, from %s\n", r->variables,
                 r->created, static_cast<unsigned long long>(r->bytes), path.c_str());
@@ -342,47 +431,119 @@ int Restore(repvar::Client& c, const std::string& path, bool json) {
   return 0;
 }
 
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "repvarctl [--coordinator=H:P] [--json] topology | vars [COLLECTION] | read NAME | "
-      "assign|assign_add|assign_sub NAME --value=v1,v2,... | steps | watch [--watch_for=D] | "
-      "status | delete NAME | save FILE | restore FILE [--replicas=N] | drain | resume. "
-      "Security from $REPVAR_TLS_CA, $REPVAR_TLS_CERT, $REPVAR_TLS_KEY, $REPVAR_TOKEN_FILE");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() < 2) {
-    std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
-    return 2;
-  }
-  auto client = repvar::Client::Connect(
-      {.coordinator_address = absl::GetFlag(FLAGS_coordinator), .deadline = absl::Seconds(30)});
-  if (!client.ok()) return Fail(client.status());
-  const bool json = absl::GetFlag(FLAGS_json);
-  const std::string cmd = args[1];
-  if (cmd == "topology") return Topology(**client, json);
-  if (cmd == "vars") return Vars(**client, args.size() > 2 ? args[2] : "", json);
-  if (cmd == "read" && args.size() == 3) return Read(**client, args[2], json);
-  if (cmd == "steps") return Steps(**client);
-  if (cmd == "watch") return Watch(**client);
-  if (cmd == "status") return Status(**client);
-  if (cmd == "delete" && args.size() == 3) {
-    absl::Status s = (*client)->DeleteVariable(args[2]);
-    return s.ok() ? 0 : Fail(s);
-  }
-  if ((cmd == "drain" || cmd == "resume") && args.size() == 2) {
-    auto state = (*client)->Drain(cmd == "resume");
-    if (!state.ok()) return Fail(state.status());
-    std::printf("%s", state->draining ? "draining: new changes are refused" : "serving");
-    if (state->open_step != 0) {
-      std::printf("; step %lld is still open", static_cast<long long>(state->open_step));
-    }
-    std::printf("\n");
+int Drain(repvar::Client& c, bool resume, const Options& o) {
+  auto state = c.Drain(resume);
+  if (!state.ok()) return Fail(state.status());
+  if (o.json) {
+    Print({{"draining", state->draining}, {"open_step", state->open_step}});
     return 0;
   }
-  if (cmd == "save" && args.size() == 3) return Save(**client, args[2], json);
-  if (cmd == "restore" && args.size() == 3) return Restore(**client, args[2], json);
-  if ((cmd == "assign" || cmd == "assign_add" || cmd == "assign_sub") && args.size() == 3) {
-    return Assign(**client, cmd, args[2], json);
+  std::printf("%s", state->draining ? "draining: new changes are refused" : "serving");
+  if (state->open_step != 0) {
+    std::printf("; step %lld is still open", static_cast<long long>(state->open_step));
   }
-  std::fprintf(stderr, "unknown command; %s\n", absl::ProgramUsageMessage().data());
+  std::printf("\n");
+  return 0;
+}
+
+// A CLI11 validator for absl durations ("30s", "1h").
+struct DurationValidator : CLI::Validator {
+  DurationValidator() : CLI::Validator("DURATION") {
+    func_ = [](const std::string& s) {
+      absl::Duration d;
+      return absl::ParseDuration(s, &d) ? std::string() : "not a duration (e.g. 30s, 2h): " + s;
+    };
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "repvarctl: look at and poke a repvar cluster. Security from the flags or "
+      "$REPVAR_TLS_CA, $REPVAR_TLS_CERT, $REPVAR_TLS_KEY, $REPVAR_TOKEN_FILE.",
+      "repvarctl"};
+  app.set_version_flag("--version",
+                       absl::StrCat("repvarctl ", repvar::kVersion, " (commit ", repvar::kGitCommit,
+                                    ", ", repvar::kBuildType, " build)"));
+  app.require_subcommand(1);
+  app.fallthrough();  // the options above also after the command (repvarctl vars --json)
+  Options o;
+  app.add_option("--coordinator", o.coordinator,
+                 "host:port of the coordinator (default: $REPVAR_COORDINATOR_ADDRESS)");
+  app.add_flag("--json", o.json, "print one JSON document (watch: one object per line)");
+  app.add_option("--tls_ca", o.tls_ca, "CA file: TLS to the coordinator ($REPVAR_TLS_CA)");
+  app.add_option("--tls_cert", o.tls_cert, "client certificate ($REPVAR_TLS_CERT)");
+  app.add_option("--tls_key", o.tls_key, "its key ($REPVAR_TLS_KEY)");
+  app.add_option("--token_file", o.token_file,
+                 "file whose first line is the bearer token ($REPVAR_TOKEN_FILE)");
+
+  std::string name, collection, value, path, watch_for = "24h";
+  int max_elements = 16, replicas = 0;
+  int64_t after = repvar::kStepEventsFromNow;
+  auto* topology = app.add_subcommand("topology", "tasks, accelerators, the infeed host");
+  auto* vars = app.add_subcommand("vars", "variables and their replicas");
+  vars->add_option("collection", collection, "only this collection");
+  auto* read = app.add_subcommand("read", "a variable's committed value");
+  read->add_option("name", name)->required();
+  read->add_option("--max_elements", max_elements, "elements printed (text)");
+  std::map<std::string, CLI::App*> writes;
+  for (const char* verb : {"assign", "assign_add", "assign_sub"}) {
+    auto* w = app.add_subcommand(verb, absl::StrCat(verb,
+                                                    " NAME --value=v1,v2,...: to every "
+                                                    "replica (one value fills)"));
+    w->add_option("name", name)->required();
+    w->add_option("--value", value, "comma-separated values, row-major")->required();
+    writes[verb] = w;
+  }
+  auto* steps = app.add_subcommand("steps", "the open step's progress, the last resolutions");
+  auto* watch = app.add_subcommand("watch", "step events as they happen");
+  watch->add_option("--watch_for", watch_for, "how long to stream")->check(DurationValidator());
+  watch->add_option("--after", after,
+                    "replay events after this seq (0: all the coordinator holds; default: "
+                    "only new ones)");
+  auto* status = app.add_subcommand("status", "the whole cluster (admin)");
+  auto* del = app.add_subcommand("delete", "delete a variable (admin)");
+  del->add_option("name", name)->required();
+  auto* save = app.add_subcommand("save", "a consistent cut into a .safetensors file");
+  save->add_option("file", path)->required();
+  auto* restore = app.add_subcommand("restore", "a .safetensors file back into the cluster");
+  restore->add_option("file", path)->required();
+  restore->add_option("--replicas", replicas,
+                      "replicas of the variables it creates (0: as saved in the file)");
+  auto* drain = app.add_subcommand("drain", "refuse new changes before maintenance (admin)");
+  auto* resume = app.add_subcommand("resume", "serve changes again (admin)");
+  CLI11_PARSE(app, argc, argv);
+
+  repvar::ClientOptions copts{.coordinator_address = o.coordinator, .deadline = absl::Seconds(30)};
+  copts.tls_ca_file = o.tls_ca;
+  copts.tls_cert_file = o.tls_cert;
+  copts.tls_key_file = o.tls_key;
+  copts.token_file = o.token_file;
+  auto client = repvar::Client::Connect(copts);
+  if (!client.ok()) return Fail(client.status());
+  repvar::Client& c = **client;
+  if (*topology) return Topology(c, o);
+  if (*vars) return Vars(c, collection, o);
+  if (*read) return Read(c, name, max_elements, o);
+  for (const auto& [verb, sub] : writes) {
+    if (*sub) return Assign(c, verb, name, value, o);
+  }
+  if (*steps) return Steps(c, o);
+  if (*watch) {
+    absl::Duration d;
+    (void)absl::ParseDuration(watch_for, &d);
+    return Watch(c, after, d, o);
+  }
+  if (*status) return Status(c, o);
+  if (*del) {
+    absl::Status s = c.DeleteVariable(name);
+    if (!s.ok()) return Fail(s);
+    if (o.json) Print({{"deleted", name}});
+    return 0;
+  }
+  if (*save) return Save(c, path, o);
+  if (*restore) return Restore(c, path, replicas, o);
+  if (*drain || *resume) return Drain(c, resume->parsed(), o);
   return 2;
 }

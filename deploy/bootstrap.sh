@@ -10,7 +10,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libxxhash-dev librocksdb-dev nlohmann-json3-dev libssl-dev openssl
-  libcpp-httplib-dev libsystemd-dev
+  libcpp-httplib-dev libsystemd-dev libcli11-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest python3-xxhash python3-yaml
   python3-pip python3-setuptools python3-wheel python3-venv python3-torch
   procps iproute2 debootstrap

@@ -219,6 +219,7 @@ class Coordinator {
   std::vector<StepEvent> WaitStepEvents(int64_t after_seq, absl::Time deadline) {
     return steps_.WaitStepEvents(after_seq, deadline);
   }
+  int64_t LatestStepEventSeq() const { return steps_.LatestStepEventSeq(); }
 
  private:
   absl::Status RefuseIfDraining() const {

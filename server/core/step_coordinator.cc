@@ -377,6 +377,11 @@ std::vector<StepEvent> StepCoordinator::WaitStepEvents(int64_t after_seq, absl::
   return steps_.EventsAfter(after_seq);
 }
 
+int64_t StepCoordinator::LatestStepEventSeq() const {
+  RankedLock lock(&mu_);
+  return steps_.next_event_seq() - 1;
+}
+
 void StepCoordinator::Tick(absl::Time now, const std::vector<LiveTask>& dead) {
   Wakers wake;
   RankedLock lock(&mu_);

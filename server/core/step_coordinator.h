@@ -102,6 +102,9 @@ class StepCoordinator {
   // Events after `after_seq`, waiting until `deadline` for one.
   std::vector<StepEvent> WaitStepEvents(int64_t after_seq, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The seq of the last event so far (0 before any): watching after it
+  // shows only what happens from now on.
+  int64_t LatestStepEventSeq() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Periodic work at `now`: F1 (a participant in `dead` fails the open
   // step) and barrier timeouts with straggler warnings (S4).

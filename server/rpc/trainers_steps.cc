@@ -40,7 +40,8 @@ grpc::Status TrainersService::GetSteps(grpc::ServerContext* ctx, const v1::GetSt
 grpc::Status TrainersService::WatchSteps(grpc::ServerContext* ctx, const v1::WatchStepsRequest* req,
                                          grpc::ServerWriter<v1::StepEvent>* writer) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
-  int64_t after = req->after_seq();
+  // Negative: from now on (what happened before is not replayed).
+  int64_t after = req->after_seq() < 0 ? core_->LatestStepEventSeq() : req->after_seq();
   while (!ctx->IsCancelled() && !shutting_down_) {
     for (const StepEvent& e : core_->WaitStepEvents(after, absl::Now() + kPollSlice)) {
       v1::StepEvent proto;

@@ -185,6 +185,40 @@ def test_request_id_retry_returns_original_answer(client):
     assert client.read("idem")[0].tolist() == [1.0]
 
 
+def test_repvarctl_json_is_json_and_int64_exact(client, cluster):
+    """repvarctl --json: int64 values exactly (2**53 + 1 survives), NaN and
+    infinities as strings (JSON has no such numbers), every command valid
+    JSON; --version and --help answer without a cluster."""
+    import json
+    import os
+    import subprocess
+    from conftest import BUILD
+    ctl = os.path.join(BUILD, "client/repvarctl")
+    env = dict(os.environ, REPVAR_COORDINATOR_ADDRESS=cluster)
+
+    def run(*args):
+        out = subprocess.run([ctl, *args], env=env, capture_output=True, text=True, check=True)
+        return json.loads(out.stdout, parse_constant=lambda t: (_ for _ in ()).throw(
+            ValueError(f"not JSON: {t}")))
+
+    client.create("ctljson/i", "int64", (2,), replica_count=2)
+    run("--json", "assign", "ctljson/i", "--value=9007199254740993,-9223372036854775808")
+    assert run("read", "ctljson/i", "--json")["values"] == [2**53 + 1, -2**63]
+    client.create("ctljson/f", "float32", (3,), replica_count=2, allow_nonfinite=True)
+    client.assign("ctljson/f", np.array([np.nan, np.inf, -1.5], np.float32))
+    assert run("--json", "read", "ctljson/f")["values"] == ["NaN", "Infinity", -1.5]
+    names = [v["name"] for v in run("--json", "vars") if v["name"].startswith("ctljson/")]
+    assert names == ["ctljson/f", "ctljson/i"], names
+    assert run("--json", "topology")["infeed_host"]["job"] == "tpu_worker"
+    assert run("--json", "status")["replicas_by_state"]["UP_TO_DATE"] >= 4
+    version = subprocess.run([ctl, "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.startswith("repvarctl 0.1.0 (commit "), version.stdout
+    usage = subprocess.run([ctl, "--help"], capture_output=True, text=True, check=True).stdout
+    assert "watch" in usage and "--token_file" in usage, usage
+    bad = subprocess.run([ctl, "no-such-command"], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0
+
+
 def test_repvarctl_status_and_delete_use_the_admin_service(client, cluster):
     import os
     import subprocess

@@ -110,8 +110,12 @@ def test_repvarctl_steps_and_watch_show_progress_and_resolution(client, cluster)
     with repvar.replicated_scope(6, "ctl"):
         client.create("v", "float32", (2,), initializer=repvar.zeros())
     client.initialize(["ctl/v"])
-    watch = subprocess.Popen([ctl, "watch", "--watch_for=20s"], env=env, stdout=subprocess.PIPE,
-                             text=True)
+    # --after=0: from the first event the coordinator holds (by default a
+    # watch shows only what happens after it started).
+    watch = subprocess.Popen([ctl, "watch", "--watch_for=20s", "--after=0"], env=env,
+                             stdout=subprocess.PIPE, text=True)
+    jwatch = subprocess.Popen([ctl, "watch", "--json", "--watch_for=20s", "--after=0"], env=env,
+                              stdout=subprocess.PIPE, text=True)
     try:
         step = client.last_committed_step() + 1
         # one host reports; the others are still missing
@@ -128,6 +132,11 @@ def test_repvarctl_steps_and_watch_show_progress_and_resolution(client, cluster)
         assert any(f"open: step {step}" in l for l in lines), lines
         assert any("tpu_worker:0  reported" in l for l in lines), lines
         assert any("tpu_worker:2  WAITING" in l for l in lines), lines
+        st = strict_json(subprocess.run([ctl, "--json", "steps"], env=env, capture_output=True,
+                                        text=True, check=True).stdout)
+        assert st["open"]["step"] == step, st
+        by_task = {p["task"]: p["reported"] for p in st["open"]["participants"]}
+        assert by_task["tpu_worker:0"] and not by_task["tpu_worker:2"], st
         results = _run_step(client, step, lambda h, s: None)
         done.join()
         assert all(not isinstance(r, Exception) for r in results), results
@@ -135,11 +144,33 @@ def test_repvarctl_steps_and_watch_show_progress_and_resolution(client, cluster)
                              check=True).stdout
         assert f"last committed step: {step}" in out
         assert f"step {step} (epoch" in out and "committed" in out
+        st = strict_json(subprocess.run([ctl, "steps", "--json"], env=env, capture_output=True,
+                                        text=True, check=True).stdout)
+        assert st["open"] is None and st["last_committed_step"] == step, st
+        assert st["recent"][-1]["step"] == step and st["recent"][-1]["committed"], st
     finally:
         watch.terminate()
+        jwatch.terminate()
         events = watch.communicate(timeout=10)[0]
+        jevents = [strict_json(line) for line in jwatch.communicate(timeout=10)[0].splitlines()]
     assert f"step {step} " in events and "BEGUN" in events and "RESOLVED" in events, events
     assert "REPORTED tpu_worker:0" in events, events
+    mine = [e for e in jevents if e["step"] == step]
+    assert {"BEGUN", "REPORTED", "RESOLVED"} <= {e["kind"] for e in mine}, jevents
+    assert any(e["kind"] == "RESOLVED" and e["committed"] for e in mine), mine
+    # A watch started now shows nothing of what came before.
+    late = subprocess.run([ctl, "watch", "--watch_for=1s"], env=env, capture_output=True,
+                          text=True, check=True).stdout
+    assert late == "", late
+
+
+def strict_json(text):
+    """JSON as the standard has it: no NaN or Infinity tokens."""
+    import json
+
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+    return json.loads(text, parse_constant=refuse)
 
 
 def _ignore(fn):

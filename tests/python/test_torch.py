@@ -13,11 +13,10 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
-torch = pytest.importorskip("torch")  # Debian's python3-torch (deploy/bootstrap.sh)
+import torch  # noqa: F401  Debian's python3-torch (deploy/bootstrap.sh): never skipped
 
-import repvar  # noqa: E402
+import repvar
 
 SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 EXAMPLE = os.path.join(SOURCE, "examples/torch/train_mlp.py")
