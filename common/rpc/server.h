@@ -185,8 +185,9 @@ class DaemonServer {
   const std::vector<ServedService> services_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<grpc::Server> health_;  // null without --health_address
+  // The queue outlives the server polled through it (members go in reverse).
   std::unique_ptr<grpc::ServerCompletionQueue> health_cq_;
+  std::unique_ptr<grpc::Server> health_;  // null without --health_address
   std::thread health_cq_thread_;
 };
 
