@@ -521,7 +521,8 @@ class SecurityStartupTest : public ::testing::Test {
   std::string last_log_;
 };
 
-TEST_F(SecurityStartupTest, X1_TlsWithoutTokens_AnotherNamesCertificate_UnsignedOrWrongKey_Refused) {
+TEST_F(SecurityStartupTest,
+       X1_TlsWithoutTokens_AnotherNamesCertificate_UnsignedOrWrongKey_Refused) {
   const std::string coordinator = "server/repvar-coordinator";
   std::vector<std::string> tokens = {"--worker_token_file=" + Cert("worker.token"),
                                      "--trainer_token_file=" + Cert("trainer.token")};
