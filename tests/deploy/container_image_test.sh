@@ -34,8 +34,12 @@ cache=${REPVAR_IMAGE_BASE_CACHE:-}
 if [ -n "$cache" ] && [ -s "$cache" ]; then
   mkdir -p "$root" && tar -C "$root" -xzf "$cache"
 else
-  mirror=$(grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1 | awk '{print $2}')
-  mirror=${mirror:-$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list 2>/dev/null)}
+  # The mirror apt uses here (deb822 .sources or a classic sources.list;
+  # either may be absent, as in a debootstrapped root).
+  mirror=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {print $2; exit}' || true)
+  if [ -z "$mirror" ]; then
+    mirror=$(awk '/^deb / {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+  fi
   debootstrap --variant=minbase bookworm "$root" "${mirror:-http://deb.debian.org/debian}" \
     >"$work/debootstrap.log" 2>&1 || { tail -20 "$work/debootstrap.log"; exit 1; }
   if [ -n "$cache" ]; then mkdir -p "$(dirname "$cache")" && tar -C "$root" -czf "$cache" .; fi
