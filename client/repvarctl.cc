@@ -5,6 +5,7 @@
 // the strings "NaN", "Infinity", "-Infinity").
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -46,27 +47,29 @@ std::string Shape(const std::vector<int64_t>& s) {
   return absl::StrCat("[", absl::StrJoin(s, ","), "]");
 }
 
-// A tensor's elements: integers exactly, floats as numbers (NaN and the
-// infinities as strings: JSON has no such numbers).
-json Elements(const repvar::TensorValue& v) {
+// A tensor's first `limit` elements: integers exactly, floats as numbers
+// (NaN and the infinities as strings: JSON has no such numbers).
+json Elements(const repvar::TensorValue& v, size_t limit = SIZE_MAX) {
   json out = json::array();
-  const size_t n = v.bytes.size() / repvar::ItemSize(v.dtype);
+  const size_t n = std::min(limit, v.bytes.size() / repvar::ItemSize(v.dtype));
   switch (v.dtype) {
     case repvar::DType::kInt32:
-      for (int32_t x : v.as<int32_t>()) out.push_back(x);
+      for (int32_t x : v.as<int32_t>().first(n)) out.push_back(x);
       return out;
     case repvar::DType::kInt64:
-      for (int64_t x : v.as<int64_t>()) out.push_back(x);
+      for (int64_t x : v.as<int64_t>().first(n)) out.push_back(x);
       return out;
     default:
       break;
   }
+  // LoadElement reads a Tensor: one of just the elements shown.
+  const size_t bytes = n * repvar::ItemSize(v.dtype);
   repvar::Tensor t;
-  t.spec = repvar::TensorSpec{v.dtype, v.shape};
-  auto buf = repvar::Buffer::Allocate(v.bytes.size());
+  t.spec = repvar::TensorSpec{v.dtype, {static_cast<int64_t>(n)}};
+  auto buf = repvar::Buffer::Allocate(bytes);
   if (!buf.ok()) return out;
   t.bytes = *std::move(buf);
-  if (!v.bytes.empty()) std::memcpy(t.bytes.data(), v.bytes.data(), v.bytes.size());
+  if (bytes != 0) std::memcpy(t.bytes.data(), v.bytes.data(), bytes);
   for (size_t i = 0; i < n; ++i) {
     const double d = repvar::LoadElement(t, static_cast<int64_t>(i));
     if (std::isnan(d)) {
@@ -81,14 +84,15 @@ json Elements(const repvar::TensorValue& v) {
 }
 
 std::string ElementsText(const repvar::TensorValue& v, size_t limit) {
-  const json all = Elements(v);
+  const json shown = Elements(v, limit);
   std::vector<std::string> parts;
-  for (size_t i = 0; i < all.size() && i < limit; ++i) {
-    parts.push_back(all[i].is_number_float() ? absl::StrFormat("%.9g", all[i].get<double>())
-                    : all[i].is_string()     ? all[i].get<std::string>()
-                                             : all[i].dump());
+  for (const json& e : shown) {
+    parts.push_back(e.is_number_float() ? absl::StrFormat("%.9g", e.get<double>())
+                    : e.is_string()     ? e.get<std::string>()
+                                        : e.dump());
   }
-  if (all.size() > limit) parts.push_back(absl::StrCat("... (", all.size(), " elements)"));
+  const size_t n = v.bytes.size() / repvar::ItemSize(v.dtype);
+  if (n > limit) parts.push_back(absl::StrCat("... (", n, " elements)"));
   return absl::StrJoin(parts, ", ");
 }
 

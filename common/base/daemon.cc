@@ -216,20 +216,22 @@ Watchdog::~Watchdog() {
   state_->thread.join();
 }
 
-absl::Status WritePortFile(const std::string& path, int port) {
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view text, int mode) {
   std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) return absl::InternalError(absl::StrCat("open ", tmp, ": ", strerror(errno)));
-  std::string text = absl::StrCat(port, "\n");
   bool ok =
       write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
   close(fd);
   if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
     unlink(tmp.c_str());
-    return absl::InternalError(
-        absl::StrCat("cannot write port file ", path, ": ", strerror(errno)));
+    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  return WriteFileAtomically(path, absl::StrCat(port, "\n"), 0644);
 }
 
 void InstallCrashHandler() {

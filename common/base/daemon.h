@@ -85,8 +85,10 @@ class Watchdog {
   std::unique_ptr<State> state_;
 };
 
-// Writes "<port>\n" to `path` through a temporary file, fsync and rename, so a
-// reader never sees a partial file.
+// Writes `text` to `path` (mode `mode`) through a temporary file, fsync and
+// rename, so a reader never sees a partial file. Errors: INTERNAL.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view text, int mode);
+// WriteFileAtomically(path, "<port>\n", 0644).
 absl::Status WritePortFile(const std::string& path, int port);
 
 // Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (call first in

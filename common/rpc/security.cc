@@ -425,13 +425,21 @@ X509Ptr ParseCertificate(const std::string& pem) {
   return X509Ptr(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
 }
 
+absl::StatusOr<std::string> CommonNameOf(X509* cert) {
+  char cn[256] = {};
+  if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn)) < 0) {
+    return absl::InvalidArgumentError("the certificate has no CN");
+  }
+  return std::string(cn);
+}
+
 // A certificate naming `name`, signed by a certificate of `ca_pem`, whose
 // private key is `key_pem`.
 absl::Status CheckCertificateSet(const std::string& cert_pem, const std::string& key_pem,
                                  const std::string& ca_pem, absl::string_view name) {
   X509Ptr cert = ParseCertificate(cert_pem);
   if (cert == nullptr) return absl::InvalidArgumentError("the certificate file holds none");
-  absl::StatusOr<std::string> cn = CertificateCommonName(cert_pem);
+  absl::StatusOr<std::string> cn = CommonNameOf(cert.get());
   if (!cn.ok() || *cn != name) {
     return absl::InvalidArgumentError(
         absl::StrCat(cn.ok() ? absl::StrCat("the certificate's CN is \"", *cn, "\"")
@@ -464,20 +472,6 @@ absl::Status CheckCertificateSet(const std::string& cert_pem, const std::string&
     return absl::InvalidArgumentError(
         absl::StrCat("the CA does not vouch for the certificate: ",
                      X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx.get()))));
-  }
-  return absl::OkStatus();
-}
-
-// Writes `text` to `path` through a temporary file and a rename (mode 0600).
-absl::Status WriteAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".new";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  close(fd);
-  if (!written || rename(tmp.c_str(), path.c_str()) != 0) {
-    unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot write ", path));
   }
   return absl::OkStatus();
 }
@@ -526,35 +520,15 @@ absl::Status ReloadableCertificates::Reload() {
   // so a read between the renames keeps the old pair for another second.
   for (auto [name, text] : {std::pair{"/key.pem", &pems[1]}, std::pair{"/cert.pem", &pems[0]},
                             std::pair{"/ca.pem", &pems[2]}}) {
-    if (absl::Status s = WriteAtomically(dir_ + name, *text); !s.ok()) return s;
+    if (absl::Status s = WriteFileAtomically(dir_ + name, *text, 0600); !s.ok()) return s;
   }
-  cert_pem_ = pems[0];
-  ca_pem_ = pems[2];
   return absl::OkStatus();
 }
 
-std::string ReloadableCertificates::cert_pem() const {
-  absl::MutexLock lock(&mu_);
-  return cert_pem_;
-}
-
-std::string ReloadableCertificates::ca_pem() const {
-  absl::MutexLock lock(&mu_);
-  return ca_pem_;
-}
-
 absl::StatusOr<std::string> CertificateCommonName(const std::string& pem) {
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
-      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
-  std::unique_ptr<X509, decltype(&X509_free)> cert(
-      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), &X509_free);
+  X509Ptr cert = ParseCertificate(pem);
   if (cert == nullptr) return absl::InvalidArgumentError("not a PEM certificate");
-  char cn[256] = {};
-  if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert.get()), NID_commonName, cn, sizeof(cn)) <
-      0) {
-    return absl::InvalidArgumentError("the certificate has no CN");
-  }
-  return std::string(cn);
+  return CommonNameOf(cert.get());
 }
 
 absl::StatusOr<DaemonSecurity> LoadDaemonSecurity(const SecurityFlags& flags,

@@ -156,9 +156,6 @@ class ReloadableCertificates {
 
   // Errors as Load's; the copies then stay as they were.
   absl::Status Reload();
-  // The PEM text of the set in use.
-  std::string cert_pem() const;
-  std::string ca_pem() const;
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider() const {
     return provider_;
   }
@@ -173,8 +170,7 @@ class ReloadableCertificates {
         dir_(std::move(dir)) {}
 
   const std::string cert_file_, key_file_, ca_file_, certificate_name_, dir_;
-  mutable absl::Mutex mu_;
-  std::string cert_pem_ ABSL_GUARDED_BY(mu_), ca_pem_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex mu_;  // one Reload at a time
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;
 };
 
