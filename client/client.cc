@@ -219,6 +219,19 @@ absl::Status Client::DeleteVariable(const std::string& name) {
   return impl_->Call(&v1::CoordinatorAdmin::Stub::DeleteVariable, req, &resp);
 }
 
+absl::Status Client::PublishScalar(const std::string& name, int64_t step, double value) {
+  v1::PublishScalarsRequest req;
+  v1::ScalarPoint* point = req.add_points();
+  point->set_name(name);
+  point->set_step(step);
+  point->set_value(value);
+  v1::PublishScalarsResponse resp;
+  // Not retried: a repeat that follows a lost answer would count twice.
+  grpc::ClientContext ctx;
+  impl_->SetDeadline(&ctx);
+  return FromGrpcStatus(impl_->stub()->PublishScalars(&ctx, req, &resp));
+}
+
 absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
   v1::ClusterStatus resp;
   REPVAR_RETURN_IF_ERROR(impl_->Call(&v1::CoordinatorAdmin::Stub::GetClusterStatus,
@@ -228,6 +241,13 @@ absl::StatusOr<ClusterStatus> Client::GetClusterStatus() {
   for (const auto& v : resp.variables()) out.variables.push_back(VariableFromProto(v));
   REPVAR_ASSIGN_OR_RETURN(StepsStatus steps, StepsStatusFromProto(resp.steps()));
   out.steps = client_internal::StepsLines(steps);
+  out.steps_summary = client_internal::StepsSummaryOf(steps);
+  out.draining = resp.draining();
+  for (const auto& [in, n] : resp.divergences_repaired()) out.divergences_repaired[in] = n;
+  for (const v1::ScalarSeries& s : resp.scalars()) {
+    out.scalars.push_back(
+        {s.name(), {s.steps().begin(), s.steps().end()}, {s.values().begin(), s.values().end()}});
+  }
   return out;
 }
 

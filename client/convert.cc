@@ -154,6 +154,28 @@ std::string ResolutionLine(const StepResolution& r) {
   return line;
 }
 
+StepsSummary StepsSummaryOf(const StepsStatus& st) {
+  StepsSummary out;
+  out.last_committed_step = st.last_committed_step;
+  if (st.open) {
+    StepsSummary::Open& open = out.open.emplace();
+    open.step = st.open->step;
+    open.epoch = st.open->epoch;
+    open.barrier_timeout = st.open->barrier_timeout;
+    open.variables = static_cast<int>(st.open->variables.size());
+    for (const ParticipantProgress& p : st.progress) {
+      open.participants.push_back({p.task.ToString(), p.reported, p.finished, p.last_activity});
+    }
+  }
+  for (const StepResolution& r : st.recent) {
+    out.recent.push_back({r.step, r.epoch, r.state == StepState::kCommitted,
+                          r.status.ok() ? "" : r.status.ToString(),
+                          static_cast<int>(r.changed.size()),
+                          static_cast<int>(r.divergences.size())});
+  }
+  return out;
+}
+
 std::vector<std::string> StepsLines(const StepsStatus& st) {
   std::vector<std::string> out;
   out.push_back(absl::StrCat("last committed step: ", st.last_committed_step));

@@ -40,6 +40,8 @@ StepResult StepResultOf(const StepResolution& r);
 std::string ResolutionLine(const StepResolution& r);
 // The open step's progress and the last resolutions, one line each (repvarctl steps).
 std::vector<std::string> StepsLines(const StepsStatus& st);
+// The same as data.
+StepsSummary StepsSummaryOf(const StepsStatus& st);
 
 }  // namespace repvar::client_internal
 

@@ -47,8 +47,16 @@ std::string Shape(const std::vector<int64_t>& s) {
   return absl::StrCat("[", absl::StrJoin(s, ","), "]");
 }
 
+// A double as JSON allows it: NaN and the infinities as the strings "NaN",
+// "Infinity", "-Infinity" (JSON has no such numbers).
+json NumberJson(double d) {
+  if (std::isnan(d)) return "NaN";
+  if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+  return d;
+}
+
 // A tensor's first `limit` elements: integers exactly, floats as numbers
-// (NaN and the infinities as strings: JSON has no such numbers).
+// (NumberJson).
 json Elements(const repvar::TensorValue& v, size_t limit = SIZE_MAX) {
   json out = json::array();
   const size_t n = std::min(limit, v.bytes.size() / repvar::ItemSize(v.dtype));
@@ -70,16 +78,8 @@ json Elements(const repvar::TensorValue& v, size_t limit = SIZE_MAX) {
   if (!buf.ok()) return out;
   t.bytes = *std::move(buf);
   if (bytes != 0) std::memcpy(t.bytes.data(), v.bytes.data(), bytes);
-  for (size_t i = 0; i < n; ++i) {
-    const double d = repvar::LoadElement(t, static_cast<int64_t>(i));
-    if (std::isnan(d)) {
-      out.push_back("NaN");
-    } else if (std::isinf(d)) {
-      out.push_back(d > 0 ? "Infinity" : "-Infinity");
-    } else {
-      out.push_back(d);
-    }
-  }
+  for (size_t i = 0; i < n; ++i)
+    out.push_back(NumberJson(repvar::LoadElement(t, static_cast<int64_t>(i))));
   return out;
 }
 
@@ -259,6 +259,35 @@ int Assign(repvar::Client& c, const std::string& verb, const std::string& name,
   return 0;
 }
 
+json StepsJson(const repvar::StepsSummary& st) {
+  json j{{"last_committed_step", st.last_committed_step},
+         {"open", nullptr},
+         {"recent", json::array()}};
+  if (st.open) {
+    json participants = json::array();
+    for (const auto& p : st.open->participants) {
+      participants.push_back({{"task", p.task},
+                              {"reported", p.reported},
+                              {"finished", p.finished},
+                              {"last_activity", p.last_activity}});
+    }
+    j["open"] = {{"step", st.open->step},
+                 {"epoch", st.open->epoch},
+                 {"barrier_timeout_ms", absl::ToInt64Milliseconds(st.open->barrier_timeout)},
+                 {"variables", st.open->variables},
+                 {"participants", participants}};
+  }
+  for (const auto& r : st.recent) {
+    j["recent"].push_back({{"step", r.step},
+                           {"epoch", r.epoch},
+                           {"committed", r.committed},
+                           {"error", r.error},
+                           {"variables_changed", r.variables_changed},
+                           {"divergences_repaired", r.divergences_repaired}});
+  }
+  return j;
+}
+
 // The open step's progress per participant and the last resolutions.
 int Steps(repvar::Client& c, const Options& o) {
   if (!o.json) {
@@ -269,32 +298,7 @@ int Steps(repvar::Client& c, const Options& o) {
   }
   auto st = repvar::GetStepsSummary(c);
   if (!st.ok()) return Fail(st.status());
-  json j{{"last_committed_step", st->last_committed_step},
-         {"open", nullptr},
-         {"recent", json::array()}};
-  if (st->open) {
-    json participants = json::array();
-    for (const auto& p : st->open->participants) {
-      participants.push_back({{"task", p.task},
-                              {"reported", p.reported},
-                              {"finished", p.finished},
-                              {"last_activity", p.last_activity}});
-    }
-    j["open"] = {{"step", st->open->step},
-                 {"epoch", st->open->epoch},
-                 {"barrier_timeout_ms", absl::ToInt64Milliseconds(st->open->barrier_timeout)},
-                 {"variables", st->open->variables},
-                 {"participants", participants}};
-  }
-  for (const auto& r : st->recent) {
-    j["recent"].push_back({{"step", r.step},
-                           {"epoch", r.epoch},
-                           {"committed", r.committed},
-                           {"error", r.error},
-                           {"variables_changed", r.variables_changed},
-                           {"divergences_repaired", r.divergences_repaired}});
-  }
-  Print(j);
+  Print(StepsJson(*st));
   return 0;
 }
 
@@ -349,13 +353,22 @@ int Status(repvar::Client& c, const Options& o) {
           {{"job", t.job}, {"task", t.task}, {"address", t.address}, {"devices", t.devices}});
     }
     for (const auto& v : st->variables) vars.push_back(VariableJson(v));
+    json curves = json::array();
+    for (const auto& curve : st->scalars) {
+      json values = json::array();
+      for (double v : curve.values) values.push_back(NumberJson(v));
+      curves.push_back({{"name", curve.name}, {"steps", curve.steps}, {"values", values}});
+    }
     Print({{"topology_version", st->topology.version},
            {"tasks", tasks},
            {"missing_tasks", st->topology.missing_tasks},
            {"accelerators", st->topology.accelerators.size()},
            {"variables", vars},
            {"replicas_by_state", states},
-           {"steps", st->steps}});
+           {"draining", st->draining},
+           {"divergences_repaired", st->divergences_repaired},
+           {"steps", StepsJson(st->steps_summary)},
+           {"scalars", curves}});
     return 0;
   }
   std::cout << "topology version " << st->topology.version << ", " << st->topology.tasks.size()
@@ -368,7 +381,18 @@ int Status(repvar::Client& c, const Options& o) {
   std::cout << st->variables.size() << " variable(s); replicas:";
   for (const auto& [state, n] : states) std::cout << " " << n << " " << state;
   std::cout << "\n";
+  if (st->draining) std::cout << "DRAINING: new changes are refused until resumed\n";
+  int64_t repaired = 0;
+  for (const auto& [in, n] : st->divergences_repaired) repaired += n;
+  if (repaired > 0) {
+    std::cout << repaired << " diverged replica(s) repaired since the coordinator started\n";
+  }
   for (const std::string& line : st->steps) std::cout << line << "\n";
+  for (const auto& curve : st->scalars) {
+    if (curve.steps.empty()) continue;
+    std::cout << absl::StrFormat("%s at step %d: %g\n", curve.name, curve.steps.back(),
+                                 curve.values.back());
+  }
   return 0;
 }
 

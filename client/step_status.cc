@@ -48,25 +48,7 @@ absl::StatusOr<StepsStatus> GetSteps(Client& client) {
 
 absl::StatusOr<StepsSummary> GetStepsSummary(Client& client) {
   REPVAR_ASSIGN_OR_RETURN(StepsStatus st, client_internal::GetSteps(client));
-  StepsSummary out;
-  out.last_committed_step = st.last_committed_step;
-  if (st.open) {
-    StepsSummary::Open& open = out.open.emplace();
-    open.step = st.open->step;
-    open.epoch = st.open->epoch;
-    open.barrier_timeout = st.open->barrier_timeout;
-    open.variables = static_cast<int>(st.open->variables.size());
-    for (const ParticipantProgress& p : st.progress) {
-      open.participants.push_back({p.task.ToString(), p.reported, p.finished, p.last_activity});
-    }
-  }
-  for (const StepResolution& r : st.recent) {
-    out.recent.push_back({r.step, r.epoch, r.state == StepState::kCommitted,
-                          r.status.ok() ? "" : r.status.ToString(),
-                          static_cast<int>(r.changed.size()),
-                          static_cast<int>(r.divergences.size())});
-  }
-  return out;
+  return client_internal::StepsSummaryOf(st);
 }
 
 absl::StatusOr<int64_t> LastCommittedStep(Client& client) {

@@ -224,13 +224,19 @@ int main(int argc, char** argv) {
         for (int32_t r : d.repaired) std::cout << " " << r;
         std::cout << "\n";
       }
-      if (k == 1 || k % 20 == 0) {
+      if (k == 1 || k % 5 == 0) {
         auto w = c.Read(w_name);
         auto b = c.Read(b_name);
         if (!w.ok() || !b.ok()) return Fail("read", !w.ok() ? w.status() : b.status());
-        std::cout << absl::StrFormat("   step %4d  loss %.6f  (w version %d)\n", step,
-                                     Loss(data, Floats(*w), Floats(*b)[0], 0, replicas * shard),
-                                     w->version);
+        const double loss = Loss(data, Floats(*w), Floats(*b)[0], 0, replicas * shard);
+        // The coordinator's web view draws it.
+        if (absl::Status s = c.PublishScalar("train/loss", step, loss); !s.ok()) {
+          return Fail("publish the loss", s);
+        }
+        if (k == 1 || k % 20 == 0) {
+          std::cout << absl::StrFormat("   step %4d  loss %.6f  (w version %d)\n", step, loss,
+                                       w->version);
+        }
       }
     }
     double secs = absl::ToDoubleSeconds(absl::Now() - started);

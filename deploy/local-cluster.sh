@@ -6,7 +6,9 @@
 # Does its own set-up (packages, Release build shared with tests/run.sh).
 # Every daemon serves TLS with per-role tokens, from a CA and certificates
 # made for this run (deploy/make-certs.sh, into $REPVAR_DATA_DIR/certs); the
-# workload connects as a trainer (REPVAR_TLS_CA, REPVAR_TOKEN_FILE).
+# workload connects as a trainer (REPVAR_TLS_CA, REPVAR_TOKEN_FILE): the C++
+# and Python examples, and a PyTorch model trained data-parallel. It prints
+# the coordinator's web view's URL (hosts, replicas, steps, the loss curves).
 #   deploy/local-cluster.sh             run the workload, then stay up until Ctrl-C
 #   deploy/local-cluster.sh --once      run the workload and exit with its status
 #   deploy/local-cluster.sh --plaintext the same without TLS or tokens
@@ -20,7 +22,7 @@ for arg in "$@"; do
   case "$arg" in
     --once) once=1 ;;
     --plaintext) tls=0 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -81,6 +83,20 @@ pids+=($!)
 port=$(wait_port "$data/coordinator.port")
 export REPVAR_COORDINATOR_ADDRESS=127.0.0.1:$port
 echo "coordinator on $REPVAR_COORDINATOR_ADDRESS (logs in $data)$([ $tls -eq 1 ] && echo ", TLS and tokens (certs in $data/certs)")"
+# The coordinator's HTTP listener (metrics, web view) speaks TLS when its gRPC does.
+scheme=http
+[ $tls -eq 1 ] && scheme=https
+metrics_url=$scheme://127.0.0.1:$(wait_port "$data/coordinator.metrics_port")
+web_view_line() {
+  if [ $tls -eq 1 ]; then
+    # The fragment carries the admin token to the page; browsers never send it.
+    echo "web view: $metrics_url/#token=$(head -n1 "$data/certs/admin.token")"
+    echo "  (served with this run's certificates: trust $data/certs/ca.pem, or accept the warning)"
+  else
+    echo "web view: $metrics_url/"
+  fi
+}
+web_view_line
 for t in 0 1 2; do
   "$build/worker/repvar-worker" --exit_with_parent --job=tpu_worker --task=$t --tpu_devices=2 \
     --port_file="$data/tpu_worker-$t.port" $(secure tpu_worker-$t token_file) \
@@ -103,11 +119,18 @@ if [ $rc -eq 0 ]; then
   echo "== the same cluster from Python (generated stubs + numpy helper)"
   PYTHONPATH="$root/$build/python" /usr/bin/python3 "$root/$build/python/repvar_example.py" || rc=$?
 fi
+if [ $rc -eq 0 ]; then
+  echo
+  echo "== PyTorch: an MLP trained data-parallel, one trainer per TPU host (repvar.torch)"
+  PYTHONPATH="$root/$build/python" /usr/bin/python3 "$root/examples/torch/train_mlp.py" \
+    --steps="${REPVAR_TORCH_STEPS:-60}" || rc=$?
+fi
 echo
 echo "== the coordinator's metrics: divergences repaired, replicas by state"
-/usr/bin/python3 - "$(cat "$data/coordinator.metrics_port")" <<'PY' || rc=$?
-import sys, urllib.request
-text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+/usr/bin/python3 - "$metrics_url" "${REPVAR_TLS_CA:-}" <<'PY' || rc=$?
+import ssl, sys, urllib.request
+context = ssl.create_default_context(cafile=sys.argv[2]) if sys.argv[2] else None
+text = urllib.request.urlopen(f"{sys.argv[1]}/metrics", timeout=10, context=context).read().decode()
 for line in text.splitlines():
     if line.startswith(("repvar_divergences_repaired_total", "repvar_replicas{", "repvar_last_committed_step")):
         print(line)
@@ -123,6 +146,7 @@ if [ $once -eq 1 ]; then
 fi
 echo
 echo "cluster is up: export REPVAR_COORDINATOR_ADDRESS=$REPVAR_COORDINATOR_ADDRESS"
+web_view_line
 if [ $tls -eq 1 ]; then
   echo "  export REPVAR_TLS_CA=$REPVAR_TLS_CA REPVAR_TOKEN_FILE=$data/certs/admin.token"
 fi

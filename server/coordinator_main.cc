@@ -23,6 +23,7 @@
 #include "server/rpc/coordinator_metrics.h"
 #include "server/rpc/grpc_worker_client.h"
 #include "server/rpc/trainers_service.h"
+#include "server/rpc/web_view.h"
 #include "server/rpc/workers_service.h"
 #include "server/store/checkpointer.h"
 #include "server/store/rocks_state_log.h"
@@ -196,15 +197,16 @@ int main(int argc, char** argv) {
   }
   repvar::server::StepInfoCache step_infos;
   repvar::server::WorkersService workers_service(&core, &step_infos);
+  repvar::server::ScalarBoard scalars;
   repvar::server::TrainersService trainers_service(
-      &core, &step_infos,
+      &core, &step_infos, &scalars,
       static_cast<uint64_t>(
           std::max<int64_t>(0, absl::GetFlag(FLAGS_max_inflight_bytes_per_connection))));
   // Drain: the server and the trainers' service say NOT_SERVING (so do
   // /healthz and systemd's status); workers' and the admin's go on.
   repvar::DaemonServer* served = nullptr;
   std::atomic<bool> ready{false};
-  repvar::server::AdminService admin_service(&core, [&](bool draining) {
+  repvar::server::AdminService admin_service(&core, &scalars, [&](bool draining) {
     ready = !draining;
     if (served == nullptr) return;
     served->SetServing({repvar::v1::CoordinatorTrainers::service_full_name()}, !draining);
@@ -228,10 +230,24 @@ int main(int argc, char** argv) {
   ready = true;
   (*server)->SetServing(true);
   repvar::server::RegisterCoordinatorGauges(&core);
-  auto metrics = repvar::StartDaemonMetrics([&ready] { return ready.load(); });
+  const repvar::server::WebView web_view(
+      &core, &scalars, security->server.policy,
+      repvar::server::WebViewRefusal(repvar::GetMetricsFlags().address, security->server.tls(),
+                                     !repvar::GetSecurityFlags().admin_token_file.empty()));
+  auto metrics = repvar::StartDaemonMetrics(
+      {[&ready] { return ready.load(); }, web_view.Routes(), security->server.certificates});
   if (!metrics.ok()) {
     spdlog::error("{}", metrics.status().ToString());
     return 1;
+  }
+  if (*metrics != nullptr) {
+    const std::string& address = repvar::GetMetricsFlags().address;
+    if (web_view.refusal().empty()) {
+      spdlog::info("web view on {}://{}:{}/", (*metrics)->https() ? "https" : "http",
+                   address.substr(0, address.rfind(':')), (*metrics)->port());
+    } else {
+      spdlog::warn("{}", web_view.refusal());
+    }
   }
   spdlog::info("coordinator serving on port {} (heartbeat timeout {})", port,
                absl::FormatDuration(options.membership.heartbeat_timeout));

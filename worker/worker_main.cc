@@ -139,7 +139,8 @@ int main(int argc, char** argv) {
                                            {{}, static_cast<double>(store.BytesHeld())}};
                                      });
   repvar::SetInflightBytesGauge(&budget);
-  auto metrics = repvar::StartDaemonMetrics([&ready] { return ready.load(); });
+  auto metrics = repvar::StartDaemonMetrics(
+      {[&ready] { return ready.load(); }, {}, security->server.certificates});
   if (!metrics.ok()) {
     spdlog::error("{}", metrics.status().ToString());
     return 1;

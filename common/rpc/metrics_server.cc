@@ -2,6 +2,8 @@
 #include "common/rpc/metrics_server.h"
 
 #include <httplib.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -16,6 +18,30 @@
 
 namespace repvar {
 namespace {
+
+// The daemon's certificate and key for each handshake, read from the copies
+// gRPC reads too: a SIGHUP that rotates them reaches both listeners. A read
+// between the copies' renames (a new key, the old certificate) fails the
+// check and is read once more.
+bool UseDaemonCertificate(SSL_CTX* ctx, const std::shared_ptr<ReloadableCertificates>& certs) {
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_cert_cb(
+      ctx,
+      [](SSL* ssl, void* arg) -> int {
+        const auto* copies = static_cast<const ReloadableCertificates*>(arg);
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          if (SSL_use_certificate_chain_file(ssl, copies->cert_path().c_str()) == 1 &&
+              SSL_use_PrivateKey_file(ssl, copies->key_path().c_str(), SSL_FILETYPE_PEM) == 1 &&
+              SSL_check_private_key(ssl) == 1) {
+            return 1;
+          }
+          ERR_clear_error();
+        }
+        return 0;
+      },
+      certs.get());
+  return true;
+}
 
 class RpcMetrics : public grpc::experimental::Interceptor {
  public:
@@ -91,7 +117,7 @@ grpc::experimental::Interceptor* RpcMetricsFactory::CreateServerInterceptor(
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
-                                                                    std::function<bool()> ready) {
+                                                                    HttpOptions options) {
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
@@ -100,15 +126,35 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   std::string host = address.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
   auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
-  server->http_ = std::make_unique<httplib::Server>();
+  if (options.certificates != nullptr) {
+    auto https = std::make_unique<httplib::SSLServer>(
+        [certs = options.certificates](SSL_CTX& ctx) { return UseDaemonCertificate(&ctx, certs); });
+    if (!https->is_valid()) return absl::InternalError("cannot set up TLS for HTTP");
+    server->http_ = std::move(https);
+  } else {
+    server->http_ = std::make_unique<httplib::Server>();
+  }
   server->http_->Get("/metrics", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(Metrics::Global().Render(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  server->http_->Get("/healthz", [ready](const httplib::Request&, httplib::Response& res) {
+  server->http_->Get("/healthz", [ready = std::move(options.ready)](const httplib::Request&,
+                                                                    httplib::Response& res) {
     const bool ok = ready();
     res.status = ok ? 200 : 503;
     res.set_content(ok ? "SERVING\n" : "NOT_SERVING\n", "text/plain");
   });
+  for (HttpRoute& route : options.routes) {
+    server->http_->Get(route.path, [handler = std::move(route.handler)](const httplib::Request& req,
+                                                                        httplib::Response& res) {
+      const HttpResponse out =
+          handler(HttpRequest{req.path, req.get_header_value("Authorization")});
+      res.status = out.status;
+      for (const auto& [name, value] : out.headers) res.set_header(name, value);
+      res.set_content(out.body, out.content_type);
+    });
+  }
+  server->https_ = options.certificates != nullptr;
+  server->certificates_ = std::move(options.certificates);
   server->port_ = port == 0 ? server->http_->bind_to_any_port(host)
                             : (server->http_->bind_to_port(host, port) ? port : -1);
   if (server->port_ <= 0) {
@@ -132,13 +178,13 @@ void SetInflightBytesGauge(const MemoryBudget* budget) {
                              });
 }
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> StartDaemonMetrics(std::function<bool()> ready) {
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartDaemonMetrics(HttpOptions options) {
   const SideListenerFlags flags = GetMetricsFlags();
   if (flags.address.empty()) return std::unique_ptr<MetricsServer>();
-  auto server = MetricsServer::Start(flags.address, std::move(ready));
+  auto server = MetricsServer::Start(flags.address, std::move(options));
   if (!server.ok()) return server.status();
-  spdlog::info("metrics on http://{}:{}/metrics", flags.address.substr(0, flags.address.rfind(':')),
-               (*server)->port());
+  spdlog::info("metrics on {}://{}:{}/metrics", (*server)->https() ? "https" : "http",
+               flags.address.substr(0, flags.address.rfind(':')), (*server)->port());
   if (!flags.port_file.empty()) {
     if (absl::Status s = WritePortFile(flags.port_file, (*server)->port()); !s.ok()) return s;
   }

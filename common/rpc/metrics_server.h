@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // What a daemon shows operators over HTTP (cpp-httplib): /metrics, the
-// process's Metrics in the Prometheus text format, and /healthz, 200 while
-// the daemon is ready and 503 otherwise (for probes that cannot speak gRPC
-// health over TLS). And the gRPC interceptor that counts every call.
+// process's Metrics in the Prometheus text format, /healthz, 200 while the
+// daemon is ready and 503 otherwise, and whatever routes the daemon adds
+// (the coordinator's web view). HTTPS with the daemon's own certificate when
+// it serves gRPC over TLS. And the gRPC interceptor that counts every call.
 #ifndef REPVAR_COMMON_RPC_METRICS_SERVER_H_
 #define REPVAR_COMMON_RPC_METRICS_SERVER_H_
 
@@ -13,9 +14,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/base/memory_budget.h"
+#include "common/rpc/security.h"
 
 namespace httplib {
 class Server;
@@ -43,21 +47,48 @@ inline constexpr char kRequestIdKey[] = "x-request-id";
 // without it). Handlers log under it: ScopedRequestId(RequestIdOf(*ctx)).
 std::string RequestIdOf(const grpc::ServerContextBase& ctx);
 
+// A GET as a route's handler sees it, and its answer: no HTTP library in
+// the handlers (they are tested without sockets).
+struct HttpRequest {
+  std::string path;
+  std::string authorization;  // the Authorization header, "" when none
+};
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+struct HttpRoute {
+  std::string path;  // exact
+  std::function<HttpResponse(const HttpRequest&)> handler;
+};
+
+struct HttpOptions {
+  std::function<bool()> ready;  // answers /healthz
+  std::vector<HttpRoute> routes;
+  // The daemon's certificate and key (the same copies its gRPC listener
+  // reads, so SIGHUP rotates both): HTTPS. Null: plain HTTP.
+  std::shared_ptr<ReloadableCertificates> certificates;
+};
+
 class MetricsServer {
  public:
-  // Serves on `address` ("127.0.0.1:0" picks a port); `ready` answers
-  // /healthz. Errors: UNAVAILABLE (cannot listen), INVALID_ARGUMENT (bad
-  // address).
+  // Serves on `address` ("127.0.0.1:0" picks a port). Errors: UNAVAILABLE
+  // (cannot listen), INVALID_ARGUMENT (bad address).
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
-                                                              std::function<bool()> ready);
+                                                              HttpOptions options);
   ~MetricsServer();  // stops serving
   int port() const { return port_; }
+  bool https() const { return https_; }
 
  private:
   MetricsServer() = default;
   std::unique_ptr<httplib::Server> http_;
   std::thread thread_;
+  std::shared_ptr<ReloadableCertificates> certificates_;  // the handshakes read them
   int port_ = 0;
+  bool https_ = false;
 };
 
 // repvar_inflight_bytes{of=used|limit}: what `budget` lends now, and its
@@ -66,9 +97,9 @@ void SetInflightBytesGauge(const MemoryBudget* budget);
 
 // What both daemons do with --metrics_address and --metrics_port_file: no
 // server when the address is empty (the default), else one started, its
-// port logged and written to the port file. Errors as Start, and the port
-// file's.
-absl::StatusOr<std::unique_ptr<MetricsServer>> StartDaemonMetrics(std::function<bool()> ready);
+// URL logged and its port written to the port file. Errors as Start, and
+// the port file's.
+absl::StatusOr<std::unique_ptr<MetricsServer>> StartDaemonMetrics(HttpOptions options);
 
 }  // namespace repvar
 

@@ -159,6 +159,10 @@ class ReloadableCertificates {
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider() const {
     return provider_;
   }
+  // The copies (PEM files; each replaced by a rename): for other listeners
+  // of the daemon (HTTPS), read at each handshake.
+  std::string cert_path() const { return dir_ + "/cert.pem"; }
+  std::string key_path() const { return dir_ + "/key.pem"; }
 
  private:
   ReloadableCertificates(std::string cert_file, std::string key_file, std::string ca_file,

@@ -112,6 +112,8 @@ def trainer(args) -> dict:
             rm.sync(args.base_step + k + 1)  # ...and the MEAN of everyone's, everywhere
             step_seconds.append(time.perf_counter() - t0)
             losses.append(full_loss(model, x, y))
+            # The coordinator's web view draws it (the mean of what trainers publish).
+            client.publish_scalar(f"{args.prefix}/loss", args.base_step + k + 1, losses[-1])
         client.close()
     return {"rank": args.rank, "losses": losses, "step_seconds": step_seconds,
             "params": {n: p.detach().numpy().tolist() for n, p in model.named_parameters()}}

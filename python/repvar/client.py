@@ -216,6 +216,17 @@ class Client:
         self.admin.DeleteVariable(cpb.DeleteVariableRequest(request_id=uuid.uuid4().hex, name=name),
                                  timeout=self.timeout)
 
+    def publish_scalar(self, name: str, step: int, value: float) -> None:
+        """Publishes `value` at `step` of the curve `name` (a loss, an
+        accuracy) for the coordinator's web view; each trainer may publish
+        its own and the view shows their mean per step. Kept in the
+        coordinator's memory only; sent once, never retried. Raises
+        InvalidArgument (a name not of 1-128 [A-Za-z0-9_./:-], a negative
+        step), ResourceExhausted (a 65th name)."""
+        self.stub.PublishScalars(cpb.PublishScalarsRequest(
+            points=[cpb.ScalarPoint(name=name, step=int(step), value=float(value))]),
+            timeout=self.timeout)
+
     def initialize(self, names: Iterable[str]):
         """Initializes each variable once (the first caller wins); returns a
         result per name."""

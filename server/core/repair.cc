@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/metrics.h"
 #include "common/base/status_util.h"
+#include "server/core/core_metrics.h"
 #include "server/core/replication.h"
 #include "server/core/replication_internal.h"
 #include "spdlog/spdlog.h"
@@ -177,11 +178,7 @@ absl::Status Replication::Reconcile(const WorkerTarget& target,
     return record;
   }));
   if (demoted > 0) {
-    static Counter& found =
-        Metrics::Global().GetCounter("repvar_divergences_repaired_total",
-                                     "replicas found holding other than the value they should, "
-                                     "rewritten (in: a step's vote, or verification of a worker)",
-                                     {{"in", "verification"}});
+    static Counter& found = DivergencesRepaired("verification");
     found.Add(static_cast<uint64_t>(demoted));
     spdlog::warn("{} holds {} replica(s) other than the committed value; marked for repair",
                  target.task.ToString(), demoted);

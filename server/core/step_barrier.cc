@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/metrics.h"
+#include "server/core/core_metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace repvar::server {
@@ -207,11 +208,7 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
     if (!b.targets.empty()) {
       if (v.aggregation == Aggregation::kNone) {
         divergences.push_back(Divergence{v.id, v.name, sums, winner, b.targets});
-        static Counter& diverged = Metrics::Global().GetCounter(
-            "repvar_divergences_repaired_total",
-            "replicas found holding other than the value they should, rewritten (in: a step's "
-            "vote, or verification of a worker)",
-            {{"in", "step"}});
+        static Counter& diverged = DivergencesRepaired("step");
         diverged.Add(b.targets.size());
         spdlog::warn("{}: {} diverged ({} of {} replicas disagree); repairing from replica {}",
                      StepName(open_->step, open_->epoch), v.name, b.targets.size(), voters.size(),

@@ -12,6 +12,7 @@
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/metrics_server.h"
 #include "common/rpc/to_proto.h"
+#include "server/rpc/cluster_status.h"
 #include "spdlog/spdlog.h"
 
 namespace repvar::server {
@@ -26,14 +27,13 @@ grpc::Status AdminService::DeleteVariable(grpc::ServerContext* ctx,
 }
 
 grpc::Status AdminService::GetClusterStatus(grpc::ServerContext* ctx,
-                                            const v1::GetClusterStatusRequest*,
+                                            const v1::GetClusterStatusRequest* req,
                                             v1::ClusterStatus* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
-  TopologyToProto(core_->registry().Snapshot(), resp->mutable_topology());
-  for (const VariableView& v : core_->ListVariables("")) {
-    VariableViewToProto(v, resp->add_variables());
+  if (req->max_variables() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "max_variables must be >= 0");
   }
-  StepsStatusToProto(core_->GetSteps(), resp->mutable_steps());
+  ClusterStatusToProto(core_, scalars_, static_cast<size_t>(req->max_variables()), resp);
   return grpc::Status::OK;
 }
 

@@ -6,6 +6,7 @@
 
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "server/core/coordinator.h"
+#include "server/core/scalar_board.h"
 
 namespace repvar::server {
 
@@ -14,9 +15,9 @@ namespace repvar::server {
 class AdminService final : public v1::CoordinatorAdmin::Service {
  public:
   // `on_drain(draining)` runs after each Drain call (the daemon sets its
-  // health from it).
-  AdminService(Coordinator* core, std::function<void(bool)> on_drain)
-      : core_(core), on_drain_(std::move(on_drain)) {}
+  // health from it). `scalars` (may be null) goes into the cluster status.
+  AdminService(Coordinator* core, const ScalarBoard* scalars, std::function<void(bool)> on_drain)
+      : core_(core), scalars_(scalars), on_drain_(std::move(on_drain)) {}
 
   grpc::Status DeleteVariable(grpc::ServerContext*, const v1::DeleteVariableRequest*,
                               v1::DeleteVariableResponse*) override;
@@ -29,6 +30,7 @@ class AdminService final : public v1::CoordinatorAdmin::Service {
 
  private:
   Coordinator* const core_;
+  const ScalarBoard* const scalars_;
   const std::function<void(bool)> on_drain_;
 };
 

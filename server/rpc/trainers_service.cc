@@ -280,4 +280,15 @@ grpc::Status TrainersService::ReadVariables(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status TrainersService::PublishScalars(grpc::ServerContext* ctx,
+                                             const v1::PublishScalarsRequest* req,
+                                             v1::PublishScalarsResponse*) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
+  std::vector<ScalarSample> samples;
+  samples.reserve(static_cast<size_t>(req->points_size()));
+  for (const v1::ScalarPoint& p : req->points()) samples.push_back({p.name(), p.step(), p.value()});
+  if (absl::Status s = scalars_->Publish(samples); !s.ok()) return Fail("PublishScalars", s);
+  return grpc::Status::OK;
+}
+
 }  // namespace repvar::server

@@ -7,6 +7,7 @@
 #include "common/base/memory_budget.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "server/core/coordinator.h"
+#include "server/core/scalar_board.h"
 #include "server/rpc/step_info_cache.h"
 
 namespace repvar::server {
@@ -20,9 +21,12 @@ class TrainersService final : public v1::CoordinatorTrainers::Service {
  public:
   // A tensor being received takes memory from its connection's share of
   // the coordinator's budget: `per_connection_bytes` (0: half the budget).
-  TrainersService(Coordinator* core, StepInfoCache* steps, uint64_t per_connection_bytes = 0)
+  // Published scalars go on `scalars`.
+  TrainersService(Coordinator* core, StepInfoCache* steps, ScalarBoard* scalars,
+                  uint64_t per_connection_bytes = 0)
       : core_(core),
         steps_(steps),
+        scalars_(scalars),
         connections_(core->budget(), per_connection_bytes > 0 ? per_connection_bytes
                                                               : core->budget()->capacity() / 2) {}
 
@@ -63,9 +67,13 @@ class TrainersService final : public v1::CoordinatorTrainers::Service {
   grpc::Status WatchSteps(grpc::ServerContext*, const v1::WatchStepsRequest*,
                           grpc::ServerWriter<v1::StepEvent>*) override;
 
+  grpc::Status PublishScalars(grpc::ServerContext*, const v1::PublishScalarsRequest*,
+                              v1::PublishScalarsResponse*) override;
+
  private:
   Coordinator* const core_;
   StepInfoCache* const steps_;
+  ScalarBoard* const scalars_;
   ConnectionBudgets connections_;
   std::atomic<bool> shutting_down_{false};
 };

@@ -26,8 +26,8 @@ class InProcessCoordinator {
   explicit InProcessCoordinator(bool listen = false, server::CoordinatorOptions options = {})
       : core_(options, &clock_, &workers_),
         workers_service_(&core_, &step_infos_),
-        trainers_service_(&core_, &step_infos_),
-        admin_service_(&core_, nullptr) {
+        trainers_service_(&core_, &step_infos_, &scalars_),
+        admin_service_(&core_, &scalars_, nullptr) {
     grpc::ServerBuilder builder;
     if (listen) builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(&workers_service_);
@@ -58,6 +58,7 @@ class InProcessCoordinator {
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
   server::Coordinator& core() { return core_; }
+  server::ScalarBoard& scalars() { return scalars_; }
   FakeClock& clock() { return clock_; }
   FakeWorkerClient& workers() { return workers_; }
 
@@ -66,6 +67,7 @@ class InProcessCoordinator {
   FakeWorkerClient workers_;
   server::Coordinator core_;
   server::StepInfoCache step_infos_;
+  server::ScalarBoard scalars_;
   server::WorkersService workers_service_;
   server::TrainersService trainers_service_;
   server::AdminService admin_service_;

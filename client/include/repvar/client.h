@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -175,13 +176,55 @@ struct Topology {
   std::vector<std::string> missing_tasks;
 };
 
+// The open step's progress per participant and the last resolutions
+// (repvarctl steps and status).
+struct StepsSummary {
+  struct Participant {
+    std::string task;  // "job:task"
+    bool reported = false;
+    bool finished = false;
+    std::string last_activity;
+  };
+  struct Open {
+    int64_t step = 0;
+    uint64_t epoch = 0;
+    absl::Duration barrier_timeout;
+    int variables = 0;
+    std::vector<Participant> participants;
+  };
+  struct Resolution {
+    int64_t step = 0;
+    uint64_t epoch = 0;
+    bool committed = false;
+    std::string error;  // when it failed
+    int variables_changed = 0;
+    int divergences_repaired = 0;
+  };
+  int64_t last_committed_step = 0;
+  std::optional<Open> open;
+  std::vector<Resolution> recent;  // newest last
+};
+// A curve trainers publish (Client::PublishScalar): per step, the mean of
+// what was published.
+struct ScalarCurve {
+  std::string name;
+  std::vector<int64_t> steps;  // ascending
+  std::vector<double> values;
+};
+
 // The whole cluster as an operator sees it (repvarctl status).
 struct ClusterStatus {
   Topology topology;
   std::vector<VariableInfo> variables;  // by name, with their replicas' states
   // The last committed step, the open step's progress and the last
-  // resolutions, one line each.
+  // resolutions, one line each; and the same as data.
   std::vector<std::string> steps;
+  StepsSummary steps_summary;
+  bool draining = false;
+  // Replicas found diverged and rewritten since the coordinator started, by
+  // where: "step" (a step's vote), "verification" (a rejoining worker).
+  std::map<std::string, int64_t> divergences_repaired;
+  std::vector<ScalarCurve> scalars;  // by name
 };
 
 // A tensor value as the client sees it: dtype, shape and the raw bytes.
@@ -335,6 +378,15 @@ class Client {
   // The last committed value. Errors: NOT_FOUND, FAILED_PRECONDITION.
   absl::StatusOr<TensorValue> Read(const std::string& name);
   absl::StatusOr<std::vector<TensorValue>> ReadBatch(const std::vector<std::string>& names);
+
+  // ---- Curves people watch ----
+  // Publishes `value` at `step` of the curve `name` (a loss, an accuracy)
+  // for the coordinator's web view. Each trainer may publish its own: the
+  // view shows their mean per step. Kept in the coordinator's memory only
+  // (a restart starts every curve empty) and sent once, never retried.
+  // Errors: INVALID_ARGUMENT (a name not of 1-128 [A-Za-z0-9_./:-], a
+  // negative step), RESOURCE_EXHAUSTED (a 65th name), UNAVAILABLE.
+  absl::Status PublishScalar(const std::string& name, int64_t step, double value);
 
   // ---- Checkpoints ----
   // Writes every initialized variable to the safetensors file `path`, as

@@ -199,33 +199,7 @@ absl::Status WatchSteps(Client& client, int64_t after_seq, absl::Duration timeou
 // text lines (repvarctl steps).
 absl::StatusOr<std::vector<std::string>> DescribeSteps(Client& client);
 
-// The same, as data (repvarctl --json steps).
-struct StepsSummary {
-  struct Participant {
-    std::string task;  // "job:task"
-    bool reported = false;
-    bool finished = false;
-    std::string last_activity;
-  };
-  struct Open {
-    int64_t step = 0;
-    uint64_t epoch = 0;
-    absl::Duration barrier_timeout;
-    int variables = 0;
-    std::vector<Participant> participants;
-  };
-  struct Resolution {
-    int64_t step = 0;
-    uint64_t epoch = 0;
-    bool committed = false;
-    std::string error;  // when it failed
-    int variables_changed = 0;
-    int divergences_repaired = 0;
-  };
-  int64_t last_committed_step = 0;
-  std::optional<Open> open;
-  std::vector<Resolution> recent;  // newest last
-};
+// The same, as data (repvarctl --json steps; StepsSummary is in client.h).
 absl::StatusOr<StepsSummary> GetStepsSummary(Client& client);
 
 }  // namespace repvar
