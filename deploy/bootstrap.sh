@@ -14,6 +14,7 @@ PACKAGES=(
   python3 python3-grpcio python3-protobuf python3-numpy python3-pytest python3-xxhash python3-yaml
   python3-pip python3-setuptools python3-wheel python3-venv python3-torch
   procps iproute2 debootstrap
+  chromium fonts-dejavu-core
 )
 
 missing=()

@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """repvar installs like a library: `cmake --install` gives a prefix from
-which a separate project builds the README's C++ quickstart
-(examples/cpp/quickstart.cc) with find_package(repvar) and, again, with
-pkg-config alone; both run against a live cluster. The installed headers
-name no gRPC or protobuf type."""
+which a separate project builds the README's C++ examples
+(examples/cpp/quickstart.cc, examples/cpp/step.cc) with find_package(repvar)
+and, again, with pkg-config alone; they run against a live cluster. Every line
+of the README's C++ and Python blocks is in those files (the Python one,
+examples/python/quickstart.py, runs too). The installed headers name no gRPC
+or protobuf type."""
 
 import os
 import re
@@ -15,6 +17,8 @@ from conftest import BUILD
 
 SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 QUICKSTART = os.path.join(SOURCE, "examples/cpp/quickstart.cc")
+STEP = os.path.join(SOURCE, "examples/cpp/step.cc")
+PY_QUICKSTART = os.path.join(SOURCE, "examples/python/quickstart.py")
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +41,34 @@ def run(binary, cluster):
     return out.stdout
 
 
-def test_readme_shows_the_quickstart_as_it_is_built():
+def readme_blocks(language):
     with open(os.path.join(SOURCE, "README.md")) as f:
-        readme = f.read()
-    block = re.search(r"```c\+\+\n(.*?)```", readme, re.S).group(1)
-    with open(QUICKSTART) as f:
-        program = f.read()
-    for line in block.splitlines():
-        if line.strip() and line.strip() != "...":
-            assert line in program, f"README line not in quickstart.cc: {line!r}"
+        return re.findall(r"```%s\n(.*?)```" % re.escape(language), f.read(), re.S)
+
+
+@pytest.mark.parametrize("language,files", [("c++", [QUICKSTART, STEP]),
+                                            ("python", [PY_QUICKSTART])])
+def test_readme_shows_the_examples_as_they_are_built(language, files):
+    blocks = readme_blocks(language)
+    assert len(blocks) >= 1
+    programs = []
+    for path in files:
+        with open(path) as f:
+            programs.append(f.read())
+    for block in blocks:
+        for line in block.splitlines():
+            if line.strip() and line.strip() != "...":
+                assert any(line in p for p in programs), \
+                    f"README line in none of {files}: {line!r}"
+
+
+def test_readme_python_example_runs(cluster):
+    env = dict(os.environ, REPVAR_COORDINATOR_ADDRESS=cluster)
+    for _ in range(2):  # a rerun finds the variable there and takes the next step
+        out = subprocess.run(["/usr/bin/python3", PY_QUICKSTART], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert re.search(r"committed by 3 trainers", out.stdout), out.stdout
 
 
 def test_installed_headers_carry_no_grpc_or_protobuf(prefix):
@@ -69,6 +92,9 @@ def test_find_package_builds_the_quickstart_and_it_runs(prefix, cluster, tmp_pat
     assert re.search(r"model/w: 6 replicas, version 2, w\[0\] = ", first), first
     # Again: the variable exists and is initialized; the add makes version 3.
     assert "version 3," in run(os.path.join(build, "quickstart"), cluster)
+    # A step with a trainer thread per TPU host: every replica ends the same.
+    stepped = run(os.path.join(build, "step"), cluster)
+    assert re.search(r"step \d+ committed by 3 trainers", stepped), stepped
     # A version the prefix does not have is refused.
     wants = tmp_path / "wants-9"
     wants.mkdir()
