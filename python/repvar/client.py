@@ -269,6 +269,14 @@ class Client:
         arr = tensors.from_chunks(first.header.tensor, (r.chunk for r in responses))
         return arr, first.header.version
 
+    def read_many(self, names: Sequence[str]) -> List[Tuple[np.ndarray, int]]:
+        """(numpy array, version) of each variable's last committed value, in
+        one call (at most 32 MiB in all: ResourceExhausted beyond; read()
+        streams any size). The arrays are writable."""
+        resp = self.stub.ReadVariables(cpb.ReadVariablesRequest(names=list(names)),
+                                       timeout=self.timeout)
+        return [(tensors.from_tensor(r.value, writable=True), r.version) for r in resp.results]
+
     def step(self, step: int, worker: str, barrier_timeout: float = 60.0,
              devices: Sequence[str] = ()) -> "Step":
         """Begins replicated step `step` for the trainer on host `worker`
@@ -388,6 +396,34 @@ class Step:
                 yield self._wpb.StepWriteRequest(chunk=c)
 
         self.worker.StepWrite(stream(), timeout=self.client.timeout + h.byte_size / 50e6)
+
+    _INLINE_BYTES = 64 << 10  # up to this size a write may travel inline, batched
+
+    def write_many(self, writes):
+        """Writes many replicas' step-local copies: `writes` is (name, replica,
+        array) items. The small ones (64 KiB at most each) go to the worker
+        together in one call; the others as write() sends them."""
+        batch, size = [], 0
+        for name, replica, array in writes:
+            v = self._var(name)
+            dtype = next(k for k, (e, _) in tensors.DTYPES.items() if e == v.spec.dtype)
+            wire = tensors._as_wire(array, dtype)
+            if wire.nbytes > self._INLINE_BYTES:
+                self.write(name, replica, wire)
+                continue
+            batch.append(self._wpb.StepWriteHeader(
+                step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica,
+                tensor=tensors.header(wire, dtype), inline_data=wire.tobytes()))
+            size += wire.nbytes
+            if size >= 16 << 20:  # messages stay well below the 64 MiB limit
+                self._write_small(batch)
+                batch, size = [], 0
+        if batch:
+            self._write_small(batch)
+
+    def _write_small(self, batch):
+        self.worker.StepWriteSmall(self._wpb.StepWriteSmallRequest(writes=batch),
+                                   timeout=self.client.timeout)
 
     _MAP_BYTES = 1 << 20  # from this size on, read and write through a mapping
 

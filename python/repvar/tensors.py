@@ -94,8 +94,11 @@ def to_tensor(array, dtype_name: str) -> types_pb2.Tensor:
     return types_pb2.Tensor(header=header(wire, dtype_name), data=wire.tobytes())
 
 
-def from_tensor(t: types_pb2.Tensor) -> np.ndarray:
+def from_tensor(t: types_pb2.Tensor, writable: bool = False) -> np.ndarray:
+    """The array a Tensor message holds, checked against its checksum: a
+    read-only view of the message's bytes, or (`writable`) a copy."""
     name, npd = _BY_ENUM[t.header.spec.dtype]
     if len(t.data) != t.header.byte_size or checksum(t.data) != t.header.checksum:
         raise ValueError("tensor fails its checksum")
-    return np.frombuffer(t.data, dtype=npd).reshape(tuple(t.header.spec.dims))
+    data = bytearray(t.data) if writable else t.data
+    return np.frombuffer(data, dtype=npd).reshape(tuple(t.header.spec.dims))

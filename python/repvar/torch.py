@@ -106,11 +106,31 @@ class ReplicatedModule:
         Each tensor takes the bytes as read (torch.from_numpy: no copy) and
         stays the same Parameter object, so optimizers keep working."""
         version = 0
+        # Small tensors in batched calls (one round trip for many), large
+        # ones streamed.
+        small, batch, size = [], [], 0
+        for name, t in self.tensors.items():
+            nbytes = t.numel() * t.element_size()
+            if nbytes > self._BATCH_READ_BYTES:
+                continue
+            if size + nbytes > self._BATCH_READ_BYTES and batch:
+                small.append(batch)
+                batch, size = [], 0
+            batch.append(name)
+            size += nbytes
+        if batch:
+            small.append(batch)
+        values = {}
+        for names in small:
+            for name, (value, v) in zip(names, self.client.read_many(names)):
+                values[name] = (value, v)
         with torch.no_grad():
             for name, t in self.tensors.items():
-                value, version = self.client.read(name)
+                value, version = values[name] if name in values else self.client.read(name)
                 t.data = torch.from_numpy(value.reshape(tuple(t.shape)))
         return version
+
+    _BATCH_READ_BYTES = 8 << 20
 
     def sync(self, step: int, barrier_timeout: float = 60.0):
         """Replicated step `step`: writes this trainer's values of every
@@ -119,10 +139,8 @@ class ReplicatedModule:
         raises repvar.StepFailed when the step fails (the module then holds
         the last committed values again)."""
         with self.client.step(step, worker=self.worker, barrier_timeout=barrier_timeout) as s:
-            for name, t in self.tensors.items():
-                local = t.detach().cpu().numpy()
-                for r in s.local_replicas(name):
-                    s.write(name, r, local)
+            s.write_many((name, r, t.detach().cpu().numpy())
+                         for name, t in self.tensors.items() for r in s.local_replicas(name))
             try:
                 resolution = s.commit()
             except errors.StepFailed:

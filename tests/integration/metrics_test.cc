@@ -93,15 +93,19 @@ class MetricsTest : public testing::StartedCluster {
           return o;
         }()) {}
 
-  // GET `path` from `daemon`'s metrics server: (status, body).
+  // GET `path` from `daemon`'s metrics server: (status, body). The daemons
+  // serve TLS, so it is HTTPS with their certificates, verified against the
+  // cluster's CA.
   std::pair<int, std::string> Get(const std::string& daemon, const std::string& path) {
     int port = 0;
     for (absl::Time until = absl::Now() + Scaled(absl::Seconds(10));
          (port = cluster_.metrics_port(daemon)) == 0 && absl::Now() < until;) {
       absl::SleepFor(absl::Milliseconds(20));
     }
-    httplib::Client http("127.0.0.1", port);
-    auto res = http.Get(path.c_str());
+    httplib::SSLClient https("127.0.0.1", port);
+    https.set_ca_cert_path(cluster_.cert("ca.pem").c_str());
+    https.enable_server_certificate_verification(true);
+    auto res = https.Get(path.c_str());
     if (!res) return {0, ""};
     return {res->status, res->body};
   }

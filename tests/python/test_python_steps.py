@@ -53,6 +53,37 @@ def test_mean_step_from_python_exact_and_bit_identical(client):
     assert len({rep.checksum for rep in info.replicas}) == 1
 
 
+def test_write_many_and_read_many_small_and_large_in_few_calls(client):
+    """write_many sends the small writes in one call (the large one as write()
+    does); read_many reads many values in one call, as writable arrays."""
+    with repvar.replicated_scope(6, "pymany"):
+        client.create("a", "float32", (4,), aggregation="MEAN", initializer=repvar.zeros())
+        client.create("b", "int32", (2, 2), aggregation="SUM", initializer=repvar.zeros())
+        client.create("big", "float32", (300 * 1024,), aggregation="MEAN",
+                      initializer=repvar.zeros())  # 1.2 MiB: through a mapping
+    client.initialize(["pymany/a", "pymany/b", "pymany/big"])
+    step = client.last_committed_step() + 1
+
+    def body(h, s):
+        s.write_many((name, r, value) for name, value in
+                      (("pymany/a", np.full(4, h + 1, np.float32)),
+                       ("pymany/b", np.full((2, 2), 1, np.int32)),
+                       ("pymany/big", np.full(300 * 1024, 2 * h, np.float32)))
+                      for r in s.local_replicas(name))
+
+    for r in _run_step(client, step, body):
+        assert not isinstance(r, Exception), r
+    (a, va), (b, vb) = client.read_many(["pymany/a", "pymany/b"])
+    np.testing.assert_array_equal(a, np.full(4, 2, np.float32))  # mean of 1, 1, 2, 2, 3, 3
+    np.testing.assert_array_equal(b, np.full((2, 2), 6, np.int32))  # the sum of 6 replicas' 1
+    assert va == 2 and vb == 2
+    a[0] = 7  # writable: torch.from_numpy takes it as is
+    big, _ = client.read("pymany/big")
+    np.testing.assert_array_equal(big[:3], np.full(3, 2, np.float32))  # mean of 0, 0, 2, 2, 4, 4
+    with pytest.raises(repvar.NotFound):
+        client.read_many(["pymany/a", "pymany/nope"])
+
+
 def test_leaving_the_block_without_commit_aborts_and_changes_nothing(client):
     with repvar.replicated_scope(6, "pysteps"):
         client.create("n", "float32", (2,), initializer=repvar.zeros())
