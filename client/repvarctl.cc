@@ -302,11 +302,14 @@ int Steps(repvar::Client& c, const Options& o) {
   return 0;
 }
 
-// Step events as they happen (from now on, or after --after), until
+// Step events as they happen (from now on, after --after, or of --from's
+// step on), until
 // --watch_for ends: a line each, or a JSON object per line with --json.
-int Watch(repvar::Client& c, int64_t after, absl::Duration watch_for, const Options& o) {
+int Watch(repvar::Client& c, int64_t after, int64_t from_step, absl::Duration watch_for,
+          const Options& o) {
   static const char* kKinds[] = {"?", "BEGUN", "REPORTED", "STRAGGLERS", "AGGREGATING", "RESOLVED"};
   absl::Status s = repvar::WatchSteps(c, after, watch_for, [&](const repvar::StepEventInfo& e) {
+    if (e.step < from_step) return true;
     const char* kind = kKinds[static_cast<int>(e.kind)];
     const bool resolved = e.kind == repvar::StepEventInfo::Kind::kResolved;
     if (o.json) {
@@ -509,6 +512,7 @@ int main(int argc, char** argv) {
   std::string name, collection, value, path, watch_for = "24h";
   int max_elements = 16, replicas = 0;
   int64_t after = repvar::kStepEventsFromNow;
+  int64_t from_step = -1;
   auto* topology = app.add_subcommand("topology", "tasks, accelerators, the infeed host");
   auto* vars = app.add_subcommand("vars", "variables and their replicas");
   vars->add_option("collection", collection, "only this collection");
@@ -527,9 +531,13 @@ int main(int argc, char** argv) {
   auto* steps = app.add_subcommand("steps", "the open step's progress, the last resolutions");
   auto* watch = app.add_subcommand("watch", "step events as they happen");
   watch->add_option("--watch_for", watch_for, "how long to stream")->check(DurationValidator());
-  watch->add_option("--after", after,
-                    "replay events after this seq (0: all the coordinator holds; default: "
-                    "only new ones)");
+  auto* after_option = watch->add_option("--after", after,
+                                         "replay events after this seq (0: all the coordinator "
+                                         "holds; default: only new ones)");
+  watch
+      ->add_option("--from", from_step,
+                   "events of step STEP and later that the coordinator still holds, then new ones")
+      ->excludes(after_option);
   auto* status = app.add_subcommand("status", "the whole cluster (admin)");
   auto* del = app.add_subcommand("delete", "delete a variable (admin)");
   del->add_option("name", name)->required();
@@ -561,7 +569,8 @@ int main(int argc, char** argv) {
   if (*watch) {
     absl::Duration d;
     (void)absl::ParseDuration(watch_for, &d);
-    return Watch(c, after, d, o);
+    if (from_step >= 0) after = 0;  // replay what is held, skip the steps before
+    return Watch(c, after, from_step, d, o);
   }
   if (*status) return Status(c, o);
   if (*del) {

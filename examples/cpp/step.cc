@@ -6,6 +6,8 @@
 // step commits begin + mean(update - begin) on every replica. Run with
 // $REPVAR_COORDINATOR_ADDRESS (and, on a TLS cluster, $REPVAR_TLS_CA and
 // $REPVAR_TOKEN_FILE) set. The same variable as examples/python/quickstart.py.
+#include "repvar/step.h"
+
 #include <cstdio>
 #include <set>
 #include <string>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "repvar/client.h"
-#include "repvar/step.h"
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -33,7 +34,7 @@ absl::Status Train(int64_t step, const std::string& host) {
     if (!b.ok()) return b.status();
     std::vector<float> new_value(b->as<float>().begin(), b->as<float>().end());
     for (float& x : new_value) x -= 0.1f * static_cast<float>(r + 1);  // a made-up gradient
-    auto written = (*scope)->Write<float>("model/b", r, new_value);  // a step-local copy
+    auto written = (*scope)->Write<float>("model/b", r, new_value);    // a step-local copy
     if (!written.ok()) return written;
   }
   auto result = (*scope)->Commit();  // the same resolution for every trainer
@@ -75,7 +76,7 @@ int main() {
   auto value = c.Read("model/b");
   if (!value.ok()) return Fail(value.status());
   std::printf("step %lld committed by %zu trainers: model/b version %lld, b[0] = %g\n",
-              static_cast<long long>(step), hosts.size(),
-              static_cast<long long>(value->version), value->as<float>()[0]);
+              static_cast<long long>(step), hosts.size(), static_cast<long long>(value->version),
+              value->as<float>()[0]);
   return 0;
 }

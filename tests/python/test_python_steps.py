@@ -193,6 +193,13 @@ def test_repvarctl_steps_and_watch_show_progress_and_resolution(client, cluster)
     late = subprocess.run([ctl, "watch", "--watch_for=1s"], env=env, capture_output=True,
                           text=True, check=True).stdout
     assert late == "", late
+    # --from=STEP: what the coordinator holds of that step on (not the one before).
+    held = [strict_json(line) for line in subprocess.run(
+        [ctl, "watch", "--json", "--watch_for=1s", f"--from={step}"], env=env,
+        capture_output=True, text=True, check=True).stdout.splitlines()]
+    assert held and all(e["step"] >= step for e in held), held
+    assert any(e["kind"] == "RESOLVED" and e["step"] == step for e in held), held
+    assert any(e["step"] == step - 1 for e in jevents) or step == 1
 
 
 def strict_json(text):
