@@ -43,6 +43,7 @@ ABSL_FLAG(int32_t, mean_mib, 64, "size of the MEAN step variable");
 ABSL_FLAG(int32_t, mean_replicas, 8, "replicas (= workers) of the MEAN step variable");
 ABSL_FLAG(bool, only_steps, false, "run only the step figures");
 ABSL_FLAG(bool, only_security, false, "run only the TLS-and-tokens cost figures");
+ABSL_FLAG(bool, only_small, false, "run only the small-op and batch figures");
 
 namespace {
 
@@ -655,6 +656,10 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_only_security)) {
     SecurityCost(absl::GetFlag(FLAGS_small_ops), absl::GetFlag(FLAGS_iters));
+    return 0;
+  }
+  if (absl::GetFlag(FLAGS_only_small)) {
+    SmallOps(absl::GetFlag(FLAGS_small_ops), absl::GetFlag(FLAGS_small_workers));
     return 0;
   }
   if (absl::GetFlag(FLAGS_only_durable)) {

@@ -37,7 +37,8 @@ trap 'rm -rf "$out"' EXIT
 mpicc -O2 -o "$out/mpi_bcast" bench/peers/mpi_bcast.c
 
 workers="2 4 8"; mibs="1,64,256"; iters=5; small=2000
-if [ $quick -eq 1 ]; then workers="2 8"; mibs="1,64,256"; iters=3; small=500; fi
+torch_steps=12
+if [ $quick -eq 1 ]; then workers="2 8"; mibs="1,64,256"; iters=3; small=500; torch_steps=6; fi
 results="$out/results.txt"
 
 echo "== peers: MPI_Bcast over TCP (btl self,tcp)"
@@ -92,6 +93,8 @@ echo "== repvar"
 "$build/bench/repvar_bench" --workers="$(echo $workers | tr ' ' ,)" --mib="$mibs" \
   --iters="$iters" --small_ops="$small" | tee -a "$results"
 "$build/bench/repvar_bench" --only_memory | tee -a "$results"
+echo "== PyTorch: repvar.torch next to DistributedDataParallel (gloo), same model and processes"
+/usr/bin/python3 bench/torch_step.py "$build" --steps="$torch_steps" | tee -a "$results"
 if [ -n "$baseline" ]; then
   echo "== baseline repvar ($baseline)"
   # shellcheck disable=SC2086

@@ -101,15 +101,17 @@ class ReplicatedModule:
                     f"{seconds} s (is the chief trainer running?)")
             time.sleep(0.05)
 
-    def load(self) -> int:
-        """Makes the committed values the module's; returns their version.
-        Each tensor takes the bytes as read (torch.from_numpy: no copy) and
-        stays the same Parameter object, so optimizers keep working."""
+    def load(self, names: Optional[List[str]] = None) -> int:
+        """Makes the committed values the module's (of `names`, default all);
+        returns their version. Each tensor takes the bytes as read
+        (torch.from_numpy: no copy) and stays the same Parameter object, so
+        optimizers keep working."""
         version = 0
+        wanted = self.tensors if names is None else {n: self.tensors[n] for n in names}
         # Small tensors in batched calls (one round trip for many), large
         # ones streamed.
         small, batch, size = [], [], 0
-        for name, t in self.tensors.items():
+        for name, t in wanted.items():
             nbytes = t.numel() * t.element_size()
             if nbytes > self._BATCH_READ_BYTES:
                 continue
@@ -125,26 +127,61 @@ class ReplicatedModule:
             for name, (value, v) in zip(names, self.client.read_many(names)):
                 values[name] = (value, v)
         with torch.no_grad():
-            for name, t in self.tensors.items():
+            for name, t in wanted.items():
                 value, version = values[name] if name in values else self.client.read(name)
                 t.data = torch.from_numpy(value.reshape(tuple(t.shape)))
         return version
 
     _BATCH_READ_BYTES = 8 << 20
 
+    def _load_local(self, s, resolution) -> List[str]:
+        """After a commit, the large tensors from this host's own replicas:
+        mapped from the worker (one copy, no socket), taken only when the
+        replica holds what the step committed (its checksum is the
+        resolution's). Returns the names left for load()."""
+        committed = {c.name: c.checksum for c in resolution.changed}
+        rest = []
+        with torch.no_grad():
+            for name, t in self.tensors.items():
+                local = s.local_replicas(name)
+                if name not in committed or not local or not s._mappable(s._var(name)):
+                    rest.append(name)
+                    continue
+                try:
+                    with s.map(name, local[0], "read") as m:
+                        value = m.array.copy() if m.checksum == committed[name] else None
+                except (OSError, errors.Error):
+                    value = None
+                if value is None:
+                    rest.append(name)
+                else:
+                    t.data = torch.from_numpy(value.reshape(tuple(t.shape)))
+        # Which tensors the last sync took from this host's replicas.
+        self.last_local_loads = [n for n in self.tensors if n not in rest]
+        return rest
+
     def sync(self, step: int, barrier_timeout: float = 60.0):
         """Replicated step `step`: writes this trainer's values of every
         tensor into its host's replicas, commits (MEAN across trainers), and
-        copies the committed values back. Returns the step's resolution;
+        copies the committed values back: large tensors mapped from this
+        host's own replicas when they hold what the step committed, the others
+        in batched reads. Returns the step's resolution;
         raises repvar.StepFailed when the step fails (the module then holds
         the last committed values again)."""
+        t0 = time.perf_counter()
         with self.client.step(step, worker=self.worker, barrier_timeout=barrier_timeout) as s:
+            t1 = time.perf_counter()
             s.write_many((name, r, t.detach().cpu().numpy())
                          for name, t in self.tensors.items() for r in s.local_replicas(name))
+            t2 = time.perf_counter()
             try:
                 resolution = s.commit()
             except errors.StepFailed:
                 self.load()
                 raise
-        self.load()
+            t3 = time.perf_counter()
+            self.load(self._load_local(s, resolution))
+        # Where the last sync's time went, in seconds (bench/torch_step.py).
+        self.last_phases = {"begin": t1 - t0, "write": t2 - t1, "commit": t3 - t2,
+                            "load": time.perf_counter() - t3}
         return resolution

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import torch  # noqa: F401  Debian's python3-torch (deploy/bootstrap.sh): never skipped
 
@@ -30,11 +31,17 @@ def example():
     return module
 
 
-def test_data_parallel_mlp_replicas_identical_and_matching_single_process(client, cluster,
-                                                                         tmp_path):
+# The example's small MLP, whose values come back in batched reads; and one
+# whose first weight (1 MiB) comes back mapped from the trainer's own host's
+# replica.
+@pytest.mark.parametrize("in_features,hidden,lr,steps,prefix",
+                         [(16, 64, 0.1, STEPS, "torchtest"), (64, 4096, 0.01, 4, "torchbig")])
+def test_data_parallel_mlp_replicas_identical_and_matching_single_process(
+        client, cluster, tmp_path, in_features, hidden, lr, steps, prefix):
     out = str(tmp_path / "result.json")
     env = dict(os.environ, REPVAR_COORDINATOR_ADDRESS=cluster)
-    run = subprocess.run([sys.executable, EXAMPLE, f"--steps={STEPS}", "--prefix=torchtest",
+    run = subprocess.run([sys.executable, EXAMPLE, f"--steps={steps}", f"--prefix={prefix}",
+                          f"--in_features={in_features}", f"--hidden={hidden}", f"--lr={lr}",
                           f"--out={out}"], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     with open(out) as f:
@@ -42,9 +49,13 @@ def test_data_parallel_mlp_replicas_identical_and_matching_single_process(client
     assert len(results) == 3  # one trainer per accelerator host
 
     # Every replica of every parameter: same version and checksum, up to date.
-    names = [v.spec.name for v in client.list() if v.spec.name.startswith("torchtest/")]
-    assert sorted(names) == ["torchtest/0/bias", "torchtest/0/weight", "torchtest/2/bias",
-                             "torchtest/2/weight"]
+    names = [v.spec.name for v in client.list() if v.spec.name.startswith(prefix + "/")]
+    assert sorted(names) == [f"{prefix}/0/bias", f"{prefix}/0/weight", f"{prefix}/2/bias",
+                             f"{prefix}/2/weight"]
+    # Where the committed values came from: mapped from the host's own
+    # replica (the 1 MiB weight only), else read.
+    loads = {p["local_loads"] for r in results for p in r["sync_phases"]}
+    assert loads == ({1} if hidden * in_features * 4 >= 1 << 20 else {0}), loads
     for name in names:
         info = client.variable(name)
         assert info.initialized and len(info.replicas) == 6
@@ -54,13 +65,15 @@ def test_data_parallel_mlp_replicas_identical_and_matching_single_process(client
     # Every trainer ended with the cluster's values.
     for r in results:
         for pname, value in r["params"].items():
-            committed, _ = client.read("torchtest/" + pname.replace(".", "/"))
+            committed, _ = client.read(f"{prefix}/" + pname.replace(".", "/"))
             assert np.array_equal(np.asarray(value, np.float32), committed), (r["rank"], pname)
 
     # The loss went down, as single-process SGD on the whole batches does.
-    model, reference = example().single_process(STEPS, 192, 0.1)
+    mlp = example()
+    mlp.IN, mlp.HIDDEN = in_features, hidden
+    model, reference = mlp.single_process(steps, 192, lr)
     losses = results[0]["losses"]
-    assert losses[-1] < 0.8 * losses[0], losses
+    assert losses[-1] < (0.8 if steps == STEPS else 1.0) * losses[0], losses
     np.testing.assert_allclose(losses, reference, rtol=1e-4)
     for pname, p in model.named_parameters():
         np.testing.assert_allclose(np.asarray(results[0]["params"][pname], np.float32),
