@@ -52,24 +52,30 @@ class Daemon:
                 self.proc.wait()
 
 
+def start_cluster(workdir, daemons, coordinator_args=()):
+    """The local cluster's shape: a coordinator (with `coordinator_args`),
+    tpu_worker:0-2 with two TPUs each and worker:0 without any. Appends each
+    daemon to `daemons` as it starts (the caller stops them); returns the
+    coordinator's address."""
+    coord = Daemon([os.path.join(BUILD, "server/repvar-coordinator"),
+                    "--expected_tasks=tpu_worker:3,worker:1", *coordinator_args],
+                   workdir, "coordinator")
+    daemons.append(coord)
+    address = f"127.0.0.1:{coord.port}"
+    for job, task, tpus in [("tpu_worker", 0, 2), ("tpu_worker", 1, 2), ("tpu_worker", 2, 2),
+                            ("worker", 0, 0)]:
+        daemons.append(Daemon([os.path.join(BUILD, "worker/repvar-worker"), f"--job={job}",
+                               f"--task={task}", f"--tpu_devices={tpus}",
+                               f"--coordinator_address={address}"], workdir, f"{job}-{task}"))
+    return address
+
+
 @pytest.fixture(scope="module")
 def cluster():
     with tempfile.TemporaryDirectory(prefix="repvar-py-") as d:
         daemons = []
         try:
-            coord = Daemon([os.path.join(BUILD, "server/repvar-coordinator"),
-                            "--expected_tasks=tpu_worker:3,worker:1",
-                            f"--data_dir={os.path.join(d, 'coordinator-data')}"], d, "coordinator")
-            daemons.append(coord)
-            address = f"127.0.0.1:{coord.port}"
-            for t in range(3):
-                daemons.append(Daemon([os.path.join(BUILD, "worker/repvar-worker"), "--job=tpu_worker",
-                                       f"--task={t}", "--tpu_devices=2",
-                                       f"--coordinator_address={address}"], d, f"tpu_worker-{t}"))
-            daemons.append(Daemon([os.path.join(BUILD, "worker/repvar-worker"), "--job=worker",
-                                   "--task=0", "--tpu_devices=0",
-                                   f"--coordinator_address={address}"], d, "worker-0"))
-            yield address
+            yield start_cluster(d, daemons, [f"--data_dir={os.path.join(d, 'coordinator-data')}"])
         finally:
             for daemon in reversed(daemons):
                 daemon.stop()

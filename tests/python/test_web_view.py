@@ -21,7 +21,7 @@ import urllib.request
 import pytest
 
 import repvar
-from conftest import BUILD, SCALE, Daemon
+from conftest import BUILD, SCALE, Daemon, start_cluster
 
 SOURCE = os.path.join(os.path.dirname(__file__), "../..")
 ARTIFACTS = os.path.join(BUILD, "test-artifacts")
@@ -67,19 +67,8 @@ def trained_cluster():
     with tempfile.TemporaryDirectory(prefix="repvar-py-web-") as d:
         daemons = []
         try:
-            coord = Daemon([os.path.join(BUILD, "server/repvar-coordinator"),
-                            "--expected_tasks=tpu_worker:3,worker:1", "--ephemeral",
-                            "--metrics_address=127.0.0.1:0",
-                            f"--metrics_port_file={d}/metrics.port"], d, "coordinator")
-            daemons.append(coord)
-            address = f"127.0.0.1:{coord.port}"
-            for t in range(3):
-                daemons.append(Daemon([os.path.join(BUILD, "worker/repvar-worker"),
-                                       "--job=tpu_worker", f"--task={t}", "--tpu_devices=2",
-                                       f"--coordinator_address={address}"], d, f"tpu_worker-{t}"))
-            daemons.append(Daemon([os.path.join(BUILD, "worker/repvar-worker"), "--job=worker",
-                                   "--task=0", "--tpu_devices=0",
-                                   f"--coordinator_address={address}"], d, "worker-0"))
+            address = start_cluster(d, daemons, ["--ephemeral", "--metrics_address=127.0.0.1:0",
+                                                 f"--metrics_port_file={d}/metrics.port"])
             subprocess.run([os.path.join(BUILD, "client/repvar-train"), f"--coordinator={address}",
                             "--steps=12", "--runs=1", "--inject_divergence=6"],
                            check=True, capture_output=True, timeout=120 * SCALE)
