@@ -362,8 +362,15 @@ int Status(repvar::Client& c, const Options& o) {
       for (double v : curve.values) values.push_back(NumberJson(v));
       curves.push_back({{"name", curve.name}, {"steps", curve.steps}, {"values", values}});
     }
+    json infeed = nullptr;
+    if (st->topology.infeed_host) {
+      infeed = {{"job", st->topology.infeed_host->job},
+                {"task", st->topology.infeed_host->task},
+                {"cpu_device", st->topology.infeed_host->cpu_device}};
+    }
     Print({{"topology_version", st->topology.version},
            {"tasks", tasks},
+           {"infeed_host", infeed},
            {"missing_tasks", st->topology.missing_tasks},
            {"accelerators", st->topology.accelerators.size()},
            {"variables", vars},
@@ -376,9 +383,11 @@ int Status(repvar::Client& c, const Options& o) {
   }
   std::cout << "topology version " << st->topology.version << ", " << st->topology.tasks.size()
             << " live task(s), " << st->topology.accelerators.size() << " accelerator(s)\n";
+  const auto& infeed = st->topology.infeed_host;
   for (const auto& t : st->topology.tasks) {
+    const bool is_infeed = infeed && infeed->job == t.job && infeed->task == t.task;
     std::cout << "  " << t.job << ":" << t.task << " at " << t.address << ", " << t.devices.size()
-              << " device(s)\n";
+              << " device(s)" << (is_infeed ? "  <- infeed host" : "") << "\n";
   }
   for (const auto& m : st->topology.missing_tasks) std::cout << "  missing " << m << "\n";
   std::cout << st->variables.size() << " variable(s); replicas:";

@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Drives a real cluster through the generated stubs and the numpy helper."""
 
+import json
+import re
+
 import grpc
 import numpy as np
 import pytest
@@ -231,6 +234,13 @@ def test_repvarctl_status_and_delete_use_the_admin_service(client, cluster):
                          check=True).stdout
     assert "live task(s)" in out and "tpu_worker:0 at" in out, out
     assert "UP_TO_DATE" in out and "last committed step:" in out, out
+    assert re.search(r"tpu_worker:0 at \S+, 3 device\(s\)  <- infeed host", out), out
+    assert out.count("<- infeed host") == 1, out
+    st = json.loads(subprocess.run([ctl, "status", "--json"], env=env, capture_output=True,
+                                   text=True, check=True).stdout)
+    assert st["infeed_host"]["job"] == "tpu_worker" and st["infeed_host"]["task"] == 0, st
+    assert st["steps"]["last_committed_step"] >= 0 and "recent" in st["steps"], st
+    assert st["draining"] is False and "step" in st["divergences_repaired"], st
     subprocess.run([ctl, "delete", "ops/doomed"], env=env, check=True)
     gone = subprocess.run([ctl, "delete", "ops/doomed"], env=env, capture_output=True, text=True)
     assert gone.returncode != 0 and "NOT_FOUND" in gone.stderr, gone.stderr
