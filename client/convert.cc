@@ -158,7 +158,10 @@ StepsSummary StepsSummaryOf(const StepsStatus& st) {
   StepsSummary out;
   out.last_committed_step = st.last_committed_step;
   if (st.open) {
-    StepsSummary::Open& open = out.open.emplace();
+    // (Not emplace(): clang 14 cannot default-construct a nested struct
+    // with member initializers through std::optional.)
+    out.open = StepsSummary::Open{};
+    StepsSummary::Open& open = *out.open;
     open.step = st.open->step;
     open.epoch = st.open->epoch;
     open.barrier_timeout = st.open->barrier_timeout;

@@ -75,7 +75,8 @@ TEST(ScalarBoard, AFullSeries_KeepsEveryOtherPoint_FirstAndNewestStay) {
   for (int64_t step = 0; step < n; ++step) {
     ASSERT_TRUE(board.Publish("loss", step, static_cast<double>(step)).ok());
   }
-  const std::vector<ScalarPoint>& points = board.Snapshot()[0].points;
+  const std::vector<ScalarSeries> snapshot = board.Snapshot();
+  const std::vector<ScalarPoint>& points = snapshot[0].points;
   EXPECT_LE(points.size(), ScalarBoard::kMaxPoints);
   EXPECT_GE(points.size(), ScalarBoard::kMaxPoints / 2);
   EXPECT_EQ(points.front().step, 0);
