@@ -28,7 +28,6 @@ namespace {
 constexpr size_t kMinTokenChars = 16;
 constexpr absl::string_view kBearer = "Bearer ";
 // Properties the processor adds to an admitted call's AuthContext.
-constexpr char kRoleProperty[] = "repvar.role";
 constexpr char kTaskProperty[] = "repvar.task";
 
 absl::StatusOr<std::string> ReadFile(absl::string_view what, const std::string& path) {
@@ -106,8 +105,13 @@ class PolicyProcessor : public grpc::AuthMetadataProcessor {
       return grpc::Status(static_cast<grpc::StatusCode>(admitted.status().code()),
                           std::string(admitted.status().message()));
     }
-    context->AddProperty(kRoleProperty, std::string(RoleName(admitted->role)));
-    if (!admitted->task.empty()) context->AddProperty(kTaskProperty, admitted->task);
+    // The context is the connection's, not the call's: a property added on
+    // every call would pile up (memory, and every lookup scanning them
+    // all). The task a connection may act as is fixed by its certificate
+    // (or "*" without TLS), so it is recorded once.
+    if (!admitted->task.empty() && context->FindPropertyValues(kTaskProperty).empty()) {
+      context->AddProperty(kTaskProperty, admitted->task);
+    }
     return grpc::Status::OK;
   }
 
