@@ -242,7 +242,7 @@ class Client:
         if name not in self._dtypes:
             info = self.variable(name)
             enum = info.spec.tensor.dtype
-            self._dtypes[name] = next(k for k, (e, _) in tensors.DTYPES.items() if e == enum)
+            self._dtypes[name] = tensors._BY_ENUM[enum][0]
         return self._dtypes[name]
 
     def assign(self, name: str, array, op: str = "assign", read_value: bool = False,
@@ -370,7 +370,7 @@ class Step:
         """Writes the replica's step-local copy: large tensors through a mapping of
         the worker's buffer (one copy), others as a chunk stream."""
         v = self._var(name)
-        dtype = next(k for k, (e, _) in tensors.DTYPES.items() if e == v.spec.dtype)
+        dtype = tensors._BY_ENUM[v.spec.dtype][0]
         if self._mappable(v):
             wire = tensors._as_wire(array, dtype)
             try:
@@ -406,7 +406,7 @@ class Step:
         batch, size = [], 0
         for name, replica, array in writes:
             v = self._var(name)
-            dtype = next(k for k, (e, _) in tensors.DTYPES.items() if e == v.spec.dtype)
+            dtype = tensors._BY_ENUM[v.spec.dtype][0]
             wire = tensors._as_wire(array, dtype)
             if wire.nbytes > self._INLINE_BYTES:
                 self.write(name, replica, wire)
