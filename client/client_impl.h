@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/mapping_cache.h"
 #include "client/retry.h"
 #include "common/model/step.h"
 #include "common/rpc/grpc_status.h"
@@ -35,7 +36,8 @@ class Client::Impl {
   Impl(ClientOptions options, ChannelSecurity security)
       : options_(std::move(options)),
         security_(std::move(security)),
-        retry_(options_.max_attempts, options_.initial_backoff, RealClock::Get()) {
+        retry_(options_.max_attempts, options_.initial_backoff, RealClock::Get()),
+        mappings_(options_.mapping_cache_bytes) {
     auto channel = OpenChannel(options_.coordinator_address, security_);
     trainers_ = v1::CoordinatorTrainers::NewStub(channel);
     admin_ = v1::CoordinatorAdmin::NewStub(channel);
@@ -44,6 +46,8 @@ class Client::Impl {
   const ClientOptions& options() const { return options_; }
   v1::CoordinatorTrainers::Stub* stub() { return trainers_.get(); }
   v1::CoordinatorAdmin::Stub* admin() { return admin_.get(); }
+  // Workers' buffers mapped by StepScope::Map, kept between leases.
+  MappingCache& mappings() { return mappings_; }
 
   // The per-attempt deadline, plus time for `bytes` at 50 MB/s.
   void SetDeadline(grpc::ClientContext* ctx, uint64_t bytes = 0) const {
@@ -145,6 +149,7 @@ class Client::Impl {
   const client_internal::RetryPolicy retry_;
   std::unique_ptr<v1::CoordinatorTrainers::Stub> trainers_;
   std::unique_ptr<v1::CoordinatorAdmin::Stub> admin_;
+  MappingCache mappings_;
 
   // State below is protected by mu_.
   absl::Mutex mu_;

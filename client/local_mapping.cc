@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // In-place access to a local replica (DESIGN.md §4): the worker lends a
-// buffer of its own (a memfd), the trainer maps it through /proc/<pid>/fd.
+// buffer of its own (a memfd), the trainer maps it through /proc/<pid>/fd
+// (and keeps the mapping for the next lease of the same buffer: MappingCache).
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,7 +15,7 @@
 namespace repvar {
 
 LocalMapping::Impl::~Impl() {
-  if (data != nullptr) munmap(data, size);
+  if (data != nullptr) mappings->Release(data);
   if (lease != 0 && worker != nullptr) {  // not published: give the buffer back
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<LocalMapping>> StepScope::Map(const std::string& 
   }
   auto m = std::make_unique<LocalMapping::Impl>();
   m->worker = impl_->worker;
+  m->mappings = &impl_->client->mappings();
   m->lease = resp.lease();
   m->variable = name;
   m->replica = replica;
@@ -74,16 +75,16 @@ absl::StatusOr<std::unique_ptr<LocalMapping>> StepScope::Map(const std::string& 
                      std::strerror(errno), "); is this trainer on the worker's host?"));
   }
   if (m->size > 0) {
-    void* p = mmap(nullptr, m->size, m->writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                   MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (p == MAP_FAILED) {
-      close(fd);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot map ", m->size, " bytes: ", std::strerror(errno)));
+    absl::StatusOr<std::byte*> data = m->mappings->Acquire(fd, m->size, m->writable);
+    close(fd);
+    if (!data.ok()) {
+      return absl::Status(data.status().code(), absl::StrCat("cannot map ", name, "/", replica,
+                                                             ": ", data.status().message()));
     }
-    m->data = static_cast<std::byte*>(p);
+    m->data = *data;
+  } else {
+    close(fd);
   }
-  close(fd);
   return std::unique_ptr<LocalMapping>(new LocalMapping(std::move(m)));
 }
 

@@ -45,6 +45,7 @@ class LocalMapping::Impl {
   // Unmaps; a lease never published goes back to the worker.
   ~Impl();
   v1::WorkerSteps::Stub* worker = nullptr;
+  MappingCache* mappings = nullptr;  // where `data` came from
   uint64_t lease = 0;
   std::string variable;
   int32_t replica = 0;

@@ -237,6 +237,43 @@ TEST_F(StepTest, S2_LargeWritesAndReadsGoThroughTheMapping_BytesAndChecksumsExac
   EXPECT_EQ(sums, (std::set<uint64_t>{read->checksum}));  // replica 0's value everywhere
 }
 
+// The client keeps its mappings of the worker's buffers between leases
+// (MappingCache), and the worker lends the same buffers again: the buffer a
+// step wrote becomes the value, the value it replaced the next write lease.
+// Each step must still read the last committed bytes and commit its own.
+TEST_F(StepTest, S2_MappedWritesStepAfterStep_KeptMappingsCarryEachStepsBytes) {
+  const int64_t n = 1 << 19;  // 2 MiB: the worker lends shared buffers
+  VariableSpec spec{.name = "kept", .dtype = DType::kFloat32, .shape = {n}};
+  spec.replica_count = 6;
+  spec.aggregation = Aggregation::kOnlyFirstReplica;
+  spec.initializer = InitializerSpec::Zeros();
+  ASSERT_OK(client_->CreateVariable(spec));
+  ASSERT_OK(client_->Initialize({"kept"}));
+  for (int step = 1; step <= 5; ++step) {
+    auto results = RunStep(step, [&](int h, StepScope& s) {
+      if (h != 0) return absl::OkStatus();
+      auto before = s.Map("kept", 0, MapMode::kRead);
+      if (!before.ok()) return before.status();
+      for (float x : {(*before)->as<float>()[0], (*before)->as<float>()[n - 1]}) {
+        if (x != static_cast<float>(step - 1)) {
+          return absl::DataLossError(absl::StrCat("step ", step, " read ", x));
+        }
+      }
+      before->reset();
+      auto w = s.Map("kept", 0, MapMode::kWrite);
+      if (!w.ok()) return w.status();
+      for (float& x : (*w)->as<float>()) x = static_cast<float>(step);
+      return s.Publish(*std::move(w));
+    });
+    for (auto& r : results) ASSERT_OK(r);
+    std::vector<float> expect(n, static_cast<float>(step));
+    auto read = client_->Read("kept");
+    ASSERT_OK(read);
+    EXPECT_EQ(read->checksum, Checksum(std::as_bytes(std::span<const float>(expect))))
+        << "step " << step;
+  }
+}
+
 TEST_F(StepTest, S2_InStepWritesAreLocalCopies_AbortLeavesReplicasAsCommitted) {
   Create("w", Aggregation::kNone);
   auto before = Replicas("w");

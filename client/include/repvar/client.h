@@ -74,6 +74,13 @@ struct ClientOptions {
   // than copying into it, so bulk transfers run several times faster. This
   // changes the process's malloc settings; turn it off if that matters.
   bool tune_malloc = true;
+  // StepScope::Map keeps its mappings of a worker's buffers after a lease
+  // ends, up to this many bytes, and maps the same buffer again for free
+  // (the worker lends the same few buffers step after step; a fresh
+  // mapping's first touch of each page costs more than copying into it).
+  // A kept mapping holds its buffer's memory until it is dropped, least
+  // recently used first, or the Client goes. 0: map and unmap every lease.
+  size_t mapping_cache_bytes = size_t{1} << 30;
 };
 
 // How a variable gets its first value; generated once by the coordinator.

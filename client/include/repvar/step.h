@@ -84,8 +84,11 @@ struct StepResult {
 };
 
 // A local replica mapped into this process: the worker's own shared buffer,
-// read or written in place (no copy through a socket). Unmapped on
-// destruction; a write mapping counts only once published (StepScope::Publish).
+// read or written in place (no copy through a socket). A write mapping counts
+// only once published (StepScope::Publish). bytes() is valid until the
+// mapping is published or destroyed, and not after: the client keeps the
+// mapping itself for the buffer's next lease (ClientOptions::
+// mapping_cache_bytes), when the same memory may be another step's value.
 class LocalMapping {
  public:
   ~LocalMapping();
