@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """A small client over the generated stubs: numpy in, numpy out."""
 
+import collections
 import contextlib
+import mmap
 import os
 import threading
 import uuid
@@ -142,11 +144,18 @@ class Client:
     a failed call raises a repvar.Error subclass (repvar.errors)."""
 
     def __init__(self, address: str = None, timeout: float = 30.0, *, tls_ca: str = None,
-                 tls_cert: str = None, tls_key: str = None, token_file: str = None):
+                 tls_cert: str = None, tls_key: str = None, token_file: str = None,
+                 mapping_cache_bytes: int = 1 << 30):
         """Arguments left out come from the environment: REPVAR_COORDINATOR_ADDRESS,
         REPVAR_TLS_CA (a PEM CA file: every call is TLS), REPVAR_TLS_CERT and
         REPVAR_TLS_KEY (an optional client certificate), REPVAR_TOKEN_FILE (its
-        first line is the bearer token sent on every call)."""
+        first line is the bearer token sent on every call).
+
+        mapping_cache_bytes: Step.map keeps its mappings of a worker's buffers
+        after a lease, up to this many bytes, and maps the same buffer again
+        for free (the worker lends the same few buffers step after step; a
+        fresh mapping's first touch of each page costs more than the copy). 0:
+        map and unmap every lease."""
         address = address or os.environ.get("REPVAR_COORDINATOR_ADDRESS")
         if not address:
             raise ValueError("no coordinator address: pass one or set REPVAR_COORDINATOR_ADDRESS")
@@ -162,8 +171,10 @@ class Client:
         self.admin = errors.Stub(cgrpc.CoordinatorAdminStub(self.channel))
         self.timeout = timeout
         self._dtypes = {}
+        self._mappings = _MappingCache(mapping_cache_bytes)
 
     def close(self) -> None:
+        self._mappings.clear()
         self.channel.close()
 
     def __enter__(self) -> "Client":
@@ -484,25 +495,98 @@ class Step:
 
 
 
+class _MappingCache:
+    """A worker's buffers as this client mapped them, kept between leases (the
+    C++ client's MappingCache, client/mapping_cache.h): a whole file mapped
+    shared, keyed by its identity (st_dev, st_ino) and the access. A kept
+    mapping keeps its file, so no other file can take its inode number while
+    it is here. Past `capacity` bytes the least recently used entries no lease
+    holds are dropped. Thread-safe."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.hits = 0
+        self.misses = 0
+        self._lock = threading.Lock()
+        self._entries = collections.OrderedDict()  # key -> [mmap, length, holders]; newest last
+        self._bytes = 0
+
+    def acquire(self, path, size, writable):
+        """(key, mmap) of at least `size` bytes of the file at `path`, held until release."""
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            st = os.fstat(fd)
+            if st.st_size < size:
+                raise OSError(f"the worker's buffer holds {st.st_size} bytes; the lease names {size}")
+            key = (st.st_dev, st.st_ino, writable)
+            with self._lock:
+                e = self._entries.get(key)
+                if e is not None and e[1] == st.st_size:
+                    self._entries.move_to_end(key)
+                    e[2] += 1
+                    self.hits += 1
+                    return key, e[0]
+            mm = mmap.mmap(fd, st.st_size,
+                           access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self.misses += 1
+            if key in self._entries:  # the file changed size: keep the fresh one
+                self._drop(key)
+            self._entries[key] = [mm, st.st_size, 1]
+            self._bytes += st.st_size
+            self._trim()
+        return key, mm
+
+    def release(self, key):
+        with self._lock:
+            e = self._entries.get(key)
+            if e is not None:
+                e[2] -= 1
+            self._trim()
+
+    def clear(self):
+        with self._lock:
+            for key in list(self._entries):
+                self._drop(key)
+
+    def _trim(self):
+        for key in [k for k, e in self._entries.items() if e[2] <= 0]:  # oldest first
+            if self._bytes <= self.capacity:
+                break
+            self._drop(key)
+
+    def _drop(self, key):
+        mm, length, _ = self._entries.pop(key)
+        self._bytes -= length
+        try:
+            mm.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes with it
+
+
 class Mapping:
-    """A local replica's buffer mapped from its worker (see Step.map)."""
+    """A local replica's buffer mapped from its worker (see Step.map). `.array`
+    is valid until release (publish or the end of a `with` block), not after:
+    the client keeps the mapping for the buffer's next lease, when the same
+    memory may hold another step's value."""
 
     def __init__(self, step, var, resp, writable):
-        import mmap
         self._step = step
         self.lease = resp.lease
         self.writable = writable
         self.checksum = resp.checksum
         self.version = resp.version
-        path = f"/proc/{resp.pid}/fd/{resp.fd}"
-        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
-        try:
-            self._mm = mmap.mmap(fd, resp.byte_size,
-                                 access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
+        cache = step.client._mappings
+        self._key, mm = cache.acquire(f"/proc/{resp.pid}/fd/{resp.fd}", resp.byte_size, writable)
         name, npd = tensors._BY_ENUM[var.spec.dtype]
-        self.array = np.frombuffer(self._mm, dtype=npd).reshape(tuple(var.spec.dims))
+        try:
+            self.array = np.frombuffer(mm, dtype=npd, count=resp.byte_size // np.dtype(npd).itemsize)
+            self.array = self.array.reshape(tuple(var.spec.dims))
+        except Exception:
+            cache.release(self._key)
+            raise
         if not writable:
             self.array.flags.writeable = False
 
@@ -510,11 +594,8 @@ class Mapping:
         if self.lease == 0:
             return
         lease, self.lease = self.lease, 0
-        self.array = None  # drop the view before unmapping
-        try:
-            self._mm.close()
-        except BufferError:
-            pass  # a caller still holds a view; the mapping goes with it
+        self.array = None  # drop the view before the mapping may go
+        self._step.client._mappings.release(self._key)
         self._step.worker.StepUnmap(self._step._wpb.StepUnmapRequest(lease=lease, publish=publish),
                                     timeout=self._step.client.timeout)
 

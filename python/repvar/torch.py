@@ -147,14 +147,24 @@ class ReplicatedModule:
                 if name not in committed or not local or not s._mappable(s._var(name)):
                     rest.append(name)
                     continue
+                # Into the tensor's own memory when it is a plain CPU tensor
+                # (warm pages: a fresh array's first touch costs more than
+                # the copy), else into a new array it then takes.
+                inplace = t.device.type == "cpu" and t.is_contiguous()
                 try:
                     with s.map(name, local[0], "read") as m:
-                        value = m.array.copy() if m.checksum == committed[name] else None
+                        if m.checksum != committed[name]:
+                            value = None
+                        elif inplace:
+                            value = t.detach().numpy()
+                            np.copyto(value, m.array.reshape(value.shape))
+                        else:
+                            value = m.array.copy()
                 except (OSError, errors.Error):
                     value = None
                 if value is None:
                     rest.append(name)
-                else:
+                elif not inplace:
                     t.data = torch.from_numpy(value.reshape(tuple(t.shape)))
         # Which tensors the last sync took from this host's replicas.
         self.last_local_loads = [n for n in self.tensors if n not in rest]

@@ -265,3 +265,29 @@ def test_large_write_and_read_go_through_the_mapping(client):
     back, _ = client.read("pybig/v")
     np.testing.assert_array_equal(back, value)
     assert len({rep.checksum for rep in client.variable("pybig/v").replicas}) == 1
+
+
+def test_mapped_writes_step_after_step_keep_their_mappings_and_bytes(client):
+    # The client keeps its mappings of the worker's buffers between leases
+    # (_MappingCache) and the worker lends the same buffers again: every step
+    # must still read the last committed bytes and commit its own.
+    n = 1 << 19  # 2 MiB of float32: shared buffers
+    with repvar.replicated_scope(6, "pykept"):
+        client.create("v", "float32", (n,), aggregation="ONLY_FIRST_REPLICA",
+                      initializer=repvar.zeros())
+    client.initialize(["pykept/v"])
+    hits = client._mappings.hits
+    for k in range(1, 6):
+        def body(h, s, k=k):
+            if h != 0:
+                return
+            with s.map("pykept/v", 0, "read") as before:
+                assert before.array[0] == k - 1 and before.array[-1] == k - 1
+            s.write("pykept/v", 0, np.full(n, k, np.float32))
+
+        results = _run_step(client, client.last_committed_step() + 1, body)
+        for r in results:
+            assert not isinstance(r, Exception), r
+        back, _ = client.read("pykept/v")
+        np.testing.assert_array_equal(back, np.full(n, k, np.float32))
+    assert client._mappings.hits > hits  # the later steps mapped kept buffers
