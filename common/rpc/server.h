@@ -71,6 +71,11 @@ class DaemonServer {
       quota.SetMaxThreads(max_threads);
       builder.SetResourceQuota(quota);
     }
+    // A synchronous method's thread goes back to waiting for calls instead of
+    // exiting while fewer than 64 wait (gRPC's default keeps 2): a step's
+    // burst of 32 BeginStep calls otherwise created and joined 30 threads
+    // per step (perf: clone3 and munmap of their stacks in the coordinator).
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 64);
     builder.AddListeningPort(address, ServerCredentialsFor(security), &d->port_);
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
