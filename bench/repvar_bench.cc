@@ -3,6 +3,8 @@
 // worker processes on 127.0.0.1) and times, through the C++ client,
 //   - broadcast assign of 1/64/256 MiB to N replicas on N worker processes,
 //   - read and assign_add of a 16-float variable with 8 replicas (p50/p99),
+//     and gRPC's own floor on the same coordinator: grpc.health.v1 Check, a
+//     unary call whose handler does nothing,
 //   - batched create/initialize/read of 1,000 small variables against one
 //     single-variable call.
 // Prints one `key=value` line per figure for bench/run.sh to compare.
@@ -19,6 +21,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -119,6 +124,36 @@ void Broadcasts(int workers, const std::vector<int>& mibs, int iters) {
   }
 }
 
+// p50 of `ops` grpc.health.v1 Check calls to `address` (plaintext), each a
+// unary call waited for as the client's own blocking calls wait: what any
+// call to that server costs before the handler does anything.
+double GrpcFloorP50Us(const std::string& address, int ops) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  // HealthCheckRequest{service: "liveness"}, serialized by hand (field 1).
+  const std::string request = std::string("\x0a\x08", 2) + "liveness";
+  grpc::Slice slice(request);
+  const grpc::ByteBuffer liveness(&slice, 1);
+  std::vector<double> us;
+  for (int i = 0; i < ops; ++i) {
+    auto t0 = Clock::now();
+    grpc::ClientContext ctx;
+    auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", liveness, &cq);
+    call->StartCall();
+    grpc::ByteBuffer resp;
+    grpc::Status status;
+    call->Finish(&resp, &status, reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    if (!cq.Next(&tag, &ok) || !ok || !status.ok()) {
+      Die("health check", absl::UnavailableError(status.error_message()));
+    }
+    us.push_back(Ms(t0, Clock::now()) * 1000);
+  }
+  return Percentile(us, 0.5);
+}
+
 void SmallOps(int ops, int workers) {
   repvar::testing::TestCluster cluster(OneTpuPerWorker(workers));
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
@@ -142,11 +177,12 @@ void SmallOps(int ops, int workers) {
     adds.push_back(Ms(t0, Clock::now()) * 1000);
     if (!a.ok()) Die("assign_add", a.status());
   }
+  const double floor = cluster.tls() ? 0 : GrpcFloorP50Us(cluster.address(), ops);
   std::printf(
       "repvar_small workers=%d read_p50_us=%.1f read_p99_us=%.1f assign_add_p50_us=%.1f "
-      "assign_add_p99_us=%.1f\n",
+      "assign_add_p99_us=%.1f grpc_unary_floor_p50_us=%.1f\n",
       workers, Percentile(reads, 0.5), Percentile(reads, 0.99), Percentile(adds, 0.5),
-      Percentile(adds, 0.99));
+      Percentile(adds, 0.99), floor);
 
   // Batched calls over 1,000 variables against one single-variable call.
   std::vector<double> single;
