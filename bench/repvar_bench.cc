@@ -8,6 +8,8 @@
 //   - batched create/initialize/read of 1,000 small variables against one
 //     single-variable call.
 // Prints one `key=value` line per figure for bench/run.sh to compare.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,9 +23,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
