@@ -5,7 +5,6 @@
 // Client::RestoreCheckpoint maps a file, checks it all against the cluster,
 // then creates what is missing and assigns every value.
 #include <grpcpp/grpcpp.h>
-#include <xxhash.h>
 
 #include <map>
 #include <set>
@@ -74,20 +73,19 @@ absl::StatusOr<SaveResult> Client::SaveCheckpoint(const std::string& path,
   CheckpointProgress shown{"", 0, static_cast<int>(vars.size()), 0, (*writer)->data_bytes()};
   size_t current = 0;  // the variable whose bytes come next
   uint64_t received = 0;
-  XXH3_state_t* hash = XXH3_createState();
-  XXH3_64bits_reset(hash);
+  ChecksumStream hash;
   absl::Status bad;
   // Moves past every variable whose bytes are all here (checking them).
   auto settle = [&]() {
     while (bad.ok() && current < vars.size() && received == placed[current].bytes()) {
-      if (XXH3_64bits_digest(hash) != vars[current].checksum) {
+      if (hash.Digest() != vars[current].checksum) {
         bad = absl::DataLossError(absl::StrCat("checkpoint: variable ", vars[current].spec.name,
                                                " arrived with bytes that fail its checksum"));
         return;
       }
       ++current;
       received = 0;
-      XXH3_64bits_reset(hash);
+      hash.Reset();
       shown.variables_done = static_cast<int>(current);
       if (progress) progress(shown);
     }
@@ -107,13 +105,12 @@ absl::StatusOr<SaveResult> Client::SaveCheckpoint(const std::string& path,
       bad = s;
       break;
     }
-    XXH3_64bits_update(hash, piece.data(), piece.size());
+    hash.Update(piece);
     received += piece.size();
     shown.bytes_done += piece.size();
     if (progress && received != placed[current].bytes()) progress(shown);
     settle();
   }
-  XXH3_freeState(hash);
   if (!bad.ok()) ctx.TryCancel();
   absl::Status finished = FromGrpcStatus(stream->Finish());
   if (!bad.ok()) return bad;

@@ -2,7 +2,6 @@
 #include "repvar/client.h"
 
 #include <grpcpp/grpcpp.h>
-#include <xxhash.h>
 
 #include <cstdlib>
 
@@ -413,8 +412,7 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
     bool have_header = false;
     uint64_t received = 0;
     uint64_t expected_sum = 0;
-    XXH3_state_t* state = XXH3_createState();
-    XXH3_64bits_reset(state);
+    ChecksumStream hash;
     absl::Status bad;
     while (reader->Read(&msg)) {
       if (msg.has_header()) {
@@ -437,11 +435,10 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
         break;
       }
       std::memcpy(value.bytes.data() + received, data.data(), data.size());
-      XXH3_64bits_update(state, data.data(), data.size());
+      hash.Update(piece);
       received += data.size();
     }
-    uint64_t sum = XXH3_64bits_digest(state);
-    XXH3_freeState(state);
+    uint64_t sum = hash.Digest();
     absl::Status s = FromGrpcStatus(reader->Finish());
     if (!bad.ok()) return bad;
     if (!s.ok()) return s;

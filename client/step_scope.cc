@@ -1,5 +1,4 @@
 // SPDX-License-Identifier: Apache-2.0
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -214,16 +213,14 @@ absl::Status StepScope::Write(const std::string& name, int32_t replica,
                                                        " bytes; the value has ", bytes.size()));
       }
       // Copy and hash block by block: each block is hashed while in cache.
-      std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> h(XXH3_createState(),
-                                                                 &XXH3_freeState);
-      XXH3_64bits_reset(h.get());
+      ChecksumStream hash;
       std::byte* dst = (*m)->bytes().data();
       for (size_t off = 0; off < bytes.size(); off += kCopyBlock) {
         const size_t n = std::min(kCopyBlock, bytes.size() - off);
         std::memcpy(dst + off, bytes.data() + off, n);
-        XXH3_64bits_update(h.get(), dst + off, n);
+        hash.Update(dst + off, n);
       }
-      return PublishMapping(*std::move(m), XXH3_64bits_digest(h.get()));
+      return PublishMapping(*std::move(m), hash.Digest());
     }
     if (!impl_->map_failed) return m.status();  // the worker refused
   }

@@ -33,8 +33,6 @@ absl::StatusOr<ChunkAssembler> ChunkAssembler::Start(const TensorSpec& spec, uin
   a.tensor_.spec = spec;
   a.tensor_.bytes = *std::move(buf);
   a.expected_checksum_ = checksum;
-  a.state_.reset(XXH3_createState());
-  XXH3_64bits_reset(a.state_.get());
   return a;
 }
 
@@ -71,7 +69,7 @@ absl::Status ChunkAssembler::Add(uint64_t offset, std::span<const std::byte> dat
     buf.Prefault(ahead);
   }
   std::memcpy(tensor_.bytes.data() + received_, data.data(), data.size());
-  XXH3_64bits_update(state_.get(), data.data(), data.size());
+  hash_.Update(data);
   received_ += data.size();
   return absl::OkStatus();
 }
@@ -81,7 +79,7 @@ absl::StatusOr<Tensor> ChunkAssembler::Finish() {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor truncated: got ", received_, " of ", tensor_.bytes.size(), " bytes"));
   }
-  uint64_t sum = XXH3_64bits_digest(state_.get());
+  uint64_t sum = hash_.Digest();
   if (expected_checksum_ != kChecksumNotGiven && sum != expected_checksum_) {
     return absl::InvalidArgumentError(absl::StrCat("tensor checksum mismatch: header says ",
                                                    expected_checksum_, ", bytes give ", sum));

@@ -2,8 +2,6 @@
 #ifndef REPVAR_COMMON_TENSOR_CHUNK_ASSEMBLER_H_
 #define REPVAR_COMMON_TENSOR_CHUNK_ASSEMBLER_H_
 
-#include <xxhash.h>
-
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -61,7 +59,7 @@ class ChunkAssembler {
   uint64_t expected_checksum_ = 0;
   uint64_t received_ = 0;
   MemoryCharge charge_;
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_{nullptr, &XXH3_freeState};
+  ChecksumStream hash_;
 };
 
 }  // namespace repvar

@@ -129,9 +129,7 @@ absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::b
   const std::byte* b = begin.bytes.data();
   const std::byte* a = acc.data();
   std::byte* o = r.value.bytes.data();
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
-                                                                 &XXH3_freeState);
-  XXH3_64bits_reset(state.get());
+  ChecksumStream hash;
   auto nonfinite = [&](int64_t i, double v) {
     if (r.first_nonfinite < 0 && !std::isfinite(v)) r.first_nonfinite = i;
   };
@@ -205,10 +203,9 @@ absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::b
         break;
       }
     }
-    XXH3_64bits_update(state.get(), o + lo * static_cast<int64_t>(item),
-                       static_cast<size_t>(hi - lo) * item);
+    hash.Update(o + lo * static_cast<int64_t>(item), static_cast<size_t>(hi - lo) * item);
   }
-  r.value.checksum = XXH3_64bits_digest(state.get());
+  r.value.checksum = hash.Digest();
   return r;
 }
 

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/tensor/tensor.h"
 
+#include <xxh_x86dispatch.h>
+
 #include <cstring>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -42,8 +45,21 @@ std::string TensorSpec::ToString() const {
 }
 
 uint64_t Checksum(std::span<const std::byte> bytes) {
-  return XXH3_64bits(bytes.data(), bytes.size());
+  return XXH3_64bits_dispatch(bytes.data(), bytes.size());
 }
+
+ChecksumStream::ChecksumStream() : state_(XXH3_createState(), &XXH3_freeState) {
+  if (state_ == nullptr) throw std::bad_alloc();
+  Reset();
+}
+
+void ChecksumStream::Update(std::span<const std::byte> bytes) {
+  XXH3_64bits_update_dispatch(state_.get(), bytes.data(), bytes.size());
+}
+
+uint64_t ChecksumStream::Digest() const { return XXH3_64bits_digest(state_.get()); }
+
+void ChecksumStream::Reset() { XXH3_64bits_reset(state_.get()); }
 
 absl::StatusOr<Tensor> Tensor::ForOverwrite(const TensorSpec& spec) {
   auto size = spec.ByteSize();
