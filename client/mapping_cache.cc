@@ -29,12 +29,7 @@ absl::StatusOr<std::byte*> MappingCache::Acquire(int fd, size_t size, bool writa
   const Key key{st.st_dev, st.st_ino, writable};
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = by_key_.find(key); it != by_key_.end() && it->second->length == length) {
-      lru_.splice(lru_.begin(), lru_, it->second);  // most recently used
-      ++it->second->holders;
-      ++hits_;
-      return it->second->data;
-    }
+    if (std::byte* data = Hold(key, length)) return data;
   }
   void* p = mmap(nullptr, length, writable ? PROT_READ | PROT_WRITE : PROT_READ,
                  MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -43,16 +38,29 @@ absl::StatusOr<std::byte*> MappingCache::Acquire(int fd, size_t size, bool writa
         absl::StrCat("cannot map ", length, " bytes: ", std::strerror(errno)));
   }
   absl::MutexLock lock(&mu_);
+  if (std::byte* data = Hold(key, length)) {  // another thread mapped it meanwhile
+    munmap(p, length);
+    return data;
+  }
   ++misses_;
   lru_.push_front(Entry{key, static_cast<std::byte*>(p), length, 1});
   by_data_[lru_.front().data] = lru_.begin();
   mapped_ += length;
-  // A stale entry under the same key (its file changed size: impossible for
-  // a memfd the worker sized once, kept correct anyway) stays reachable
-  // through by_data_ until released; the key now names the fresh one.
+  // An entry under the same key of another length (the file changed size:
+  // not done by workers, whose memfds are sized once) stays reachable through
+  // by_data_ until it is released; the key now names the fresh one.
   by_key_[key] = lru_.begin();
   Trim();
   return lru_.front().data;
+}
+
+std::byte* MappingCache::Hold(const Key& key, size_t length) {
+  auto it = by_key_.find(key);
+  if (it == by_key_.end() || it->second->length != length) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second);  // most recently used
+  ++it->second->holders;
+  ++hits_;
+  return it->second->data;
 }
 
 void MappingCache::Release(std::byte* data) {

@@ -65,6 +65,9 @@ class MappingCache {
     size_t length = 0;
     int holders = 0;
   };
+  // The entry of `key` of `length` bytes, now held and most recently used;
+  // nullptr when there is none.
+  std::byte* Hold(const Key& key, size_t length) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unmaps unheld entries, least recently used first, while over capacity.
   void Trim() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

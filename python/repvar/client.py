@@ -503,16 +503,23 @@ class _MappingCache:
     it is here. Past `capacity` bytes the least recently used entries no lease
     holds are dropped. Thread-safe."""
 
+    class _Entry:
+        __slots__ = ("mm", "length", "holders")
+
+        def __init__(self, mm, length):
+            self.mm, self.length, self.holders = mm, length, 1
+
     def __init__(self, capacity):
         self.capacity = capacity
         self.hits = 0
         self.misses = 0
         self._lock = threading.Lock()
-        self._entries = collections.OrderedDict()  # key -> [mmap, length, holders]; newest last
+        self._entries = collections.OrderedDict()  # key -> _Entry, newest last
         self._bytes = 0
 
     def acquire(self, path, size, writable):
-        """(key, mmap) of at least `size` bytes of the file at `path`, held until release."""
+        """An entry (`.mm`: a mapping of at least `size` bytes of the file at
+        `path`), held until release(entry)."""
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             st = os.fstat(fd)
@@ -520,30 +527,30 @@ class _MappingCache:
                 raise OSError(f"the worker's buffer holds {st.st_size} bytes; the lease names {size}")
             key = (st.st_dev, st.st_ino, writable)
             with self._lock:
-                e = self._entries.get(key)
-                if e is not None and e[1] == st.st_size:
-                    self._entries.move_to_end(key)
-                    e[2] += 1
-                    self.hits += 1
-                    return key, e[0]
+                e = self._hold(key, st.st_size)
+                if e is not None:
+                    return e
             mm = mmap.mmap(fd, st.st_size,
                            access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
         finally:
             os.close(fd)
         with self._lock:
+            e = self._hold(key, st.st_size)
+            if e is not None:  # another thread mapped it meanwhile
+                mm.close()
+                return e
             self.misses += 1
-            if key in self._entries:  # the file changed size: keep the fresh one
-                self._drop(key)
-            self._entries[key] = [mm, st.st_size, 1]
-            self._bytes += st.st_size
+            if key in self._entries:  # the file changed size (workers never do that)
+                self._bytes -= self._entries.pop(key).length  # its holders keep it alive
+            e = self._Entry(mm, st.st_size)
+            self._entries[key] = e
+            self._bytes += e.length
             self._trim()
-        return key, mm
+        return e
 
-    def release(self, key):
+    def release(self, entry):
         with self._lock:
-            e = self._entries.get(key)
-            if e is not None:
-                e[2] -= 1
+            entry.holders -= 1
             self._trim()
 
     def clear(self):
@@ -551,17 +558,26 @@ class _MappingCache:
             for key in list(self._entries):
                 self._drop(key)
 
+    def _hold(self, key, length):
+        e = self._entries.get(key)
+        if e is None or e.length != length:
+            return None
+        self._entries.move_to_end(key)
+        e.holders += 1
+        self.hits += 1
+        return e
+
     def _trim(self):
-        for key in [k for k, e in self._entries.items() if e[2] <= 0]:  # oldest first
+        for key in [k for k, e in self._entries.items() if e.holders <= 0]:  # oldest first
             if self._bytes <= self.capacity:
                 break
             self._drop(key)
 
     def _drop(self, key):
-        mm, length, _ = self._entries.pop(key)
-        self._bytes -= length
+        e = self._entries.pop(key)
+        self._bytes -= e.length
         try:
-            mm.close()
+            e.mm.close()
         except BufferError:
             pass  # a caller still holds a view; the mapping goes with it
 
@@ -579,13 +595,14 @@ class Mapping:
         self.checksum = resp.checksum
         self.version = resp.version
         cache = step.client._mappings
-        self._key, mm = cache.acquire(f"/proc/{resp.pid}/fd/{resp.fd}", resp.byte_size, writable)
+        self._entry = cache.acquire(f"/proc/{resp.pid}/fd/{resp.fd}", resp.byte_size, writable)
         name, npd = tensors._BY_ENUM[var.spec.dtype]
         try:
-            self.array = np.frombuffer(mm, dtype=npd, count=resp.byte_size // np.dtype(npd).itemsize)
+            self.array = np.frombuffer(self._entry.mm, dtype=npd,
+                                       count=resp.byte_size // np.dtype(npd).itemsize)
             self.array = self.array.reshape(tuple(var.spec.dims))
         except Exception:
-            cache.release(self._key)
+            cache.release(self._entry)
             raise
         if not writable:
             self.array.flags.writeable = False
@@ -595,7 +612,7 @@ class Mapping:
             return
         lease, self.lease = self.lease, 0
         self.array = None  # drop the view before the mapping may go
-        self._step.client._mappings.release(self._key)
+        self._step.client._mappings.release(self._entry)
         self._step.worker.StepUnmap(self._step._wpb.StepUnmapRequest(lease=lease, publish=publish),
                                     timeout=self._step.client.timeout)
 
