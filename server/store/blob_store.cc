@@ -138,6 +138,7 @@ absl::Status BlobStore::Write(const std::string& name, const Tensor& t) {
     return written;
   }
   ++blobs_written_;
+  blob_bytes_written_ += t.bytes.size();
   absl::MutexLock lock(&mu_);
   known_.insert_or_assign(name, std::move(info));
   return absl::OkStatus();

@@ -99,6 +99,7 @@ class BlobStore final : public TensorFiles {
   }
   const std::string& dir() const { return dir_; }
   uint64_t blobs_written() const { return blobs_written_.load(); }
+  uint64_t blob_bytes_written() const { return blob_bytes_written_.load(); }
 
  private:
   // What is known of a blob file: its chunk checksums, and whether its
@@ -123,6 +124,7 @@ class BlobStore final : public TensorFiles {
   const std::string dir_;
   const BlobStoreOptions options_;
   std::atomic<uint64_t> blobs_written_{0};
+  std::atomic<uint64_t> blob_bytes_written_{0};
   std::atomic<uint64_t> tmp_serial_{0};  // tmp names unique across writers
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, BlobInfo> known_ ABSL_GUARDED_BY(mu_);  // by blob name

@@ -344,7 +344,10 @@ void RocksStateLog::MarkDurable(uint64_t position) {
 }
 
 void RocksStateLog::Applied(const ClusterState& state) {
-  if (since_checkpoint_ < options_.checkpoint_every) return;
+  if (since_checkpoint_ < options_.checkpoint_every &&
+      blobs_.blob_bytes_written() - blob_bytes_at_checkpoint_ < options_.checkpoint_blob_bytes) {
+    return;
+  }
   if (absl::Status s = WriteCheckpoint(state); !s.ok()) {
     if (!absl::IsResourceExhausted(s)) {
       (void)Fatal(s);
@@ -353,6 +356,7 @@ void RocksStateLog::Applied(const ClusterState& state) {
     // Records stay in the log; try again after as many more.
     spdlog::warn("state log: checkpoint postponed: {}", s.ToString());
     since_checkpoint_ = 0;
+    blob_bytes_at_checkpoint_ = blobs_.blob_bytes_written();
   }
 }
 
@@ -409,6 +413,7 @@ absl::Status RocksStateLog::WriteCheckpoint(const ClusterState& state) {
   // A synced write syncs the log before it: the records are durable too.
   if (options_.sync) MarkDurable(next_sequence_ - 1);
   since_checkpoint_ = 0;
+  blob_bytes_at_checkpoint_ = blobs_.blob_bytes_written();
   ++stats_.checkpoints;
   // Only now are the blobs of the records it replaced garbage.
   REPVAR_ASSIGN_OR_RETURN(int deleted, blobs_.CollectGarbage(live));

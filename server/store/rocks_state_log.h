@@ -60,8 +60,13 @@ struct RocksStateLogOptions {
   // Where files go; null: the local file system. Tests pass one that
   // injects faults or loses what was not synced.
   std::shared_ptr<rocksdb::FileSystem> fs;
-  // A checkpoint after this many records.
+  // A checkpoint after this many records, or once this many bytes of values
+  // went to blob files since the last one: only a checkpoint deletes the
+  // blobs of the values records replaced, so without the byte bound a
+  // 256 MiB variable assigned 100 times held 25 GiB of disk (and as much
+  // page cache) until its 4,096th record.
   uint64_t checkpoint_every = 4096;
+  uint64_t checkpoint_blob_bytes = uint64_t{1} << 30;
   // A change that would leave less free space in the data dir is refused.
   uint64_t min_free_bytes = uint64_t{64} << 20;
   BlobStoreOptions blobs;
@@ -127,6 +132,7 @@ class RocksStateLog final : public StateLog {
   bool needs_resume_ = false;  // RocksDB stopped writes after running out of space
   uint64_t next_sequence_ = 1;
   uint64_t since_checkpoint_ = 0;
+  uint64_t blob_bytes_at_checkpoint_ = 0;  // blobs_.blob_bytes_written() then
   Stats stats_;
 
   // Group commit. appended_: the last position written (by Append, under

@@ -309,6 +309,43 @@ TEST_F(RocksStateLogTest, Checkpoint_CollectsTheBlobsOfReplacedValues) {
   EXPECT_EQ(Blobs().size(), 1u) << "only the value of version 10";
 }
 
+// Only a checkpoint deletes the blobs of replaced values, so one also comes
+// after a bound on the bytes written to blobs, whatever the record count:
+// without it a large variable assigned again and again held every version
+// on disk until the 4,096th record. The control (no byte bound) keeps them
+// all, so the check can fail.
+TEST_F(RocksStateLogTest,
+       Checkpoint_AfterEnoughBlobBytes_CollectsReplacedValuesBeforeTheRecordCount) {
+  for (const bool bounded : {true, false}) {
+    SCOPED_TRACE(bounded ? "bounded" : "control");
+    RocksStateLogOptions o = Options(/*checkpoint_every=*/4096);
+    o.dir = dir_.path() + (bounded ? "/bounded" : "/control");
+    o.checkpoint_blob_bytes = bounded ? 40 : uint64_t{1} << 40;  // a value is 12 bytes
+    auto log = Open(o);
+    RandomCluster cluster(4, log.get());
+    ASSERT_OK(cluster.core().Recover());
+    cluster.Start();
+    VariableDef def{.name = "w", .tensor = {DType::kFloat32, {3}}, .replica_count = 2};
+    ASSERT_OK(cluster.core().CreateVariables({}, {{def, {}}}));
+    const uint64_t checkpoints = log->stats().checkpoints;  // recovery's own
+    for (int i = 0; i < 20; ++i) {
+      ASSERT_OK(
+          cluster.core().Assign({}, {"w", AssignOp::kAssign, F32({static_cast<float>(i), 1, 2})}));
+    }
+    size_t blobs = 0;
+    for (const auto& e : std::filesystem::directory_iterator(o.dir + "/blobs")) {
+      blobs += e.path().extension() == ".bin" ? 1 : 0;
+    }
+    if (bounded) {
+      EXPECT_LE(blobs, 4u) << "the bytes bound checkpointed and collected";
+      EXPECT_GE(log->stats().checkpoints, checkpoints + 4);
+    } else {
+      EXPECT_EQ(blobs, 20u) << "every version kept until the record count";
+      EXPECT_EQ(log->stats().checkpoints, checkpoints);
+    }
+  }
+}
+
 // Recovery maps blobs without reading them (a restart stays fast); a
 // damaged one is found at the first use of its value and never served. A
 // truncated one is refused at startup (its size is checked).
