@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/tensor/tensor.h"
 
+#if defined(__x86_64__)
 #include <xxh_x86dispatch.h>
+#endif
 
 #include <cstring>
 #include <new>
@@ -10,6 +12,19 @@
 #include "absl/strings/str_join.h"
 
 namespace repvar {
+namespace {
+
+// XXH3 at the CPU's vector width where libxxhash dispatches (x86-64), the
+// portable build elsewhere: the same values.
+#if defined(__x86_64__)
+uint64_t Xxh3(const void* p, size_t n) { return XXH3_64bits_dispatch(p, n); }
+void Xxh3Update(XXH3_state_t* s, const void* p, size_t n) { XXH3_64bits_update_dispatch(s, p, n); }
+#else
+uint64_t Xxh3(const void* p, size_t n) { return XXH3_64bits(p, n); }
+void Xxh3Update(XXH3_state_t* s, const void* p, size_t n) { XXH3_64bits_update(s, p, n); }
+#endif
+
+}  // namespace
 
 absl::StatusOr<int64_t> TensorSpec::NumElements() const {
   if (dims.size() > kMaxRank) {
@@ -44,9 +59,7 @@ std::string TensorSpec::ToString() const {
   return absl::StrCat(DTypeName(dtype), "[", absl::StrJoin(dims, ","), "]");
 }
 
-uint64_t Checksum(std::span<const std::byte> bytes) {
-  return XXH3_64bits_dispatch(bytes.data(), bytes.size());
-}
+uint64_t Checksum(std::span<const std::byte> bytes) { return Xxh3(bytes.data(), bytes.size()); }
 
 ChecksumStream::ChecksumStream() : state_(XXH3_createState(), &XXH3_freeState) {
   if (state_ == nullptr) throw std::bad_alloc();
@@ -54,7 +67,7 @@ ChecksumStream::ChecksumStream() : state_(XXH3_createState(), &XXH3_freeState) {
 }
 
 void ChecksumStream::Update(std::span<const std::byte> bytes) {
-  XXH3_64bits_update_dispatch(state_.get(), bytes.data(), bytes.size());
+  Xxh3Update(state_.get(), bytes.data(), bytes.size());
 }
 
 uint64_t ChecksumStream::Digest() const { return XXH3_64bits_digest(state_.get()); }
