@@ -22,6 +22,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -87,6 +88,23 @@ std::unique_ptr<repvar::Client> Connect(const repvar::testing::TestCluster& clus
   auto t = (*c)->WaitForTopology(absl::Seconds(30));
   if (!t.ok()) Die("topology", t.status());
   return *std::move(c);
+}
+
+// 1,000 float32[16] variables "<prefix>0".."<prefix>999" initialized to
+// ones, with `replicas` replicas each: their specs and their names.
+std::pair<std::vector<repvar::VariableSpec>, std::vector<std::string>> SmallVariables(
+    const std::string& prefix, int replicas) {
+  std::vector<repvar::VariableSpec> specs;
+  std::vector<std::string> names;
+  for (int i = 0; i < 1000; ++i) {
+    names.push_back(absl::StrCat(prefix, i));
+    specs.push_back({.name = names.back(),
+                     .dtype = repvar::DType::kFloat32,
+                     .shape = {16},
+                     .replica_count = replicas,
+                     .initializer = repvar::InitializerSpec::Ones()});
+  }
+  return {specs, names};
 }
 
 // `workers` worker processes with one virtual TPU each, so replicas = workers.
@@ -198,16 +216,7 @@ void SmallOps(int ops, int workers) {
   // Each round creates, initializes and reads 1,000 fresh variables.
   std::vector<double> creates, inits, batch_reads;
   for (int round = 0; round < absl::GetFlag(FLAGS_batch_rounds); ++round) {
-    std::vector<repvar::VariableSpec> specs;
-    std::vector<std::string> names;
-    for (int i = 0; i < 1000; ++i) {
-      names.push_back(absl::StrCat("batch/", round, "/", i));
-      specs.push_back({.name = names.back(),
-                       .dtype = repvar::DType::kFloat32,
-                       .shape = {16},
-                       .replica_count = workers,
-                       .initializer = repvar::InitializerSpec::Ones()});
-    }
+    auto [specs, names] = SmallVariables(absl::StrCat("batch/", round, "/"), workers);
     auto t0 = Clock::now();
     auto created = c->CreateVariables(specs);
     auto t1 = Clock::now();
@@ -561,16 +570,7 @@ void RestartTime() {
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
   auto c = Connect(cluster);
   for (int batch = 0; batch < 10; ++batch) {
-    std::vector<repvar::VariableSpec> specs;
-    std::vector<std::string> names;
-    for (int i = 0; i < 1000; ++i) {
-      names.push_back(absl::StrCat("restart/", batch, "/", i));
-      specs.push_back({.name = names.back(),
-                       .dtype = repvar::DType::kFloat32,
-                       .shape = {16},
-                       .replica_count = 1,
-                       .initializer = repvar::InitializerSpec::Ones()});
-    }
+    auto [specs, names] = SmallVariables(absl::StrCat("restart/", batch, "/"), 1);
     if (auto v = c->CreateVariables(specs); !v.ok()) Die("create", v.status());
     if (auto v = c->Initialize(names); !v.ok()) Die("initialize", v.status());
   }

@@ -63,7 +63,7 @@ def run_mode(build, args, mode, env):
                 if k != "local_loads":
                     phases.setdefault(k, []).append(v)
     return (step, 1000 * np.median(sync) if sync else None,
-            {k: 1000 * np.median(v) for k, v in phases.items()})
+            {k: 1000 * np.median(v) for k, v in phases.items()}, results[0]["params_mib"])
 
 
 def main():
@@ -77,8 +77,8 @@ def main():
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"))
-    local, _, _ = run_mode(build, args, "local", env)
-    ddp, _, _ = run_mode(build, args, "ddp", env)
+    local, _, _, mib = run_mode(build, args, "local", env)
+    ddp, _, _, _ = run_mode(build, args, "ddp", env)
     with tempfile.TemporaryDirectory(prefix="repvar-torch-bench-") as d:
         procs = []
         try:
@@ -95,14 +95,13 @@ def main():
                      f"--task={t}", "--tpu_devices=1", f"--coordinator_address={address}",
                      "--exit_with_parent"],
                     stdout=subprocess.DEVNULL, stderr=open(f"{d}/w{t}.log", "w")))
-            repvar, sync_call, phases = run_mode(
+            repvar, sync_call, phases, _ = run_mode(
                 build, args, "", dict(env, REPVAR_COORDINATOR_ADDRESS=address))
         finally:
             for p in reversed(procs):
                 p.send_signal(signal.SIGTERM)
             for p in procs:
                 p.wait(timeout=30)
-    mib = 4 * (args.in_features * args.hidden + 2 * args.hidden + 1) / (1 << 20)
     print(f"repvar_torch processes={args.processes} params_mib={mib:.2f} batch={args.batch} "
           f"local_step_ms={local:.1f} ddp_step_ms={ddp:.1f} repvar_step_ms={repvar:.1f} "
           f"ddp_sync_ms={ddp - local:.1f} repvar_sync_ms={repvar - local:.1f} "

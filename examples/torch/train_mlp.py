@@ -141,7 +141,7 @@ def trainer(args) -> dict:
                 client.publish_scalar(f"{args.prefix}/loss", args.base_step + k + 1, losses[-1])
         client.close()
     return {"rank": args.rank, "losses": losses, "step_seconds": step_seconds,
-            "sync_seconds": sync_seconds, "sync_phases": phases,
+            "sync_seconds": sync_seconds, "sync_phases": phases, "params_mib": params_mib(),
             # (not for --no_eval runs: a model of tens of MiB as JSON takes minutes)
             "params": {} if args.no_eval else {n: p.detach().numpy().tolist()
                                                for n, p in model.named_parameters()}}
@@ -150,9 +150,10 @@ def trainer(args) -> dict:
 def launch(args) -> list:
     """Starts one trainer per accelerator host and waits for them."""
     if args.ddp or args.local:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            args.ddp_port = s.getsockname()[1]
+        if args.ddp:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                args.ddp_port = s.getsockname()[1]
         workers = [f"ddp:{r}" for r in range(args.world or 2)]
         base = 0
     else:

@@ -147,25 +147,20 @@ class ReplicatedModule:
                 if name not in committed or not local or not s._mappable(s._var(name)):
                     rest.append(name)
                     continue
-                # Into the tensor's own memory when it is a plain CPU tensor
-                # (warm pages: a fresh array's first touch costs more than
-                # the copy), else into a new array it then takes.
-                inplace = t.device.type == "cpu" and t.is_contiguous()
                 try:
                     with s.map(name, local[0], "read") as m:
-                        if m.checksum != committed[name]:
-                            value = None
-                        elif inplace:
-                            value = t.detach().numpy()
-                            np.copyto(value, m.array.reshape(value.shape))
-                        else:
-                            value = m.array.copy()
+                        loaded = m.checksum == committed[name]
+                        value = m.array.reshape(tuple(t.shape))
+                        if loaded and t.device.type == "cpu" and t.is_contiguous():
+                            # Into the tensor's own (warm) memory: a fresh
+                            # array's first touch costs more than the copy.
+                            np.copyto(t.detach().numpy(), value)
+                        elif loaded:
+                            t.data = torch.from_numpy(value.copy())
                 except (OSError, errors.Error):
-                    value = None
-                if value is None:
+                    loaded = False
+                if not loaded:
                     rest.append(name)
-                elif not inplace:
-                    t.data = torch.from_numpy(value.reshape(tuple(t.shape)))
         # Which tensors the last sync took from this host's replicas.
         self.last_local_loads = [n for n in self.tensors if n not in rest]
         return rest

@@ -47,6 +47,16 @@ class StepTest : public testing::StartedCluster {
     ASSERT_OK(client_->Initialize({name}));
   }
 
+  // A `dtype`[n] variable with 6 replicas, initialized to zeros.
+  void CreateZeros(const std::string& name, DType dtype, int64_t n, Aggregation agg) {
+    VariableSpec s{.name = name, .dtype = dtype, .shape = {n}};
+    s.replica_count = 6;
+    s.aggregation = agg;
+    s.initializer = InitializerSpec::Zeros();
+    ASSERT_OK(client_->CreateVariable(s));
+    ASSERT_OK(client_->Initialize({name}));
+  }
+
   StepOptions Options(int host, absl::Duration timeout = absl::Seconds(20)) {
     return StepOptions{.worker = Host(host), .barrier_timeout = Scaled(timeout)};
   }
@@ -205,12 +215,7 @@ TEST_F(StepTest, S2_MappedInPlace_ReadUpdateWrite_OnlyPublishedWritesCount) {
 
 TEST_F(StepTest, S2_LargeWritesAndReadsGoThroughTheMapping_BytesAndChecksumsExact) {
   const int64_t n = 1 << 19;  // 2 MiB of float32: above the mapping threshold
-  VariableSpec spec{.name = "big", .dtype = DType::kFloat32, .shape = {n}};
-  spec.replica_count = 6;
-  spec.aggregation = Aggregation::kOnlyFirstReplica;
-  spec.initializer = InitializerSpec::Zeros();
-  ASSERT_OK(client_->CreateVariable(spec));
-  ASSERT_OK(client_->Initialize({"big"}));
+  CreateZeros("big", DType::kFloat32, n, Aggregation::kOnlyFirstReplica);
   std::vector<float> value(n);
   for (int64_t i = 0; i < n; ++i) value[i] = static_cast<float>(i % 1000) * 0.5f;
   auto results = RunStep(1, [&](int h, StepScope& s) {
@@ -243,12 +248,7 @@ TEST_F(StepTest, S2_LargeWritesAndReadsGoThroughTheMapping_BytesAndChecksumsExac
 // Each step must still read the last committed bytes and commit its own.
 TEST_F(StepTest, S2_MappedWritesStepAfterStep_KeptMappingsCarryEachStepsBytes) {
   const int64_t n = 1 << 19;  // 2 MiB: the worker lends shared buffers
-  VariableSpec spec{.name = "kept", .dtype = DType::kFloat32, .shape = {n}};
-  spec.replica_count = 6;
-  spec.aggregation = Aggregation::kOnlyFirstReplica;
-  spec.initializer = InitializerSpec::Zeros();
-  ASSERT_OK(client_->CreateVariable(spec));
-  ASSERT_OK(client_->Initialize({"kept"}));
+  CreateZeros("kept", DType::kFloat32, n, Aggregation::kOnlyFirstReplica);
   for (int step = 1; step <= 5; ++step) {
     auto results = RunStep(step, [&](int h, StepScope& s) {
       if (h != 0) return absl::OkStatus();
@@ -389,12 +389,7 @@ TEST_F(StepTest, S4_Sum_UntouchedReplicasContributeZero) {
 }
 
 TEST_F(StepTest, S4_BFloat16Sum_AccumulatesInFloat32) {
-  VariableSpec spec{.name = "h", .dtype = DType::kBFloat16, .shape = {2}};
-  spec.replica_count = 6;
-  spec.aggregation = Aggregation::kSum;
-  spec.initializer = InitializerSpec::Zeros();
-  ASSERT_OK(client_->CreateVariable(spec));
-  ASSERT_OK(client_->Initialize({"h"}));
+  CreateZeros("h", DType::kBFloat16, 2, Aggregation::kSum);
   // Replica 0 adds 256, the five others 1 each: 261 in float32, which rounds
   // to 260 in bfloat16. Summed in bfloat16 it would stay at 256.
   auto results = RunStep(1, [](int, StepScope& s) {
@@ -700,12 +695,7 @@ TEST_F(StepTest, X2_BadInStepWrites_RefusedAndNothingChanges) {
 TEST_F(StepTest, F1_WorkerKilledDuringAggregation_StepFailsNothingChanges_NextStepWorks) {
   // A big MEAN variable keeps the workers in the reduction long enough.
   const int64_t n = 8 << 20;  // 32 MiB of float32
-  VariableSpec spec{.name = "big", .dtype = DType::kFloat32, .shape = {n}};
-  spec.replica_count = 6;
-  spec.aggregation = Aggregation::kMean;
-  spec.initializer = InitializerSpec::Zeros();
-  ASSERT_OK(client_->CreateVariable(spec));
-  ASSERT_OK(client_->Initialize({"big"}));
+  CreateZeros("big", DType::kFloat32, n, Aggregation::kMean);
   auto before = Replicas("big");
   std::vector<float> ones(n, 1.0f);
   auto write_all = [&](int, StepScope& s) -> absl::Status {
