@@ -393,8 +393,14 @@ class Step:
                     m.release()
                     raise ValueError(f"{name} is {tuple(m.array.shape)}; the value is "
                                      f"{tuple(wire.shape)}")
-                m.array[...] = wire
-                self.publish(m)
+                # Copy and hash block by block, each block hashed while in
+                # cache (as the C++ client does): the worker takes the sum.
+                dst, src = tensors._bytes(m.array), tensors._bytes(wire)
+                state = tensors.checksum_state()
+                for off in range(0, len(src), self._COPY_BLOCK):
+                    dst[off:off + self._COPY_BLOCK] = src[off:off + self._COPY_BLOCK]
+                    state.update(dst[off:off + self._COPY_BLOCK])
+                m.release(publish=True, checksum=state.intdigest())
                 return
         pieces = tensors.to_chunks(array, dtype)
         h = next(pieces)
@@ -409,6 +415,7 @@ class Step:
         self.worker.StepWrite(stream(), timeout=self.client.timeout + h.byte_size / 50e6)
 
     _INLINE_BYTES = 64 << 10  # up to this size a write may travel inline, batched
+    _COPY_BLOCK = 256 << 10  # a mapped write copies and hashes this much at a time
 
     def write_many(self, writes):
         """Writes many replicas' step-local copies: `writes` is (name, replica,
@@ -607,14 +614,17 @@ class Mapping:
         if not writable:
             self.array.flags.writeable = False
 
-    def release(self, publish=False):
+    def release(self, publish=False, checksum=None):
+        """Ends the lease; `publish` makes a write the replica's step-local copy,
+        with `checksum` its XXH3-64 when the caller took it as it wrote (else
+        the worker hashes the bytes)."""
         if self.lease == 0:
             return
         lease, self.lease = self.lease, 0
         self.array = None  # drop the view before the mapping may go
         self._step.client._mappings.release(self._entry)
-        self._step.worker.StepUnmap(self._step._wpb.StepUnmapRequest(lease=lease, publish=publish),
-                                    timeout=self._step.client.timeout)
+        self._step.worker.StepUnmap(self._step._wpb.StepUnmapRequest(
+            lease=lease, publish=publish, checksum=checksum), timeout=self._step.client.timeout)
 
     def __enter__(self):
         return self

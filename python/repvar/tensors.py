@@ -24,6 +24,11 @@ def checksum(data) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
+def checksum_state():
+    """The same checksum over bytes given piece by piece (update, intdigest)."""
+    return xxhash.xxh3_64()
+
+
 def _bytes(wire: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array, any shape (zero-size and 0-d too)."""
     return memoryview(wire.reshape(-1).view(np.uint8))
@@ -74,7 +79,7 @@ def from_chunks(h: types_pb2.TensorHeader, chunks) -> np.ndarray:
     name, npd = _BY_ENUM[h.spec.dtype]
     out = bytearray(h.byte_size)
     received = 0
-    state = xxhash.xxh3_64()
+    state = checksum_state()
     for c in chunks:
         if c.offset != received or len(c.data) > h.byte_size - received:
             raise ValueError(f"chunk out of order at {c.offset}, expected {received}")
