@@ -49,6 +49,7 @@ ABSL_FLAG(int32_t, mean_replicas, 8, "replicas (= workers) of the MEAN step vari
 ABSL_FLAG(bool, only_steps, false, "run only the step figures");
 ABSL_FLAG(bool, only_security, false, "run only the TLS-and-tokens cost figures");
 ABSL_FLAG(bool, only_small, false, "run only the small-op and batch figures");
+ABSL_FLAG(bool, only_bcast, false, "run only the broadcast figures");
 ABSL_FLAG(int32_t, batch_rounds, 3,
           "rounds of the batched figures (1,000 fresh variables each; median reported)");
 
@@ -710,6 +711,12 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_only_durable)) {
     DurableOps(absl::GetFlag(FLAGS_small_ops));
     RestartTime();
+    return 0;
+  }
+  if (absl::GetFlag(FLAGS_only_bcast)) {
+    for (int w : Ints(absl::GetFlag(FLAGS_workers))) {
+      Broadcasts(w, Ints(absl::GetFlag(FLAGS_mib)), absl::GetFlag(FLAGS_iters));
+    }
     return 0;
   }
   if (absl::GetFlag(FLAGS_mean_mib) > 0) {
