@@ -53,9 +53,12 @@ ABSL_FLAG(int64_t, min_free_bytes, int64_t{64} << 20,
           "changes that would leave less free space in --data_dir are refused "
           "(RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, checkpoint_every, 4096, "records between checkpoints of the state log");
-ABSL_FLAG(int64_t, checkpoint_blob_bytes, int64_t{1} << 30,
+ABSL_FLAG(int64_t, checkpoint_blob_bytes, int64_t{256} << 20,
           "bytes of values written to blob files that also bring a checkpoint of the state "
-          "log (which deletes the blobs of replaced values)");
+          "log (which frees the blobs of replaced values)");
+ABSL_FLAG(int64_t, blob_recycle_bytes, int64_t{1} << 30,
+          "freed blob files of 1 MiB or more kept to be written over by new values of the "
+          "same size (their pages stay in the page cache); 0: freed blobs are deleted");
 ABSL_FLAG(int32_t, max_rpc_threads, 512,
           "threads serving synchronous calls and streams at once; beyond them a call gets "
           "RESOURCE_EXHAUSTED (heartbeats and step reports do not need one)");
@@ -166,6 +169,8 @@ int main(int argc, char** argv) {
         static_cast<uint64_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_checkpoint_every)));
     store.checkpoint_blob_bytes =
         static_cast<uint64_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_checkpoint_blob_bytes)));
+    store.blobs.recycle_bytes =
+        static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_blob_recycle_bytes)));
     store.sync = !absl::GetFlag(FLAGS_unsafe_no_fsync);
     if (!store.sync) spdlog::warn("--unsafe_no_fsync: acknowledged changes can be lost");
     auto opened = repvar::server::RocksStateLog::Open(store);

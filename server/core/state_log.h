@@ -58,8 +58,9 @@ class StateLog {
   // Whether a record carrying `value_bytes` of tensor values would fit now.
   // A write asks before it sends anything to any worker, so that a full
   // disk refuses it (RESOURCE_EXHAUSTED) with nothing changed anywhere
-  // rather than after the workers took it.
-  virtual absl::Status CheckRoom(uint64_t value_bytes) const {
+  // rather than after the workers took it. It may make room first (a
+  // durable log deletes the files it keeps for reuse).
+  virtual absl::Status CheckRoom(uint64_t value_bytes) {
     (void)value_bytes;
     return absl::OkStatus();
   }

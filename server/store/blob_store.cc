@@ -2,9 +2,14 @@
 #include "server/store/blob_store.h"
 
 #include <algorithm>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/status_util.h"
@@ -32,12 +37,34 @@ absl::Status BlobStore::Open() {
   REPVAR_RETURN_IF_ERROR(FromIo(fs_->CreateDirIfMissing(dir_, kIo, nullptr), "create " + dir_));
   std::vector<std::string> children;
   REPVAR_RETURN_IF_ERROR(FromIo(fs_->GetChildren(dir_, kIo, &children, nullptr), "list " + dir_));
+  std::map<uint64_t, std::string> recycled;  // by serial: oldest first
   for (const std::string& name : children) {
+    uint64_t serial = 0;
     if (absl::StartsWith(name, "tmp-")) {
       REPVAR_RETURN_IF_ERROR(
           FromIo(fs_->DeleteFile(dir_ + "/" + name, kIo, nullptr), "delete " + name));
+    } else if (absl::StartsWith(name, "free-") && absl::SimpleAtoi(name.substr(5), &serial)) {
+      recycled[serial] = dir_ + "/" + name;
     }
   }
+  if (!recycled.empty()) tmp_serial_ = std::max(tmp_serial_.load(), recycled.rbegin()->first + 1);
+  // The newest within the bound stay, as they would have in that run.
+  std::deque<Recycled> kept;
+  uint64_t bytes = 0;
+  for (auto it = recycled.rbegin(); it != recycled.rend(); ++it) {
+    const std::string& path = it->second;
+    uint64_t size = 0;
+    REPVAR_RETURN_IF_ERROR(FromIo(fs_->GetFileSize(path, kIo, &size, nullptr), "stat " + path));
+    if (size >= options_.recycle_min_bytes && bytes + size <= options_.recycle_bytes) {
+      kept.push_front(Recycled{path, size});
+      bytes += size;
+      continue;
+    }
+    REPVAR_RETURN_IF_ERROR(FromIo(fs_->DeleteFile(path, kIo, nullptr), "delete " + path));
+  }
+  absl::MutexLock lock(&mu_);
+  recycled_ = std::move(kept);
+  recycled_bytes_ = bytes;
   return absl::OkStatus();
 }
 
@@ -113,10 +140,10 @@ absl::Status BlobStore::Write(const std::string& name, const Tensor& t) {
   BlobInfo info;
   info.chunk_bytes = options_.chunk_bytes;
   info.checked = BlobInfo::Checked::kGood;  // these bytes were checked as they arrived
+  bool reused = false;
   auto written = [&]() -> absl::Status {
     std::unique_ptr<rocksdb::FSWritableFile> file;
-    REPVAR_RETURN_IF_ERROR(
-        FromIo(fs_->NewWritableFile(tmp, rocksdb::FileOptions(), &file, nullptr), "create " + tmp));
+    REPVAR_RETURN_IF_ERROR(OpenForWrite(tmp, t.bytes.size(), &file, &reused));
     absl::Status s;
     ForEachChunk(
         t.bytes.span(), options_.chunk_bytes, [&](uint64_t, std::span<const std::byte> chunk) {
@@ -130,6 +157,15 @@ absl::Status BlobStore::Write(const std::string& name, const Tensor& t) {
     REPVAR_RETURN_IF_ERROR(s);
     if (options_.sync) REPVAR_RETURN_IF_ERROR(FromIo(file->Sync(kIo, nullptr), "sync " + tmp));
     REPVAR_RETURN_IF_ERROR(FromIo(file->Close(kIo, nullptr), "close " + tmp));
+    if (reused) {
+      // Written over from its start: as long as before, and no longer.
+      uint64_t size = 0;
+      REPVAR_RETURN_IF_ERROR(FromIo(fs_->GetFileSize(tmp, kIo, &size, nullptr), "stat " + tmp));
+      if (size != t.bytes.size()) {
+        return absl::InternalError(absl::StrCat(tmp, " has ", size, " bytes after ", t.bytes.size(),
+                                                " were written over it"));
+      }
+    }
     REPVAR_RETURN_IF_ERROR(FromIo(fs_->RenameFile(tmp, path, kIo, nullptr), "rename " + tmp));
     return options_.sync ? SyncDir() : absl::OkStatus();
   }();
@@ -138,10 +174,39 @@ absl::Status BlobStore::Write(const std::string& name, const Tensor& t) {
     return written;
   }
   ++blobs_written_;
+  if (reused) ++blobs_reused_;
   blob_bytes_written_ += t.bytes.size();
   absl::MutexLock lock(&mu_);
   known_.insert_or_assign(name, std::move(info));
   return absl::OkStatus();
+}
+
+absl::Status BlobStore::OpenForWrite(const std::string& tmp, uint64_t size,
+                                     std::unique_ptr<rocksdb::FSWritableFile>* file, bool* reused) {
+  *reused = false;
+  std::optional<Recycled> recycled;
+  {
+    absl::MutexLock lock(&mu_);
+    // The most recently recycled: the likeliest to be in the page cache.
+    for (auto it = recycled_.rbegin(); it != recycled_.rend(); ++it) {
+      if (it->size != size) continue;
+      recycled = *it;
+      recycled_bytes_ -= it->size;
+      recycled_.erase(std::next(it).base());
+      break;
+    }
+  }
+  if (recycled) {
+    rocksdb::IOStatus s =
+        fs_->ReuseWritableFile(tmp, recycled->path, rocksdb::FileOptions(), file, nullptr);
+    if (s.ok()) {
+      *reused = true;
+      return absl::OkStatus();
+    }
+    spdlog::debug("blob file {} not reused: {}", recycled->path, s.ToString());
+    (void)fs_->DeleteFile(recycled->path, kIo, nullptr);
+  }
+  return FromIo(fs_->NewWritableFile(tmp, rocksdb::FileOptions(), file, nullptr), "create " + tmp);
 }
 
 absl::Status BlobStore::SyncDir() {
@@ -215,8 +280,11 @@ absl::StatusOr<std::shared_ptr<const Tensor>> BlobStore::Load(const disk::Tensor
       it->second.sums.assign(ref.chunk_checksums().begin(), ref.chunk_checksums().end());
     }
   }
-  return std::make_shared<const Tensor>(
-      Tensor{std::move(spec), *std::move(mapped), ref.checksum()});
+  auto t =
+      std::make_shared<const Tensor>(Tensor{std::move(spec), *std::move(mapped), ref.checksum()});
+  absl::MutexLock lock(&mu_);
+  TrackMapping(ref.blob(), t);
+  return t;
 }
 
 absl::StatusOr<std::shared_ptr<const Tensor>> BlobStore::ReadWhole(const disk::TensorRef& ref,
@@ -259,7 +327,16 @@ absl::StatusOr<std::shared_ptr<const Tensor>> BlobStore::Mapped(std::shared_ptr<
     return absl::Status(mapped.status().code(),
                         absl::StrCat("blob ", dir_, "/", name, ": ", mapped.status().message()));
   }
-  return std::make_shared<const Tensor>(Tensor{t->spec, *std::move(mapped), t->checksum});
+  auto kept = std::make_shared<const Tensor>(Tensor{t->spec, *std::move(mapped), t->checksum});
+  absl::MutexLock lock(&mu_);
+  TrackMapping(name, kept);
+  return kept;
+}
+
+void BlobStore::TrackMapping(const std::string& name, const std::shared_ptr<const Tensor>& t) {
+  std::vector<std::weak_ptr<const Tensor>>& held = mappings_[name];
+  std::erase_if(held, [](const std::weak_ptr<const Tensor>& w) { return w.expired(); });
+  held.push_back(t);
 }
 
 absl::Status BlobStore::Check(const Tensor& t) {
@@ -305,19 +382,82 @@ absl::Status BlobStore::Check(const Tensor& t) {
 absl::StatusOr<int> BlobStore::CollectGarbage(const absl::flat_hash_set<std::string>& live) {
   std::vector<std::string> children;
   REPVAR_RETURN_IF_ERROR(FromIo(fs_->GetChildren(dir_, kIo, &children, nullptr), "list " + dir_));
-  int deleted = 0;
+  int collected = 0;
   for (const std::string& name : children) {
     if (!absl::EndsWith(name, ".bin") || absl::StartsWith(name, "tmp-") || live.contains(name)) {
       continue;
     }
-    rocksdb::IOStatus s = fs_->DeleteFile(dir_ + "/" + name, kIo, nullptr);
+    bool mapped = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = mappings_.find(name); it != mappings_.end()) {
+        for (const auto& w : it->second) mapped = mapped || !w.expired();
+        mappings_.erase(it);
+      }
+      known_.erase(name);
+    }
+    uint64_t size = 0;
+    rocksdb::IOStatus s = fs_->GetFileSize(dir_ + "/" + name, kIo, &size, nullptr);
     if (s.IsNotFound()) continue;
-    REPVAR_RETURN_IF_ERROR(FromIo(s, "delete " + name));
-    ++deleted;
-    absl::MutexLock lock(&mu_);
-    known_.erase(name);
+    REPVAR_RETURN_IF_ERROR(FromIo(s, "stat " + name));
+    REPVAR_ASSIGN_OR_RETURN(const bool gone, Recycle(name, size, mapped));
+    if (gone) ++collected;
   }
-  return deleted;
+  return collected;
+}
+
+absl::StatusOr<bool> BlobStore::Recycle(const std::string& name, uint64_t size, bool mapped) {
+  const std::string path = dir_ + "/" + name;
+  if (!mapped && size >= options_.recycle_min_bytes && size <= options_.recycle_bytes) {
+    // No directory sync: a power loss that undoes the rename brings the
+    // garbage back under its name, for the next collection.
+    const std::string free_path = absl::StrCat(dir_, "/free-", tmp_serial_.fetch_add(1));
+    rocksdb::IOStatus s = fs_->RenameFile(path, free_path, kIo, nullptr);
+    if (s.IsNotFound()) return false;
+    REPVAR_RETURN_IF_ERROR(FromIo(s, "recycle " + name));
+    std::vector<Recycled> evicted;
+    {
+      absl::MutexLock lock(&mu_);
+      recycled_.push_back(Recycled{free_path, size});
+      recycled_bytes_ += size;
+      while (recycled_bytes_ > options_.recycle_bytes) {
+        evicted.push_back(recycled_.front());
+        recycled_bytes_ -= recycled_.front().size;
+        recycled_.pop_front();
+      }
+    }
+    for (const Recycled& r : evicted) {
+      rocksdb::IOStatus d = fs_->DeleteFile(r.path, kIo, nullptr);
+      if (!d.IsNotFound()) REPVAR_RETURN_IF_ERROR(FromIo(d, "delete " + r.path));
+    }
+    return true;
+  }
+  // Deleted: a mapping of it keeps its bytes as they are until it goes.
+  rocksdb::IOStatus s = fs_->DeleteFile(path, kIo, nullptr);
+  if (s.IsNotFound()) return false;
+  REPVAR_RETURN_IF_ERROR(FromIo(s, "delete " + name));
+  return true;
+}
+
+uint64_t BlobStore::DropRecycled() {
+  std::deque<Recycled> dropped;
+  uint64_t bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    dropped.swap(recycled_);
+    bytes = std::exchange(recycled_bytes_, 0);
+  }
+  for (const Recycled& r : dropped) {
+    if (rocksdb::IOStatus s = fs_->DeleteFile(r.path, kIo, nullptr); !s.ok() && !s.IsNotFound()) {
+      spdlog::warn("deleting the recycled blob file {}: {}", r.path, s.ToString());
+    }
+  }
+  return bytes;
+}
+
+uint64_t BlobStore::recycled_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return recycled_bytes_;
 }
 
 }  // namespace repvar::server

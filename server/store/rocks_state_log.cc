@@ -224,12 +224,21 @@ absl::Status RocksStateLog::Fatal(absl::Status s) {
   std::abort();
 }
 
-absl::Status RocksStateLog::CheckSpace(uint64_t bytes) const {
+absl::Status RocksStateLog::CheckSpace(uint64_t bytes) {
   uint64_t free = 0;
   rocksdb::IOStatus s = fs_->GetFreeSpace(options_.dir, rocksdb::IOOptions(), &free, nullptr);
   if (s.IsNotSupported()) return absl::OkStatus();
   REPVAR_RETURN_IF_ERROR(FromIo(s, "free space of " + options_.dir));
-  if (free < options_.min_free_bytes || free - options_.min_free_bytes < bytes) {
+  auto short_of_room = [&] {
+    return free < options_.min_free_bytes || free - options_.min_free_bytes < bytes;
+  };
+  if (short_of_room() && blobs_.DropRecycled() > 0) {
+    // The recycled blob files gave their room back.
+    REPVAR_RETURN_IF_ERROR(
+        FromIo(fs_->GetFreeSpace(options_.dir, rocksdb::IOOptions(), &free, nullptr),
+               "free space of " + options_.dir));
+  }
+  if (short_of_room()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "data dir ", options_.dir, " has ", free, " bytes free; this change needs ", bytes,
         " more than the reserve of ", options_.min_free_bytes, " (nothing was changed)"));
@@ -237,7 +246,7 @@ absl::Status RocksStateLog::CheckSpace(uint64_t bytes) const {
   return absl::OkStatus();
 }
 
-absl::Status RocksStateLog::CheckRoom(uint64_t value_bytes) const {
+absl::Status RocksStateLog::CheckRoom(uint64_t value_bytes) {
   return CheckSpace(value_bytes + (uint64_t{1} << 20));
 }
 
@@ -416,8 +425,8 @@ absl::Status RocksStateLog::WriteCheckpoint(const ClusterState& state) {
   blob_bytes_at_checkpoint_ = blobs_.blob_bytes_written();
   ++stats_.checkpoints;
   // Only now are the blobs of the records it replaced garbage.
-  REPVAR_ASSIGN_OR_RETURN(int deleted, blobs_.CollectGarbage(live));
-  if (deleted > 0) spdlog::debug("state log: {} blobs no longer named were deleted", deleted);
+  REPVAR_ASSIGN_OR_RETURN(int collected, blobs_.CollectGarbage(live));
+  if (collected > 0) spdlog::debug("state log: {} blobs no longer named were collected", collected);
   return absl::OkStatus();
 }
 
@@ -514,6 +523,7 @@ RocksStateLog::Stats RocksStateLog::stats() const {
   Stats s = stats_;
   s.last_sequence = next_sequence_ - 1;
   s.blobs_written = blobs_.blobs_written();
+  s.blobs_reused = blobs_.blobs_reused();
   absl::MutexLock lock(&sync_mu_);
   s.syncs = syncs_;
   return s;

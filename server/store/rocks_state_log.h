@@ -61,12 +61,13 @@ struct RocksStateLogOptions {
   // injects faults or loses what was not synced.
   std::shared_ptr<rocksdb::FileSystem> fs;
   // A checkpoint after this many records, or once this many bytes of values
-  // went to blob files since the last one: only a checkpoint deletes the
+  // went to blob files since the last one: only a checkpoint frees the
   // blobs of the values records replaced, so without the byte bound a
   // 256 MiB variable assigned 100 times held 25 GiB of disk (and as much
-  // page cache) until its 4,096th record.
+  // page cache) until its 4,096th record; and freed blobs are what new
+  // values are written over (BlobStoreOptions::recycle_bytes).
   uint64_t checkpoint_every = 4096;
-  uint64_t checkpoint_blob_bytes = uint64_t{1} << 30;
+  uint64_t checkpoint_blob_bytes = uint64_t{256} << 20;
   // A change that would leave less free space in the data dir is refused.
   uint64_t min_free_bytes = uint64_t{64} << 20;
   BlobStoreOptions blobs;
@@ -90,7 +91,7 @@ class RocksStateLog final : public StateLog {
   // Errors: RESOURCE_EXHAUSTED (no room), FAILED_PRECONDITION (before
   // Recover). Other storage errors stop the process.
   absl::Status Stage(const Tensor& value) override { return blobs_.Stage(value); }
-  absl::Status CheckRoom(uint64_t value_bytes) const override;
+  absl::Status CheckRoom(uint64_t value_bytes) override;
   // Values in blob files come back as mappings of them (BlobStore).
   absl::StatusOr<uint64_t> Append(Record& record) override;
   void StartSync(uint64_t position) override ABSL_LOCKS_EXCLUDED(sync_mu_);
@@ -105,14 +106,17 @@ class RocksStateLog final : public StateLog {
     uint64_t checkpoints = 0;  // written by this process
     uint64_t last_sequence = 0;
     uint64_t blobs_written = 0;
-    uint64_t syncs = 0;  // of the write-ahead log by Durable (group commits)
+    uint64_t blobs_reused = 0;  // of blobs_written: over a recycled file
+    uint64_t syncs = 0;         // of the write-ahead log by Durable (group commits)
   };
   Stats stats() const;
 
  private:
   RocksStateLog(RocksStateLogOptions options, std::shared_ptr<rocksdb::FileSystem> fs,
                 std::unique_ptr<rocksdb::Env> env);
-  absl::Status CheckSpace(uint64_t bytes) const;
+  // Free space for `bytes` above the reserve; recycled blob files are
+  // deleted first when they are what is missing.
+  absl::Status CheckSpace(uint64_t bytes);
   // Replaces the values `record` keeps in blob files with their mappings.
   void MapValues(Record& record);
   absl::Status WriteCheckpoint(const ClusterState& state);

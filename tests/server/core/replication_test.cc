@@ -36,7 +36,7 @@ class FillableLog final : public StateLog {
     if (appends_left > 0) --appends_left;
     return records_.Append(record);
   }
-  absl::Status CheckRoom(uint64_t) const override {
+  absl::Status CheckRoom(uint64_t) override {
     return no_room ? absl::ResourceExhaustedError("disk full") : absl::OkStatus();
   }
   absl::Status Recover(ClusterState& state) override { return records_.Recover(state); }

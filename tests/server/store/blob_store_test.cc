@@ -6,10 +6,13 @@
 #include "server/store/blob_store.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
+#include "absl/strings/match.h"
 #include "tests/testing/power_loss_fs.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -23,9 +26,9 @@ using ::repvar::testing::Floats;
 using ::repvar::testing::PowerLossFileSystem;
 using ::repvar::testing::StatusIs;
 
-std::vector<float> Ramp(int n) {
+std::vector<float> Ramp(int n, float from = 0) {
   std::vector<float> v(n);
-  for (int i = 0; i < n; ++i) v[i] = static_cast<float>(i) * 0.5f;
+  for (int i = 0; i < n; ++i) v[i] = from + static_cast<float>(i) * 0.5f;
   return v;
 }
 
@@ -38,6 +41,21 @@ std::vector<std::string> Files(const std::string& dir) {
   return out;
 }
 
+ino_t Inode(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(stat(path.c_str(), &st), 0) << path;
+  return st.st_ino;
+}
+
+// The recycled files in `dir`, by inode.
+std::set<ino_t> FreeInodes(const std::string& dir) {
+  std::set<ino_t> out;
+  for (const std::string& name : Files(dir)) {
+    if (absl::StartsWith(name, "free-")) out.insert(Inode(dir + "/" + name));
+  }
+  return out;
+}
+
 class BlobStoreTest : public ::testing::Test {
  protected:
   std::shared_ptr<PowerLossFileSystem> fs_ = std::make_shared<PowerLossFileSystem>();
@@ -45,6 +63,9 @@ class BlobStoreTest : public ::testing::Test {
   std::string blobs_dir_ = dir_.path() + "/blobs";
   // 64-byte chunks: damage is located to the chunk.
   BlobStoreOptions options_{.inline_bytes = 32, .chunk_bytes = 64};
+  // Recycling blobs of any size, up to three of 400 bytes.
+  BlobStoreOptions recycling_{
+      .inline_bytes = 32, .chunk_bytes = 64, .recycle_bytes = 1200, .recycle_min_bytes = 1};
 
   std::unique_ptr<BlobStore> Store(BlobStoreOptions o) {
     auto s = std::make_unique<BlobStore>(fs_.get(), blobs_dir_, o);
@@ -209,6 +230,102 @@ TEST_F(BlobStoreTest, Open_RemovesTmpFiles_CollectGarbage_DeletesOnlyUnnamedBlob
   ASSERT_OK(deleted);
   EXPECT_EQ(*deleted, 1);
   EXPECT_EQ(Files(blobs_dir_), std::vector<std::string>{a.blob()});
+}
+
+// A freed blob nothing maps is kept under a free name and the next blob of
+// its size is written over it: the same file (inode), holding the new bytes,
+// which survive a power loss like any other blob's. The control: with
+// recycling off the freed blob is deleted and nothing is reused.
+TEST_F(BlobStoreTest, Recycle_FreedBlobOfTheSameSize_IsWrittenOverInPlace) {
+  for (const bool recycle : {true, false}) {
+    SCOPED_TRACE(recycle ? "recycling" : "control");
+    std::filesystem::remove_all(blobs_dir_);
+    fs_ = std::make_shared<PowerLossFileSystem>();
+    BlobStoreOptions o = recycling_;
+    if (!recycle) o.recycle_bytes = 0;
+    auto store = Store(o);
+    disk::TensorRef a, b;
+    ASSERT_OK(store->Keep(*F32(Ramp(100)), &a));
+    const ino_t inode = Inode(blobs_dir_ + "/" + a.blob());
+    ASSERT_OK(store->CollectGarbage({}));
+    EXPECT_EQ(store->recycled_bytes(), recycle ? 400u : 0u);
+    EXPECT_EQ(FreeInodes(blobs_dir_).size(), recycle ? 1u : 0u);
+    ASSERT_OK(store->Keep(*F32(Ramp(100, 7)), &b));
+    ASSERT_NE(a.blob(), b.blob());
+    EXPECT_EQ(Files(blobs_dir_), std::vector<std::string>{b.blob()});
+    EXPECT_EQ(store->blobs_reused(), recycle ? 1u : 0u);
+    EXPECT_EQ(store->recycled_bytes(), 0u);
+    if (recycle) {
+      EXPECT_EQ(Inode(blobs_dir_ + "/" + b.blob()), inode);
+    }
+    fs_->CutPowerAt(1);
+    fs_->LoseUnsyncedData();
+    auto reopened = Store(o);
+    auto back = reopened->Load(b);
+    ASSERT_OK(back);
+    EXPECT_OK(reopened->Check(**back));
+    EXPECT_EQ(Floats(**back), Ramp(100, 7));
+  }
+}
+
+// A freed blob someone still maps is deleted, never written over: its
+// reader keeps the bytes it mapped while a blob of the same size is
+// written. Once no mapping is left, a freed blob is recycled again.
+TEST_F(BlobStoreTest, Recycle_AMappedBlob_IsDeletedAndItsReaderKeepsItsBytes) {
+  auto store = Store(recycling_);
+  disk::TensorRef a, b;
+  ASSERT_OK(store->Keep(*F32(Ramp(100)), &a));
+  auto reader = store->Load(a);
+  ASSERT_OK(reader);
+  ASSERT_OK(store->CollectGarbage({}));
+  EXPECT_EQ(store->recycled_bytes(), 0u);
+  EXPECT_TRUE(Files(blobs_dir_).empty());
+  ASSERT_OK(store->Keep(*F32(Ramp(100, 7)), &b));
+  EXPECT_EQ(store->blobs_reused(), 0u);
+  EXPECT_EQ(Floats(**reader), Ramp(100));
+  EXPECT_OK(store->Check(**reader));
+
+  auto released = store->Load(b);
+  ASSERT_OK(released);
+  released->reset();
+  ASSERT_OK(store->CollectGarbage({}));
+  EXPECT_EQ(store->recycled_bytes(), 400u) << "no mapping of b is left";
+}
+
+// Recycled files are bounded in bytes (the oldest deleted first), reused
+// only by a blob of exactly their size, taken up again by the next process
+// (the newest, up to its bound) and given back on demand.
+TEST_F(BlobStoreTest, Recycle_BoundedOldestFirst_ExactSizeOnly_KeptAcrossRestarts_Dropped) {
+  BlobStoreOptions o = recycling_;
+  o.recycle_bytes = 1300;
+  auto store = Store(o);
+  std::vector<ino_t> inodes;  // blobs of 400, 416, 432 and 448 bytes
+  for (int floats : {100, 104, 108, 112}) {
+    disk::TensorRef ref;
+    ASSERT_OK(store->Keep(*F32(Ramp(floats)), &ref));
+    inodes.push_back(Inode(blobs_dir_ + "/" + ref.blob()));
+    ASSERT_OK(store->CollectGarbage({}));
+  }
+  EXPECT_EQ(store->blobs_reused(), 0u);
+  EXPECT_EQ(store->recycled_bytes(), 416u + 432 + 448);
+  EXPECT_EQ(FreeInodes(blobs_dir_), (std::set<ino_t>{inodes[1], inodes[2], inodes[3]}));
+
+  disk::TensorRef smaller;
+  ASSERT_OK(store->Keep(*F32(Ramp(50)), &smaller));
+  EXPECT_EQ(store->blobs_reused(), 0u) << "no recycled file of 200 bytes";
+  EXPECT_EQ(FreeInodes(blobs_dir_).size(), 3u);
+
+  o.recycle_bytes = 900;
+  store = Store(o);
+  EXPECT_EQ(store->recycled_bytes(), 432u + 448);
+  EXPECT_EQ(FreeInodes(blobs_dir_), (std::set<ino_t>{inodes[2], inodes[3]}));
+  disk::TensorRef again;
+  ASSERT_OK(store->Keep(*F32(Ramp(108, 9)), &again));
+  EXPECT_EQ(store->blobs_reused(), 1u);
+  EXPECT_EQ(Inode(blobs_dir_ + "/" + again.blob()), inodes[2]);
+  EXPECT_EQ(store->DropRecycled(), 448u);
+  EXPECT_TRUE(FreeInodes(blobs_dir_).empty());
+  EXPECT_EQ(Files(blobs_dir_).size(), 2u);  // smaller, again
 }
 
 }  // namespace

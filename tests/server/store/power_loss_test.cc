@@ -57,7 +57,7 @@ class AcknowledgedLog final : public StateLog {
     }
     return s;
   }
-  absl::Status CheckRoom(uint64_t bytes) const override { return log_->CheckRoom(bytes); }
+  absl::Status CheckRoom(uint64_t bytes) override { return log_->CheckRoom(bytes); }
   absl::Status Stage(const Tensor& value) override { return log_->Stage(value); }
   void Applied(const ClusterState& state) override { log_->Applied(state); }
   absl::Status Recover(ClusterState& state) override { return log_->Recover(state); }

@@ -346,6 +346,80 @@ TEST_F(RocksStateLogTest,
   }
 }
 
+// Freed blobs are written over by later values of their size, through
+// the state log as the coordinator drives it: a variable assigned again
+// and again reuses the same few files, and a restart recovers the last
+// value with its bytes intact. The control (recycling off) writes a new
+// file every time.
+TEST_F(RocksStateLogTest, Recycle_RepeatedAssigns_ReuseFreedBlobs_RecoveringTheLastValue) {
+  for (const bool recycle : {true, false}) {
+    SCOPED_TRACE(recycle ? "recycling" : "control");
+    RocksStateLogOptions o = Options();
+    o.dir = dir_.path() + (recycle ? "/recycling" : "/control");
+    o.checkpoint_blob_bytes = 40;  // a value is 12 bytes
+    o.blobs.recycle_min_bytes = 1;
+    o.blobs.recycle_bytes = recycle ? 1024 : 0;
+    {
+      auto log = Open(o);
+      RandomCluster cluster(4, log.get());
+      ASSERT_OK(cluster.core().Recover());
+      cluster.Start();
+      VariableDef def{.name = "w", .tensor = {DType::kFloat32, {3}}, .replica_count = 2};
+      ASSERT_OK(cluster.core().CreateVariables({}, {{def, {}}}));
+      for (int i = 0; i < 20; ++i) {
+        ASSERT_OK(cluster.core().Assign(
+            {}, {"w", AssignOp::kAssign, F32({static_cast<float>(i), 1, 2})}));
+      }
+      const RocksStateLog::Stats stats = log->stats();
+      if (recycle) {
+        EXPECT_GE(stats.blobs_reused, 10u);
+      } else {
+        EXPECT_EQ(stats.blobs_reused, 0u);
+      }
+    }
+    auto log = Open(o);
+    ClusterState state(RandomCluster::StateOptions());
+    ASSERT_OK(log->Recover(state));
+    const VariableRecord* w = state.Find("w");
+    ASSERT_NE(w, nullptr);
+    ASSERT_NE(w->value, nullptr);
+    EXPECT_OK(log->Check(*w->value));
+    EXPECT_EQ(repvar::testing::Floats(*w->value), (std::vector<float>{19, 1, 2}));
+  }
+}
+
+// Recycled files count against the disk until a change needs their room:
+// then they are deleted before the change is refused. With room to spare
+// they stay.
+TEST_F(RocksStateLogTest, Recycle_NoRoom_TheRecycledFilesGoFirst) {
+  RocksStateLogOptions o = Options();
+  o.checkpoint_blob_bytes = 40;
+  o.blobs.recycle_min_bytes = 1;
+  auto log = Open(o);
+  RandomCluster cluster(4, log.get());
+  ASSERT_OK(cluster.core().Recover());
+  cluster.Start();
+  VariableDef a{.name = "a", .tensor = {DType::kFloat32, {3}}, .replica_count = 2};
+  VariableDef b{.name = "b", .tensor = {DType::kFloat32, {5}}, .replica_count = 2};
+  ASSERT_OK(cluster.core().CreateVariables({}, {{a, {}}, {b, {}}}));
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_OK(
+        cluster.core().Assign({}, {"a", AssignOp::kAssign, F32({static_cast<float>(i), 1, 2})}));
+  }
+  auto recycled = [&] {
+    int n = 0;
+    for (const std::string& path : Blobs()) n += absl::StrContains(path, "/free-") ? 1 : 0;
+    return n;
+  };
+  ASSERT_GT(recycled(), 0);
+  EXPECT_OK(log->CheckRoom(1 << 10));
+  EXPECT_GT(recycled(), 0) << "room to spare: they stay";
+  fs_->SetFreeSpace(uint64_t{1} << 20);  // below the reserve
+  EXPECT_THAT(cluster.core().Assign({}, {"b", AssignOp::kAssign, F32({1, 2, 3, 4, 5})}),
+              StatusIs(absl::StatusCode::kResourceExhausted, "bytes free"));
+  EXPECT_EQ(recycled(), 0);
+}
+
 // Recovery maps blobs without reading them (a restart stays fast); a
 // damaged one is found at the first use of its value and never served. A
 // truncated one is refused at startup (its size is checked).
