@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/tensor/element_math.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -53,31 +54,44 @@ void StoreElement(Tensor& t, int64_t i, double v) {
   }
 }
 
+namespace {
+
+// The index of the first element of `n` whose exponent bits (`mask`) are
+// all set (Inf or NaN), or -1. Blocks are tested without a branch per
+// element, so the compiler vectorizes the test; only a block that holds
+// one is searched element by element.
+template <typename U>
+int64_t FirstWithAllBits(const std::byte* p, int64_t n, U mask) {
+  constexpr int64_t kBlock = 4096;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t end = std::min(n, start + kBlock);
+    U hit = 0;
+    for (int64_t i = start; i < end; ++i) {
+      hit |= static_cast<U>((Load<U>(p, i) & mask) == mask);
+    }
+    if (hit == 0) continue;
+    for (int64_t i = start; i < end; ++i) {
+      if ((Load<U>(p, i) & mask) == mask) return i;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
 int64_t FirstNonFinite(const Tensor& t) {
   if (!IsFloating(t.spec.dtype)) return -1;
-  int64_t n = static_cast<int64_t>(t.bytes.size() / ItemSize(t.spec.dtype));
+  const int64_t n = static_cast<int64_t>(t.bytes.size() / ItemSize(t.spec.dtype));
   const std::byte* p = t.bytes.data();
   switch (t.spec.dtype) {
     case DType::kFloat32:
-      for (int64_t i = 0; i < n; ++i) {
-        if ((Load<uint32_t>(p, i) & 0x7f800000u) == 0x7f800000u) return i;
-      }
-      return -1;
+      return FirstWithAllBits<uint32_t>(p, n, 0x7f800000u);
     case DType::kFloat64:
-      for (int64_t i = 0; i < n; ++i) {
-        if ((Load<uint64_t>(p, i) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull) return i;
-      }
-      return -1;
+      return FirstWithAllBits<uint64_t>(p, n, 0x7ff0000000000000ull);
     case DType::kFloat16:
-      for (int64_t i = 0; i < n; ++i) {
-        if ((Load<uint16_t>(p, i) & 0x7c00) == 0x7c00) return i;
-      }
-      return -1;
+      return FirstWithAllBits<uint16_t>(p, n, 0x7c00);
     case DType::kBFloat16:
-      for (int64_t i = 0; i < n; ++i) {
-        if ((Load<uint16_t>(p, i) & 0x7f80) == 0x7f80) return i;
-      }
-      return -1;
+      return FirstWithAllBits<uint16_t>(p, n, 0x7f80);
     default:
       return -1;
   }

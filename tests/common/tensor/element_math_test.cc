@@ -42,5 +42,21 @@ TEST(FirstNonFinite, FindsNanAndInfInEveryFloatType) {
   }
 }
 
+// Across block boundaries (the search tests blocks of elements at once):
+// the first of several (set from the last down), wherever it falls, and
+// none in a long finite run.
+TEST(FirstNonFinite, FindsTheFirstAcrossBlocks) {
+  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
+    auto t = *Tensor::Zeros(TensorSpec{d, {20000}});
+    EXPECT_EQ(FirstNonFinite(t), -1) << DTypeName(d);
+    for (int64_t first :
+         {int64_t{19999}, int64_t{8192}, int64_t{4096}, int64_t{4095}, int64_t{0}}) {
+      StoreElement(t, first, std::numeric_limits<double>::quiet_NaN());
+      StoreElement(t, 19999, -std::numeric_limits<double>::infinity());
+      EXPECT_EQ(FirstNonFinite(t), first) << DTypeName(d);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace repvar
