@@ -9,6 +9,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <exception>
 #include <stdexcept>
 
@@ -44,10 +45,64 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   const absl::Duration timeout_;
 };
 
+// The first byte of the chain broadcast's slots (gloo's own collectives use
+// 0x01-0x08): prefix, then the tag, then the piece.
+constexpr uint64_t kChainSlotPrefix = 0x40;
+
+uint64_t ChainSlot(uint32_t tag, size_t piece) {
+  return (kChainSlotPrefix << 56) | (uint64_t{tag} << 24) | (piece & 0xffffff);
+}
+
+void Await(bool completed, const char* what) {
+  if (!completed) throw std::runtime_error(std::string(what) + " was aborted");
+}
+
+// A pipelined chain: the root, then the ranks after it in order (wrapping).
+// The bytes go in pieces of `piece` bytes and every member forwards a piece to
+// the next as soon as it has it, so a broadcast takes about one transfer of
+// the whole plus one piece per member, whatever the number of members (a
+// binomial tree takes log2(members) transfers of the whole), and each member
+// sends the bytes at most once. A receiver feeds `received` each piece as
+// it arrives, while it is still in cache. gloo's TCP pair delivers one
+// peer's messages in order, so the k-th completed receive is piece k.
+void ChainBroadcast(gloo::Context& ctx, const CollectiveSpec& c, size_t piece,
+                    std::span<std::byte> bytes, ChecksumStream* received) {
+  const int position = (c.rank - c.root + c.size) % c.size;
+  const int prev = (c.rank - 1 + c.size) % c.size;
+  const int next = (c.rank + 1) % c.size;
+  const bool forwards = position < c.size - 1;
+  const size_t pieces = (bytes.size() + piece - 1) / piece;
+  const auto timeout = absl::ToChronoMilliseconds(c.timeout);
+  auto buffer = ctx.createUnboundBuffer(bytes.data(), bytes.size());
+  auto offset = [&](size_t i) { return i * piece; };
+  auto length = [&](size_t i) { return std::min(piece, bytes.size() - offset(i)); };
+  if (position == 0) {
+    for (size_t i = 0; i < pieces; ++i)
+      buffer->send(next, ChainSlot(c.tag, i), offset(i), length(i));
+  } else {
+    for (size_t i = 0; i < pieces; ++i)
+      buffer->recv(prev, ChainSlot(c.tag, i), offset(i), length(i));
+    for (size_t i = 0; i < pieces; ++i) {
+      Await(buffer->waitRecv(timeout), "a broadcast receive");
+      if (forwards) buffer->send(next, ChainSlot(c.tag, i), offset(i), length(i));
+      if (received != nullptr) received->Update(bytes.subspan(offset(i), length(i)));
+    }
+  }
+  if (forwards) {
+    for (size_t i = 0; i < pieces; ++i) Await(buffer->waitSend(timeout), "a broadcast send");
+  }
+}
+
 }  // namespace
 
-GlooDataPlane::GlooDataPlane(std::string hostname, RendezvousClient* store)
-    : hostname_(std::move(hostname)), store_(store) {}
+GlooDataPlane::GlooDataPlane(std::string hostname, RendezvousClient* store,
+                             DataPlaneOptions options)
+    : hostname_(std::move(hostname)), store_(store), options_(options) {}
+
+bool GlooDataPlane::Chained(size_t bytes, int members) const {
+  const size_t pieces = (bytes + options_.piece_bytes - 1) / options_.piece_bytes;
+  return members > 2 && pieces >= options_.chain_min_pieces_per_hop * (members - 1);
+}
 
 GlooDataPlane::~GlooDataPlane() = default;
 
@@ -76,7 +131,8 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> GlooDataPlane::ContextFor(const C
   }
 }
 
-absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) {
+absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes,
+                                      ChecksumStream* received) {
   if (c.size < 1 || c.rank < 0 || c.rank >= c.size || c.root < 0 || c.root >= c.size) {
     return absl::InvalidArgumentError("malformed collective");
   }
@@ -85,12 +141,17 @@ absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::by
   if (!ctx.ok()) return ctx.status();
   if (bytes.empty() || c.size == 1) return absl::OkStatus();
   try {
+    if (Chained(bytes.size(), c.size)) {
+      ChainBroadcast(**ctx, c, options_.piece_bytes, bytes, c.rank == c.root ? nullptr : received);
+      return absl::OkStatus();
+    }
     gloo::BroadcastOptions opts(*ctx);
     opts.setOutput(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
     opts.setRoot(c.root);
     opts.setTag(c.tag);
     opts.setTimeout(absl::ToChronoMilliseconds(c.timeout));
     gloo::broadcast(opts);
+    if (received != nullptr && c.rank != c.root) received->Update(bytes);
     return absl::OkStatus();
   } catch (const std::exception& e) {
     context_.reset();  // a gloo error leaves the context unusable

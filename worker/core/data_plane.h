@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/model/collective.h"
 #include "common/tensor/step_math.h"
+#include "common/tensor/tensor.h"
 #include "worker/core/coordinator_link.h"
 
 namespace gloo {
@@ -30,11 +31,26 @@ class Collectives {
  public:
   virtual ~Collectives() = default;
   // Broadcasts `bytes` from the root to every member; on the others, fills
-  // `bytes`. Errors: UNAVAILABLE (rendezvous or transfer failed, timed out).
-  virtual absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) = 0;
+  // `bytes` and feeds `received` (when given) the bytes in order as they
+  // arrive, so that their checksum needs no pass of its own. Errors:
+  // UNAVAILABLE (rendezvous or transfer failed, timed out).
+  virtual absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes,
+                                 ChecksumStream* received) = 0;
   // Sums `bytes` (elements of `type`) across the members, in place.
   virtual absl::Status Allreduce(const CollectiveSpec& c, AccumType type,
                                  std::span<std::byte> bytes) = 0;
+};
+
+struct DataPlaneOptions {
+  // A broadcast goes down a pipelined chain of members in pieces of
+  // `piece_bytes` when it has at least `chain_min_pieces_per_hop` pieces for
+  // each hop of the chain; a smaller one goes down gloo's binomial tree,
+  // whose log2(members) transfers of the whole cost less than filling and
+  // draining a chain of few pieces. On loopback with 8 members (2 cores,
+  // bench/README.md): 64 MiB 194-211 ms by tree, 248-252 by chain; 256 MiB
+  // 733-763 by tree, 680-694 by chain.
+  size_t piece_bytes = 4 << 20;
+  size_t chain_min_pieces_per_hop = 4;
 };
 
 // Bulk bytes between workers over gloo (TCP transport). Holds one gloo
@@ -45,11 +61,15 @@ class Collectives {
 class GlooDataPlane final : public Collectives {
  public:
   // `hostname`: the address other workers reach this one at.
-  GlooDataPlane(std::string hostname, RendezvousClient* store);
+  GlooDataPlane(std::string hostname, RendezvousClient* store, DataPlaneOptions options = {});
   ~GlooDataPlane();
 
-  absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) override
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // A pipelined chain from the root (ChainBroadcast in data_plane.cc), or
+  // gloo's binomial tree for few pieces (DataPlaneOptions).
+  absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes,
+                         ChecksumStream* received) override ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether a broadcast of `bytes` among `members` goes down the chain.
+  bool Chained(size_t bytes, int members) const;
   // A ring allreduce (sum). A group of one is a no-op.
   absl::Status Allreduce(const CollectiveSpec& c, AccumType type,
                          std::span<std::byte> bytes) override ABSL_LOCKS_EXCLUDED(mu_);
@@ -60,6 +80,7 @@ class GlooDataPlane final : public Collectives {
 
   const std::string hostname_;
   RendezvousClient* const store_;
+  const DataPlaneOptions options_;
   absl::Mutex mu_;
   std::shared_ptr<gloo::transport::Device> device_ ABSL_GUARDED_BY(mu_);
   std::string group_ ABSL_GUARDED_BY(mu_);

@@ -108,8 +108,9 @@ absl::Status PlanRunner::RunBroadcast(const LocalStep& s, const CollectiveSpec& 
   } else {
     REPVAR_ASSIGN_OR_RETURN(t, Tensor::ForOverwrite(var->spec));  // the broadcast fills it
   }
-  REPVAR_RETURN_IF_ERROR(collectives_->Broadcast(spec, t.bytes.span()));
-  t.UpdateChecksum();
+  ChecksumStream received;  // the root's copy was summed by FromBytes
+  REPVAR_RETURN_IF_ERROR(collectives_->Broadcast(spec, t.bytes.span(), &received));
+  if (spec.rank != c.root) t.checksum = received.Digest();
   if (t.checksum != c.checksum) {
     return absl::DataLossError(
         absl::StrCat("the repair value of ", var->name, " arrived with a bad checksum"));

@@ -88,8 +88,11 @@ absl::Status ReplicaWriteSession::FinishCurrent() {
                            : Tensor::ForOverwrite(header_->tensor.spec);  // the broadcast fills it
     if (!t.ok()) return t.status();
     charges_.push_back(c->rank == c->root ? assembler_->TakeCharge() : std::move(charge));
-    REPVAR_RETURN_IF_ERROR(data_plane_->Broadcast(*c, t->bytes.span()));
-    t->UpdateChecksum();
+    // The root's bytes were summed as they came (ChunkAssembler); the
+    // others' as the broadcast brings them.
+    ChecksumStream received;
+    REPVAR_RETURN_IF_ERROR(data_plane_->Broadcast(*c, t->bytes.span(), &received));
+    if (c->rank != c->root) t->checksum = received.Digest();
     if (t->checksum != header_->tensor.checksum) {
       return absl::DataLossError(
           absl::StrCat("data plane delivered ", header_->write.name, " with a bad checksum"));

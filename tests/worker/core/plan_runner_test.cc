@@ -21,9 +21,13 @@ using ::repvar::testing::StatusIs;
 // Another member adds `others` to every element; a broadcast delivers `root`.
 class FakeCollectives final : public Collectives {
  public:
-  absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes) override {
+  absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes,
+                         ChecksumStream* received) override {
     seen.push_back(c);
-    if (c.rank != c.root) std::memcpy(bytes.data(), root->bytes.data(), bytes.size());
+    if (c.rank != c.root) {
+      std::memcpy(bytes.data(), root->bytes.data(), bytes.size());
+      if (received != nullptr) received->Update(bytes);
+    }
     return absl::OkStatus();
   }
   absl::Status Allreduce(const CollectiveSpec& c, AccumType, std::span<std::byte> bytes) override {

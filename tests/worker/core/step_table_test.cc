@@ -62,7 +62,7 @@ class FakeLink final : public StepLink {
 // Collectives of a group where the other members contribute `others`.
 class FakeCollectives final : public Collectives {
  public:
-  absl::Status Broadcast(const CollectiveSpec&, std::span<std::byte>) override {
+  absl::Status Broadcast(const CollectiveSpec&, std::span<std::byte>, ChecksumStream*) override {
     return absl::OkStatus();
   }
   absl::Status Allreduce(const CollectiveSpec&, AccumType, std::span<std::byte> bytes) override {

@@ -40,8 +40,10 @@ ReplicaWriteHeader Header(uint64_t id, const std::vector<std::byte>& bytes,
 // The root's bytes as the data plane delivers them to another member.
 class FakeBroadcast final : public Collectives {
  public:
-  absl::Status Broadcast(const CollectiveSpec&, std::span<std::byte> bytes) override {
+  absl::Status Broadcast(const CollectiveSpec&, std::span<std::byte> bytes,
+                         ChecksumStream* received) override {
     std::memcpy(bytes.data(), root.data(), std::min(bytes.size(), root.size()));
+    if (received != nullptr) received->Update(bytes);
     return absl::OkStatus();
   }
   absl::Status Allreduce(const CollectiveSpec&, AccumType, std::span<std::byte>) override {

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+// The data plane's broadcast on real gloo over 127.0.0.1: members in
+// threads of this process, their rendezvous through an in-memory store.
+// Every member ends with the root's bytes and, as they passed, their
+// checksum — down the pipelined chain (many pieces per hop, the last one
+// partial, a root in the middle of the ranks) and down gloo's tree (few).
+#include "worker/core/data_plane.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar::worker {
+namespace {
+
+class MemoryRendezvous final : public RendezvousClient {
+ public:
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    absl::MutexLock lock(&mu_);
+    values_[key] = value;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    auto there = [&] { return values_.contains(key); };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&there), timeout)) {
+      return absl::DeadlineExceededError(key);
+    }
+    return values_[key];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Outcome {
+  absl::Status status;
+  std::vector<std::byte> bytes;
+  uint64_t received = 0;  // the checksum fed as the bytes came
+};
+
+// `members` data planes broadcast `root_bytes` from `root`, twice in one
+// group (the second with the next tag), each in its own thread.
+std::vector<Outcome> Broadcast(int members, int root, const std::vector<std::byte>& root_bytes,
+                               DataPlaneOptions options) {
+  MemoryRendezvous store;
+  std::vector<Outcome> out(members);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < members; ++rank) {
+    threads.emplace_back([&, rank] {
+      GlooDataPlane plane("127.0.0.1", &store, options);
+      for (uint32_t tag = 1; tag <= 2; ++tag) {
+        CollectiveSpec c{"g1", rank, members, root, tag, absl::Seconds(30)};
+        out[rank].bytes = rank == root ? root_bytes : std::vector<std::byte>(root_bytes.size());
+        ChecksumStream received;
+        out[rank].status = plane.Broadcast(c, out[rank].bytes, &received);
+        out[rank].received = received.Digest();
+        if (!out[rank].status.ok()) return;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
+std::vector<std::byte> Pattern(size_t n) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 131 + 7) % 251);
+  return v;
+}
+
+void ExpectEveryMemberHolds(const std::vector<Outcome>& out, int root,
+                            const std::vector<std::byte>& bytes) {
+  for (size_t rank = 0; rank < out.size(); ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    ASSERT_OK(out[rank].status);
+    EXPECT_TRUE(out[rank].bytes == bytes);
+    if (static_cast<int>(rank) != root) {
+      EXPECT_EQ(out[rank].received, Checksum(bytes));
+    }
+  }
+}
+
+// 64 KiB pieces, a chain when there are 4 per hop: 3 hops need 12.
+constexpr DataPlaneOptions kSmallPieces{.piece_bytes = 64 << 10, .chain_min_pieces_per_hop = 4};
+
+TEST(GlooDataPlane, Broadcast_Chain_EveryMemberGetsTheRootsBytesAndTheirChecksum) {
+  const auto bytes = Pattern((1 << 20) + 77);  // 17 pieces, the last of 77 bytes
+  ASSERT_TRUE(GlooDataPlane("127.0.0.1", nullptr, kSmallPieces).Chained(bytes.size(), 4));
+  ExpectEveryMemberHolds(Broadcast(4, /*root=*/2, bytes, kSmallPieces), 2, bytes);
+}
+
+TEST(GlooDataPlane, Broadcast_FewPieces_GoesDownTheTree_SameBytesAndChecksum) {
+  const auto bytes = Pattern((100 << 10) + 3);  // 2 pieces
+  ASSERT_FALSE(GlooDataPlane("127.0.0.1", nullptr, kSmallPieces).Chained(bytes.size(), 4));
+  ExpectEveryMemberHolds(Broadcast(4, /*root=*/1, bytes, kSmallPieces), 1, bytes);
+}
+
+}  // namespace
+}  // namespace repvar::worker
