@@ -60,11 +60,11 @@ void Await(bool completed, const char* what) {
 // A pipelined chain: the root, then the ranks after it in order (wrapping).
 // The bytes go in pieces of `piece` bytes and every member forwards a piece to
 // the next as soon as it has it, so a broadcast takes about one transfer of
-// the whole plus one piece per member, whatever the number of members (a
-// binomial tree takes log2(members) transfers of the whole), and each member
-// sends the bytes at most once. A receiver feeds `received` each piece as
-// it arrives, while it is still in cache. gloo's TCP pair delivers one
-// peer's messages in order, so the k-th completed receive is piece k.
+// the whole plus one piece per member, whatever the number of members, and
+// each member sends the bytes at most once (in gloo's binomial tree the root
+// sends the whole log2(members) times, its sends sharing its link). A receiver feeds `received`
+// each piece as it arrives, while it is still in cache. gloo's TCP pair delivers one peer's
+// messages in order, so the k-th completed receive is piece k.
 void ChainBroadcast(gloo::Context& ctx, const CollectiveSpec& c, size_t piece,
                     std::span<std::byte> bytes, ChecksumStream* received) {
   const int position = (c.rank - c.root + c.size) % c.size;
@@ -101,7 +101,7 @@ GlooDataPlane::GlooDataPlane(std::string hostname, RendezvousClient* store,
 
 bool GlooDataPlane::Chained(size_t bytes, int members) const {
   const size_t pieces = (bytes + options_.piece_bytes - 1) / options_.piece_bytes;
-  return members > 2 && pieces >= options_.chain_min_pieces_per_hop * (members - 1);
+  return members > 2 && pieces >= options_.chain_min_pieces;
 }
 
 GlooDataPlane::~GlooDataPlane() = default;

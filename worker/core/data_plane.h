@@ -42,15 +42,17 @@ class Collectives {
 };
 
 struct DataPlaneOptions {
-  // A broadcast goes down a pipelined chain of members in pieces of
-  // `piece_bytes` when it has at least `chain_min_pieces_per_hop` pieces for
-  // each hop of the chain; a smaller one goes down gloo's binomial tree,
-  // whose log2(members) transfers of the whole cost less than filling and
-  // draining a chain of few pieces. On loopback with 8 members (2 cores,
-  // bench/README.md): 64 MiB 194-211 ms by tree, 248-252 by chain; 256 MiB
-  // 733-763 by tree, 680-694 by chain.
+  // A broadcast to three members or more goes down a pipelined chain in
+  // pieces of `piece_bytes` when it has at least `chain_min_pieces` pieces;
+  // a smaller one goes down gloo's binomial tree. Where links are the limit
+  // the chain is flat in the number of members and the tree is not: 64 MiB
+  // over 1 Gbit/s links (bench/netns_bcast.sh), 2 / 4 / 8 members, chain
+  // 561 / 613 / 744 ms, tree 561 / 1,637 / 3,322. On one 2-core host, where
+  // CPUs are the limit, the tree fills faster for mid sizes (8 members,
+  // 64 MiB: tree 194-211 ms, chain 248-252; 256 MiB: tree 733-763, chain
+  // 680-694); the default is for the links of a cluster.
   size_t piece_bytes = 4 << 20;
-  size_t chain_min_pieces_per_hop = 4;
+  size_t chain_min_pieces = 2;
 };
 
 // Bulk bytes between workers over gloo (TCP transport). Holds one gloo
@@ -65,7 +67,7 @@ class GlooDataPlane final : public Collectives {
   ~GlooDataPlane();
 
   // A pipelined chain from the root (ChainBroadcast in data_plane.cc), or
-  // gloo's binomial tree for few pieces (DataPlaneOptions).
+  // gloo's binomial tree for a piece or so (DataPlaneOptions).
   absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes,
                          ChecksumStream* received) override ABSL_LOCKS_EXCLUDED(mu_);
   // Whether a broadcast of `bytes` among `members` goes down the chain.

@@ -2,8 +2,8 @@
 // The data plane's broadcast on real gloo over 127.0.0.1: members in
 // threads of this process, their rendezvous through an in-memory store.
 // Every member ends with the root's bytes and, as they passed, their
-// checksum — down the pipelined chain (many pieces per hop, the last one
-// partial, a root in the middle of the ranks) and down gloo's tree (few).
+// checksum — down the pipelined chain (many pieces, the last one partial,
+// a root in the middle of the ranks) and down gloo's tree (one piece).
 #include "worker/core/data_plane.h"
 
 #include <gtest/gtest.h>
@@ -88,8 +88,8 @@ void ExpectEveryMemberHolds(const std::vector<Outcome>& out, int root,
   }
 }
 
-// 64 KiB pieces, a chain when there are 4 per hop: 3 hops need 12.
-constexpr DataPlaneOptions kSmallPieces{.piece_bytes = 64 << 10, .chain_min_pieces_per_hop = 4};
+// 64 KiB pieces, a chain from two of them.
+constexpr DataPlaneOptions kSmallPieces{.piece_bytes = 64 << 10, .chain_min_pieces = 2};
 
 TEST(GlooDataPlane, Broadcast_Chain_EveryMemberGetsTheRootsBytesAndTheirChecksum) {
   const auto bytes = Pattern((1 << 20) + 77);  // 17 pieces, the last of 77 bytes
@@ -97,8 +97,8 @@ TEST(GlooDataPlane, Broadcast_Chain_EveryMemberGetsTheRootsBytesAndTheirChecksum
   ExpectEveryMemberHolds(Broadcast(4, /*root=*/2, bytes, kSmallPieces), 2, bytes);
 }
 
-TEST(GlooDataPlane, Broadcast_FewPieces_GoesDownTheTree_SameBytesAndChecksum) {
-  const auto bytes = Pattern((100 << 10) + 3);  // 2 pieces
+TEST(GlooDataPlane, Broadcast_OnePiece_GoesDownTheTree_SameBytesAndChecksum) {
+  const auto bytes = Pattern((40 << 10) + 3);  // 1 piece
   ASSERT_FALSE(GlooDataPlane("127.0.0.1", nullptr, kSmallPieces).Chained(bytes.size(), 4));
   ExpectEveryMemberHolds(Broadcast(4, /*root=*/1, bytes, kSmallPieces), 1, bytes);
 }
