@@ -28,7 +28,7 @@ class MemoryRendezvous final : public RendezvousClient {
   }
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
     absl::MutexLock lock(&mu_);
-    auto there = [&] { return values_.contains(key); };
+    auto there = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return values_.contains(key); };
     if (!mu_.AwaitWithTimeout(absl::Condition(&there), timeout)) {
       return absl::DeadlineExceededError(key);
     }
