@@ -62,6 +62,19 @@ class RocksStateLogTest : public ::testing::Test {
     EXPECT_OK(log->Recover(state));
     return state.Dump();
   }
+  // Creates "w" (3 floats, 2 replicas) and assigns it `times` values
+  // {i, 1, 2}, i = 0.., in a cluster recovered from `log`.
+  static void AssignW(StateLog* log, int times) {
+    RandomCluster cluster(4, log);
+    ASSERT_OK(cluster.core().Recover());
+    cluster.Start();
+    VariableDef def{.name = "w", .tensor = {DType::kFloat32, {3}}, .replica_count = 2};
+    ASSERT_OK(cluster.core().CreateVariables({}, {{def, {}}}));
+    for (int i = 0; i < times; ++i) {
+      ASSERT_OK(
+          cluster.core().Assign({}, {"w", AssignOp::kAssign, F32({static_cast<float>(i), 1, 2})}));
+    }
+  }
   std::vector<std::string> Blobs() {
     std::vector<std::string> out;
     for (const auto& e : std::filesystem::directory_iterator(dir_.path() + "/data/blobs")) {
@@ -297,15 +310,7 @@ TEST_F(RocksStateLogTest, GroupCommit_WritersWaitingTogetherShareOneSync) {
 
 TEST_F(RocksStateLogTest, Checkpoint_CollectsTheBlobsOfReplacedValues) {
   auto log = Open(Options(1));
-  RandomCluster cluster(4, log.get());
-  ASSERT_OK(cluster.core().Recover());
-  cluster.Start();
-  VariableDef def{.name = "w", .tensor = {DType::kFloat32, {3}}, .replica_count = 2};
-  ASSERT_OK(cluster.core().CreateVariables({}, {{def, {}}}));
-  for (int i = 0; i < 10; ++i) {
-    ASSERT_OK(
-        cluster.core().Assign({}, {"w", AssignOp::kAssign, F32({static_cast<float>(i), 1, 2})}));
-  }
+  AssignW(log.get(), 10);
   EXPECT_EQ(Blobs().size(), 1u) << "only the value of version 10";
 }
 
@@ -322,16 +327,9 @@ TEST_F(RocksStateLogTest,
     o.dir = dir_.path() + (bounded ? "/bounded" : "/control");
     o.checkpoint_blob_bytes = bounded ? 40 : uint64_t{1} << 40;  // a value is 12 bytes
     auto log = Open(o);
-    RandomCluster cluster(4, log.get());
-    ASSERT_OK(cluster.core().Recover());
-    cluster.Start();
-    VariableDef def{.name = "w", .tensor = {DType::kFloat32, {3}}, .replica_count = 2};
-    ASSERT_OK(cluster.core().CreateVariables({}, {{def, {}}}));
-    const uint64_t checkpoints = log->stats().checkpoints;  // recovery's own
-    for (int i = 0; i < 20; ++i) {
-      ASSERT_OK(
-          cluster.core().Assign({}, {"w", AssignOp::kAssign, F32({static_cast<float>(i), 1, 2})}));
-    }
+    // Recovery writes one of its own.
+    const uint64_t checkpoints = log->stats().checkpoints + 1;
+    AssignW(log.get(), 20);
     size_t blobs = 0;
     for (const auto& e : std::filesystem::directory_iterator(o.dir + "/blobs")) {
       blobs += e.path().extension() == ".bin" ? 1 : 0;
@@ -361,15 +359,7 @@ TEST_F(RocksStateLogTest, Recycle_RepeatedAssigns_ReuseFreedBlobs_RecoveringTheL
     o.blobs.recycle_bytes = recycle ? 1024 : 0;
     {
       auto log = Open(o);
-      RandomCluster cluster(4, log.get());
-      ASSERT_OK(cluster.core().Recover());
-      cluster.Start();
-      VariableDef def{.name = "w", .tensor = {DType::kFloat32, {3}}, .replica_count = 2};
-      ASSERT_OK(cluster.core().CreateVariables({}, {{def, {}}}));
-      for (int i = 0; i < 20; ++i) {
-        ASSERT_OK(cluster.core().Assign(
-            {}, {"w", AssignOp::kAssign, F32({static_cast<float>(i), 1, 2})}));
-      }
+      AssignW(log.get(), 20);
       const RocksStateLog::Stats stats = log->stats();
       if (recycle) {
         EXPECT_GE(stats.blobs_reused, 10u);
