@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
           "barrier");
     const auto t0 = Clock::now();
     repvar::ChecksumStream received;
-    Check(plane.Broadcast(spec(), buf, &received), "broadcast");
+    Check(plane.Broadcast(spec(), buf, &received, nullptr), "broadcast");
     std::fill(times.begin(), times.end(), 0.f);
     times[rank] = std::chrono::duration<float, std::milli>(Clock::now() - t0).count();
     Check(plane.Allreduce(spec(), repvar::AccumType::kFloat32,

@@ -49,6 +49,12 @@ class ChunkAssembler {
   // Errors: INVALID_ARGUMENT when bytes are missing or the whole-tensor
   // checksum differs.
   absl::StatusOr<Tensor> Finish();
+  // The buffer being filled, and how many bytes from its start are in place:
+  // a reader of bytes()[0, received()) may run beside the next Add when
+  // something orders the two (the buffer stays where it is through Finish
+  // and in the tensor Finish returns).
+  std::span<std::byte> bytes() { return tensor_.bytes.span(); }
+  uint64_t received() const { return received_; }
   // The memory charged for the tensor, for the caller to hold while it holds
   // the tensor (else it is released when the assembler goes).
   MemoryCharge TakeCharge() { return std::move(charge_); }

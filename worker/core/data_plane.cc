@@ -57,16 +57,22 @@ void Await(bool completed, const char* what) {
   if (!completed) throw std::runtime_error(std::string(what) + " was aborted");
 }
 
+void Arrived(const absl::Status& s) {
+  if (!s.ok()) throw std::runtime_error("the root's bytes did not come: " + s.ToString());
+}
+
 // A pipelined chain: the root, then the ranks after it in order (wrapping).
 // The bytes go in pieces of `piece` bytes and every member forwards a piece to
 // the next as soon as it has it, so a broadcast takes about one transfer of
 // the whole plus one piece per member, whatever the number of members, and
 // each member sends the bytes at most once (in gloo's binomial tree the root
-// sends the whole log2(members) times, its sends sharing its link). A receiver feeds `received`
+// sends the whole log2(members) times, its sends sharing its link). The
+// root sends a piece once `arriving` (when given) says it is there, so the
+// chain can run while the root's own bytes are still coming. A receiver feeds `received`
 // each piece as it arrives, while it is still in cache. gloo's TCP pair delivers one peer's
 // messages in order, so the k-th completed receive is piece k.
 void ChainBroadcast(gloo::Context& ctx, const CollectiveSpec& c, size_t piece,
-                    std::span<std::byte> bytes, ChecksumStream* received) {
+                    std::span<std::byte> bytes, ChecksumStream* received, ArrivingBytes* arriving) {
   const int position = (c.rank - c.root + c.size) % c.size;
   const int prev = (c.rank - 1 + c.size) % c.size;
   const int next = (c.rank + 1) % c.size;
@@ -77,8 +83,10 @@ void ChainBroadcast(gloo::Context& ctx, const CollectiveSpec& c, size_t piece,
   auto offset = [&](size_t i) { return i * piece; };
   auto length = [&](size_t i) { return std::min(piece, bytes.size() - offset(i)); };
   if (position == 0) {
-    for (size_t i = 0; i < pieces; ++i)
+    for (size_t i = 0; i < pieces; ++i) {
+      if (arriving != nullptr) Arrived(arriving->Await(offset(i) + length(i)));
       buffer->send(next, ChainSlot(c.tag, i), offset(i), length(i));
+    }
   } else {
     for (size_t i = 0; i < pieces; ++i)
       buffer->recv(prev, ChainSlot(c.tag, i), offset(i), length(i));
@@ -132,7 +140,7 @@ absl::StatusOr<std::shared_ptr<gloo::Context>> GlooDataPlane::ContextFor(const C
 }
 
 absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes,
-                                      ChecksumStream* received) {
+                                      ChecksumStream* received, ArrivingBytes* arriving) {
   if (c.size < 1 || c.rank < 0 || c.rank >= c.size || c.root < 0 || c.root >= c.size) {
     return absl::InvalidArgumentError("malformed collective");
   }
@@ -141,10 +149,13 @@ absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::by
   if (!ctx.ok()) return ctx.status();
   if (bytes.empty() || c.size == 1) return absl::OkStatus();
   try {
+    const bool root = c.rank == c.root;
     if (Chained(bytes.size(), c.size)) {
-      ChainBroadcast(**ctx, c, options_.piece_bytes, bytes, c.rank == c.root ? nullptr : received);
+      ChainBroadcast(**ctx, c, options_.piece_bytes, bytes, root ? nullptr : received,
+                     root ? arriving : nullptr);
       return absl::OkStatus();
     }
+    if (root && arriving != nullptr) Arrived(arriving->Await(bytes.size()));
     gloo::BroadcastOptions opts(*ctx);
     opts.setOutput(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
     opts.setRoot(c.root);

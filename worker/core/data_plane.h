@@ -26,16 +26,28 @@ class Device;
 
 namespace repvar::worker {
 
+// A root's bytes that are still arriving: a broadcast may start before they
+// are all there and send each part once it is.
+class ArrivingBytes {
+ public:
+  virtual ~ArrivingBytes() = default;
+  // Blocks until the bytes before `end` are in place. An error (the bytes
+  // will not come) fails the broadcast.
+  virtual absl::Status Await(size_t end) = 0;
+};
+
 // The collectives a worker's step runs (the seam for tests).
 class Collectives {
  public:
   virtual ~Collectives() = default;
   // Broadcasts `bytes` from the root to every member; on the others, fills
   // `bytes` and feeds `received` (when given) the bytes in order as they
-  // arrive, so that their checksum needs no pass of its own. Errors:
-  // UNAVAILABLE (rendezvous or transfer failed, timed out).
+  // arrive, so that their checksum needs no pass of its own. On the root,
+  // `arriving` (when given) says how much of `bytes` is there yet. Errors:
+  // UNAVAILABLE (rendezvous or transfer failed, timed out, or the root's
+  // bytes did not come).
   virtual absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes,
-                                 ChecksumStream* received) = 0;
+                                 ChecksumStream* received, ArrivingBytes* arriving) = 0;
   // Sums `bytes` (elements of `type`) across the members, in place.
   virtual absl::Status Allreduce(const CollectiveSpec& c, AccumType type,
                                  std::span<std::byte> bytes) = 0;
@@ -69,7 +81,8 @@ class GlooDataPlane final : public Collectives {
   // A pipelined chain from the root (ChainBroadcast in data_plane.cc), or
   // gloo's binomial tree for a piece or so (DataPlaneOptions).
   absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes,
-                         ChecksumStream* received) override ABSL_LOCKS_EXCLUDED(mu_);
+                         ChecksumStream* received, ArrivingBytes* arriving) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Whether a broadcast of `bytes` among `members` goes down the chain.
   bool Chained(size_t bytes, int members) const;
   // A ring allreduce (sum). A group of one is a no-op.

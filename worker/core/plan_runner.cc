@@ -109,7 +109,7 @@ absl::Status PlanRunner::RunBroadcast(const LocalStep& s, const CollectiveSpec& 
     REPVAR_ASSIGN_OR_RETURN(t, Tensor::ForOverwrite(var->spec));  // the broadcast fills it
   }
   ChecksumStream received;  // the root's copy was summed by FromBytes
-  REPVAR_RETURN_IF_ERROR(collectives_->Broadcast(spec, t.bytes.span(), &received));
+  REPVAR_RETURN_IF_ERROR(collectives_->Broadcast(spec, t.bytes.span(), &received, nullptr));
   if (spec.rank != c.root) t.checksum = received.Digest();
   if (t.checksum != c.checksum) {
     return absl::DataLossError(

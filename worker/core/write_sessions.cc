@@ -2,8 +2,12 @@
 #include "worker/core/write_sessions.h"
 
 #include <algorithm>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/base/status_util.h"
 
 namespace repvar::worker {
@@ -44,6 +48,61 @@ absl::Status Validate(const ReplicaWrite& w) {
 
 }  // namespace
 
+// The root's broadcast, run on its own thread from the header on: it sends
+// each part of the tensor once the stream's chunks have put it in place
+// (Arrived), so the workers after the root take the bytes while the
+// coordinator is still sending them.
+class ReplicaWriteSession::RootBroadcast final : public ArrivingBytes {
+ public:
+  RootBroadcast(Collectives* plane, CollectiveSpec c, std::span<std::byte> bytes, uint64_t arrived)
+      : c_(std::move(c)), arrived_(arrived) {
+    thread_ = std::thread([this, plane, bytes] {
+      status_ = plane->Broadcast(c_, bytes, /*received=*/nullptr, /*arriving=*/this);
+    });
+  }
+  ~RootBroadcast() override { (void)Join(/*abandon=*/true); }
+
+  void Arrived(uint64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    arrived_ = bytes;
+  }
+  // Waits for the broadcast to end. `abandon`: the bytes not yet in place
+  // will not come (the broadcast fails if it still needs them).
+  absl::Status Join(bool abandon) {
+    if (abandon) {
+      absl::MutexLock lock(&mu_);
+      abandoned_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+
+  absl::Status Await(size_t end) override {
+    absl::MutexLock lock(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return abandoned_ || arrived_ >= end; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), c_.timeout)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "bytes up to ", end, " did not arrive within ", absl::FormatDuration(c_.timeout)));
+    }
+    if (arrived_ < end) return absl::AbortedError("the write stream ended before its bytes came");
+    return absl::OkStatus();
+  }
+
+ private:
+  const CollectiveSpec c_;
+  absl::Mutex mu_;
+  uint64_t arrived_ ABSL_GUARDED_BY(mu_);
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_;  // the thread's; read after it is joined
+  std::thread thread_;
+};
+
+ReplicaWriteSession::ReplicaWriteSession(uint64_t incarnation, ReplicaStore* store,
+                                         Collectives* data_plane, MemoryBudget* budget)
+    : incarnation_(incarnation), store_(store), data_plane_(data_plane), budget_(budget) {}
+
+ReplicaWriteSession::~ReplicaWriteSession() = default;
+
 absl::Status ReplicaWriteSession::OnHeader(const ReplicaWriteHeader& h,
                                            std::span<const std::byte> inline_data) {
   REPVAR_RETURN_IF_ERROR(FinishCurrent());
@@ -56,6 +115,10 @@ absl::Status ReplicaWriteSession::OnHeader(const ReplicaWriteHeader& h,
   if (!c || c->rank == c->root) {
     REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, Start(h.tensor, inline_data, budget_));
     assembler_.emplace(std::move(a));
+    if (c && data_plane_ != nullptr) {
+      broadcast_ = std::make_unique<RootBroadcast>(data_plane_, *c, assembler_->bytes(),
+                                                   assembler_->received());
+    }
   } else {
     // The bytes come from the root over the data plane; no buffer yet.
     REPVAR_ASSIGN_OR_RETURN(int64_t size, h.tensor.spec.ByteSize());
@@ -70,7 +133,9 @@ absl::Status ReplicaWriteSession::OnHeader(const ReplicaWriteHeader& h,
 absl::Status ReplicaWriteSession::OnChunk(uint64_t offset, std::span<const std::byte> data,
                                           uint64_t checksum) {
   if (!assembler_) return absl::InvalidArgumentError("chunk without a header that expects one");
-  return assembler_->Add(offset, data, checksum);
+  REPVAR_RETURN_IF_ERROR(assembler_->Add(offset, data, checksum));
+  if (broadcast_ != nullptr) broadcast_->Arrived(assembler_->received());
+  return absl::OkStatus();
 }
 
 absl::Status ReplicaWriteSession::FinishCurrent() {
@@ -79,20 +144,26 @@ absl::Status ReplicaWriteSession::FinishCurrent() {
   if (const std::optional<CollectiveSpec>& c = header_->write.collective) {
     if (data_plane_ == nullptr)
       return absl::FailedPreconditionError("this worker has no data plane");
-    MemoryCharge charge(budget_);
-    if (c->rank != c->root) {
+    if (c->rank == c->root) {
+      // The broadcast began at the header; it has every byte now, or never
+      // will. The bytes were summed as they came (ChunkAssembler).
+      t = assembler_->Finish();
+      const absl::Status sent = broadcast_->Join(/*abandon=*/!t.ok());
+      broadcast_.reset();
+      if (!t.ok()) return t.status();
+      charges_.push_back(assembler_->TakeCharge());
+      REPVAR_RETURN_IF_ERROR(sent);
+    } else {
       // The broadcast fills it: the whole buffer is needed before it starts.
+      MemoryCharge charge(budget_);
       REPVAR_RETURN_IF_ERROR(charge.Add(header_->tensor.byte_size, "a broadcast being received"));
+      t = Tensor::ForOverwrite(header_->tensor.spec);
+      if (!t.ok()) return t.status();
+      charges_.push_back(std::move(charge));
+      ChecksumStream received;  // summed as the broadcast brings the bytes
+      REPVAR_RETURN_IF_ERROR(data_plane_->Broadcast(*c, t->bytes.span(), &received, nullptr));
+      t->checksum = received.Digest();
     }
-    t = c->rank == c->root ? assembler_->Finish()
-                           : Tensor::ForOverwrite(header_->tensor.spec);  // the broadcast fills it
-    if (!t.ok()) return t.status();
-    charges_.push_back(c->rank == c->root ? assembler_->TakeCharge() : std::move(charge));
-    // The root's bytes were summed as they came (ChunkAssembler); the
-    // others' as the broadcast brings them.
-    ChecksumStream received;
-    REPVAR_RETURN_IF_ERROR(data_plane_->Broadcast(*c, t->bytes.span(), &received));
-    if (c->rank != c->root) t->checksum = received.Digest();
     if (t->checksum != header_->tensor.checksum) {
       return absl::DataLossError(
           absl::StrCat("data plane delivered ", header_->write.name, " with a bad checksum"));

@@ -8,6 +8,7 @@
 #define REPVAR_WORKER_CORE_WRITE_SESSIONS_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -25,17 +26,22 @@ namespace repvar::worker {
 // The coordinator's cross-replica writes to this worker (C2). A write
 // carrying another incarnation is refused (ABORTED): it was meant for an
 // earlier process. A header with a collective is delivered by the data
-// plane: the root got the bytes here and sends them on, the other members
-// receive them from the root; every member checks the checksum. Not
-// thread-safe: one per stream.
+// plane: the root gets the bytes here and sends them on as they come (its
+// broadcast starts at the header, on a thread of its own, and sends each
+// part once its chunks are in), the other members receive them from the
+// root; every member checks the checksum. Not thread-safe: one per stream.
 class ReplicaWriteSession {
  public:
   // `data_plane` may be null: writes naming a collective are then refused.
   // Tensors being received are charged to `budget` (null: unbounded) until
   // the session ends.
   ReplicaWriteSession(uint64_t incarnation, ReplicaStore* store, Collectives* data_plane,
-                      MemoryBudget* budget = nullptr)
-      : incarnation_(incarnation), store_(store), data_plane_(data_plane), budget_(budget) {}
+                      MemoryBudget* budget = nullptr);
+  // A root's broadcast still running is told its bytes will not come, and
+  // waited for.
+  ~ReplicaWriteSession();
+  ReplicaWriteSession(const ReplicaWriteSession&) = delete;
+  ReplicaWriteSession& operator=(const ReplicaWriteSession&) = delete;
 
   // Errors: ABORTED (another incarnation), INVALID_ARGUMENT (bad header,
   // chunk or checksum), FAILED_PRECONDITION (no data plane), UNAVAILABLE or
@@ -57,6 +63,10 @@ class ReplicaWriteSession {
   std::vector<MemoryCharge> charges_;  // of items_, until they are applied
   std::optional<ChunkAssembler> assembler_;
   std::optional<ReplicaWriteHeader> header_;
+  // The root's broadcast of the tensor assembler_ fills (write_sessions.cc).
+  // After assembler_: it goes first.
+  class RootBroadcast;
+  std::unique_ptr<RootBroadcast> broadcast_;
 };
 
 // A trainer's stream of in-step writes of one step (S2). Not thread-safe:

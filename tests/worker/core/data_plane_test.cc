@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <thread>
 #include <vector>
@@ -46,10 +47,35 @@ struct Outcome {
   uint64_t received = 0;  // the checksum fed as the bytes came
 };
 
+// A root's bytes that arrive only when the broadcast asks for them: each
+// Await copies them in up to `end`, so a piece sent before its Await would
+// reach the others as zeros. Records the ends asked for.
+class JustInTime final : public ArrivingBytes {
+ public:
+  JustInTime(const std::vector<std::byte>& source, std::span<std::byte> target)
+      : source_(source), target_(target) {}
+  absl::Status Await(size_t end) override {
+    std::copy(source_.begin() + static_cast<ptrdiff_t>(filled_),
+              source_.begin() + static_cast<ptrdiff_t>(end), target_.begin() + filled_);
+    filled_ = std::max(filled_, end);
+    ends.push_back(end);
+    return absl::OkStatus();
+  }
+  std::vector<size_t> ends;
+
+ private:
+  const std::vector<std::byte>& source_;
+  const std::span<std::byte> target_;
+  size_t filled_ = 0;
+};
+
 // `members` data planes broadcast `root_bytes` from `root`, twice in one
-// group (the second with the next tag), each in its own thread.
+// group (the second with the next tag), each in its own thread. With
+// `just_in_time`, the root's bytes arrive as the broadcast asks for them
+// (the ends it asked for, for the last broadcast, go there).
 std::vector<Outcome> Broadcast(int members, int root, const std::vector<std::byte>& root_bytes,
-                               DataPlaneOptions options) {
+                               DataPlaneOptions options,
+                               std::vector<size_t>* just_in_time = nullptr) {
   MemoryRendezvous store;
   std::vector<Outcome> out(members);
   std::vector<std::thread> threads;
@@ -58,9 +84,14 @@ std::vector<Outcome> Broadcast(int members, int root, const std::vector<std::byt
       GlooDataPlane plane("127.0.0.1", &store, options);
       for (uint32_t tag = 1; tag <= 2; ++tag) {
         CollectiveSpec c{"g1", rank, members, root, tag, absl::Seconds(30)};
-        out[rank].bytes = rank == root ? root_bytes : std::vector<std::byte>(root_bytes.size());
+        const bool arriving = rank == root && just_in_time != nullptr;
+        out[rank].bytes =
+            rank == root && !arriving ? root_bytes : std::vector<std::byte>(root_bytes.size());
         ChecksumStream received;
-        out[rank].status = plane.Broadcast(c, out[rank].bytes, &received);
+        JustInTime arrival(root_bytes, out[rank].bytes);
+        out[rank].status =
+            plane.Broadcast(c, out[rank].bytes, &received, arriving ? &arrival : nullptr);
+        if (arriving) *just_in_time = arrival.ends;
         out[rank].received = received.Digest();
         if (!out[rank].status.ok()) return;
       }
@@ -95,6 +126,21 @@ TEST(GlooDataPlane, Broadcast_Chain_EveryMemberGetsTheRootsBytesAndTheirChecksum
   const auto bytes = Pattern((1 << 20) + 77);  // 17 pieces, the last of 77 bytes
   ASSERT_TRUE(GlooDataPlane("127.0.0.1", nullptr, kSmallPieces).Chained(bytes.size(), 4));
   ExpectEveryMemberHolds(Broadcast(4, /*root=*/2, bytes, kSmallPieces), 2, bytes);
+}
+
+// The root sends each piece only once its bytes are there (they may still
+// be arriving from the coordinator): asked for piece by piece down the
+// chain, all at once before the tree.
+TEST(GlooDataPlane, Broadcast_RootSendsEachPieceOnceItHasArrived) {
+  const auto bytes = Pattern((1 << 20) + 77);
+  std::vector<size_t> ends;
+  ExpectEveryMemberHolds(Broadcast(4, /*root=*/0, bytes, kSmallPieces, &ends), 0, bytes);
+  ASSERT_EQ(ends.size(), 17u);
+  EXPECT_EQ(ends.front(), size_t{64} << 10);
+  EXPECT_EQ(ends.back(), bytes.size());
+  const auto small = Pattern((40 << 10) + 3);
+  ExpectEveryMemberHolds(Broadcast(4, /*root=*/3, small, kSmallPieces, &ends), 3, small);
+  EXPECT_EQ(ends, std::vector<size_t>{small.size()});
 }
 
 TEST(GlooDataPlane, Broadcast_OnePiece_GoesDownTheTree_SameBytesAndChecksum) {

@@ -22,7 +22,7 @@ using ::repvar::testing::StatusIs;
 class FakeCollectives final : public Collectives {
  public:
   absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes,
-                         ChecksumStream* received) override {
+                         ChecksumStream* received, ArrivingBytes*) override {
     seen.push_back(c);
     if (c.rank != c.root) {
       std::memcpy(bytes.data(), root->bytes.data(), bytes.size());

@@ -62,7 +62,8 @@ class FakeLink final : public StepLink {
 // Collectives of a group where the other members contribute `others`.
 class FakeCollectives final : public Collectives {
  public:
-  absl::Status Broadcast(const CollectiveSpec&, std::span<std::byte>, ChecksumStream*) override {
+  absl::Status Broadcast(const CollectiveSpec&, std::span<std::byte>, ChecksumStream*,
+                         ArrivingBytes*) override {
     return absl::OkStatus();
   }
   absl::Status Allreduce(const CollectiveSpec&, AccumType, std::span<std::byte> bytes) override {

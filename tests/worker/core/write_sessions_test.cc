@@ -37,11 +37,20 @@ ReplicaWriteHeader Header(uint64_t id, const std::vector<std::byte>& bytes,
   return h;
 }
 
-// The root's bytes as the data plane delivers them to another member.
+// The root's bytes as the data plane delivers them to another member; on
+// the root, what it sent (each half once it had arrived).
 class FakeBroadcast final : public Collectives {
  public:
-  absl::Status Broadcast(const CollectiveSpec&, std::span<std::byte> bytes,
-                         ChecksumStream* received) override {
+  absl::Status Broadcast(const CollectiveSpec& c, std::span<std::byte> bytes,
+                         ChecksumStream* received, ArrivingBytes* arriving) override {
+    if (c.rank == c.root) {
+      for (size_t end : {bytes.size() / 2, bytes.size()}) {
+        root_waited = arriving->Await(end);
+        if (!root_waited.ok()) return absl::UnavailableError(root_waited.ToString());
+        sent.assign(bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(end));
+      }
+      return absl::OkStatus();
+    }
     std::memcpy(bytes.data(), root.data(), std::min(bytes.size(), root.size()));
     if (received != nullptr) received->Update(bytes);
     return absl::OkStatus();
@@ -50,6 +59,8 @@ class FakeBroadcast final : public Collectives {
     return absl::OkStatus();
   }
   std::vector<std::byte> root;
+  std::vector<std::byte> sent;  // by the root
+  absl::Status root_waited;
 };
 
 TEST(ReplicaWriteSession, AllWritesApplyTogetherAtTheEnd_ABadOneAppliesNone) {
@@ -114,6 +125,39 @@ TEST(ReplicaWriteSession, DataPlaneMember_GetsTheRootsBytes_ChecksumVerified) {
   ReplicaWriteSession session(kInc, &store, &plane);
   ASSERT_OK(session.OnHeader(h, {}));
   ASSERT_OK(session.Finish());
+  EXPECT_EQ(store.Get(1, 0)->checksum, Checksum(a));
+}
+
+// The root's broadcast starts at the header and sends each part once the
+// stream's chunks put it in place; a stream that ends early abandons it
+// (its wait fails, nothing is applied).
+TEST(ReplicaWriteSession, DataPlaneRoot_SendsAsChunksArrive_AStreamEndingEarlyAbandonsIt) {
+  ReplicaStore store;
+  FakeBroadcast plane;
+  std::vector<float> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  const auto a = Bytes(values);
+  ReplicaWriteHeader h = Header(1, a);
+  h.write.collective = CollectiveSpec{"g", 0, 3, 0, 0, absl::Seconds(5)};
+  const std::span<const std::byte> first = std::span(a).first(a.size() / 2);
+  const std::span<const std::byte> second = std::span(a).subspan(a.size() / 2);
+  {
+    ReplicaWriteSession session(kInc, &store, &plane);
+    ASSERT_OK(session.OnHeader(h, {}));
+    ASSERT_OK(session.OnChunk(0, first, Checksum(first)));
+    EXPECT_THAT(session.Finish(), StatusIs(absl::StatusCode::kInvalidArgument, "truncated"));
+  }
+  EXPECT_THAT(plane.root_waited, StatusIs(absl::StatusCode::kAborted, "ended before"));
+  EXPECT_TRUE(plane.sent == std::vector<std::byte>(first.begin(), first.end()));
+  EXPECT_TRUE(store.List().empty());
+
+  ReplicaWriteSession session(kInc, &store, &plane);
+  ASSERT_OK(session.OnHeader(h, {}));
+  ASSERT_OK(session.OnChunk(0, first, Checksum(first)));
+  ASSERT_OK(session.OnChunk(first.size(), second, Checksum(second)));
+  ASSERT_OK(session.Finish());
+  EXPECT_OK(plane.root_waited);
+  EXPECT_TRUE(plane.sent == a);
   EXPECT_EQ(store.Get(1, 0)->checksum, Checksum(a));
 }
 
