@@ -62,15 +62,16 @@ void Arrived(const absl::Status& s) {
 }
 
 // A pipelined chain: the root, then the ranks after it in order (wrapping).
-// The bytes go in pieces of `piece` bytes and every member forwards a piece to
-// the next as soon as it has it, so a broadcast takes about one transfer of
-// the whole plus one piece per member, whatever the number of members, and
-// each member sends the bytes at most once (in gloo's binomial tree the root
-// sends the whole log2(members) times, its sends sharing its link). The
-// root sends a piece once `arriving` (when given) says it is there, so the
-// chain can run while the root's own bytes are still coming. A receiver feeds `received`
-// each piece as it arrives, while it is still in cache. gloo's TCP pair delivers one peer's
-// messages in order, so the k-th completed receive is piece k.
+// The bytes go in pieces of `piece` bytes and every member forwards a piece
+// to the next as soon as it has it, so a broadcast takes about one transfer
+// of the whole plus one piece per member, whatever the number of members,
+// and each member sends the bytes at most once (in gloo's binomial tree the
+// root sends the whole log2(members) times, its sends sharing its link).
+// The root sends a piece once `arriving` (when given) says it is there, so
+// the chain runs while the root's own bytes are still coming. A receiver
+// feeds `received` each piece as it arrives, while it is still in cache.
+// gloo's TCP pair delivers one peer's messages in order, so the k-th
+// completed receive is piece k.
 void ChainBroadcast(gloo::Context& ctx, const CollectiveSpec& c, size_t piece,
                     std::span<std::byte> bytes, ChecksumStream* received, ArrivingBytes* arriving) {
   const int position = (c.rank - c.root + c.size) % c.size;
@@ -88,8 +89,9 @@ void ChainBroadcast(gloo::Context& ctx, const CollectiveSpec& c, size_t piece,
       buffer->send(next, ChainSlot(c.tag, i), offset(i), length(i));
     }
   } else {
-    for (size_t i = 0; i < pieces; ++i)
+    for (size_t i = 0; i < pieces; ++i) {
       buffer->recv(prev, ChainSlot(c.tag, i), offset(i), length(i));
+    }
     for (size_t i = 0; i < pieces; ++i) {
       Await(buffer->waitRecv(timeout), "a broadcast receive");
       if (forwards) buffer->send(next, ChainSlot(c.tag, i), offset(i), length(i));
