@@ -79,11 +79,13 @@ int64_t FirstWithAllBits(const std::byte* p, int64_t n, U mask) {
 
 }  // namespace
 
-int64_t FirstNonFinite(const Tensor& t) {
-  if (!IsFloating(t.spec.dtype)) return -1;
-  const int64_t n = static_cast<int64_t>(t.bytes.size() / ItemSize(t.spec.dtype));
-  const std::byte* p = t.bytes.data();
-  switch (t.spec.dtype) {
+int64_t FirstNonFinite(const Tensor& t) { return FirstNonFinite(t.spec.dtype, t.bytes.span()); }
+
+int64_t FirstNonFinite(DType dtype, std::span<const std::byte> bytes) {
+  if (!IsFloating(dtype)) return -1;
+  const int64_t n = static_cast<int64_t>(bytes.size() / ItemSize(dtype));
+  const std::byte* p = bytes.data();
+  switch (dtype) {
     case DType::kFloat32:
       return FirstWithAllBits<uint32_t>(p, n, 0x7f800000u);
     case DType::kFloat64:

@@ -14,6 +14,8 @@ namespace repvar {
 
 // Index of the first NaN/Inf element, or -1. Integers are always finite.
 int64_t FirstNonFinite(const Tensor& t);
+// The same over `bytes`, elements of `dtype` (an index into them).
+int64_t FirstNonFinite(DType dtype, std::span<const std::byte> bytes);
 // Elementwise a + sign*b into a new tensor (f16/bf16 computed in f32 and
 // rounded to nearest even; integers wrap around). Errors:
 // FAILED_PRECONDITION if the specs differ.

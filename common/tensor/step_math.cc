@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/tensor/element.h"
+#include "common/tensor/element_math.h"
 #include "common/tensor/half.h"
 
 namespace repvar {
@@ -137,25 +138,22 @@ absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::b
     const int64_t hi = std::min(n, lo + kBlock);
     switch (dtype) {
       case DType::kFloat32: {
-        // The hot case: branch-free loops the compiler vectorizes; the
-        // finiteness test is on the exponent bits (all ones: NaN or Inf).
+        // The hot case: branch-free loops the compiler vectorizes, and
+        // FirstNonFinite's block test of the exponent bits.
         const float d = static_cast<float>(divisor);
         const float* fb = reinterpret_cast<const float*>(b);
         const float* fa = reinterpret_cast<const float*>(a);
         float* fo = reinterpret_cast<float*>(o);
-        uint32_t all_ones = 0;
         if (divisor == 1) {
           for (int64_t i = lo; i < hi; ++i) fo[i] = fb[i] + fa[i];
         } else {
           for (int64_t i = lo; i < hi; ++i) fo[i] = fb[i] + fa[i] / d;
         }
-        const uint32_t* bits = reinterpret_cast<const uint32_t*>(fo);
-        for (int64_t i = lo; i < hi; ++i) {
-          all_ones |= static_cast<uint32_t>((bits[i] & 0x7f800000u) == 0x7f800000u);
-        }
-        const bool finite = all_ones == 0;
-        if (!finite) {
-          for (int64_t i = lo; i < hi; ++i) nonfinite(i, Load<float>(o, i));
+        if (r.first_nonfinite < 0) {
+          const int64_t k = FirstNonFinite(
+              dtype, std::span<const std::byte>(o + lo * static_cast<int64_t>(item),
+                                                static_cast<size_t>(hi - lo) * item));
+          if (k >= 0) r.first_nonfinite = lo + k;
         }
         break;
       }
