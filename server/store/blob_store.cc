@@ -48,23 +48,17 @@ absl::Status BlobStore::Open() {
     }
   }
   if (!recycled.empty()) tmp_serial_ = std::max(tmp_serial_.load(), recycled.rbegin()->first + 1);
-  // The newest within the bound stay, as they would have in that run.
-  std::deque<Recycled> kept;
-  uint64_t bytes = 0;
-  for (auto it = recycled.rbegin(); it != recycled.rend(); ++it) {
-    const std::string& path = it->second;
+  // Taken up in the order they were recycled: the bound keeps the newest,
+  // as it would have in that run.
+  for (const auto& [serial, path] : recycled) {
     uint64_t size = 0;
     REPVAR_RETURN_IF_ERROR(FromIo(fs_->GetFileSize(path, kIo, &size, nullptr), "stat " + path));
-    if (size >= options_.recycle_min_bytes && bytes + size <= options_.recycle_bytes) {
-      kept.push_front(Recycled{path, size});
-      bytes += size;
-      continue;
+    if (Recyclable(size)) {
+      REPVAR_RETURN_IF_ERROR(KeepRecycled(Recycled{path, size}));
+    } else {
+      REPVAR_RETURN_IF_ERROR(FromIo(fs_->DeleteFile(path, kIo, nullptr), "delete " + path));
     }
-    REPVAR_RETURN_IF_ERROR(FromIo(fs_->DeleteFile(path, kIo, nullptr), "delete " + path));
   }
-  absl::MutexLock lock(&mu_);
-  recycled_ = std::move(kept);
-  recycled_bytes_ = bytes;
   return absl::OkStatus();
 }
 
@@ -408,28 +402,14 @@ absl::StatusOr<int> BlobStore::CollectGarbage(const absl::flat_hash_set<std::str
 
 absl::StatusOr<bool> BlobStore::Recycle(const std::string& name, uint64_t size, bool mapped) {
   const std::string path = dir_ + "/" + name;
-  if (!mapped && size >= options_.recycle_min_bytes && size <= options_.recycle_bytes) {
+  if (!mapped && Recyclable(size)) {
     // No directory sync: a power loss that undoes the rename brings the
     // garbage back under its name, for the next collection.
     const std::string free_path = absl::StrCat(dir_, "/free-", tmp_serial_.fetch_add(1));
     rocksdb::IOStatus s = fs_->RenameFile(path, free_path, kIo, nullptr);
     if (s.IsNotFound()) return false;
     REPVAR_RETURN_IF_ERROR(FromIo(s, "recycle " + name));
-    std::vector<Recycled> evicted;
-    {
-      absl::MutexLock lock(&mu_);
-      recycled_.push_back(Recycled{free_path, size});
-      recycled_bytes_ += size;
-      while (recycled_bytes_ > options_.recycle_bytes) {
-        evicted.push_back(recycled_.front());
-        recycled_bytes_ -= recycled_.front().size;
-        recycled_.pop_front();
-      }
-    }
-    for (const Recycled& r : evicted) {
-      rocksdb::IOStatus d = fs_->DeleteFile(r.path, kIo, nullptr);
-      if (!d.IsNotFound()) REPVAR_RETURN_IF_ERROR(FromIo(d, "delete " + r.path));
-    }
+    REPVAR_RETURN_IF_ERROR(KeepRecycled(Recycled{free_path, size}));
     return true;
   }
   // Deleted: a mapping of it keeps its bytes as they are until it goes.
@@ -437,6 +417,25 @@ absl::StatusOr<bool> BlobStore::Recycle(const std::string& name, uint64_t size, 
   if (s.IsNotFound()) return false;
   REPVAR_RETURN_IF_ERROR(FromIo(s, "delete " + name));
   return true;
+}
+
+absl::Status BlobStore::KeepRecycled(Recycled r) {
+  std::vector<Recycled> evicted;
+  {
+    absl::MutexLock lock(&mu_);
+    recycled_bytes_ += r.size;
+    recycled_.push_back(std::move(r));
+    while (recycled_bytes_ > options_.recycle_bytes) {
+      evicted.push_back(recycled_.front());
+      recycled_bytes_ -= recycled_.front().size;
+      recycled_.pop_front();
+    }
+  }
+  for (const Recycled& e : evicted) {
+    rocksdb::IOStatus d = fs_->DeleteFile(e.path, kIo, nullptr);
+    if (!d.IsNotFound()) REPVAR_RETURN_IF_ERROR(FromIo(d, "delete " + e.path));
+  }
+  return absl::OkStatus();
 }
 
 uint64_t BlobStore::DropRecycled() {

@@ -146,6 +146,12 @@ class BlobStore final : public TensorFiles {
   // Keeps the garbage blob `name` for reuse, or deletes it (when it is
   // mapped, small, or recycling is off). Returns whether it was there.
   absl::StatusOr<bool> Recycle(const std::string& name, uint64_t size, bool mapped);
+  // Whether a freed file of `size` bytes is kept for reuse.
+  bool Recyclable(uint64_t size) const {
+    return size >= options_.recycle_min_bytes && size <= options_.recycle_bytes;
+  }
+  // Adds `r` to the recycled files, deleting the oldest beyond the bound.
+  absl::Status KeepRecycled(Recycled r) ABSL_LOCKS_EXCLUDED(mu_);
   // Remembers that `t` maps the blob `name`.
   void TrackMapping(const std::string& name, const std::shared_ptr<const Tensor>& t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

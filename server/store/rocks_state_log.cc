@@ -352,6 +352,11 @@ void RocksStateLog::MarkDurable(uint64_t position) {
   durable_ = std::max(durable_, position);
 }
 
+void RocksStateLog::CountFromHere() {
+  since_checkpoint_ = 0;
+  blob_bytes_at_checkpoint_ = blobs_.blob_bytes_written();
+}
+
 void RocksStateLog::Applied(const ClusterState& state) {
   if (since_checkpoint_ < options_.checkpoint_every &&
       blobs_.blob_bytes_written() - blob_bytes_at_checkpoint_ < options_.checkpoint_blob_bytes) {
@@ -364,8 +369,7 @@ void RocksStateLog::Applied(const ClusterState& state) {
     }
     // Records stay in the log; try again after as many more.
     spdlog::warn("state log: checkpoint postponed: {}", s.ToString());
-    since_checkpoint_ = 0;
-    blob_bytes_at_checkpoint_ = blobs_.blob_bytes_written();
+    CountFromHere();
   }
 }
 
@@ -421,8 +425,7 @@ absl::Status RocksStateLog::WriteCheckpoint(const ClusterState& state) {
   REPVAR_RETURN_IF_ERROR(FromIo(db_->Write(w, &batch), "write a checkpoint"));
   // A synced write syncs the log before it: the records are durable too.
   if (options_.sync) MarkDurable(next_sequence_ - 1);
-  since_checkpoint_ = 0;
-  blob_bytes_at_checkpoint_ = blobs_.blob_bytes_written();
+  CountFromHere();
   ++stats_.checkpoints;
   // Only now are the blobs of the records it replaced garbage.
   REPVAR_ASSIGN_OR_RETURN(int collected, blobs_.CollectGarbage(live));

@@ -120,6 +120,8 @@ class RocksStateLog final : public StateLog {
   // Replaces the values `record` keeps in blob files with their mappings.
   void MapValues(Record& record);
   absl::Status WriteCheckpoint(const ClusterState& state);
+  // The next checkpoint's record and blob-byte counts start now.
+  void CountFromHere();
   // Everything up to `position` is on disk (recovered, or under a synced
   // checkpoint).
   void MarkDurable(uint64_t position) ABSL_LOCKS_EXCLUDED(sync_mu_);
