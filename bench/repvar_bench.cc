@@ -149,6 +149,14 @@ void Broadcasts(int workers, const std::vector<int>& mibs, int iters) {
   }
 }
 
+// The broadcast figures for every --workers count and --mib size.
+void EveryBroadcast() {
+  if (absl::GetFlag(FLAGS_workers).empty()) return;
+  for (int w : Ints(absl::GetFlag(FLAGS_workers))) {
+    Broadcasts(w, Ints(absl::GetFlag(FLAGS_mib)), absl::GetFlag(FLAGS_iters));
+  }
+}
+
 // p50 of `ops` grpc.health.v1 Check calls to `address` (plaintext), each a
 // unary call waited for as the client's own blocking calls wait: what any
 // call to that server costs before the handler does anything.
@@ -721,9 +729,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (absl::GetFlag(FLAGS_only_bcast)) {
-    for (int w : Ints(absl::GetFlag(FLAGS_workers))) {
-      Broadcasts(w, Ints(absl::GetFlag(FLAGS_mib)), absl::GetFlag(FLAGS_iters));
-    }
+    EveryBroadcast();
     return 0;
   }
   if (absl::GetFlag(FLAGS_mean_mib) > 0) {
@@ -734,11 +740,7 @@ int main(int argc, char** argv) {
   StepsPerSecond(absl::GetFlag(FLAGS_step_workers), absl::GetFlag(FLAGS_step_vars),
                  absl::GetFlag(FLAGS_steps));
   if (absl::GetFlag(FLAGS_only_steps)) return 0;
-  auto mibs = Ints(absl::GetFlag(FLAGS_mib));
-  if (!absl::GetFlag(FLAGS_workers).empty()) {
-    for (int w : Ints(absl::GetFlag(FLAGS_workers)))
-      Broadcasts(w, mibs, absl::GetFlag(FLAGS_iters));
-  }
+  EveryBroadcast();
   SmallOps(absl::GetFlag(FLAGS_small_ops), absl::GetFlag(FLAGS_small_workers));
   DurableOps(absl::GetFlag(FLAGS_small_ops));
   RestartTime();

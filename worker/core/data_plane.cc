@@ -53,11 +53,11 @@ uint64_t ChainSlot(uint32_t tag, size_t piece) {
   return (kChainSlotPrefix << 56) | (uint64_t{tag} << 24) | (piece & 0xffffff);
 }
 
-void Await(bool completed, const char* what) {
+void ThrowIfAborted(bool completed, const char* what) {
   if (!completed) throw std::runtime_error(std::string(what) + " was aborted");
 }
 
-void Arrived(const absl::Status& s) {
+void ThrowIfNotArrived(const absl::Status& s) {
   if (!s.ok()) throw std::runtime_error("the root's bytes did not come: " + s.ToString());
 }
 
@@ -85,7 +85,7 @@ void ChainBroadcast(gloo::Context& ctx, const CollectiveSpec& c, size_t piece,
   auto length = [&](size_t i) { return std::min(piece, bytes.size() - offset(i)); };
   if (position == 0) {
     for (size_t i = 0; i < pieces; ++i) {
-      if (arriving != nullptr) Arrived(arriving->Await(offset(i) + length(i)));
+      if (arriving != nullptr) ThrowIfNotArrived(arriving->Await(offset(i) + length(i)));
       buffer->send(next, ChainSlot(c.tag, i), offset(i), length(i));
     }
   } else {
@@ -93,13 +93,14 @@ void ChainBroadcast(gloo::Context& ctx, const CollectiveSpec& c, size_t piece,
       buffer->recv(prev, ChainSlot(c.tag, i), offset(i), length(i));
     }
     for (size_t i = 0; i < pieces; ++i) {
-      Await(buffer->waitRecv(timeout), "a broadcast receive");
+      ThrowIfAborted(buffer->waitRecv(timeout), "a broadcast receive");
       if (forwards) buffer->send(next, ChainSlot(c.tag, i), offset(i), length(i));
       if (received != nullptr) received->Update(bytes.subspan(offset(i), length(i)));
     }
   }
   if (forwards) {
-    for (size_t i = 0; i < pieces; ++i) Await(buffer->waitSend(timeout), "a broadcast send");
+    for (size_t i = 0; i < pieces; ++i)
+      ThrowIfAborted(buffer->waitSend(timeout), "a broadcast send");
   }
 }
 
@@ -157,7 +158,7 @@ absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::by
                      root ? arriving : nullptr);
       return absl::OkStatus();
     }
-    if (root && arriving != nullptr) Arrived(arriving->Await(bytes.size()));
+    if (root && arriving != nullptr) ThrowIfNotArrived(arriving->Await(bytes.size()));
     gloo::BroadcastOptions opts(*ctx);
     opts.setOutput(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
     opts.setRoot(c.root);
