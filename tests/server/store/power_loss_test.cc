@@ -2,7 +2,8 @@
 // Power loss at any moment: a coordinator core runs random operations on the
 // RocksDB state log over a file system whose power is cut at a random write,
 // sync, rename or directory sync (inside a blob write, a record append, a
-// checkpoint, blob collection or RocksDB's own background work). Whatever
+// checkpoint, blob collection, a freed blob renamed for reuse or written
+// over, or RocksDB's own background work). Whatever
 // was not synced is then lost, and the state recovered from what is left
 // must hold every record the log reported durable (StateLog::Durable: what
 // any answer waits for), followed by at most some of the records appended
@@ -93,6 +94,7 @@ struct Trial {
   bool same = false;          // into the acknowledged state (+ some unacknowledged records)
   bool answers_kept = false;  // every answered write at or below its variable's version
   uint64_t answered = 0;      // variables written with an answer
+  uint64_t reused = 0;        // blobs written over recycled files before the cut
   std::string detail;
 };
 
@@ -110,6 +112,10 @@ Trial RunTrial(const std::string& dir, uint64_t seed, bool sync, uint64_t cut_at
   o.checkpoint_every = 1 + rng() % 20;
   o.blobs.inline_bytes = 8;  // most values in blob files
   o.blobs.chunk_bytes = 16;
+  // Freed blobs of any size are written over (a few of them kept): power
+  // may go off while a file is renamed for reuse or written over.
+  o.blobs.recycle_min_bytes = 1;
+  o.blobs.recycle_bytes = 256;
   o.min_free_bytes = 0;
   o.on_fatal = [](const absl::Status&) {};  // the process is "dead" anyway
   Trial trial;
@@ -127,6 +133,7 @@ Trial RunTrial(const std::string& dir, uint64_t seed, bool sync, uint64_t cut_at
     for (int i = 0; i < 100 && !fs->power_cut(); ++i) cluster.Step();
     trial.mutations = fs->mutations() - before;
     trial.cut = fs->power_cut();
+    trial.reused = (*log)->stats().blobs_reused;
     answered = cluster.answered();
   }  // the "process" ends; its writes after the cut all failed
   fs->LoseUnsyncedData();
@@ -188,7 +195,7 @@ Trial CutTrial(const std::string& dir, uint64_t seed, bool sync) {
 TEST(PowerLossTest, CutAtARandomWrite_RecoversExactlyWhatWasAcknowledged) {
   repvar::testing::TempDir dir;
   int cuts = 0;
-  uint64_t answered = 0;
+  uint64_t answered = 0, reused = 0;
   for (uint64_t seed = 1; cuts < 100 && seed <= 150; ++seed) {
     Trial t = CutTrial(dir.path() + "/data", seed, /*sync=*/true);
     ASSERT_TRUE(t.recovered) << "seed " << seed << ": " << t.detail;
@@ -196,9 +203,11 @@ TEST(PowerLossTest, CutAtARandomWrite_RecoversExactlyWhatWasAcknowledged) {
     ASSERT_TRUE(t.answers_kept) << "seed " << seed << ": " << t.detail;
     cuts += t.cut;
     answered += t.answered;
+    reused += t.reused;
   }
   EXPECT_EQ(cuts, 100) << "trials in which the power went off mid-run";
   EXPECT_GT(answered, 30u) << "variables written with an answer, over all trials";
+  EXPECT_GE(reused, 10u) << "values written over recycled blob files, over all trials";
 }
 
 TEST(PowerLossTest, NegativeControl_WithoutSyncs_AcknowledgedRecordsAreLost) {
