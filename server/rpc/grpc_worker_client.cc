@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/arena_message.h"
 #include "common/base/logging.h"
 #include "common/base/status_util.h"
 #include "common/rpc/chunks.h"
@@ -70,8 +71,11 @@ struct UnaryCall {
   std::shared_ptr<GrpcWorkerClient::InFlight> in_flight;
   std::string key;
   std::shared_ptr<grpc::ClientContext> ctx = CallContext();
-  Req req;
-  Resp resp;
+  // A batch of a thousand headers is built on the call's arena.
+  alignas(8) char first_block[kArenaFirstBlockBytes];
+  google::protobuf::Arena arena{BatchArenaOptions(first_block)};
+  Req& req = *google::protobuf::Arena::CreateMessage<Req>(&arena);
+  Resp& resp = *google::protobuf::Arena::CreateMessage<Resp>(&arena);
   DoneT done;
 };
 

@@ -202,9 +202,32 @@ absl::StatusOr<RequestRecorded> GetRequest(const disk::RequestRecorded& in) {
   return RequestRecorded{RequestKey{std::move(id), o.digest}, o.op, std::move(o.answer), o.at};
 }
 
+// The distinct placements of a record's variables, each spelled out once in
+// the record and named by index. Replica i is most often on the i-th
+// placement seen, so that one is tried first.
+class PlacementTable {
+ public:
+  explicit PlacementTable(disk::Record* record) : record_(record) {}
+
+  uint32_t Ref(const Placement& p, size_t replica) {
+    if (replica < seen_.size() && seen_[replica] == p) return static_cast<uint32_t>(replica);
+    for (size_t i = 0; i < seen_.size(); ++i) {
+      if (seen_[i] == p) return static_cast<uint32_t>(i);
+    }
+    seen_.push_back(p);
+    Put(p, record_->add_placements());
+    return static_cast<uint32_t>(seen_.size() - 1);
+  }
+
+ private:
+  disk::Record* const record_;
+  std::vector<Placement> seen_;
+};
+
 struct ChangeEncoder {
   TensorFiles& files;
   disk::Change* out;
+  PlacementTable* placements = nullptr;  // null: placements spelled out
 
   absl::Status operator()(const WorkerRegistered& c) {
     auto* m = out->mutable_worker_registered();
@@ -231,7 +254,14 @@ struct ChangeEncoder {
     auto* m = out->mutable_variable_created();
     m->set_id(c.id);
     Put(c.def, m->mutable_def());
-    for (const Placement& p : c.placement) Put(p, m->add_placement());
+    if (placements != nullptr) {
+      m->mutable_placement_refs()->Reserve(static_cast<int>(c.placement.size()));
+      for (size_t i = 0; i < c.placement.size(); ++i) {
+        m->add_placement_refs(placements->Ref(c.placement[i], i));
+      }
+    } else {
+      for (const Placement& p : c.placement) Put(p, m->add_placement());
+    }
     return Put(c.initializer, files, m->mutable_initializer());
   }
   absl::Status operator()(const VariableDeleted& c) {
@@ -310,7 +340,8 @@ struct ChangeEncoder {
   }
 };
 
-absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) {
+absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files,
+                                    const std::vector<Placement>& placements) {
   switch (in.change_case()) {
     case disk::Change::kWorkerRegistered: {
       const auto& m = in.worker_registered();
@@ -328,6 +359,17 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files) 
       c.id = m.id();
       REPVAR_ASSIGN_OR_RETURN(c.def, Get(m.def()));
       for (const auto& p : m.placement()) c.placement.push_back(Get(p));
+      for (uint32_t ref : m.placement_refs()) {
+        if (ref >= placements.size()) {
+          return Bad(absl::StrCat("variable ", c.def.name, " names placement ", ref, " of ",
+                                  placements.size()));
+        }
+        c.placement.push_back(placements[ref]);
+      }
+      if (c.placement.size() != static_cast<size_t>(c.def.replica_count)) {
+        return Bad(absl::StrCat("variable ", c.def.name, " has ", c.def.replica_count,
+                                " replicas and ", c.placement.size(), " placements"));
+      }
       REPVAR_ASSIGN_OR_RETURN(c.initializer, Get(m.initializer(), files));
       return Change(std::move(c));
     }
@@ -417,16 +459,23 @@ StepCommitted DecodeStepCommitted(const disk::StepCommitted& in) {
 }
 
 absl::Status EncodeRecord(const Record& record, TensorFiles& files, disk::Record* out) {
+  PlacementTable placements(out);
+  out->mutable_changes()->Reserve(static_cast<int>(record.changes.size()));
   for (const Change& change : record.changes) {
-    REPVAR_RETURN_IF_ERROR(std::visit(ChangeEncoder{files, out->add_changes()}, change));
+    REPVAR_RETURN_IF_ERROR(
+        std::visit(ChangeEncoder{files, out->add_changes(), &placements}, change));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<Record> DecodeRecord(const disk::Record& in, TensorFiles& files) {
+  std::vector<Placement> placements;
+  placements.reserve(in.placements_size());
+  for (const disk::Placement& p : in.placements()) placements.push_back(Get(p));
   Record record;
+  record.changes.reserve(in.changes_size());
   for (const disk::Change& c : in.changes()) {
-    REPVAR_ASSIGN_OR_RETURN(Change change, DecodeChange(c, files));
+    REPVAR_ASSIGN_OR_RETURN(Change change, DecodeChange(c, files, placements));
     record.changes.push_back(std::move(change));
   }
   return record;

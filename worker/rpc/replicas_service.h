@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/base/memory_budget.h"
+#include "common/rpc/arena_allocator.h"
 #include "repvar/v1/worker.grpc.pb.h"
 #include "worker/core/data_plane.h"
 #include "worker/core/replica_store.h"
@@ -14,7 +15,8 @@ namespace repvar::worker {
 // WriteSmallReplicas runs on the callback API: whole small tensors apply at
 // once, without waiting on anything, so the call is answered on the thread
 // that received it instead of being handed to a pooled thread (one context
-// switch less on the small-write path).
+// switch less on the small-write path). Its messages live on an arena per
+// call (a batch of a thousand headers is parsed without a malloc each).
 using ReplicasServiceBase =
     v1::WorkerReplicas::WithCallbackMethod_WriteSmallReplicas<v1::WorkerReplicas::Service>;
 
@@ -26,7 +28,9 @@ class ReplicasService final : public ReplicasServiceBase {
   // Tensors being received are charged to `budget` (null: unbounded).
   ReplicasService(uint64_t incarnation, ReplicaStore* store, Collectives* data_plane,
                   MemoryBudget* budget = nullptr)
-      : incarnation_(incarnation), store_(store), data_plane_(data_plane), budget_(budget) {}
+      : incarnation_(incarnation), store_(store), data_plane_(data_plane), budget_(budget) {
+    SetMessageAllocatorFor_WriteSmallReplicas(&small_writes_);
+  }
 
   grpc::Status WriteReplicas(grpc::ServerContext*, grpc::ServerReader<v1::WriteReplicasRequest>*,
                              v1::WriteReplicasResponse*) override;
@@ -45,6 +49,7 @@ class ReplicasService final : public ReplicasServiceBase {
   ReplicaStore* const store_;
   Collectives* const data_plane_;
   MemoryBudget* const budget_;
+  ArenaMessageAllocator<v1::WriteSmallReplicasRequest, v1::WriteReplicasResponse> small_writes_;
 };
 
 }  // namespace repvar::worker

@@ -7,6 +7,7 @@
 
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "server/store/blob_store.h"
 #include "tests/testing/random_cluster.h"
 #include "tests/testing/status_matchers.h"
@@ -92,6 +93,85 @@ TEST_F(StateCodecTest, CheckpointRows_RoundTrip_RestoreGivesTheSameState) {
     ASSERT_OK(restored.Restore(std::move(data)));
     EXPECT_EQ(restored.Dump(), cluster.CoordinatorState()) << "seed " << seed;
   }
+}
+
+// A batch of creates records each distinct placement once and names it by
+// index; records written before the table (placements spelled out per
+// variable) still decode; a name past the table is DATA_LOSS.
+TEST_F(StateCodecTest, Placements_ABatchRecordsEachOnce_OldSpelledOutRecordsStillDecode) {
+  std::vector<Placement> accelerators;
+  for (int32_t t = 0; t < 4; ++t) {
+    for (int32_t id = 0; id < 2; ++id) {
+      accelerators.push_back(
+          Placement{DeviceName{"tpu_worker", 0, t, "TPU", id}, TaskKey{"tpu_worker", t}});
+    }
+  }
+  Record batch;
+  for (int32_t i = 0; i < 100; ++i) {
+    VariableCreated c;
+    c.id = 1 + i;
+    c.def.name = absl::StrCat("v", i);
+    c.def.tensor = TensorSpec{DType::kFloat32, {4}};
+    c.def.replica_count = 1 + i % 8;
+    c.def.aggregation = Aggregation::kMean;
+    // Some variables start on another accelerator than the first.
+    const size_t first = i % 3 == 0 ? 2 : 0;
+    for (int32_t r = 0; r < c.def.replica_count; ++r) {
+      c.placement.push_back(accelerators[(first + r) % accelerators.size()]);
+    }
+    batch.changes.push_back(c);
+  }
+  disk::Record encoded;
+  ASSERT_OK(EncodeRecord(batch, blobs_, &encoded));
+  EXPECT_EQ(encoded.placements_size(), 8);
+  for (const disk::Change& c : encoded.changes()) {
+    EXPECT_EQ(c.variable_created().placement_size(), 0);
+    EXPECT_EQ(c.variable_created().placement_refs_size(),
+              c.variable_created().def().replica_count());
+  }
+  disk::Record parsed;
+  ASSERT_TRUE(parsed.ParseFromString(encoded.SerializeAsString()));
+  auto decoded = DecodeRecord(parsed, blobs_);
+  ASSERT_OK(decoded);
+  ASSERT_EQ(decoded->changes.size(), batch.changes.size());
+  for (size_t i = 0; i < batch.changes.size(); ++i) {
+    EXPECT_EQ(std::get<VariableCreated>(decoded->changes[i]).placement,
+              std::get<VariableCreated>(batch.changes[i]).placement)
+        << i;
+  }
+
+  // The form written before the table: each placement in the variable.
+  disk::Record old = parsed;
+  old.clear_placements();
+  for (int i = 0; i < old.changes_size(); ++i) {
+    disk::VariableCreated* c = old.mutable_changes(i)->mutable_variable_created();
+    c->clear_placement_refs();
+    for (const Placement& p : std::get<VariableCreated>(batch.changes[i]).placement) {
+      disk::Placement* d = c->add_placement();
+      d->mutable_device()->set_job(p.device.job);
+      d->mutable_device()->set_replica(p.device.replica);
+      d->mutable_device()->set_task(p.device.task);
+      d->mutable_device()->set_type(p.device.type);
+      d->mutable_device()->set_id(p.device.id);
+      d->mutable_task()->set_job(p.task.job);
+      d->mutable_task()->set_task(p.task.task);
+    }
+  }
+  auto from_old = DecodeRecord(old, blobs_);
+  ASSERT_OK(from_old);
+  for (size_t i = 0; i < batch.changes.size(); ++i) {
+    EXPECT_EQ(std::get<VariableCreated>(from_old->changes[i]).placement,
+              std::get<VariableCreated>(batch.changes[i]).placement)
+        << i;
+  }
+
+  disk::Record bad = parsed;
+  bad.mutable_changes(5)->mutable_variable_created()->set_placement_refs(0, 8);
+  EXPECT_THAT(DecodeRecord(bad, blobs_),
+              StatusIs(absl::StatusCode::kDataLoss, "names placement 8 of 8"));
+  bad = parsed;
+  bad.mutable_changes(5)->mutable_variable_created()->add_placement_refs(0);
+  EXPECT_THAT(DecodeRecord(bad, blobs_), StatusIs(absl::StatusCode::kDataLoss, "placements"));
 }
 
 TEST_F(StateCodecTest, BadFields_DataLossNamingThem_NothingHalfFilled) {
