@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client_impl.h"
 #include "client/convert.h"
+#include "common/base/arena_message.h"
 #include "common/base/random.h"
 #include "common/base/status_util.h"
 #include "common/rpc/chunks.h"
@@ -160,31 +161,35 @@ absl::StatusOr<VariableInfo> Client::CreateVariable(VariableSpec spec) {
   return v.front();
 }
 
-absl::StatusOr<std::vector<VariableInfo>> Client::CreateVariables(std::vector<VariableSpec> specs) {
-  v1::CreateVariablesRequest req;
-  req.set_request_id(NewRequestId());
+absl::StatusOr<std::vector<VariableInfo>> Client::CreateVariables(std::vector<VariableSpec> specs,
+                                                                  VariableDetail detail) {
+  ArenaMessage<v1::CreateVariablesRequest> req;
+  req->set_request_id(NewRequestId());
+  req->set_detail(static_cast<v1::VariableDetail>(detail));
+  req->mutable_items()->Reserve(static_cast<int>(specs.size()));
   for (VariableSpec& s : specs) {
     s = ReplicatedScope::Apply(std::move(s));
-    v1::CreateVariableItem* item = req.add_items();
+    v1::CreateVariableItem* item = req->add_items();
     VariableSpecToProto(s, item->mutable_spec());
     REPVAR_ASSIGN_OR_RETURN(Initializer init, InitializerFromSpec(s.initializer, s.dtype, s.shape));
     InitializerToProto(init, item->mutable_initializer());
   }
-  v1::CreateVariablesResponse resp;
+  ArenaMessage<v1::CreateVariablesResponse> resp;
   REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
     grpc::ClientContext ctx;
-    impl_->SetDeadline(&ctx, req.ByteSizeLong());
-    return FromGrpcStatus(impl_->stub()->CreateVariables(&ctx, req, &resp));
+    impl_->SetDeadline(&ctx, req->ByteSizeLong());
+    return FromGrpcStatus(impl_->stub()->CreateVariables(&ctx, *req, resp.get()));
   }));
   std::vector<VariableInfo> out;
-  for (int i = 0; i < resp.variables_size(); ++i) {
-    VariableInfo v = VariableFromProto(resp.variables(i));
-    v.created = i < resp.created_size() && resp.created(i);
+  out.reserve(resp->variables_size());
+  for (int i = 0; i < resp->variables_size(); ++i) {
+    VariableInfo v = VariableFromProto(resp->variables(i));
+    v.created = i < resp->created_size() && resp->created(i);
     impl_->Remember(v);
     out.push_back(std::move(v));
   }
   if (!out.empty()) {
-    out.front().warnings.assign(resp.warnings().begin(), resp.warnings().end());
+    out.front().warnings.assign(resp->warnings().begin(), resp->warnings().end());
   }
   return out;
 }
@@ -199,13 +204,17 @@ absl::StatusOr<VariableInfo> Client::GetVariable(const std::string& name) {
   return v;
 }
 
-absl::StatusOr<std::vector<VariableInfo>> Client::ListVariables(const std::string& collection) {
+absl::StatusOr<std::vector<VariableInfo>> Client::ListVariables(const std::string& collection,
+                                                                VariableDetail detail) {
   v1::ListVariablesRequest req;
   req.set_collection(collection);
-  v1::ListVariablesResponse resp;
-  REPVAR_RETURN_IF_ERROR(impl_->Call(&v1::CoordinatorTrainers::Stub::ListVariables, req, &resp));
+  req.set_detail(static_cast<v1::VariableDetail>(detail));
+  ArenaMessage<v1::ListVariablesResponse> resp;
+  REPVAR_RETURN_IF_ERROR(
+      impl_->Call(&v1::CoordinatorTrainers::Stub::ListVariables, req, resp.get()));
   std::vector<VariableInfo> out;
-  for (const auto& p : resp.variables()) out.push_back(VariableFromProto(p));
+  out.reserve(resp->variables_size());
+  for (const auto& p : resp->variables()) out.push_back(VariableFromProto(p));
   return out;
 }
 

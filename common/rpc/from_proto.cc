@@ -101,6 +101,17 @@ absl::StatusOr<Aggregation> AggregationFromProto(int proto) {
   return static_cast<Aggregation>(proto);
 }
 
+static_assert(static_cast<int>(VariableDetail::kFull) == v1::VARIABLE_DETAIL_FULL &&
+              static_cast<int>(VariableDetail::kBasic) == v1::VARIABLE_DETAIL_BASIC);
+
+absl::StatusOr<VariableDetail> VariableDetailFromProto(int proto) {
+  if (proto == v1::VARIABLE_DETAIL_UNSPECIFIED) return VariableDetail::kFull;
+  if (proto < v1::VARIABLE_DETAIL_FULL || proto > v1::VARIABLE_DETAIL_BASIC) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown variable detail ", proto));
+  }
+  return static_cast<VariableDetail>(proto);
+}
+
 absl::StatusOr<AssignOp> AssignOpFromProto(int proto) {
   if (proto == v1::ASSIGN_OP_UNSPECIFIED) return AssignOp::kAssign;
   if (proto < v1::ASSIGN_OP_ASSIGN || proto > v1::ASSIGN_OP_SUB) {

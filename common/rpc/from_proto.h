@@ -34,6 +34,7 @@ absl::StatusOr<Initializer> InitializerFromProto(const v1::Initializer& proto);
 // UNSPECIFIED reads as the documented default. Errors: INVALID_ARGUMENT.
 absl::StatusOr<Aggregation> AggregationFromProto(int proto);
 absl::StatusOr<AssignOp> AssignOpFromProto(int proto);
+absl::StatusOr<VariableDetail> VariableDetailFromProto(int proto);
 // Errors: INVALID_ARGUMENT (name, spec, aggregation).
 absl::StatusOr<VariableDef> VariableDefFromProto(const v1::VariableSpec& proto);
 WorkerRegistration RegistrationFromProto(const v1::RegisterWorkerRequest& proto);

@@ -305,7 +305,7 @@ bool ClusterState::IsLive(const TaskKey& task, uint64_t incarnation) const {
   return w != nullptr && w->state == WorkerState::kLive && w->incarnation == incarnation;
 }
 
-VariableView ClusterState::View(const VariableRecord& v) const {
+VariableView ClusterState::View(const VariableRecord& v, VariableDetail detail) const {
   VariableView view;
   view.id = v.id;
   view.def = v.def;
@@ -320,6 +320,8 @@ VariableView ClusterState::View(const VariableRecord& v) const {
       view.collections.push_back(c);
     }
   }
+  if (detail == VariableDetail::kBasic) return view;
+  view.replicas.reserve(v.placement.size());
   for (size_t i = 0; i < v.placement.size(); ++i) {
     const ReplicaRecord& r = v.replicas[i];
     ReplicaView rv;

@@ -124,7 +124,8 @@ class ClusterState {
   const VariableRecord* FindId(uint64_t id) const;
   const std::map<uint64_t, VariableRecord>& variables() const { return variables_; }
   uint64_t next_variable_id() const { return next_variable_id_; }
-  VariableView View(const VariableRecord& v) const;
+  // kBasic leaves the replicas out.
+  VariableView View(const VariableRecord& v, VariableDetail detail = VariableDetail::kFull) const;
 
   // Workers.
   const WorkerRecord* Worker(const TaskKey& task) const;

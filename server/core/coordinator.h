@@ -124,15 +124,17 @@ class Coordinator {
 
   // ---- Variables (see Registry and Replication for the errors) ----
   absl::StatusOr<CreateResult> CreateVariables(const RequestKey& key,
-                                               const std::vector<CreateItem>& items) {
+                                               const std::vector<CreateItem>& items,
+                                               VariableDetail detail = VariableDetail::kFull) {
     REPVAR_RETURN_IF_ERROR(RefuseIfDraining());
-    return registry_.CreateVariables(key, items);
+    return registry_.CreateVariables(key, items, detail);
   }
   absl::StatusOr<VariableView> GetVariable(absl::string_view name) const {
     return registry_.GetVariable(name);
   }
-  std::vector<VariableView> ListVariables(absl::string_view collection) const {
-    return registry_.ListVariables(collection);
+  std::vector<VariableView> ListVariables(absl::string_view collection,
+                                          VariableDetail detail = VariableDetail::kFull) const {
+    return registry_.ListVariables(collection, detail);
   }
   absl::Status DeleteVariable(const RequestKey& key, absl::string_view name) {
     REPVAR_RETURN_IF_ERROR(RefuseIfDraining());

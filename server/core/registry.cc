@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_util.h"
@@ -340,7 +342,8 @@ std::optional<LiveTask> Registry::Find(const TaskKey& key) const {
 // ---- Variables ----
 
 absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
-                                                       const std::vector<CreateItem>& items) {
+                                                       const std::vector<CreateItem>& items,
+                                                       VariableDetail detail) {
   if (items.empty()) return absl::InvalidArgumentError("create needs at least one variable");
   for (const CreateItem& item : items) {
     REPVAR_RETURN_IF_ERROR(ValidateVariableDef(item.def, options_.max_variable_bytes));
@@ -360,7 +363,8 @@ absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
       // have no ordinal yet).
       const TopologySnapshot topo = state.Topology({});
       // Validate the whole batch against the registry before recording anything.
-      std::map<std::string, const VariableDef*, std::less<>> in_batch;
+      absl::flat_hash_map<absl::string_view, const VariableDef*> in_batch;
+      in_batch.reserve(items.size());
       for (const CreateItem& item : items) {
         const VariableDef& def = item.def;
         const VariableRecord* existing = state.Find(def.name);
@@ -387,29 +391,41 @@ absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
                            "); wait for the cluster to form or lower the replica count"));
         }
       }
+      // V1: replica i on ordinal i. Every variable of n replicas has the
+      // same placement, the first n accelerators: made once per n the batch
+      // asks for. one_host[n]: they all sit on one host.
+      absl::flat_hash_map<int32_t, std::vector<Placement>> placements;
+      std::vector<bool> one_host(topo.accelerators.size() + 1, true);
+      for (size_t n = 2; n <= topo.accelerators.size(); ++n) {
+        one_host[n] = one_host[n - 1] && topo.accelerators[n - 1].task == topo.accelerators[0].task;
+      }
       Record record;
+      record.changes.reserve(in_batch.size() + 1);
+      answer.names.reserve(items.size());
+      answer.created.reserve(items.size());
       uint64_t next_id = state.next_variable_id();
-      std::set<std::string> made;
+      absl::flat_hash_set<absl::string_view> made;
+      made.reserve(in_batch.size());
       for (const CreateItem& item : items) {
         const VariableDef& def = item.def;
         answer.names.push_back(def.name);
         const bool fresh = state.Find(def.name) == nullptr && made.insert(def.name).second;
         answer.created.push_back(fresh);
         if (!fresh) continue;
-        // V1: replica i on ordinal i, recorded; it never moves.
-        std::vector<Placement> placement;
-        std::set<TaskKey> hosts;
-        for (int32_t i = 0; i < def.replica_count; ++i) {
-          placement.push_back(Placement{topo.accelerators[i].device, topo.accelerators[i].task});
-          hosts.insert(topo.accelerators[i].task);
+        // Recorded; it never moves.
+        std::vector<Placement>& placement = placements[def.replica_count];
+        if (placement.empty()) {
+          for (int32_t i = 0; i < def.replica_count; ++i) {
+            placement.push_back(Placement{topo.accelerators[i].device, topo.accelerators[i].task});
+          }
         }
-        if (hosts.size() == 1) {
-          answer.warnings.push_back(absl::StrCat(
-              "variable ", def.name, ": all ", def.replica_count, " replica(s) sit on one host (",
-              hosts.begin()->ToString(), "); in-step data cannot survive the loss of that host"));
+        if (one_host[def.replica_count]) {
+          answer.warnings.push_back(
+              absl::StrCat("variable ", def.name, ": all ", def.replica_count,
+                           " replica(s) sit on one host (", topo.accelerators[0].task.ToString(),
+                           "); in-step data cannot survive the loss of that host"));
         }
-        record.changes.push_back(
-            VariableCreated{next_id++, def, std::move(placement), item.initializer});
+        record.changes.push_back(VariableCreated{next_id++, def, placement, item.initializer});
       }
       record.changes.push_back(RequestRecorded{key, "create", answer, clock_->Now()});
       return record;
@@ -424,7 +440,7 @@ absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
         return absl::NotFoundError(
             absl::StrCat("variable \"", answer.names[i], "\" was deleted since it was created"));
       }
-      result.variables.push_back(state.View(*v));
+      result.variables.push_back(state.View(*v, detail));
       result.created.push_back(answer.created[i]);
     }
     result.warnings = answer.warnings;
@@ -440,11 +456,12 @@ absl::StatusOr<VariableView> Registry::GetVariable(absl::string_view name) const
   return state_.View(*v);
 }
 
-std::vector<VariableView> Registry::ListVariables(absl::string_view collection) const {
+std::vector<VariableView> Registry::ListVariables(absl::string_view collection,
+                                                  VariableDetail detail) const {
   CallLock lock(this);
   std::vector<VariableView> out;
   for (const auto& [id, v] : state_.variables()) {
-    VariableView view = state_.View(v);
+    VariableView view = state_.View(v, detail);
     if (collection.empty() || std::find(view.collections.begin(), view.collections.end(),
                                         collection) != view.collections.end()) {
       out.push_back(std::move(view));

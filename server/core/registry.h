@@ -179,14 +179,17 @@ class Registry {
   // All-or-nothing. Errors: INVALID_ARGUMENT (name, spec, empty batch,
   // duplicate names with different specs in one batch), FAILED_PRECONDITION
   // (replica_count > accelerators), ALREADY_EXISTS (same name, different
-  // spec), RESOURCE_EXHAUSTED (larger than max_variable_bytes).
+  // spec), RESOURCE_EXHAUSTED (larger than max_variable_bytes). `detail`:
+  // of the answer's variables.
   absl::StatusOr<CreateResult> CreateVariables(const RequestKey& key,
-                                               const std::vector<CreateItem>& items)
+                                               const std::vector<CreateItem>& items,
+                                               VariableDetail detail = VariableDetail::kFull)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Errors: NOT_FOUND.
   absl::StatusOr<VariableView> GetVariable(absl::string_view name) const ABSL_LOCKS_EXCLUDED(mu_);
   // Variables in `collection` (all when empty), by name.
-  std::vector<VariableView> ListVariables(absl::string_view collection) const
+  std::vector<VariableView> ListVariables(absl::string_view collection,
+                                          VariableDetail detail = VariableDetail::kFull) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The answer recorded for a retried request (C6); nullopt when none (not

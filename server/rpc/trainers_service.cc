@@ -74,7 +74,10 @@ grpc::Status TrainersService::CreateVariables(grpc::ServerContext* ctx,
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto key = KeyOf(req->request_id(), *req);
   if (!key.ok()) return Fail("CreateVariables", key.status());
+  auto detail = VariableDetailFromProto(req->detail());
+  if (!detail.ok()) return Fail("CreateVariables", detail.status());
   std::vector<CreateItem> items;
+  items.reserve(req->items_size());
   for (const v1::CreateVariableItem& p : req->items()) {
     auto def = VariableDefFromProto(p.spec());
     if (!def.ok()) return Fail("CreateVariables", def.status());
@@ -82,8 +85,9 @@ grpc::Status TrainersService::CreateVariables(grpc::ServerContext* ctx,
     if (!init.ok()) return Fail("CreateVariables", init.status());
     items.push_back(CreateItem{*std::move(def), *std::move(init)});
   }
-  auto result = core_->CreateVariables(*key, items);
+  auto result = core_->CreateVariables(*key, items, *detail);
   if (!result.ok()) return Fail("CreateVariables", result.status());
+  resp->mutable_variables()->Reserve(static_cast<int>(result->variables.size()));
   for (const VariableView& v : result->variables) VariableViewToProto(v, resp->add_variables());
   for (bool c : result->created) resp->add_created(c);
   for (const auto& w : result->warnings) resp->add_warnings(w);
@@ -104,7 +108,9 @@ grpc::Status TrainersService::ListVariables(grpc::ServerContext* ctx,
                                             const v1::ListVariablesRequest* req,
                                             v1::ListVariablesResponse* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
-  for (const VariableView& v : core_->ListVariables(req->collection())) {
+  auto detail = VariableDetailFromProto(req->detail());
+  if (!detail.ok()) return Fail("ListVariables", detail.status());
+  for (const VariableView& v : core_->ListVariables(req->collection(), *detail)) {
     VariableViewToProto(v, resp->add_variables());
   }
   return grpc::Status::OK;

@@ -205,9 +205,14 @@ TEST_F(ClusterTest, V6_BatchedCreateInitializeReadAssign_ThousandVariables) {
     s.initializer = InitializerSpec::Constant(i);
     specs.push_back(s);
   }
-  auto created = client_->CreateVariables(specs);
+  // Answered without the replicas (6,000 here); GetVariable has them.
+  auto created = client_->CreateVariables(specs, VariableDetail::kBasic);
   ASSERT_OK(created);
   ASSERT_EQ(created->size(), 1000u);
+  EXPECT_TRUE((*created)[999].created);
+  EXPECT_EQ((*created)[999].spec.name, "b/999");
+  EXPECT_TRUE((*created)[999].replicas.empty());
+  EXPECT_EQ(client_->GetVariable("b/999")->replicas.size(), 6u);
   std::vector<std::string> names;
   for (int i = 0; i < 1000; ++i) names.push_back(absl::StrCat("b/", i));
   ASSERT_OK(client_->Initialize(names));

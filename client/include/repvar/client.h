@@ -333,9 +333,14 @@ class Client {
   // Applies the enclosing ReplicatedScope. Errors: INVALID_ARGUMENT,
   // FAILED_PRECONDITION (more replicas than accelerators), ALREADY_EXISTS.
   absl::StatusOr<VariableInfo> CreateVariable(VariableSpec spec);
-  absl::StatusOr<std::vector<VariableInfo>> CreateVariables(std::vector<VariableSpec> specs);
+  // One registry transaction for the whole batch (V6). `detail`
+  // kBasic answers without the replicas (`VariableInfo::replicas` empty),
+  // which is most of a large batch's answer; GetVariable has them.
+  absl::StatusOr<std::vector<VariableInfo>> CreateVariables(
+      std::vector<VariableSpec> specs, VariableDetail detail = VariableDetail::kFull);
   absl::StatusOr<VariableInfo> GetVariable(const std::string& name);
-  absl::StatusOr<std::vector<VariableInfo>> ListVariables(const std::string& collection = "");
+  absl::StatusOr<std::vector<VariableInfo>> ListVariables(
+      const std::string& collection = "", VariableDetail detail = VariableDetail::kFull);
   // An operator's call (the coordinator's admin service). Errors: NOT_FOUND,
   // FAILED_PRECONDITION (the variable takes part in the open step).
   absl::Status DeleteVariable(const std::string& name);

@@ -30,6 +30,11 @@ enum class Aggregation : int { kNone = 1, kSum = 2, kMean = 3, kOnlyFirstReplica
 // server/core/replica_state.h for the transitions).
 enum class ReplicaState : int { kUninitialized = 1, kUpToDate = 2, kStale = 3, kUnavailable = 4 };
 
+// How much of each variable an answer about many variables carries: kBasic
+// leaves the replicas out (a thousand variables on eight accelerators
+// answer without eight thousand replica entries).
+enum class VariableDetail : int { kFull = 1, kBasic = 2 };
+
 // A cross-replica write: the value, or a delta added to / subtracted from the
 // committed value (C3).
 enum class AssignOp : int { kAssign = 1, kAdd = 2, kSub = 3 };

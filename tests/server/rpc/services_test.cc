@@ -131,6 +131,46 @@ TEST_F(ServicesTest, Trainers_CreateVariables_SpecAndViewsConverted_BadSpecRefus
   EXPECT_EQ(list.variables_size(), 1);
 }
 
+// VARIABLE_DETAIL_BASIC answers without the replicas, everything else as
+// FULL (the default); an unknown detail is refused with nothing created.
+TEST_F(ServicesTest, Trainers_VariableDetail_BasicLeavesReplicasOut_FullByDefault_UnknownRefused) {
+  v1::CreateVariablesRequest req = CreateW();
+  req.set_detail(v1::VARIABLE_DETAIL_BASIC);
+  v1::CreateVariablesResponse basic;
+  ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), req, &basic)));
+  ASSERT_EQ(basic.variables_size(), 1);
+  EXPECT_TRUE(basic.created(0));
+  EXPECT_EQ(basic.variables(0).replicas_size(), 0);
+  EXPECT_EQ(basic.variables(0).spec().replica_count(), 4);
+  EXPECT_GT(basic.variables(0).id(), 0u);
+  EXPECT_EQ(basic.variables(0).collections_size(), 2);
+
+  v1::ListVariablesRequest list_req;
+  v1::ListVariablesResponse list;
+  ASSERT_OK(FromGrpcStatus(trainers_->ListVariables(Ctx().get(), list_req, &list)));
+  ASSERT_EQ(list.variables_size(), 1);
+  EXPECT_EQ(list.variables(0).replicas_size(), 4);  // UNSPECIFIED: FULL
+  list_req.set_detail(v1::VARIABLE_DETAIL_BASIC);
+  ASSERT_OK(FromGrpcStatus(trainers_->ListVariables(Ctx().get(), list_req, &list)));
+  EXPECT_EQ(list.variables(0).replicas_size(), 0);
+  list_req.set_detail(v1::VARIABLE_DETAIL_FULL);
+  ASSERT_OK(FromGrpcStatus(trainers_->ListVariables(Ctx().get(), list_req, &list)));
+  EXPECT_EQ(list.variables(0).replicas_size(), 4);
+
+  v1::CreateVariablesRequest unknown = CreateW();
+  unknown.set_request_id("create-z");
+  unknown.mutable_items(0)->mutable_spec()->set_name("z");
+  unknown.set_detail(static_cast<v1::VariableDetail>(7));
+  EXPECT_THAT(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), unknown, &basic)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "variable detail 7"));
+  list_req.set_detail(static_cast<v1::VariableDetail>(7));
+  EXPECT_THAT(FromGrpcStatus(trainers_->ListVariables(Ctx().get(), list_req, &list)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "variable detail 7"));
+  list_req.set_detail(v1::VARIABLE_DETAIL_BASIC);
+  ASSERT_OK(FromGrpcStatus(trainers_->ListVariables(Ctx().get(), list_req, &list)));
+  EXPECT_EQ(list.variables_size(), 1);  // no "z"
+}
+
 TEST_F(ServicesTest, Trainers_AssignAndRead_ChunkStreams_BadChunkRefusedNothingChanged) {
   v1::CreateVariablesResponse created;
   ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
