@@ -36,6 +36,11 @@ absl::Status ValidateVariableDef(const VariableDef& def, uint64_t max_bytes) {
   return absl::OkStatus();
 }
 
+const std::vector<Placement>& Placements::Empty() {
+  static const std::vector<Placement>* const empty = new std::vector<Placement>();
+  return *empty;
+}
+
 std::string ReplicaName(const std::string& variable, int32_t index) {
   return absl::StrCat(variable, "/", index);
 }

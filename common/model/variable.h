@@ -5,6 +5,7 @@
 #define REPVAR_COMMON_MODEL_VARIABLE_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,6 +45,31 @@ struct Placement {
   DeviceName device;
   TaskKey task;
   friend bool operator==(const Placement&, const Placement&) = default;
+};
+
+// A variable's placements, replica i on (*this)[i]: fixed at create and
+// shared, so the variables created together (a batch of a thousand on the
+// same accelerators) hold one copy instead of one each.
+class Placements {
+ public:
+  Placements() = default;
+  Placements(std::vector<Placement> p)  // NOLINT: a vector is a placement list
+      : p_(std::make_shared<const std::vector<Placement>>(std::move(p))) {}
+  Placements(std::initializer_list<Placement> p) : Placements(std::vector<Placement>(p)) {}
+
+  const std::vector<Placement>& list() const { return p_ != nullptr ? *p_ : Empty(); }
+  size_t size() const { return list().size(); }
+  bool empty() const { return list().empty(); }
+  const Placement& operator[](size_t i) const { return list()[i]; }
+  std::vector<Placement>::const_iterator begin() const { return list().begin(); }
+  std::vector<Placement>::const_iterator end() const { return list().end(); }
+  friend bool operator==(const Placements& a, const Placements& b) {
+    return a.p_ == b.p_ || a.list() == b.list();
+  }
+
+ private:
+  static const std::vector<Placement>& Empty();
+  std::shared_ptr<const std::vector<Placement>> p_;
 };
 
 // "<variable>/<index>".

@@ -47,7 +47,7 @@ struct ReplicaRecord {
 struct VariableRecord {
   uint64_t id = 0;
   VariableDef def;
-  std::vector<Placement> placement;
+  Placements placement;
   Initializer initializer;
   int64_t version = 0;  // 0: uninitialized
   uint64_t checksum = 0;

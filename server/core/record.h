@@ -75,7 +75,7 @@ struct WorkerJoined {
 struct VariableCreated {
   uint64_t id = 0;
   VariableDef def;
-  std::vector<Placement> placement;  // replica i on placement[i]
+  Placements placement;  // replica i on placement[i]
   Initializer initializer;
 };
 struct VariableDeleted {

@@ -394,7 +394,7 @@ absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
       // V1: replica i on ordinal i. Every variable of n replicas has the
       // same placement, the first n accelerators: made once per n the batch
       // asks for. one_host[n]: they all sit on one host.
-      absl::flat_hash_map<int32_t, std::vector<Placement>> placements;
+      absl::flat_hash_map<int32_t, Placements> placements;
       std::vector<bool> one_host(topo.accelerators.size() + 1, true);
       for (size_t n = 2; n <= topo.accelerators.size(); ++n) {
         one_host[n] = one_host[n - 1] && topo.accelerators[n - 1].task == topo.accelerators[0].task;
@@ -413,11 +413,13 @@ absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
         answer.created.push_back(fresh);
         if (!fresh) continue;
         // Recorded; it never moves.
-        std::vector<Placement>& placement = placements[def.replica_count];
+        Placements& placement = placements[def.replica_count];
         if (placement.empty()) {
+          std::vector<Placement> first;
           for (int32_t i = 0; i < def.replica_count; ++i) {
-            placement.push_back(Placement{topo.accelerators[i].device, topo.accelerators[i].task});
+            first.push_back(Placement{topo.accelerators[i].device, topo.accelerators[i].task});
           }
+          placement = Placements(std::move(first));
         }
         if (one_host[def.replica_count]) {
           answer.warnings.push_back(

@@ -471,10 +471,11 @@ absl::Status RocksStateLog::LoadCheckpoint(ClusterStateData& data, uint64_t& las
     TaskKey key = w.task;
     data.workers.emplace(std::move(key), std::move(w));
   }
+  PlacementInterner placements;
   for (it->Seek(kVariables); it->Valid() && it->key().starts_with(kVariables); it->Next()) {
     disk::VariableRecord row;
     REPVAR_RETURN_IF_ERROR(Parse(&row, it->value(), "a checkpointed variable"));
-    REPVAR_ASSIGN_OR_RETURN(VariableRecord v, DecodeVariable(row, blobs_));
+    REPVAR_ASSIGN_OR_RETURN(VariableRecord v, DecodeVariable(row, blobs_, &placements));
     const uint64_t id = ReadBigEndian(Suffix(it->key(), sizeof(kVariables) - 1));
     data.variables.emplace(id, std::move(v));
   }

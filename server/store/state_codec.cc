@@ -341,7 +341,8 @@ struct ChangeEncoder {
 };
 
 absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files,
-                                    const std::vector<Placement>& placements) {
+                                    const std::vector<Placement>& placements,
+                                    PlacementInterner& interner) {
   switch (in.change_case()) {
     case disk::Change::kWorkerRegistered: {
       const auto& m = in.worker_registered();
@@ -358,18 +359,21 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files,
       VariableCreated c;
       c.id = m.id();
       REPVAR_ASSIGN_OR_RETURN(c.def, Get(m.def()));
-      for (const auto& p : m.placement()) c.placement.push_back(Get(p));
+      std::vector<Placement> list;
+      list.reserve(m.placement_size() + m.placement_refs_size());
+      for (const auto& p : m.placement()) list.push_back(Get(p));
       for (uint32_t ref : m.placement_refs()) {
         if (ref >= placements.size()) {
           return Bad(absl::StrCat("variable ", c.def.name, " names placement ", ref, " of ",
                                   placements.size()));
         }
-        c.placement.push_back(placements[ref]);
+        list.push_back(placements[ref]);
       }
-      if (c.placement.size() != static_cast<size_t>(c.def.replica_count)) {
+      if (list.size() != static_cast<size_t>(c.def.replica_count)) {
         return Bad(absl::StrCat("variable ", c.def.name, " has ", c.def.replica_count,
-                                " replicas and ", c.placement.size(), " placements"));
+                                " replicas and ", list.size(), " placements"));
       }
+      c.placement = interner.Intern(std::move(list));
       REPVAR_ASSIGN_OR_RETURN(c.initializer, Get(m.initializer(), files));
       return Change(std::move(c));
     }
@@ -472,10 +476,11 @@ absl::StatusOr<Record> DecodeRecord(const disk::Record& in, TensorFiles& files) 
   std::vector<Placement> placements;
   placements.reserve(in.placements_size());
   for (const disk::Placement& p : in.placements()) placements.push_back(Get(p));
+  PlacementInterner interner;
   Record record;
   record.changes.reserve(in.changes_size());
   for (const disk::Change& c : in.changes()) {
-    REPVAR_ASSIGN_OR_RETURN(Change change, DecodeChange(c, files, placements));
+    REPVAR_ASSIGN_OR_RETURN(Change change, DecodeChange(c, files, placements, interner));
     record.changes.push_back(std::move(change));
   }
   return record;
@@ -501,11 +506,26 @@ absl::Status EncodeVariable(const VariableRecord& v, TensorFiles& files,
   return absl::OkStatus();
 }
 
-absl::StatusOr<VariableRecord> DecodeVariable(const disk::VariableRecord& in, TensorFiles& files) {
+Placements PlacementInterner::Intern(std::vector<Placement> list) {
+  for (const Placements& p : distinct_) {
+    if (p.list() == list) return p;
+  }
+  // Past a few hundred distinct lists, sharing stops paying for the search.
+  if (distinct_.size() >= 256) return Placements(std::move(list));
+  distinct_.emplace_back(std::move(list));
+  return distinct_.back();
+}
+
+absl::StatusOr<VariableRecord> DecodeVariable(const disk::VariableRecord& in, TensorFiles& files,
+                                              PlacementInterner* interner) {
   VariableRecord v;
   v.id = in.id();
   REPVAR_ASSIGN_OR_RETURN(v.def, Get(in.def()));
-  for (const auto& p : in.placement()) v.placement.push_back(Get(p));
+  std::vector<Placement> list;
+  list.reserve(in.placement_size());
+  for (const auto& p : in.placement()) list.push_back(Get(p));
+  v.placement =
+      interner != nullptr ? interner->Intern(std::move(list)) : Placements(std::move(list));
   REPVAR_ASSIGN_OR_RETURN(v.initializer, Get(in.initializer(), files));
   v.version = in.version();
   v.checksum = in.checksum();

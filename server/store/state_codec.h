@@ -34,13 +34,26 @@ class TensorFiles {
   virtual absl::StatusOr<std::shared_ptr<const Tensor>> Load(const disk::TensorRef& ref) = 0;
 };
 
+// Hands out one shared copy of each distinct placement list it is given, so
+// that the variables recovered from disk share their placements as the ones
+// created together do. Not thread-safe.
+class PlacementInterner {
+ public:
+  Placements Intern(std::vector<Placement> list);
+
+ private:
+  std::vector<Placements> distinct_;
+};
+
 absl::Status EncodeRecord(const Record& record, TensorFiles& files, disk::Record* out);
 absl::StatusOr<Record> DecodeRecord(const disk::Record& in, TensorFiles& files);
 
 // Checkpoint rows: one per variable, worker and recorded answer, plus the
 // counters.
 absl::Status EncodeVariable(const VariableRecord& v, TensorFiles& files, disk::VariableRecord* out);
-absl::StatusOr<VariableRecord> DecodeVariable(const disk::VariableRecord& in, TensorFiles& files);
+// `interner` (may be null) shares the placements of the variables it decodes.
+absl::StatusOr<VariableRecord> DecodeVariable(const disk::VariableRecord& in, TensorFiles& files,
+                                              PlacementInterner* interner = nullptr);
 void EncodeStepCommitted(const StepCommitted& c, disk::StepCommitted* out);
 StepCommitted DecodeStepCommitted(const disk::StepCommitted& in);
 void EncodeWorker(const WorkerRecord& w, disk::WorkerRecord* out);

@@ -116,9 +116,11 @@ TEST_F(StateCodecTest, Placements_ABatchRecordsEachOnce_OldSpelledOutRecordsStil
     c.def.aggregation = Aggregation::kMean;
     // Some variables start on another accelerator than the first.
     const size_t first = i % 3 == 0 ? 2 : 0;
+    std::vector<Placement> list;
     for (int32_t r = 0; r < c.def.replica_count; ++r) {
-      c.placement.push_back(accelerators[(first + r) % accelerators.size()]);
+      list.push_back(accelerators[(first + r) % accelerators.size()]);
     }
+    c.placement = std::move(list);
     batch.changes.push_back(c);
   }
   disk::Record encoded;
@@ -139,6 +141,9 @@ TEST_F(StateCodecTest, Placements_ABatchRecordsEachOnce_OldSpelledOutRecordsStil
               std::get<VariableCreated>(batch.changes[i]).placement)
         << i;
   }
+  // Variables with the same placements share one copy once decoded.
+  EXPECT_EQ(&std::get<VariableCreated>(decoded->changes[1]).placement.list(),
+            &std::get<VariableCreated>(decoded->changes[17]).placement.list());
 
   // The form written before the table: each placement in the variable.
   disk::Record old = parsed;
