@@ -54,7 +54,7 @@ ABSL_FLAG(bool, only_steps, false, "run only the step figures");
 ABSL_FLAG(bool, only_security, false, "run only the TLS-and-tokens cost figures");
 ABSL_FLAG(bool, only_small, false, "run only the small-op and batch figures");
 ABSL_FLAG(bool, only_bcast, false, "run only the broadcast figures");
-ABSL_FLAG(int32_t, batch_rounds, 3,
+ABSL_FLAG(int32_t, batch_rounds, 7,
           "rounds of the batched figures (1,000 fresh variables each; median reported)");
 
 namespace {
