@@ -93,21 +93,37 @@ absl::StatusOr<Replication::Delivery> Replication::Deliver(const std::vector<Pla
   };
   std::vector<Batch> batches = registry_->Peek([&](const ClusterState& state) {
     std::map<TaskKey, Batch> per_task;
+    // The replicas on each live worker, for one placement list; variables
+    // created together share theirs, so a batch groups once, not per write.
+    struct Group {
+      Batch* batch;
+      std::vector<int32_t> replicas;
+    };
+    std::vector<Group> groups;
+    const std::vector<Placement>* grouped = nullptr;
     for (const PlannedWrite& w : writes) {
       const VariableRecord* v = state.FindId(w.id);
       if (v == nullptr) continue;
-      std::map<TaskKey, std::vector<int32_t>> replicas;
-      for (size_t i = 0; i < v->placement.size(); ++i) {
-        const WorkerRecord* worker = state.Worker(v->placement[i].task);
-        if (worker != nullptr && worker->state == WorkerState::kLive) {
-          replicas[v->placement[i].task].push_back(static_cast<int32_t>(i));
+      if (&v->placement.list() != grouped) {
+        grouped = &v->placement.list();
+        std::map<TaskKey, std::vector<int32_t>> replicas;
+        for (size_t i = 0; i < v->placement.size(); ++i) {
+          const WorkerRecord* worker = state.Worker(v->placement[i].task);
+          if (worker != nullptr && worker->state == WorkerState::kLive) {
+            replicas[v->placement[i].task].push_back(static_cast<int32_t>(i));
+          }
+        }
+        groups.clear();
+        for (auto& [task, idx] : replicas) {
+          Batch& b = per_task[task];
+          const WorkerRecord& worker = *state.Worker(task);
+          b.target = WorkerTarget{task, worker.address, worker.incarnation};
+          groups.push_back(Group{&b, std::move(idx)});
         }
       }
-      for (auto& [task, idx] : replicas) {
-        Batch& b = per_task[task];
-        const WorkerRecord& worker = *state.Worker(task);
-        b.target = WorkerTarget{task, worker.address, worker.incarnation};
-        b.writes.push_back(ReplicaWrite{w.id, w.name, w.version, std::move(idx), w.value, fence});
+      for (const Group& g : groups) {
+        g.batch->writes.push_back(
+            ReplicaWrite{w.id, w.name, w.version, g.replicas, w.value, fence});
       }
     }
     std::vector<Batch> out;

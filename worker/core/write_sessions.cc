@@ -37,9 +37,21 @@ absl::Status Validate(const ReplicaWrite& w) {
   if (w.replicas.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("write of ", w.name, " names no replica"));
   }
-  std::vector<int32_t> sorted = w.replicas;
-  std::sort(sorted.begin(), sorted.end());
-  if (sorted.front() < 0 || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+  // A write usually names a host's few replicas: those are compared
+  // pairwise, without a sorted copy per write (a batch is thousands).
+  const std::vector<int32_t>& r = w.replicas;
+  bool bad = false;
+  if (r.size() <= 16) {
+    for (size_t i = 0; i < r.size() && !bad; ++i) {
+      bad = r[i] < 0;
+      for (size_t j = 0; j < i && !bad; ++j) bad = r[j] == r[i];
+    }
+  } else {
+    std::vector<int32_t> sorted = r;
+    std::sort(sorted.begin(), sorted.end());
+    bad = sorted.front() < 0 || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end();
+  }
+  if (bad) {
     return absl::InvalidArgumentError(
         absl::StrCat("write of ", w.name, " names a negative or repeated replica index"));
   }
@@ -103,7 +115,7 @@ ReplicaWriteSession::ReplicaWriteSession(uint64_t incarnation, ReplicaStore* sto
 
 ReplicaWriteSession::~ReplicaWriteSession() = default;
 
-absl::Status ReplicaWriteSession::OnHeader(const ReplicaWriteHeader& h,
+absl::Status ReplicaWriteSession::OnHeader(ReplicaWriteHeader h,
                                            std::span<const std::byte> inline_data) {
   REPVAR_RETURN_IF_ERROR(FinishCurrent());
   if (h.incarnation != incarnation_) {
@@ -126,7 +138,7 @@ absl::Status ReplicaWriteSession::OnHeader(const ReplicaWriteHeader& h,
       return absl::InvalidArgumentError("tensor header size does not match its spec");
     }
   }
-  header_ = h;
+  header_ = std::move(h);
   return absl::OkStatus();
 }
 

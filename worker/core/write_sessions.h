@@ -46,7 +46,7 @@ class ReplicaWriteSession {
   // Errors: ABORTED (another incarnation), INVALID_ARGUMENT (bad header,
   // chunk or checksum), FAILED_PRECONDITION (no data plane), UNAVAILABLE or
   // DATA_LOSS (the data plane failed). Nothing is applied after an error.
-  absl::Status OnHeader(const ReplicaWriteHeader& h, std::span<const std::byte> inline_data);
+  absl::Status OnHeader(ReplicaWriteHeader h, std::span<const std::byte> inline_data);
   absl::Status OnChunk(uint64_t offset, std::span<const std::byte> data, uint64_t checksum);
   // Applies every write of the stream; returns the checksum of the last one
   // as verified here (0 when there was none).

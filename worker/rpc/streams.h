@@ -24,7 +24,7 @@ namespace repvar::worker {
 inline absl::Status OnHeader(ReplicaWriteSession& session, const v1::WriteReplicasHeader& h) {
   REPVAR_ASSIGN_OR_RETURN(ReplicaWriteHeader header, WriteHeaderFromProto(h));
   CountReceivedTensorBytes(h.inline_data().size());
-  return session.OnHeader(header, BytesOf(h.inline_data()));
+  return session.OnHeader(std::move(header), BytesOf(h.inline_data()));
 }
 inline absl::Status OnHeader(StepWriteSession& session, const v1::StepWriteHeader& h) {
   REPVAR_ASSIGN_OR_RETURN(StepWriteHeader header, StepWriteHeaderFromProto(h));

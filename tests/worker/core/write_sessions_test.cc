@@ -99,6 +99,17 @@ TEST(ReplicaWriteSession, Refusals) {
   bad = Header(1, a);
   bad.write.replicas = {0, -1};
   EXPECT_THAT(session.OnHeader(bad, a), StatusIs(absl::StatusCode::kInvalidArgument, "replica"));
+  bad.write.replicas = {2, 0, 2};
+  EXPECT_THAT(session.OnHeader(bad, a), StatusIs(absl::StatusCode::kInvalidArgument, "repeated"));
+  // A long list (checked by sorting a copy): repeated, then negative.
+  bad.write.replicas.clear();
+  for (int32_t r = 40; r >= 0; --r) bad.write.replicas.push_back(r);
+  bad.write.replicas.push_back(17);
+  EXPECT_THAT(session.OnHeader(bad, a), StatusIs(absl::StatusCode::kInvalidArgument, "repeated"));
+  bad.write.replicas.back() = -3;
+  EXPECT_THAT(session.OnHeader(bad, a), StatusIs(absl::StatusCode::kInvalidArgument, "negative"));
+  bad.write.replicas.back() = 41;
+  EXPECT_OK(session.OnHeader(bad, a));
   bad = Header(1, a);
   bad.write.fence = 0;
   EXPECT_THAT(session.OnHeader(bad, a), StatusIs(absl::StatusCode::kInvalidArgument, "fence"));
