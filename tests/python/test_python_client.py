@@ -113,6 +113,10 @@ def test_assign_add_and_initializers(client):
     names = {v.spec.name for v in client.list("TRAINABLE_VARIABLES")}
     assert "counter" not in names
     assert "counter" in {v.spec.name for v in client.list("GLOBAL_VARIABLES")}
+    full = {v.spec.name: v for v in client.list()}
+    basic = {v.spec.name: v for v in client.list(replicas=False)}
+    assert len(full["counter"].replicas) == 6 and len(basic["counter"].replicas) == 0
+    assert basic["counter"].version == full["counter"].version == 4
 
 
 def test_seeded_initializer_is_reproducible(client):
