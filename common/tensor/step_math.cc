@@ -116,7 +116,7 @@ absl::Status AddDelta(const Tensor& begin, const Tensor& local, std::span<std::b
 }
 
 absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::byte> acc,
-                                     int64_t divisor) {
+                                     int64_t divisor, bool shared) {
   const DType dtype = begin.spec.dtype;
   const int64_t n = static_cast<int64_t>(begin.bytes.size() / ItemSize(dtype));
   const size_t item = ItemSize(dtype);
@@ -124,7 +124,7 @@ absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::b
   if (acc.size() != static_cast<size_t>(n) * AccumSize(type) || divisor < 1) {
     return absl::FailedPreconditionError("reduced buffer does not match the variable");
   }
-  absl::StatusOr<Tensor> out_or = Tensor::ForOverwrite(begin.spec);
+  absl::StatusOr<Tensor> out_or = Tensor::ForOverwrite(begin.spec, shared);
   if (!out_or.ok()) return out_or.status();
   Reduced r{*std::move(out_or), -1};
   const std::byte* b = begin.bytes.data();

@@ -45,9 +45,10 @@ struct Reduced {
 // checksum and the non-finite scan are taken in the same pass, block by
 // block while the bytes are in cache. Errors: OUT_OF_RANGE when an integer
 // result overflows its dtype; FAILED_PRECONDITION for a size mismatch or
-// divisor < 1.
+// divisor < 1. `shared`: the result goes in a shared memfd mapping (a worker's
+// large values, which trainers on its host then map without a copy).
 absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::byte> acc,
-                                     int64_t divisor);
+                                     int64_t divisor, bool shared = false);
 
 }  // namespace repvar
 

@@ -74,10 +74,11 @@ uint64_t ChecksumStream::Digest() const { return XXH3_64bits_digest(state_.get()
 
 void ChecksumStream::Reset() { XXH3_64bits_reset(state_.get()); }
 
-absl::StatusOr<Tensor> Tensor::ForOverwrite(const TensorSpec& spec) {
+absl::StatusOr<Tensor> Tensor::ForOverwrite(const TensorSpec& spec, bool shared) {
   auto size = spec.ByteSize();
   if (!size.ok()) return size.status();
-  auto buf = Buffer::Allocate(static_cast<size_t>(*size));
+  auto buf = shared ? Buffer::AllocateShared(static_cast<size_t>(*size))
+                    : Buffer::Allocate(static_cast<size_t>(*size));
   if (!buf.ok()) return buf.status();
   Tensor t;
   t.spec = spec;

@@ -77,8 +77,9 @@ struct Tensor {
   // RESOURCE_EXHAUSTED.
   static absl::StatusOr<Tensor> Zeros(const TensorSpec& spec);
   // A tensor of `spec` whose bytes the caller is about to overwrite
-  // entirely (no clearing pass; checksum left 0). Errors: as Zeros.
-  static absl::StatusOr<Tensor> ForOverwrite(const TensorSpec& spec);
+  // entirely (no clearing pass; checksum left 0); `shared`: in a shared
+  // memfd mapping (Buffer::AllocateShared). Errors: as Zeros.
+  static absl::StatusOr<Tensor> ForOverwrite(const TensorSpec& spec, bool shared = false);
   // Copies `data`; checks its length. Computes the checksum.
   static absl::StatusOr<Tensor> FromBytes(const TensorSpec& spec, std::span<const std::byte> data);
   void UpdateChecksum() { checksum = Checksum(bytes.span()); }

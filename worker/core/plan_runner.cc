@@ -80,7 +80,11 @@ absl::Status PlanRunner::RunAllreduce(const LocalStep& s, const CollectiveSpec& 
       divisor = std::count_if(vars[i]->replica_participant.begin(),
                               vars[i]->replica_participant.end(), [](int32_t p) { return p >= 0; });
     }
-    auto reduced = ApplyReduced(*begins[i], acc.span().subspan(off, len), divisor);
+    // A large result is written into shared memory: the trainers on this
+    // host map the committed value after the step (StepTable::Map lends a
+    // shared buffer as it is, and copies any other).
+    const bool shared = begins[i]->bytes.size() >= kSharedValueBytes;
+    auto reduced = ApplyReduced(*begins[i], acc.span().subspan(off, len), divisor, shared);
     if (!reduced.ok()) {
       return absl::Status(reduced.status().code(),
                           absl::StrCat(vars[i]->name, ": ", reduced.status().message()));

@@ -37,6 +37,11 @@ struct PlanOutput {
 // (only up-to-date replicas take part). Stateless; thread-compatible.
 class PlanRunner {
  public:
+  // A reduced value of at least this size is written into shared memory, so
+  // that a trainer on this host maps it after the step without a copy (the
+  // trainers' libraries map values of 1 MiB and more).
+  static constexpr size_t kSharedValueBytes = 1 << 20;
+
   PlanRunner(ReplicaStore* store, Collectives* collectives)
       : store_(store), collectives_(collectives) {}
 

@@ -97,6 +97,34 @@ TEST_F(PlanRunnerTest, S4_Mean_DividesByParticipatingReplicasOnly) {
   EXPECT_EQ(Floats(*out->values.at(1)), (std::vector<float>{3, 4}));  // 1,2 + 4/2, not 4/4
 }
 
+// A reduced value a trainer on this host maps after the step is written
+// into shared memory (lent without a copy); a small one is not.
+TEST_F(PlanRunnerTest, LargeReducedValue_InSharedMemory_SmallOneNot) {
+  const int64_t n = PlanRunner::kSharedValueBytes / 4;
+  auto layout = std::make_shared<StepLayout>(*step_.layout);
+  layout->info.variables[0].spec = TensorSpec{DType::kFloat32, {n}};
+  step_.layout = layout;
+  std::vector<float> ones(n, 1.0f), threes(n, 3.0f);
+  ASSERT_TRUE(store_.Apply({ReplicaWrite{1, "w", 6, {2, 3}, F32(ones), 1}}).ok());
+  step_.written[{1, 2}] = F32(threes);  // +2 each
+  StepPlan plan;
+  plan.group = "g";
+  plan.collectives.push_back(StepCollective{StepCollective::Kind::kAllreduce, 4, {1}, 0, 0, 0, {}});
+  auto out = runner_.Run(step_, plan);
+  ASSERT_OK(out);
+  const Tensor& big = *out->values.at(1);
+  EXPECT_GE(big.bytes.shared_fd(), 0);
+  EXPECT_EQ(Floats(big)[n - 1], 1.5f);  // 1 + 2/4
+  EXPECT_EQ(big.checksum, Checksum(big.bytes.span()));
+
+  PlanRunnerTest::SetUp();  // w of 2 floats again
+  step_.written.clear();
+  step_.written[{1, 2}] = F32({5, 6});
+  auto small = runner_.Run(step_, plan);
+  ASSERT_OK(small);
+  EXPECT_LT(small->values.at(1)->bytes.shared_fd(), 0);
+}
+
 TEST_F(PlanRunnerTest, Broadcast_ReceivedValueCheckedAgainstThePlannedChecksum) {
   collectives_.root = F32({7, 7});
   StepPlan plan;
