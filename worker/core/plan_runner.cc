@@ -80,11 +80,8 @@ absl::Status PlanRunner::RunAllreduce(const LocalStep& s, const CollectiveSpec& 
       divisor = std::count_if(vars[i]->replica_participant.begin(),
                               vars[i]->replica_participant.end(), [](int32_t p) { return p >= 0; });
     }
-    // A large result is written into shared memory: the trainers on this
-    // host map the committed value after the step (StepTable::Map lends a
-    // shared buffer as it is, and copies any other).
-    const bool shared = begins[i]->bytes.size() >= kSharedValueBytes;
-    auto reduced = ApplyReduced(*begins[i], acc.span().subspan(off, len), divisor, shared);
+    auto reduced =
+        ApplyReduced(*begins[i], acc.span().subspan(off, len), divisor, Shared(begins[i]->spec));
     if (!reduced.ok()) {
       return absl::Status(reduced.status().code(),
                           absl::StrCat(vars[i]->name, ": ", reduced.status().message()));
@@ -99,29 +96,34 @@ absl::Status PlanRunner::RunBroadcast(const LocalStep& s, const CollectiveSpec& 
                                       const StepCollective& c, PlanOutput& out) const {
   const StepVariable* var = s.layout->Find(c.variable_ids.front());
   if (var == nullptr) return absl::InvalidArgumentError("plan names an unknown variable");
-  Tensor t;
+  std::shared_ptr<const Tensor> value;
+  uint64_t checksum = 0;  // of the bytes this member holds, summed here
   if (spec.rank == c.root) {
-    std::shared_ptr<const Tensor> src;
+    // The winning value is sent as it is and becomes this worker's value:
+    // no copy. The root only reads its bytes (the span is mutable because
+    // receivers write theirs).
     auto w = s.written.find({var->id, c.source_replica});
     if (w != s.written.end()) {
-      src = w->second;
+      value = w->second;
     } else {
-      REPVAR_ASSIGN_OR_RETURN(src, BeginValue(var->id, c.source_replica));
+      REPVAR_ASSIGN_OR_RETURN(value, BeginValue(var->id, c.source_replica));
     }
-    REPVAR_ASSIGN_OR_RETURN(t, Tensor::FromBytes(src->spec, src->bytes.span()));
+    checksum = Checksum(value->bytes.span());
+    std::span<std::byte> bytes(const_cast<std::byte*>(value->bytes.data()), value->bytes.size());
+    REPVAR_RETURN_IF_ERROR(collectives_->Broadcast(spec, bytes, nullptr, nullptr));
   } else {
-    REPVAR_ASSIGN_OR_RETURN(t, Tensor::ForOverwrite(var->spec));  // the broadcast fills it
+    // The broadcast fills it.
+    REPVAR_ASSIGN_OR_RETURN(Tensor t, Tensor::ForOverwrite(var->spec, Shared(var->spec)));
+    ChecksumStream received;
+    REPVAR_RETURN_IF_ERROR(collectives_->Broadcast(spec, t.bytes.span(), &received, nullptr));
+    t.checksum = checksum = received.Digest();
+    value = std::make_shared<const Tensor>(std::move(t));
   }
-  ChecksumStream received;  // the root's copy was summed by FromBytes
-  REPVAR_RETURN_IF_ERROR(collectives_->Broadcast(spec, t.bytes.span(), &received, nullptr));
-  if (spec.rank != c.root) t.checksum = received.Digest();
-  if (t.checksum != c.checksum) {
+  if (checksum != c.checksum) {
     return absl::DataLossError(
         absl::StrCat("the repair value of ", var->name, " arrived with a bad checksum"));
   }
-  if (!s.layout->LocalReplicas(*var).empty()) {
-    out.values[var->id] = std::make_shared<const Tensor>(std::move(t));
-  }
+  if (!s.layout->LocalReplicas(*var).empty()) out.values[var->id] = std::move(value);
   return absl::OkStatus();
 }
 

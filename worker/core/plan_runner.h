@@ -37,10 +37,16 @@ struct PlanOutput {
 // (only up-to-date replicas take part). Stateless; thread-compatible.
 class PlanRunner {
  public:
-  // A reduced value of at least this size is written into shared memory, so
-  // that a trainer on this host maps it after the step without a copy (the
-  // trainers' libraries map values of 1 MiB and more).
+  // A value this runner makes of at least this size (a reduced or a
+  // received one) is written into shared memory, so that a trainer on this
+  // host maps it after the step without a copy (StepTable::Map lends a
+  // shared buffer as it is and copies any other; the trainers' libraries
+  // map values of 1 MiB and more).
   static constexpr size_t kSharedValueBytes = 1 << 20;
+  static bool Shared(const TensorSpec& spec) {
+    const absl::StatusOr<int64_t> bytes = spec.ByteSize();
+    return bytes.ok() && static_cast<size_t>(*bytes) >= kSharedValueBytes;
+  }
 
   PlanRunner(ReplicaStore* store, Collectives* collectives)
       : store_(store), collectives_(collectives) {}

@@ -144,5 +144,37 @@ TEST_F(PlanRunnerTest, Broadcast_ReceivedValueCheckedAgainstThePlannedChecksum) 
   EXPECT_THAT(runner_.Run(step_, plan), StatusIs(absl::StatusCode::kInvalidArgument, "unknown"));
 }
 
+// A repair broadcast: the root sends the winning value itself and keeps it
+// (no copy); a receiver of a large value gets it in shared memory.
+TEST_F(PlanRunnerTest, Broadcast_RootKeepsItsValueUncopied_LargeReceivedValueShared) {
+  const std::shared_ptr<const Tensor> winner = F32({7, 7});
+  step_.written[{1, 2}] = winner;
+  StepPlan plan;
+  plan.collectives.push_back(StepCollective{StepCollective::Kind::kBroadcast,
+                                            0,
+                                            {1},
+                                            /*root=*/1,
+                                            /*source_replica=*/2,
+                                            winner->checksum,
+                                            {2, 3}});
+  auto out = runner_.Run(step_, plan);
+  ASSERT_OK(out);
+  EXPECT_EQ(out->values.at(1), winner);
+  plan.collectives[0].checksum ^= 1;
+  EXPECT_THAT(runner_.Run(step_, plan), StatusIs(absl::StatusCode::kDataLoss, "bad checksum"));
+
+  const int64_t n = PlanRunner::kSharedValueBytes / 4;
+  auto layout = std::make_shared<StepLayout>(*step_.layout);
+  layout->info.variables[0].spec = TensorSpec{DType::kFloat32, {n}};
+  step_.layout = layout;
+  collectives_.root = F32(std::vector<float>(n, 2.0f));
+  plan.collectives[0] = StepCollective{StepCollective::Kind::kBroadcast, 0,     {1}, /*root=*/0, 0,
+                                       collectives_.root->checksum,      {2, 3}};
+  auto big = runner_.Run(step_, plan);
+  ASSERT_OK(big);
+  EXPECT_GE(big->values.at(1)->bytes.shared_fd(), 0);
+  EXPECT_EQ(Floats(*big->values.at(1))[n - 1], 2.0f);
+}
+
 }  // namespace
 }  // namespace repvar::worker
