@@ -222,6 +222,38 @@ TEST_F(CoordinatorTest, V6_BatchedCreateInitializeAssignAnswerOnce) {
   EXPECT_EQ(Floats(*core_.Read("b/42")->value), (std::vector<float>{2, 2, 2}));
 }
 
+// A batch over variables of different placements, interleaved (the fan-out
+// groups replicas by worker once per placement list): every replica, and
+// only those, is written on the worker its placement names.
+TEST_F(CoordinatorTest, V6_BatchedInitialize_MixedPlacements_EachReplicaOnItsWorker) {
+  std::vector<CreateItem> items;
+  for (int i = 0; i < 12; ++i) {
+    items.push_back(
+        {Def(absl::StrCat("m/", i), 1 + i % 3 * 2), Initializer{InitializerKind::kOnes}});
+  }
+  ASSERT_OK(core_.CreateVariables({}, items));
+  std::vector<InitializeItem> init;
+  for (int i = 0; i < 12; ++i) init.push_back({absl::StrCat("m/", i), std::nullopt});
+  ASSERT_OK(core_.Initialize({}, init));
+  for (int i = 0; i < 12; ++i) {
+    auto v = core_.GetVariable(absl::StrCat("m/", i));
+    ASSERT_OK(v);
+    ASSERT_EQ(v->replicas.size(), static_cast<size_t>(1 + i % 3 * 2));
+    for (int32_t r = 0; r < 6; ++r) {
+      for (int t = 0; t < 3; ++t) {
+        const std::string task = absl::StrCat("tpu_worker:", t);
+        const bool placed =
+            r < static_cast<int32_t>(v->replicas.size()) && v->replicas[r].task.ToString() == task;
+        auto held = workers_.Get(task, v->id, r);
+        EXPECT_EQ(held.has_value(), placed) << v->def.name << " replica " << r << " on " << task;
+        if (placed && held) {
+          EXPECT_EQ(held->version, 1);
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CoordinatorTest, C1_Read_ReturnsLastCommittedValueAndVersion) {
   Create(Def("w", 6));
   ASSERT_OK(Assign("w", F32({1, 2, 3})));
