@@ -15,9 +15,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -277,44 +280,87 @@ struct StepPhases {
   double begin_ms = 0, write_ms = 0, commit_ms = 0;
 };
 
-// One step with a trainer thread per worker: `write` fills each trainer's
-// local replicas, then every trainer commits. Returns the time of each phase
-// (commit: from the first commit to the last answer), in ms.
-template <typename Write>
-StepPhases TimedStep(repvar::Client& c, int64_t step, int workers, Write write) {
-  StepPhases phases;
-  auto b0 = Clock::now();
-  std::vector<std::unique_ptr<repvar::StepScope>> scopes(workers);
-  std::vector<std::thread> threads;
-  for (int w = 0; w < workers; ++w) {  // every trainer begins, as trainers do: concurrently
-    threads.emplace_back([&, w] {
-      auto s = repvar::StepScope::Begin(
-          c, step,
-          {.worker = absl::StrCat("tpu_worker:", w), .barrier_timeout = absl::Seconds(300)});
-      if (!s.ok()) Die("begin step", s.status());
-      scopes[w] = *std::move(s);
-    });
+// The trainers of a step: one long-lived thread per worker, as real trainers
+// are long-lived processes. `Run(fn)` runs fn(w) on every trainer at once and
+// returns when all have returned. (Creating and joining 32 threads costs
+// 4-5 ms on this VM; the step figures before 2026-12-04's fourth pass did it
+// three times per step.)
+class Trainers {
+ public:
+  explicit Trainers(int n) : n_(n) {
+    for (int w = 0; w < n; ++w) threads_.emplace_back([this, w] { Loop(w); });
   }
-  for (std::thread& t : threads) t.join();
-  threads.clear();
+  ~Trainers() {
+    {
+      std::lock_guard l(mu_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  void Run(const std::function<void(int)>& fn) {
+    std::unique_lock l(mu_);
+    fn_ = &fn;
+    done_ = 0;
+    ++generation_;
+    start_.notify_all();
+    finished_.wait(l, [&] { return done_ == n_; });
+    fn_ = nullptr;
+  }
+
+ private:
+  void Loop(int w) {
+    int64_t seen = 0;
+    std::unique_lock l(mu_);
+    while (true) {
+      start_.wait(l, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      const std::function<void(int)>* fn = fn_;
+      l.unlock();
+      (*fn)(w);
+      l.lock();
+      if (++done_ == n_) finished_.notify_one();
+    }
+  }
+
+  const int n_;
+  std::mutex mu_;
+  std::condition_variable start_, finished_;
+  bool stop_ = false;
+  int64_t generation_ = 0;
+  int done_ = 0;
+  const std::function<void(int)>* fn_ = nullptr;
+  std::vector<std::thread> threads_;
+};
+
+// One step with the trainers of `trainers` (one per worker): `write` fills
+// each trainer's local replicas, then every trainer commits. Returns the time
+// of each phase (commit: from the first commit to the last answer), in ms.
+template <typename Write>
+StepPhases TimedStep(repvar::Client& c, int64_t step, Trainers& trainers, int workers,
+                     Write write) {
+  StepPhases phases;
+  std::vector<std::unique_ptr<repvar::StepScope>> scopes(workers);
+  auto b0 = Clock::now();
+  trainers.Run([&](int w) {  // every trainer begins, as trainers do: concurrently
+    auto s = repvar::StepScope::Begin(
+        c, step, {.worker = absl::StrCat("tpu_worker:", w), .barrier_timeout = absl::Seconds(300)});
+    if (!s.ok()) Die("begin step", s.status());
+    scopes[w] = *std::move(s);
+  });
   phases.begin_ms = Ms(b0, Clock::now());
   auto w0 = Clock::now();
-  for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&, w] {
-      if (absl::Status st = write(w, *scopes[w]); !st.ok()) Die("step write", st);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  threads.clear();
+  trainers.Run([&](int w) {
+    if (absl::Status st = write(w, *scopes[w]); !st.ok()) Die("step write", st);
+  });
   phases.write_ms = Ms(w0, Clock::now());
   auto t0 = Clock::now();
-  for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&, w] {
-      auto r = scopes[w]->Commit();
-      if (!r.ok()) Die("commit", r.status());
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  trainers.Run([&](int w) {
+    auto r = scopes[w]->Commit();
+    if (!r.ok()) Die("commit", r.status());
+  });
   phases.commit_ms = Ms(t0, Clock::now());
   return phases;
 }
@@ -333,10 +379,11 @@ void MeanStep(int mib, int workers, int iters) {
   if (auto v = c->CreateVariable(spec); !v.ok()) Die("create", v.status());
   if (auto v = c->Initialize({"mean"}); !v.ok()) Die("initialize", v.status());
   std::vector<std::vector<float>> local(workers, std::vector<float>(n));
+  Trainers trainers(workers);
   for (int w = 0; w < workers; ++w) std::fill(local[w].begin(), local[w].end(), float(w));
   std::vector<double> t;
   for (int i = 0; i < iters + 1; ++i) {
-    double ms = TimedStep(*c, i + 1, workers, [&](int w, repvar::StepScope& s) {
+    double ms = TimedStep(*c, i + 1, trainers, workers, [&](int w, repvar::StepScope& s) {
                   local[w][0] = static_cast<float>(i);
                   return s.Write<float>("mean", w, std::span<const float>(local[w]));
                 }).commit_ms;
@@ -438,7 +485,8 @@ void StepsPerSecond(int workers, int vars, int steps) {
     }
     return s.WriteBatch(batch);
   };
-  TimedStep(*c, 1, workers, write);  // warm-up: builds the gloo group
+  Trainers trainers(workers);
+  TimedStep(*c, 1, trainers, workers, write);  // warm-up: builds the gloo group
   int64_t next = 2;
   // Two figures: every replica of every variable written (fused MEAN
   // allreduce of 1,000 variables), and the bare step path (begin, one report
@@ -448,8 +496,8 @@ void StepsPerSecond(int workers, int vars, int steps) {
     auto t0 = Clock::now();
     std::vector<double> begin, wrote, commit;
     for (int i = 0; i < steps; ++i) {
-      StepPhases p = writes ? TimedStep(*c, next++, workers, write)
-                            : TimedStep(*c, next++, workers,
+      StepPhases p = writes ? TimedStep(*c, next++, trainers, workers, write)
+                            : TimedStep(*c, next++, trainers, workers,
                                         [](int, repvar::StepScope&) { return absl::OkStatus(); });
       begin.push_back(p.begin_ms);
       wrote.push_back(p.write_ms);
@@ -463,8 +511,8 @@ void StepsPerSecond(int workers, int vars, int steps) {
         "commit_ms=%.1f\n",
         workers, vars, writes ? 1 : 0, steps / wall, cpu * 1000 / steps, cpu / wall,
         Percentile(begin, 0.5), Percentile(wrote, 0.5), Percentile(commit, 0.5));
+    std::fflush(stdout);
   }
-  std::fflush(stdout);
 }
 
 }  // namespace
