@@ -101,7 +101,11 @@ absl::Status StepScope::PublishMapping(std::unique_ptr<LocalMapping> mapping,
   v1::StepUnmapRequest req;
   req.set_lease(m.lease);
   req.set_publish(true);
-  if (checksum) req.set_checksum(*checksum);
+  if (checksum) {
+    req.set_checksum(*checksum);
+  } else {
+    req.set_hash_later(true);  // the worker hashes while this trainer goes on
+  }
   v1::StepUnmapResponse resp;
   grpc::ClientContext ctx;
   impl_->SetDeadline(&ctx, m.size);

@@ -622,14 +622,17 @@ class Mapping:
     def release(self, publish=False, checksum=None):
         """Ends the lease; `publish` makes a write the replica's step-local copy,
         with `checksum` its XXH3-64 when the caller took it as it wrote (else
-        the worker hashes the bytes)."""
+        the worker hashes the bytes, after answering)."""
         if self.lease == 0:
             return
         lease, self.lease = self.lease, 0
         self.array = None  # drop the view before the mapping may go
         self._step.client._mappings.release(self._entry)
+        # Without a checksum the worker hashes the bytes after it answers;
+        # reads of the replica in this step and the commit wait for that.
         self._step.worker.StepUnmap(self._step._wpb.StepUnmapRequest(
-            lease=lease, publish=publish, checksum=checksum), timeout=self._step.client.timeout)
+            lease=lease, publish=publish, checksum=checksum,
+            hash_later=publish and checksum is None), timeout=self._step.client.timeout)
 
     def __enter__(self):
         return self

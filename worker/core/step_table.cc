@@ -60,6 +60,19 @@ std::vector<int32_t> StepLayout::LocalReplicas(const StepVariable& var) const {
   return out;
 }
 
+StepTable::StepTable(WorkerIdentity me, ReplicaStore* store, StepLink* link, Resolver* resolver,
+                     Scheduler hasher)
+    : me_(std::move(me)),
+      store_(store),
+      link_(link),
+      resolver_(resolver),
+      hasher_(std::move(hasher)) {
+  if (!hasher_) {
+    own_hasher_ = std::make_unique<SerialExecutor>();
+    hasher_ = [e = own_hasher_.get()](std::function<void()> fn) { e->Schedule(std::move(fn)); };
+  }
+}
+
 absl::StatusOr<std::shared_ptr<LocalStep>> StepTable::Find(int64_t step, uint64_t epoch) {
   if (epoch == 0) return absl::InvalidArgumentError("a step call needs the step's epoch");
   std::shared_ptr<const StepLayout> known;
@@ -200,7 +213,9 @@ absl::Status StepTable::Write(int64_t step, uint64_t epoch, std::vector<WriteIte
   if (s->phase != LocalStep::Phase::kOpen) return NoLongerOpen(s->header);
   for (const WriteItem& item : items) REPVAR_RETURN_IF_ERROR(CheckWrite(*s, item));
   for (WriteItem& item : items) {
-    s->written[{item.variable_id, item.replica}] = std::move(item.value);
+    const std::pair<uint64_t, int32_t> key{item.variable_id, item.replica};
+    s->hashing.erase(key);  // a value still being hashed is replaced, not awaited
+    s->written[key] = std::move(item.value);
   }
   return absl::OkStatus();
 }
@@ -254,7 +269,7 @@ absl::StatusOr<StepTable::Lease> StepTable::Map(int64_t step, uint64_t epoch, ui
 }
 
 absl::StatusOr<uint64_t> StepTable::Unmap(uint64_t lease, bool publish,
-                                          std::optional<uint64_t> checksum) {
+                                          std::optional<uint64_t> checksum, bool hash_later) {
   Lent lent;
   {
     absl::MutexLock lock(&mu_);
@@ -265,6 +280,22 @@ absl::StatusOr<uint64_t> StepTable::Unmap(uint64_t lease, bool publish,
   }
   if (!publish) return lent.write ? lent.writable->checksum : lent.value->checksum;
   if (!lent.write) return absl::InvalidArgumentError("only a write lease can be published");
+  if (hash_later && !checksum) {
+    REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<LocalStep> s, Find(lent.step, lent.epoch));
+    const std::pair<uint64_t, int32_t> key{lent.variable_id, lent.replica};
+    uint64_t number = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (s->phase != LocalStep::Phase::kOpen) return NoLongerOpen(s->header);
+      REPVAR_RETURN_IF_ERROR(CheckWrite(*s, WriteItem{key.first, key.second, lent.writable}));
+      number = next_publish_++;
+      s->hashing[key] = number;  // an earlier one still being hashed is replaced
+    }
+    hasher_([this, s, key, number, value = std::move(lent.writable)] {
+      FinishHashing(s, key, number, value);
+    });
+    return 0;
+  }
   if (checksum) {
     lent.writable->checksum = *checksum;  // hashed by the trainer as it wrote
   } else {
@@ -277,14 +308,43 @@ absl::StatusOr<uint64_t> StepTable::Unmap(uint64_t lease, bool publish,
   return sum;
 }
 
+void StepTable::FinishHashing(const std::shared_ptr<LocalStep>& s, std::pair<uint64_t, int32_t> key,
+                              uint64_t publish, const std::shared_ptr<Tensor>& value) {
+  value->UpdateChecksum();  // outside the lock: the table goes on meanwhile
+  absl::MutexLock lock(&mu_);
+  auto it = s->hashing.find(key);
+  if (it == s->hashing.end() || it->second != publish) return;  // replaced meanwhile
+  s->hashing.erase(it);
+  // A step discarded or superseded meanwhile drops it, as it dropped the rest.
+  if (s->phase == LocalStep::Phase::kOpen) s->written[key] = value;
+  cv_.SignalAll();
+}
+
+void StepTable::AwaitHashedLocked(const LocalStep& s,
+                                  std::optional<std::pair<uint64_t, int32_t>> key) {
+  // Hashing always ends (one pass over bytes in memory): no deadline.
+  while (key ? s.hashing.contains(*key) : !s.hashing.empty()) {
+    ++hash_waiters_;
+    cv_.Wait(&mu_);
+    --hash_waiters_;
+  }
+}
+
+int StepTable::HashWaiters() const {
+  absl::MutexLock lock(&mu_);
+  return hash_waiters_;
+}
+
 absl::StatusOr<StoredReplica> StepTable::Read(uint64_t epoch, uint64_t variable_id,
                                               int32_t replica) {
   REPVAR_ASSIGN_OR_RETURN(StoredReplica r, store_->Get(variable_id, replica));
   if (epoch == 0) return r;
   absl::MutexLock lock(&mu_);
   auto it = steps_.find(epoch);
-  if (it == steps_.end()) return r;  // nothing written in that step here
-  const LocalStep& s = *it->second;
+  if (it == steps_.end()) return r;                    // nothing written in that step here
+  const std::shared_ptr<LocalStep> held = it->second;  // the wait below may unlock
+  const LocalStep& s = *held;
+  AwaitHashedLocked(s, std::pair{variable_id, replica});
   if (s.phase == LocalStep::Phase::kOpen) {
     auto w = s.written.find({variable_id, replica});
     if (w != s.written.end()) {
@@ -313,6 +373,7 @@ absl::StatusOr<StepResolution> StepTable::Commit(int64_t step, uint64_t epoch,
   bool run = false;
   {
     absl::MutexLock lock(&mu_);
+    AwaitHashedLocked(*s);  // every value published here is in the report
     if (s->phase == LocalStep::Phase::kOpen) {
       s->committed.insert(mine.begin(), mine.end());
       if (s->committed.size() >= me_.accelerators.size()) {

@@ -12,7 +12,12 @@
 //          names when this worker holds it (Hint), else from GetStep
 //   OPEN: trainers read (their own writes, else the committed value) and
 //         write step-local copies, through the socket or in place through
-//         leased shared buffers (Map/Unmap); committed replicas stay untouched
+//         leased shared buffers (Map/Unmap); committed replicas stay untouched.
+//         A buffer published to be hashed later (Unmap, hash_later) joins
+//         the copies once the table's hasher has its checksum; until then a
+//         read of that replica and the step's commit wait for it
+//         (read-your-writes; the report names every published value), and
+//         a later write of the replica replaces it (the last writer wins)
 //   OPEN --every local accelerator committed (one trainer per host, or one
 //          per device)--> RESOLVING: the committing thread runs the resolver
 //   RESOLVING --resolution--> DONE: COMMITTED installed the new values with
@@ -27,6 +32,7 @@
 #define REPVAR_WORKER_CORE_STEP_TABLE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -38,6 +44,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/serial_executor.h"
 #include "common/model/step.h"
 #include "worker/core/coordinator_link.h"
 #include "worker/core/replica_store.h"
@@ -71,6 +78,10 @@ struct LocalStep {
   StepInfo header;  // step, epoch, state, barrier timeout, layout id (no layout)
   std::shared_ptr<const StepLayout> layout;
   StepCopies written;
+  // Published in place and still being hashed (StepTable::Unmap with
+  // hash_later), by the publish's number: a copy joins `written` when
+  // hashed, unless a later write or publish of the replica took its place.
+  std::map<std::pair<uint64_t, int32_t>, uint64_t> hashing;
   std::set<std::string> committed;  // devices
   Phase phase = Phase::kOpen;
   std::optional<StepResolution> resolution;
@@ -91,8 +102,12 @@ class Resolver {
 
 class StepTable {
  public:
-  StepTable(WorkerIdentity me, ReplicaStore* store, StepLink* link, Resolver* resolver)
-      : me_(std::move(me)), store_(store), link_(link), resolver_(resolver) {}
+  // Where published buffers are hashed (Unmap with hash_later): a closure
+  // runs there, later, on another thread. Empty: a thread of the table's own.
+  using Scheduler = std::function<void(std::function<void()>)>;
+
+  StepTable(WorkerIdentity me, ReplicaStore* store, StepLink* link, Resolver* resolver,
+            Scheduler hasher = nullptr);
 
   const WorkerIdentity& identity() const { return me_; }
 
@@ -147,11 +162,17 @@ class StepTable {
   absl::StatusOr<Lease> Map(int64_t step, uint64_t epoch, uint64_t variable_id, int32_t replica,
                             bool write, bool initialize) ABSL_LOCKS_EXCLUDED(mu_);
   // Returns the checksum of a published write: `checksum` when the publisher
-  // gave one, else computed here. Errors: NOT_FOUND (no such lease), others
-  // as Write.
+  // gave one, else computed here. With `hash_later` (and no `checksum`) it
+  // returns 0 at once and the hasher computes it: the trainer goes on while
+  // the worker reads the bytes, and whatever needs the checksum (a read of
+  // the replica, the commit) waits for it. Errors: NOT_FOUND (no such
+  // lease), others as Write.
   absl::StatusOr<uint64_t> Unmap(uint64_t lease, bool publish,
-                                 std::optional<uint64_t> checksum = std::nullopt)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                                 std::optional<uint64_t> checksum = std::nullopt,
+                                 bool hash_later = false) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Calls waiting now for a published value's hash (a test seam).
+  int HashWaiters() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // The step `epoch`, fetched from the coordinator on first sight.
@@ -163,6 +184,15 @@ class StepTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<const StepLayout>> ParseLayout(StepInfo& info) const;
   absl::Status CheckWrite(const LocalStep& s, const WriteItem& item) const;
+  // The hasher's half of Unmap(hash_later): hashes the published bytes and
+  // makes them the step-local copy, unless the step ended meanwhile.
+  void FinishHashing(const std::shared_ptr<LocalStep>& s, std::pair<uint64_t, int32_t> key,
+                     uint64_t publish, const std::shared_ptr<Tensor>& value)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until `key` of `s` (every key, when nullopt) is hashed.
+  void AwaitHashedLocked(const LocalStep& s,
+                         std::optional<std::pair<uint64_t, int32_t>> key = std::nullopt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a step: its leases (their buffers return to the pool), its copies.
   void CloseLocked(uint64_t epoch, LocalStep& s, StepResolution resolution)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -173,7 +203,7 @@ class StepTable {
   Resolver* const resolver_;
 
   // State below is protected by mu_.
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::CondVar cv_;  // a step changed phase
   std::map<uint64_t, std::shared_ptr<LocalStep>> steps_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const StepLayout> layout_ ABSL_GUARDED_BY(mu_);  // the last one seen
@@ -188,6 +218,13 @@ class StepTable {
   };
   std::map<uint64_t, Lent> leases_ ABSL_GUARDED_BY(mu_);
   uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_publish_ ABSL_GUARDED_BY(mu_) = 1;  // numbers deferred publishes
+  int hash_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Last: destroyed first, so that the hashing it still runs finds the
+  // table whole.
+  std::unique_ptr<SerialExecutor> own_hasher_;
+  Scheduler hasher_;
 };
 
 }  // namespace repvar::worker

@@ -101,7 +101,8 @@ grpc::Status StepsService::StepUnmap(grpc::ServerContext* ctx, const v1::StepUnm
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto checksum =
       steps_->Unmap(req->lease(), req->publish(),
-                    req->has_checksum() ? std::optional<uint64_t>(req->checksum()) : std::nullopt);
+                    req->has_checksum() ? std::optional<uint64_t>(req->checksum()) : std::nullopt,
+                    req->hash_later());
   if (!checksum.ok()) return ToGrpcStatus(checksum.status());
   resp->set_checksum(*checksum);
   return grpc::Status::OK;

@@ -5,8 +5,12 @@
 #include "worker/core/step_table.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "common/base/random.h"
@@ -275,6 +279,107 @@ TEST_F(LocalStepsTest, S4_FailedResolution_DropsCopiesReplicasUntouched) {
   auto got = store_.Get(kW, 0);
   EXPECT_EQ(got->version, 5);
   EXPECT_EQ(Floats(*got->value), (std::vector<float>{1, 2}));
+}
+
+// Unmap(hash_later), with the table's hasher run by hand.
+class HashLaterTest : public LocalStepsTest {
+ protected:
+  // Maps replica `r` of w for writing, fills it with `v` through the shared
+  // buffer, and publishes it to be hashed later.
+  void PublishLater(int32_t r, std::vector<float> v) {
+    auto lease = later_.Map(3, 11, kW, r, /*write=*/true, /*initialize=*/false);
+    ASSERT_OK(lease);
+    ASSERT_EQ(lease->byte_size, v.size() * sizeof(float));
+    void* p = mmap(nullptr, lease->byte_size, PROT_READ | PROT_WRITE, MAP_SHARED, lease->fd, 0);
+    ASSERT_NE(p, MAP_FAILED);
+    std::memcpy(p, v.data(), lease->byte_size);
+    munmap(p, lease->byte_size);
+    auto sum = later_.Unmap(lease->id, /*publish=*/true, std::nullopt, /*hash_later=*/true);
+    ASSERT_OK(sum);
+    EXPECT_EQ(*sum, 0u);  // answered before the hash
+  }
+  // Runs what the table handed to its hasher, newest first (the order a
+  // pool of hashers could finish them in).
+  void RunHasherNewestFirst() {
+    std::vector<std::function<void()>> q = std::move(queued_);
+    queued_.clear();
+    std::reverse(q.begin(), q.end());
+    for (auto& f : q) f();
+  }
+
+  std::vector<std::function<void()>> queued_;
+  StepTable later_{me_, &store_, &link_, &resolver_,
+                   [this](std::function<void()> f) { queued_.push_back(std::move(f)); }};
+};
+
+TEST_F(HashLaterTest, S2_PublishAnsweredBeforeItsHash_ThenReadWithItsChecksum) {
+  PublishLater(0, {5, 6});
+  ASSERT_EQ(queued_.size(), 1u);  // the hash waits for the hasher
+  RunHasherNewestFirst();
+  auto got = later_.Read(11, kW, 0);
+  ASSERT_OK(got);
+  EXPECT_EQ(Floats(*got->value), (std::vector<float>{5, 6}));
+  EXPECT_EQ(got->checksum, F32({5, 6})->checksum);
+  EXPECT_EQ(got->value->checksum, F32({5, 6})->checksum);
+}
+
+TEST_F(HashLaterTest, S2_ReadOfAPublishStillBeingHashed_WaitsAndSeesIt) {
+  PublishLater(0, {5, 6});
+  std::atomic<bool> done = false;
+  absl::StatusOr<StoredReplica> got;
+  std::thread t([&] {
+    got = later_.Read(11, kW, 0);
+    done = true;
+  });
+  for (int64_t i = 0; i < 100'000'000 && later_.HashWaiters() == 0 && !done; ++i) {
+    std::this_thread::yield();
+  }
+  EXPECT_FALSE(done);  // a read without the hash would see the committed value
+  RunHasherNewestFirst();
+  t.join();
+  ASSERT_OK(got);
+  EXPECT_EQ(Floats(*got->value), (std::vector<float>{5, 6}));
+}
+
+TEST_F(HashLaterTest, S2_LastWriterWins_OverAPublishStillBeingHashed) {
+  PublishLater(0, {5, 6});
+  ASSERT_OK(later_.Write(3, 11, {{kW, 0, F32({7, 7})}}));  // not held up by the hash
+  PublishLater(1, {1, 1});
+  PublishLater(1, {2, 2});
+  RunHasherNewestFirst();  // the older publishes finish last, and lose
+  EXPECT_EQ(Floats(*later_.Read(11, kW, 0)->value), (std::vector<float>{7, 7}));
+  EXPECT_EQ(Floats(*later_.Read(11, kW, 1)->value), (std::vector<float>{2, 2}));
+}
+
+TEST_F(HashLaterTest, S2_DiscardedWhileHashing_ThePublishIsDropped) {
+  PublishLater(0, {5, 6});
+  later_.Discard(11);
+  RunHasherNewestFirst();
+  EXPECT_EQ(Floats(*later_.Read(11, kW, 0)->value), (std::vector<float>{1, 2}));
+}
+
+TEST_F(HashLaterTest, S3_CommitWaitsForTheHash_TheReportNamesThePublishedValue) {
+  PlannedResolution().state = StepState::kCommitted;
+  PlannedResolution().step = 3;
+  PublishLater(1, {3, 4});
+  std::atomic<bool> done = false;
+  absl::StatusOr<StepResolution> r;
+  std::thread t([&] {
+    r = later_.Commit(3, 11, {}, absl::Now() + absl::Seconds(30));
+    done = true;
+  });
+  // Until the commit waits for the hash (or, wrongly, answers without it).
+  for (int64_t i = 0; i < 100'000'000 && later_.HashWaiters() == 0 && !done; ++i) {
+    std::this_thread::yield();
+  }
+  EXPECT_FALSE(done);
+  RunHasherNewestFirst();
+  t.join();
+  ASSERT_OK(r);
+  ASSERT_EQ(link_.reports.size(), 1u);
+  ASSERT_EQ(link_.reports[0].replicas.size(), 1u);
+  EXPECT_EQ(link_.reports[0].replicas[0].replica, 1);
+  EXPECT_EQ(link_.reports[0].replicas[0].checksum, F32({3, 4})->checksum);
 }
 
 }  // namespace
