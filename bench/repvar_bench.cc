@@ -397,8 +397,10 @@ void MeanStep(int mib, int workers, int iters) {
 // In-step local access (S2): a trainer reads and writes its host's replica of
 // a `mib` MiB variable, against a warm memcpy of the same bytes in this
 // process: in place through a shared mapping of the worker's buffer (read:
-// map and copy the bytes out; write: map, copy the bytes in, publish), and
-// through the worker's socket (the fallback).
+// map the step's view as the step begins and copy the bytes out; write: map,
+// copy the bytes in, publish; read back: the same read right after the
+// publish, which waits for the worker's hash of it), and through the
+// worker's socket (the fallback).
 void LocalAccess(int mib, int iters) {
   repvar::testing::TestCluster cluster(OneTpuPerWorker(1));
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
@@ -411,7 +413,7 @@ void LocalAccess(int mib, int iters) {
   if (auto v = c->CreateVariable(spec); !v.ok()) Die("create", v.status());
   if (auto v = c->Initialize({"local"}); !v.ok()) Die("initialize", v.status());
   std::vector<float> src(n, 2.0f), dst(n);
-  std::vector<double> copy, map_reads, map_writes, reads, writes;
+  std::vector<double> copy, map_reads, map_writes, readbacks, reads, writes;
   const size_t bytes = n * sizeof(float);
   for (int i = 0; i < iters + 1; ++i) {
     auto t0 = Clock::now();
@@ -421,16 +423,23 @@ void LocalAccess(int mib, int iters) {
     if (!scope.ok()) Die("begin", scope.status());
     repvar::StepScope& s = **scope;
     src[0] = static_cast<float>(i);
+    // Read the step's view as a step begins (the committed value), write the
+    // new value in place, then read it back (which waits for the worker's
+    // hash of the publish).
+    auto read_into = [&](const char* what) {
+      auto r = s.Map("local", 0, repvar::MapMode::kRead);
+      if (!r.ok()) Die(what, r.status());
+      std::memcpy(dst.data(), (*r)->bytes().data(), bytes);
+    };
+    auto t0r = Clock::now();
+    read_into("map for read");
     auto t1 = Clock::now();
     auto w = s.Map("local", 0, repvar::MapMode::kWrite);
     if (!w.ok()) Die("map for write", w.status());
     std::memcpy((*w)->bytes().data(), src.data(), bytes);
     if (auto st = s.Publish(*std::move(w)); !st.ok()) Die("publish", st);
     auto t2 = Clock::now();
-    auto r = s.Map("local", 0, repvar::MapMode::kRead);
-    if (!r.ok()) Die("map for read", r.status());
-    std::memcpy(dst.data(), (*r)->bytes().data(), bytes);
-    r->reset();
+    read_into("map for read back");
     auto t3 = Clock::now();
     // The same through the worker's socket.
     std::vector<float> via(n);
@@ -444,17 +453,18 @@ void LocalAccess(int mib, int iters) {
     auto t6 = Clock::now();
     if (auto res = s.Commit(); !res.ok()) Die("commit", res.status());
     if (i > 0) {  // the first round fills the pools
+      map_reads.push_back(Ms(t0r, t1));
       map_writes.push_back(Ms(t1, t2));
-      map_reads.push_back(Ms(t2, t3));
+      readbacks.push_back(Ms(t2, t3));
       writes.push_back(Ms(t4, t5));
       reads.push_back(Ms(t5, t6));
     }
   }
   std::printf(
-      "repvar_local mib=%d mapped_write_ms=%.2f mapped_read_ms=%.2f write_ms=%.2f read_ms=%.2f "
-      "memcpy_ms=%.2f\n",
-      mib, Percentile(map_writes, 0.5), Percentile(map_reads, 0.5), Percentile(writes, 0.5),
-      Percentile(reads, 0.5), Percentile(copy, 0.5));
+      "repvar_local mib=%d mapped_write_ms=%.2f mapped_read_ms=%.2f mapped_readback_ms=%.2f "
+      "write_ms=%.2f read_ms=%.2f memcpy_ms=%.2f\n",
+      mib, Percentile(map_writes, 0.5), Percentile(map_reads, 0.5), Percentile(readbacks, 0.5),
+      Percentile(writes, 0.5), Percentile(reads, 0.5), Percentile(copy, 0.5));
   std::fflush(stdout);
 }
 
