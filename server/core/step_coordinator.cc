@@ -5,6 +5,7 @@
 #include <map>
 #include <tuple>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
 #include "spdlog/spdlog.h"
@@ -178,8 +179,21 @@ StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout)
     info.barrier_timeout = barrier_timeout;
     std::vector<bool> holds(live.size(), false);
     std::vector<bool> stale(live.size(), false);
+    // Each replica's worker in `live` (-1: not live), found once per distinct
+    // placement list: the variables created together share theirs, so 10,000
+    // variables on 32 workers cost a few lookups here instead of 320,000.
+    absl::flat_hash_map<const std::vector<Placement>*, std::vector<int32_t>> live_of;
     for (const auto& [id, v] : state.variables()) {  // by id
       if (v.version == 0) continue;
+      auto [where, fresh] = live_of.try_emplace(&v.placement.list());
+      std::vector<int32_t>& replica_live = where->second;
+      if (fresh) {
+        replica_live.reserve(v.placement.size());
+        for (const Placement& p : v.placement) {
+          auto l = index.find(p.task);
+          replica_live.push_back(l != index.end() ? l->second : -1);
+        }
+      }
       StepVariable sv;
       sv.id = v.id;
       sv.name = v.def.name;
@@ -190,12 +204,12 @@ StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout)
       sv.allow_nonfinite = v.def.allow_nonfinite;
       sv.replica_participant.reserve(v.placement.size());
       for (size_t i = 0; i < v.placement.size(); ++i) {
-        auto l = index.find(v.placement[i].task);
-        const bool up = l != index.end() && v.replicas[i].state == ReplicaState::kUpToDate;
+        const int32_t l = replica_live[i];
+        const bool up = l >= 0 && v.replicas[i].state == ReplicaState::kUpToDate;
         // For now the index in `live`; remapped to participants below.
-        sv.replica_participant.push_back(up ? l->second : -1);
-        if (up) holds[l->second] = true;
-        if (l != index.end() && !up) stale[l->second] = true;
+        sv.replica_participant.push_back(up ? l : -1);
+        if (up) holds[l] = true;
+        if (l >= 0 && !up) stale[l] = true;
       }
       info.variables.push_back(std::move(sv));
     }

@@ -280,6 +280,31 @@ TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {
   EXPECT_EQ(s->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, -1, -1}));
 }
 
+TEST_F(StepCoreTest, S1_VariablesOnDifferentPlacements_EachReplicaOnItsOwnParticipant) {
+  Create("a", Aggregation::kMean);  // 6 replicas: tpu_worker 0, 0, 1, 1, 2, 2
+  clock_.Advance(absl::Seconds(30));
+  HeartbeatAll({1, 2});
+  ASSERT_OK(core_.Heartbeat(TaskKey{"worker", 0}, 5));
+  core_.Tick(clock_.Now());  // tpu_worker:0 is declared dead
+  // Created now, b's 2 replicas go to the first live accelerators: task 1's.
+  VariableDef d;
+  d.name = "b";
+  d.tensor = TensorSpec{DType::kFloat32, {2}};
+  d.replica_count = 2;
+  d.aggregation = Aggregation::kMean;
+  Initializer init;
+  init.kind = InitializerKind::kZeros;
+  ASSERT_OK(core_.CreateVariables({}, {{d, init}}));
+  ASSERT_OK(core_.Initialize({}, {{"b", std::nullopt}}));
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  ASSERT_EQ(s->participants.size(), 2u);  // tasks 1 and 2
+  EXPECT_EQ(s->participants[0].task, (TaskKey{"tpu_worker", 1}));
+  ASSERT_EQ(s->variables.size(), 2u);
+  EXPECT_EQ(s->variables[0].replica_participant, (std::vector<int32_t>{-1, -1, 0, 0, 1, 1}));
+  EXPECT_EQ(s->variables[1].replica_participant, (std::vector<int32_t>{0, 0}));
+}
+
 TEST_F(StepCoreTest, S3_OneReportPerWorker_RefusalsHaveDistinctStatuses) {
   uint64_t w = Create("w", Aggregation::kNone);
   auto s = core_.BeginStep(4, absl::Seconds(10));
