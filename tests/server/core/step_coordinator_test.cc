@@ -67,16 +67,21 @@ class StepCoreTest : public ::testing::Test {
   static uint64_t Inc(int task) { return 100 + static_cast<uint64_t>(task); }
 
   uint64_t Create(const std::string& name, Aggregation agg, DType dtype = DType::kFloat32) {
+    return CreateOn(core_, name, agg, dtype);
+  }
+  // A zero-initialized `dtype`[2] variable of `replicas` replicas on `c`.
+  static uint64_t CreateOn(Coordinator& c, const std::string& name, Aggregation agg,
+                           DType dtype = DType::kFloat32, int32_t replicas = 6) {
     VariableDef d;
     d.name = name;
     d.tensor = TensorSpec{dtype, {2}};
-    d.replica_count = 6;
+    d.replica_count = replicas;
     d.aggregation = agg;
     Initializer init;
     init.kind = InitializerKind::kZeros;
-    auto created = core_.CreateVariables({}, {{d, init}});
+    auto created = c.CreateVariables({}, {{d, init}});
     EXPECT_OK(created);
-    EXPECT_OK(core_.Initialize({}, {{name, std::nullopt}}));
+    EXPECT_OK(c.Initialize({}, {{name, std::nullopt}}));
     return created.ok() ? created->variables[0].id : 0;
   }
 
@@ -287,15 +292,7 @@ TEST_F(StepCoreTest, S1_VariablesOnDifferentPlacements_EachReplicaOnItsOwnPartic
   ASSERT_OK(core_.Heartbeat(TaskKey{"worker", 0}, 5));
   core_.Tick(clock_.Now());  // tpu_worker:0 is declared dead
   // Created now, b's 2 replicas go to the first live accelerators: task 1's.
-  VariableDef d;
-  d.name = "b";
-  d.tensor = TensorSpec{DType::kFloat32, {2}};
-  d.replica_count = 2;
-  d.aggregation = Aggregation::kMean;
-  Initializer init;
-  init.kind = InitializerKind::kZeros;
-  ASSERT_OK(core_.CreateVariables({}, {{d, init}}));
-  ASSERT_OK(core_.Initialize({}, {{"b", std::nullopt}}));
+  ASSERT_NE(CreateOn(core_, "b", Aggregation::kMean, DType::kFloat32, /*replicas=*/2), 0u);
   auto s = core_.BeginStep(1, absl::Seconds(10));
   ASSERT_OK(s);
   ASSERT_EQ(s->participants.size(), 2u);  // tasks 1 and 2
@@ -630,14 +627,7 @@ TEST_F(StepCoreTest, F6_EpochsNeverRepeat_EvenForACoordinatorThatRecordsNothing)
   Coordinator again(Options(), &clock_, &workers_);  // nothing recorded
   ASSERT_OK(again.Recover());
   ASSERT_NO_FATAL_FAILURE(RegisterHosts(again));
-  VariableDef d;
-  d.name = "w";
-  d.tensor = TensorSpec{DType::kFloat32, {2}};
-  d.replica_count = 6;
-  Initializer zeros;
-  zeros.kind = InitializerKind::kZeros;
-  ASSERT_OK(again.CreateVariables({}, {{d, zeros}}));
-  ASSERT_OK(again.Initialize({}, {{"w", std::nullopt}}));
+  ASSERT_NE(CreateOn(again, "w", Aggregation::kNone), 0u);
   auto next = again.BeginStep(1, absl::Seconds(10));
   ASSERT_OK(next);
   EXPECT_GT(next->epoch, first->epoch);
