@@ -68,7 +68,7 @@ StepTable::StepTable(WorkerIdentity me, ReplicaStore* store, StepLink* link, Res
       resolver_(resolver),
       hasher_(std::move(hasher)) {
   if (!hasher_) {
-    own_hasher_ = std::make_unique<SerialExecutor>();
+    own_hasher_ = std::make_unique<ThreadPool>(static_cast<int>(me_.accelerators.size()));
     hasher_ = [e = own_hasher_.get()](std::function<void()> fn) { e->Schedule(std::move(fn)); };
   }
 }

@@ -44,7 +44,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/base/serial_executor.h"
+#include "common/base/thread_pool.h"
 #include "common/model/step.h"
 #include "worker/core/coordinator_link.h"
 #include "worker/core/replica_store.h"
@@ -103,7 +103,9 @@ class Resolver {
 class StepTable {
  public:
   // Where published buffers are hashed (Unmap with hash_later): a closure
-  // runs there, later, on another thread. Empty: a thread of the table's own.
+  // runs there, later, on another thread. Empty: the table's own threads,
+  // one per local accelerator (each trainer's publishes hash side by side,
+  // as they did when each publish hashed on its own call's thread).
   using Scheduler = std::function<void(std::function<void()>)>;
 
   StepTable(WorkerIdentity me, ReplicaStore* store, StepLink* link, Resolver* resolver,
@@ -223,7 +225,7 @@ class StepTable {
 
   // Last: destroyed first, so that the hashing it still runs finds the
   // table whole.
-  std::unique_ptr<SerialExecutor> own_hasher_;
+  std::unique_ptr<ThreadPool> own_hasher_;
   Scheduler hasher_;
 };
 
