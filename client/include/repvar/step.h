@@ -160,7 +160,9 @@ class StepScope {
   // still work through the worker's socket).
   absl::StatusOr<std::unique_ptr<LocalMapping>> Map(const std::string& name, int32_t replica,
                                                     MapMode mode);
-  // Makes a kWrite/kUpdate mapping the replica's step-local copy.
+  // Makes a kWrite/kUpdate mapping the replica's step-local copy. Returns
+  // before the worker has hashed the bytes (it does next); a Read or Map of
+  // that replica in this step, and the Commit, wait for the hash.
   absl::Status Publish(std::unique_ptr<LocalMapping> mapping);
 
   // Many small local writes in one call, applied together or not at all
