@@ -392,8 +392,7 @@ void MeanStep(int mib, int workers, int iters) {
       wrote.push_back(p.write_ms);
     }
   }
-  // The writes' time beside: a publish's hash is the worker's, after its
-  // answer, so it lands in the commit's window rather than the write's.
+  // The write phase beside the commit: a step costs both.
   std::printf("repvar_mean_step workers=%d mib=%d commit_ms=%.2f write_ms=%.2f\n", workers, mib,
               Percentile(t, 0.5), Percentile(wrote, 0.5));
   std::fflush(stdout);
