@@ -197,6 +197,11 @@ class Coordinator {
     REPVAR_RETURN_IF_ERROR(RefuseIfDraining());
     return steps_.BeginStep(step, barrier_timeout);
   }
+  std::optional<absl::StatusOr<SharedStep>> JoinOpenStepShared(
+      int64_t step, absl::Duration barrier_timeout) const {
+    if (absl::Status s = RefuseIfDraining(); !s.ok()) return s;
+    return steps_.JoinOpenStep(step, barrier_timeout);
+  }
   absl::StatusOr<SharedStep> GetStepShared(uint64_t epoch) const { return steps_.GetStep(epoch); }
   absl::Status AbortStep(uint64_t epoch, absl::string_view reason) {
     return steps_.AbortStep(epoch, reason);

@@ -264,6 +264,19 @@ absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
   return opened;
 }
 
+std::optional<absl::StatusOr<SharedStep>> StepCoordinator::JoinOpenStep(
+    int64_t step, absl::Duration barrier_timeout) const {
+  if (barrier_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("a step needs a positive barrier timeout");
+  }
+  RankedLock lock(&mu_);
+  if (step_beginning_) return std::nullopt;  // BeginStep waits for that one
+  absl::StatusOr<std::shared_ptr<const StepInfo>> open = steps_.CheckBegin(step);
+  if (!open.ok()) return open.status();
+  if (*open == nullptr) return std::nullopt;  // this call would open it
+  return SharedStep{*open, *steps_.state((*open)->epoch)};
+}
+
 absl::StatusOr<SharedStep> StepCoordinator::GetStep(uint64_t epoch) const {
   RankedLock lock(&mu_);
   std::shared_ptr<const StepInfo> info = steps_.shared_info(epoch);

@@ -74,6 +74,12 @@ class StepCoordinator {
   // StepBarrier::CheckBegin, INVALID_ARGUMENT for a non-positive timeout.
   absl::StatusOr<SharedStep> BeginStep(int64_t step, absl::Duration barrier_timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // BeginStep's answer when it would not wait: `step` is open already (the
+  // call of every trainer but the first), or the call is refused. nullopt
+  // when BeginStep has to open the step or wait (call it then).
+  std::optional<absl::StatusOr<SharedStep>> JoinOpenStep(int64_t step,
+                                                         absl::Duration barrier_timeout) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Errors: NOT_FOUND (unknown epoch).
   absl::StatusOr<SharedStep> GetStep(uint64_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status AbortStep(uint64_t epoch, absl::string_view reason) ABSL_LOCKS_EXCLUDED(mu_);

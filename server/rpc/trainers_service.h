@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "common/base/memory_budget.h"
+#include "common/base/thread_pool.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "server/core/coordinator.h"
 #include "server/core/scalar_board.h"
@@ -15,9 +16,15 @@ namespace repvar::server {
 // The gRPC face of the coordinator for trainers
 // (repvar.v1.CoordinatorTrainers): proto -> model -> core -> proto, chunk
 // stream framing and long polls; no logic beyond that. Synchronous methods
-// that block on the core (a broadcast, BeginStep waiting for writes in
-// flight) are carried by gRPC's thread pool. Thread-safe.
-class TrainersService final : public v1::CoordinatorTrainers::Service {
+// that block on the core (a broadcast) are carried by gRPC's thread pool.
+// BeginStep uses the callback API: every trainer calls it at once each step,
+// and all but the first find the step open and are answered on the callback
+// thread; the one that opens it (a record, a sync) or has to wait (writes in
+// flight, a checkpoint's hold) runs on a thread of `begins_`. Thread-safe.
+using TrainersServiceBase =
+    v1::CoordinatorTrainers::WithCallbackMethod_BeginStep<v1::CoordinatorTrainers::Service>;
+
+class TrainersService final : public TrainersServiceBase {
  public:
   // A tensor being received takes memory from its connection's share of
   // the coordinator's budget: `per_connection_bytes` (0: half the budget).
@@ -59,7 +66,8 @@ class TrainersService final : public v1::CoordinatorTrainers::Service {
                              v1::ReadVariablesResponse*) override;
 
   // Replicated steps (trainers_steps.cc).
-  grpc::Status BeginStep(grpc::ServerContext*, const v1::BeginStepRequest*, v1::StepInfo*) override;
+  grpc::ServerUnaryReactor* BeginStep(grpc::CallbackServerContext*, const v1::BeginStepRequest*,
+                                      v1::StepInfo*) override;
   grpc::Status AbortStep(grpc::ServerContext*, const v1::AbortStepRequest*,
                          v1::AbortStepResponse*) override;
   grpc::Status GetSteps(grpc::ServerContext*, const v1::GetStepsRequest*,
@@ -76,6 +84,10 @@ class TrainersService final : public v1::CoordinatorTrainers::Service {
   ScalarBoard* const scalars_;
   ConnectionBudgets connections_;
   std::atomic<bool> shutting_down_{false};
+  // BeginStep calls that open a step or wait. Last: destroyed first, while
+  // what they use is still there.
+  ThreadPool begins_{kBeginThreads};
+  static constexpr int kBeginThreads = 4;
 };
 
 }  // namespace repvar::server

@@ -15,13 +15,31 @@ constexpr absl::Duration kPollSlice = absl::Milliseconds(500);
 
 }  // namespace
 
-grpc::Status TrainersService::BeginStep(grpc::ServerContext* ctx, const v1::BeginStepRequest* req,
-                                        v1::StepInfo* resp) {
-  const ScopedRequestId request_id(RequestIdOf(*ctx));
-  auto step = core_->BeginStepShared(req->step(), absl::Milliseconds(req->barrier_timeout_ms()));
-  if (!step.ok()) return ToGrpcStatus(step.status());
-  steps_->Answer(*step, req->known_layout(), resp);
-  return grpc::Status::OK;
+grpc::ServerUnaryReactor* TrainersService::BeginStep(grpc::CallbackServerContext* ctx,
+                                                     const v1::BeginStepRequest* req,
+                                                     v1::StepInfo* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto answer = [this, reactor, req, resp](const absl::StatusOr<SharedStep>& step) {
+    if (!step.ok()) {
+      reactor->Finish(ToGrpcStatus(step.status()));
+      return;
+    }
+    steps_->Answer(*step, req->known_layout(), resp);
+    reactor->Finish(grpc::Status::OK);
+  };
+  const absl::Duration barrier = absl::Milliseconds(req->barrier_timeout_ms());
+  {
+    const ScopedRequestId request_id(RequestIdOf(*ctx));
+    if (auto joined = core_->JoinOpenStepShared(req->step(), barrier)) {
+      answer(*joined);  // the step is open already (or the call is refused)
+      return reactor;
+    }
+  }
+  begins_.Schedule([this, answer, request_id = RequestIdOf(*ctx), step = req->step(), barrier] {
+    const ScopedRequestId scoped(request_id);
+    answer(core_->BeginStepShared(step, barrier));
+  });
+  return reactor;
 }
 
 grpc::Status TrainersService::AbortStep(grpc::ServerContext* ctx, const v1::AbortStepRequest* req,

@@ -285,6 +285,25 @@ TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {
   EXPECT_EQ(s->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, -1, -1}));
 }
 
+TEST_F(StepCoreTest, S1_JoinOpenStep_AnswersAsBeginStepWithoutWaiting_OnlyOnceOpen) {
+  Create("w", Aggregation::kMean);
+  EXPECT_FALSE(core_.JoinOpenStepShared(3, absl::Seconds(10)).has_value());  // would open it
+  auto begun = core_.BeginStep(3, absl::Seconds(10));
+  ASSERT_OK(begun);
+  auto joined = core_.JoinOpenStepShared(3, absl::Seconds(10));
+  ASSERT_TRUE(joined.has_value());
+  ASSERT_OK(*joined);
+  EXPECT_EQ((*joined)->info->epoch, begun->epoch);
+  auto other = core_.JoinOpenStepShared(4, absl::Seconds(10));  // refused, as BeginStep is
+  ASSERT_TRUE(other.has_value());
+  EXPECT_THAT(other->status(), StatusIs(absl::StatusCode::kFailedPrecondition, "is open"));
+  EXPECT_THAT(core_.BeginStep(4, absl::Seconds(10)).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "is open"));
+  auto no_timeout = core_.JoinOpenStepShared(3, absl::ZeroDuration());
+  ASSERT_TRUE(no_timeout.has_value());
+  EXPECT_THAT(no_timeout->status(), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST_F(StepCoreTest, S1_VariablesOnDifferentPlacements_EachReplicaOnItsOwnParticipant) {
   Create("a", Aggregation::kMean);  // 6 replicas: tpu_worker 0, 0, 1, 1, 2, 2
   clock_.Advance(absl::Seconds(30));
