@@ -52,6 +52,12 @@ uint64_t FirstEpoch(uint64_t last_recorded, absl::Time now) {
                             static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMicros(now))));
 }
 
+// S1: a step is begun with a positive barrier timeout. INVALID_ARGUMENT.
+absl::Status CheckBarrierTimeout(absl::Duration barrier_timeout) {
+  if (barrier_timeout > absl::ZeroDuration()) return absl::OkStatus();
+  return absl::InvalidArgumentError("a step needs a positive barrier timeout");
+}
+
 }  // namespace
 
 StepCoordinator::StepCoordinator(Clock* clock, Registry* registry, CollectiveGroups* groups)
@@ -233,9 +239,7 @@ StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout)
 
 absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
                                                       absl::Duration barrier_timeout) {
-  if (barrier_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("a step needs a positive barrier timeout");
-  }
+  REPVAR_RETURN_IF_ERROR(CheckBarrierTimeout(barrier_timeout));
   Wakers wake;  // run after the lock below is released
   RankedLock lock(&mu_);
   while (true) {
@@ -266,9 +270,7 @@ absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
 
 std::optional<absl::StatusOr<SharedStep>> StepCoordinator::JoinOpenStep(
     int64_t step, absl::Duration barrier_timeout) const {
-  if (barrier_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("a step needs a positive barrier timeout");
-  }
+  REPVAR_RETURN_IF_ERROR(CheckBarrierTimeout(barrier_timeout));
   RankedLock lock(&mu_);
   if (step_beginning_) return std::nullopt;  // BeginStep waits for that one
   absl::StatusOr<std::shared_ptr<const StepInfo>> open = steps_.CheckBegin(step);
