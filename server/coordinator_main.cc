@@ -11,7 +11,6 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/base/daemon.h"
 #include "common/base/logging.h"
@@ -102,12 +101,7 @@ absl::StatusOr<std::map<std::string, int32_t>> ParseExpected(const std::string& 
 
 int main(int argc, char** argv) {
   repvar::TuneMallocForBulkTransfers();
-  // Batched writes hold one write lock per variable (taken in id order, so no
-  // cycle is possible); Abseil's deadlock detector would rescan every held
-  // lock on each acquisition. Tests keep it on.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  repvar::BlockShutdownSignals();
-  repvar::InstallCrashHandler();
+  repvar::PrepareDaemonProcess();
   repvar::ParseDaemonFlags(argc, argv, "the repvar coordinator daemon (state, placement, steps)");
   if (absl::Status s = repvar::StartDaemon("coordinator"); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());

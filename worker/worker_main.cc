@@ -14,7 +14,6 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/base/daemon.h"
 #include "common/base/logging.h"
@@ -56,13 +55,7 @@ ABSL_FLAG(int64_t, max_inflight_bytes_per_connection, 0,
 
 int main(int argc, char** argv) {
   repvar::TuneMallocForBulkTransfers();
-  // Abseil's deadlock detector (on in Debian's build) walks a global lock
-  // graph on every acquisition: 4 % of a worker's CPU on the step path
-  // (perf, 32 workers). The lock order is checked in the tests instead
-  // (unit tests keep the detector on; RankedMutex, thread-safety analysis).
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  repvar::BlockShutdownSignals();
-  repvar::InstallCrashHandler();
+  repvar::PrepareDaemonProcess();
   repvar::ParseDaemonFlags(argc, argv, "the repvar worker daemon (replicas of one host)");
   const std::string job = absl::GetFlag(FLAGS_job);
   const int32_t task = absl::GetFlag(FLAGS_task);

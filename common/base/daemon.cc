@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/base/logging.h"
@@ -232,6 +233,12 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view text
 
 absl::Status WritePortFile(const std::string& path, int port) {
   return WriteFileAtomically(path, absl::StrCat(port, "\n"), 0644);
+}
+
+void PrepareDaemonProcess() {
+  BlockShutdownSignals();
+  InstallCrashHandler();
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 void InstallCrashHandler() {
