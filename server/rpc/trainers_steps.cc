@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The step RPCs of TrainersService: conversions and the event stream over the
 // core's BeginStep / AbortStep / GetSteps / WaitStepEvents.
+#include <string>
+#include <utility>
+
 #include "common/base/logging.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/metrics_server.h"
@@ -28,14 +31,15 @@ grpc::ServerUnaryReactor* TrainersService::BeginStep(grpc::CallbackServerContext
     reactor->Finish(grpc::Status::OK);
   };
   const absl::Duration barrier = absl::Milliseconds(req->barrier_timeout_ms());
+  std::string request_id = RequestIdOf(*ctx);
   {
-    const ScopedRequestId request_id(RequestIdOf(*ctx));
+    const ScopedRequestId scoped(request_id);
     if (auto joined = core_->JoinOpenStepShared(req->step(), barrier)) {
       answer(*joined);  // the step is open already (or the call is refused)
       return reactor;
     }
   }
-  begins_.Schedule([this, answer, request_id = RequestIdOf(*ctx), step = req->step(), barrier] {
+  begins_.Schedule([this, answer, request_id = std::move(request_id), step = req->step(), barrier] {
     const ScopedRequestId scoped(request_id);
     answer(core_->BeginStepShared(step, barrier));
   });
