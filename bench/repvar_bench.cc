@@ -281,15 +281,15 @@ struct StepPhases {
 };
 
 // The trainers of a step: one long-lived thread per worker, as real trainers
-// are long-lived processes. `Run(fn)` runs fn(w) on every trainer at once and
-// returns when all have returned. (Creating and joining 32 threads costs
-// 4-5 ms on this VM; the step figures before 2026-12-04's fourth pass did it
-// three times per step.)
+// are long-lived processes (creating and joining 32 threads costs 4-5 ms on
+// this VM). `Run(fn)` runs fn(w) on every trainer at once and returns when
+// all have returned.
 class Trainers {
  public:
   explicit Trainers(int n) : n_(n) {
     for (int w = 0; w < n; ++w) threads_.emplace_back([this, w] { Loop(w); });
   }
+  int size() const { return n_; }
   ~Trainers() {
     {
       std::lock_guard l(mu_);
@@ -339,10 +339,9 @@ class Trainers {
 // each trainer's local replicas, then every trainer commits. Returns the time
 // of each phase (commit: from the first commit to the last answer), in ms.
 template <typename Write>
-StepPhases TimedStep(repvar::Client& c, int64_t step, Trainers& trainers, int workers,
-                     Write write) {
+StepPhases TimedStep(repvar::Client& c, int64_t step, Trainers& trainers, Write write) {
   StepPhases phases;
-  std::vector<std::unique_ptr<repvar::StepScope>> scopes(workers);
+  std::vector<std::unique_ptr<repvar::StepScope>> scopes(trainers.size());
   auto b0 = Clock::now();
   trainers.Run([&](int w) {  // every trainer begins, as trainers do: concurrently
     auto s = repvar::StepScope::Begin(
@@ -383,7 +382,7 @@ void MeanStep(int mib, int workers, int iters) {
   for (int w = 0; w < workers; ++w) std::fill(local[w].begin(), local[w].end(), float(w));
   std::vector<double> t, wrote;
   for (int i = 0; i < iters + 1; ++i) {
-    StepPhases p = TimedStep(*c, i + 1, trainers, workers, [&](int w, repvar::StepScope& s) {
+    StepPhases p = TimedStep(*c, i + 1, trainers, [&](int w, repvar::StepScope& s) {
       local[w][0] = static_cast<float>(i);
       return s.Write<float>("mean", w, std::span<const float>(local[w]));
     });
@@ -500,7 +499,7 @@ void StepsPerSecond(int workers, int vars, int steps) {
     return s.WriteBatch(batch);
   };
   Trainers trainers(workers);
-  TimedStep(*c, 1, trainers, workers, write);  // warm-up: builds the gloo group
+  TimedStep(*c, 1, trainers, write);  // warm-up: builds the gloo group
   int64_t next = 2;
   // Two figures: every replica of every variable written (fused MEAN
   // allreduce of 1,000 variables), and the bare step path (begin, one report
@@ -510,8 +509,8 @@ void StepsPerSecond(int workers, int vars, int steps) {
     auto t0 = Clock::now();
     std::vector<double> begin, wrote, commit;
     for (int i = 0; i < steps; ++i) {
-      StepPhases p = writes ? TimedStep(*c, next++, trainers, workers, write)
-                            : TimedStep(*c, next++, trainers, workers,
+      StepPhases p = writes ? TimedStep(*c, next++, trainers, write)
+                            : TimedStep(*c, next++, trainers,
                                         [](int, repvar::StepScope&) { return absl::OkStatus(); });
       begin.push_back(p.begin_ms);
       wrote.push_back(p.write_ms);
