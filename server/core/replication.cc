@@ -5,6 +5,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_util.h"
@@ -93,19 +94,20 @@ absl::StatusOr<Replication::Delivery> Replication::Deliver(const std::vector<Pla
   };
   std::vector<Batch> batches = registry_->Peek([&](const ClusterState& state) {
     std::map<TaskKey, Batch> per_task;
-    // The replicas on each live worker, for one placement list; variables
-    // created together share theirs, so a batch groups once, not per write.
+    // The replicas on each live worker, per placement list; variables
+    // created together share theirs, so a batch groups once per list, not
+    // per write (as StepCoordinator::Describe finds each list's workers).
     struct Group {
       Batch* batch;
       std::vector<int32_t> replicas;
     };
-    std::vector<Group> groups;
-    const std::vector<Placement>* grouped = nullptr;
+    absl::flat_hash_map<const std::vector<Placement>*, std::vector<Group>> per_list;
     for (const PlannedWrite& w : writes) {
       const VariableRecord* v = state.FindId(w.id);
       if (v == nullptr) continue;
-      if (&v->placement.list() != grouped) {
-        grouped = &v->placement.list();
+      auto [where, fresh] = per_list.try_emplace(&v->placement.list());
+      std::vector<Group>& groups = where->second;
+      if (fresh) {
         std::map<TaskKey, std::vector<int32_t>> replicas;
         for (size_t i = 0; i < v->placement.size(); ++i) {
           const WorkerRecord* worker = state.Worker(v->placement[i].task);
@@ -113,7 +115,6 @@ absl::StatusOr<Replication::Delivery> Replication::Deliver(const std::vector<Pla
             replicas[v->placement[i].task].push_back(static_cast<int32_t>(i));
           }
         }
-        groups.clear();
         for (auto& [task, idx] : replicas) {
           Batch& b = per_task[task];
           const WorkerRecord& worker = *state.Worker(task);
