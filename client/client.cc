@@ -429,6 +429,7 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
         value.dtype = static_cast<DType>(t.spec().dtype());
         value.shape.assign(t.spec().dims().begin(), t.spec().dims().end());
         value.version = msg.header().version();
+        ReserveForBulk(value.bytes, t.byte_size());
         value.bytes.resize(t.byte_size());
         expected_sum = t.checksum();
         have_header = true;

@@ -15,6 +15,7 @@
 #include "common/rpc/from_proto.h"
 #include "common/rpc/replica_stream.h"
 #include "common/rpc/to_proto.h"
+#include "common/tensor/buffer.h"
 #include "repvar/step.h"
 
 namespace repvar {
@@ -178,6 +179,7 @@ absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t rep
   if (size >= kMapBytes && !impl_->map_failed) {
     auto m = Map(name, replica, MapMode::kRead);
     if (m.ok()) {
+      ReserveForBulk(out.bytes, (*m)->bytes().size());
       out.bytes.assign((*m)->bytes().begin(), (*m)->bytes().end());
       out.checksum = (*m)->checksum();
       out.version = (*m)->version();
@@ -198,6 +200,7 @@ absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t rep
   if (!(got.value.spec == spec)) return absl::DataLossError("the worker sent another shape");
   out.version = got.version;
   out.checksum = got.value.checksum;
+  ReserveForBulk(out.bytes, got.value.bytes.size());
   out.bytes.assign(got.value.bytes.data(), got.value.bytes.data() + got.value.bytes.size());
   return out;
 }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -293,6 +294,16 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     file_ = std::exchange(other.file_, false);
   }
   return *this;
+}
+
+void ReserveForBulk(std::vector<std::byte>& v, size_t n) {
+  if (n <= v.capacity()) return;
+  v.reserve(n);  // allocates; touches only what `v` already held
+  if (n < kMmapThreshold) return;
+  const auto start = reinterpret_cast<uintptr_t>(v.data());
+  const uintptr_t first = (start + kMmapThreshold - 1) / kMmapThreshold * kMmapThreshold;
+  const uintptr_t end = (start + n) / kMmapThreshold * kMmapThreshold;
+  if (end > first) madvise(reinterpret_cast<void*>(first), end - first, MADV_HUGEPAGE);
 }
 
 void TuneMallocForBulkTransfers() {

@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // Buffers: a file mapping holds the file's bytes without copying them into
 // memory (and refuses a file of another size); released mappings return to
-// the system once idle.
+// the system once idle; a vector reserved for a bulk read asks for huge
+// pages before it is touched.
 #include "common/tensor/buffer.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -63,6 +67,45 @@ TEST(BufferTest, ReleaseIdleBuffers_UnmapsOnlyMappingsIdleThatLong) {
   EXPECT_GE(PooledBufferBytes(), size_t{4} << 20);
   EXPECT_GE(ReleaseIdleBuffers(absl::ZeroDuration()), size_t{4} << 20);
   EXPECT_EQ(PooledBufferBytes(), 0u);
+}
+
+// The VmFlags line of the mapping in /proc/self/smaps that holds `p`.
+std::string VmFlagsAt(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::ifstream smaps("/proc/self/smaps");
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream range(line);
+    if (range >> std::hex >> lo >> dash >> hi && dash == '-') {
+      inside = lo <= a && a < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+TEST(BufferTest, ReserveForBulk_KeepsTheBytes_AsksForHugePagesBeforeTouching) {
+  std::vector<std::byte> v = {std::byte{7}, std::byte{9}};
+  const size_t n = size_t{16} << 20;
+  ReserveForBulk(v, n);
+  ASSERT_GE(v.capacity(), n);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0], std::byte{7});
+  EXPECT_EQ(v[1], std::byte{9});
+  const auto start = reinterpret_cast<uintptr_t>(v.data());
+  const uintptr_t huge = (start + (2 << 20) - 1) / (2 << 20) * (2 << 20);  // inside the block
+  EXPECT_NE(VmFlagsAt(reinterpret_cast<const void*>(huge)).find(" hg"), std::string::npos)
+      << VmFlagsAt(reinterpret_cast<const void*>(huge));
+
+  std::vector<std::byte> small;
+  ReserveForBulk(small, 100);
+  EXPECT_GE(small.capacity(), 100u);
+  const std::byte* before = v.data();
+  ReserveForBulk(v, n / 2);  // room enough: nothing moves
+  EXPECT_EQ(v.data(), before);
 }
 
 }  // namespace
