@@ -56,7 +56,8 @@ ABSL_FLAG(int32_t, mean_replicas, 8, "replicas (= workers) of the MEAN step vari
 ABSL_FLAG(bool, only_steps, false, "run only the step figures");
 ABSL_FLAG(bool, only_security, false, "run only the TLS-and-tokens cost figures");
 ABSL_FLAG(bool, only_small, false, "run only the small-op and batch figures");
-ABSL_FLAG(bool, only_bcast, false, "run only the broadcast figures");
+ABSL_FLAG(bool, only_bcast, false, "run only the broadcast and point-to-point figures");
+ABSL_FLAG(int32_t, p2p_mib, 256, "size of the point-to-point figure (assign to 1 replica + read)");
 ABSL_FLAG(int32_t, batch_rounds, 7,
           "rounds of the batched figures (1,000 fresh variables each; median reported)");
 
@@ -152,11 +153,55 @@ void Broadcasts(int workers, const std::vector<int>& mibs, int iters) {
   }
 }
 
-// The broadcast figures for every --workers count and --mib size.
+// Point to point: `mib` MiB assigned to a variable with one replica on one
+// worker, then read back whole (trainer -> coordinator -> worker and back);
+// the peer is the same bytes over one loopback TCP connection and back
+// (bench/peers/tcp_stream.cc).
+void PointToPoint(int mib, int iters) {
+  repvar::testing::TestCluster cluster(OneTpuPerWorker(1));
+  if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
+  auto c = Connect(cluster);
+  const std::string name = "p2p";
+  const int64_t n = int64_t{mib} << 18;
+  auto v = c->CreateVariable(
+      {.name = name, .dtype = repvar::DType::kFloat32, .shape = {n}, .replica_count = 1});
+  if (!v.ok()) Die("create", v.status());
+  std::vector<float> data(n, 1.25f);
+  std::vector<double> assign, read, total;
+  const int warmup = std::max(1, absl::GetFlag(FLAGS_bcast_warmup));
+  for (int i = 0; i < warmup + iters; ++i) {
+    data[0] = static_cast<float>(i);
+    auto t0 = Clock::now();
+    auto ack = c->Assign(name, std::span<const float>(data));
+    auto t1 = Clock::now();
+    if (!ack.ok()) Die("assign", ack.status());
+    auto back = c->Read(name);
+    auto t2 = Clock::now();
+    if (!back.ok()) Die("read", back.status());
+    if (back->bytes.size() != data.size() * sizeof(float) ||
+        std::memcmp(back->bytes.data(), data.data(), back->bytes.size()) != 0) {
+      Die("read", absl::DataLossError("the value read back differs from the value assigned"));
+    }
+    if (i < warmup) continue;
+    assign.push_back(Ms(t0, t1));
+    read.push_back(Ms(t1, t2));
+    total.push_back(Ms(t0, t2));
+  }
+  std::printf("repvar_p2p mib=%d assign_ms=%.2f read_ms=%.2f total_ms=%.2f\n", mib,
+              Percentile(assign, 0.5), Percentile(read, 0.5), Percentile(total, 0.5));
+  std::fflush(stdout);
+}
+
+// The broadcast figures for every --workers count and --mib size, then the
+// point-to-point one.
 void EveryBroadcast() {
-  if (absl::GetFlag(FLAGS_workers).empty()) return;
-  for (int w : Ints(absl::GetFlag(FLAGS_workers))) {
-    Broadcasts(w, Ints(absl::GetFlag(FLAGS_mib)), absl::GetFlag(FLAGS_iters));
+  if (!absl::GetFlag(FLAGS_workers).empty()) {
+    for (int w : Ints(absl::GetFlag(FLAGS_workers))) {
+      Broadcasts(w, Ints(absl::GetFlag(FLAGS_mib)), absl::GetFlag(FLAGS_iters));
+    }
+  }
+  if (absl::GetFlag(FLAGS_p2p_mib) > 0) {
+    PointToPoint(absl::GetFlag(FLAGS_p2p_mib), absl::GetFlag(FLAGS_iters));
   }
 }
 

@@ -31,7 +31,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 build=${REPVAR_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j "$(nproc)" --target repvar_bench gloo_bcast repvar-coordinator repvar-worker
+cmake --build "$build" -j "$(nproc)" --target repvar_bench gloo_bcast tcp_stream repvar-coordinator repvar-worker
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 mpicc -O2 -o "$out/mpi_bcast" bench/peers/mpi_bcast.c
@@ -55,6 +55,16 @@ for n in $workers; do
   "$build/bench/gloo_bcast" 0 "$n" "$store" "$mibs" "$iters" | tee -a "$results"
   for p in "${pids[@]}"; do wait "$p"; done
 done
+
+echo "== peers: the point-to-point bytes over one loopback TCP connection and back"
+"$build/bench/tcp_stream" 256 "$iters" | tee -a "$results"
+# What durability costs the same bytes on the disk the clusters' data dirs
+# use: an acknowledged assign is on disk (fsync) before its answer.
+ddfile=$(mktemp "${TMPDIR:-/tmp}/repvar-dd.XXXX")
+t0=$(date +%s%N)
+dd if=/dev/zero of="$ddfile" bs=1M count=256 conv=fsync status=none
+echo "disk mib=256 write_fsync_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$results"
+rm -f "$ddfile"
 
 echo "== peers: Redis 7 GET / INCR, 1 client"
 port=$((20000 + RANDOM % 20000))

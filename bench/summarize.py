@@ -29,7 +29,8 @@ def number_or_word(v):
 
 
 def parse(lines):
-    out = {"mpi": {}, "gloo": {}, "redis": {}, "etcd": {}, "cur": {}, "base": {}}
+    out = {"mpi": {}, "gloo": {}, "tcp": {}, "disk": {}, "redis": {}, "etcd": {}, "cur": {},
+           "base": {}}
     for line in lines:
         line = line.strip()
         who = "cur"
@@ -41,6 +42,10 @@ def parse(lines):
         elif line.startswith("gloo "):
             out["gloo"][(int(d["size"]), int(d["mib"]))] = (float(d["bcast_ms"]),
                                                              float(d["allreduce_ms"]))
+        elif line.startswith("tcp "):
+            out["tcp"][int(d["mib"])] = float(d["roundtrip_ms"])
+        elif line.startswith("disk "):
+            out["disk"][int(d["mib"])] = float(d["write_fsync_ms"])
         elif line.startswith("redis "):
             out["redis"][d["test"]] = float(d["p50_us"])
         elif line.startswith("etcd "):
@@ -73,8 +78,15 @@ def goals(res, who):
                   if "first_ms" in b else "") if b and m else
                  "no 256 MiB x 8 broadcast in this run"))
     rows.append(("bcast_256m_8w_vs_gloo", b["assign_ms"] / g if b and g else None, "<=", 1.15,
-                 "gloo timed at its root (last-receiver timing: issue 8)"))
-    rows.append(("p2p_vs_tcp", None, ">=", 0.7, "no loopback TCP peer in run.sh yet (issue 8)"))
+                 "gloo timed to its last receiver"))
+    p2p = first("repvar_p2p")
+    tcp = res["tcp"].get(int(p2p["mib"])) if p2p else None
+    disk = res["disk"].get(int(p2p["mib"])) if p2p else None
+    rows.append(("p2p_vs_tcp", tcp / p2p["total_ms"] if p2p and tcp else None, ">=", 0.7,
+                 (f"speed; {p2p['mib']:.0f} MiB assigned to 1 replica (durable: "
+                  f"{p2p['assign_ms']:.0f} ms; dd + fsync of the bytes {disk or math.nan:.0f}) and "
+                  f"read back ({p2p['read_ms']:.0f} ms) vs TCP there and back {tcp:.0f} ms")
+                 if p2p and tcp else "no point-to-point figure or TCP peer in this run"))
     etcd = res["etcd"].get("put_p50_us")
     du = first("repvar_durable")
     rows.append(("durable_write_vs_etcd", du["assign_p50_us"] / etcd if du and etcd else None, "<=",
@@ -133,7 +145,7 @@ def main(path):
               f"{x.get('first_ms', math.nan):>10.1f}"
               f"{res['mpi'].get((w, m), math.nan):>12.1f}"
               f"{res['gloo'].get((w, m), (math.nan,))[0]:>10.1f}")
-    for kind in ("repvar_small", "repvar_ephemeral", "repvar_durable", "repvar_durable_rate",
+    for kind in ("repvar_p2p", "repvar_small", "repvar_ephemeral", "repvar_durable", "repvar_durable_rate",
                  "repvar_restart", "repvar_coordinator_rss", "repvar_worker_rss", "repvar_batch",
                  "repvar_local", "repvar_mean_step", "repvar_steps"):
         for x in res["cur"].get(kind, []):
