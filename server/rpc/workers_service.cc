@@ -2,6 +2,8 @@
 #include "server/rpc/workers_service.h"
 
 #include <algorithm>
+#include <deque>
+#include <memory>
 
 #include "common/base/logging.h"
 #include "common/rpc/from_proto.h"
@@ -89,13 +91,62 @@ grpc::ServerUnaryReactor* WorkersService::Heartbeat(grpc::CallbackServerContext*
   return reactor;
 }
 
+void WorkersService::ServeGetStep(const v1::GetStepRequest& req, v1::StepInfo* out,
+                                  const Done& done) {
+  auto step = core_->GetStepShared(req.epoch());
+  if (!step.ok()) return done(ToGrpcStatus(step.status()));
+  steps_->Answer(*step, req.known_layout(), out);
+  done(grpc::Status::OK);
+}
+
+void WorkersService::ServeReport(const grpc::ServerContextBase& ctx,
+                                 const v1::ReportStepRequest& req, v1::StepPlan* out, Done done) {
+  WorkerReport report = ReportFromProto(req);
+  if (grpc::Status s = CheckCallerIsTask(ctx, report.task); !s.ok()) return done(s);
+  if (absl::Status s = core_->ReportStep(report); !s.ok()) {
+    spdlog::debug("ReportStep from {} refused: {}", report.task.ToString(), s.ToString());
+    return done(ToGrpcStatus(s));
+  }
+  // Answered when the barrier resolves (the coordinator's ticker fails it at
+  // its timeout), from the thread that resolves it.
+  core_->WhenStepPlanned(
+      req.epoch(), [out, done = std::move(done), step = req.step(), epoch = req.epoch()](
+                       absl::StatusOr<std::variant<StepPlan, StepResolution>> got) {
+        if (!got.ok()) return done(ToGrpcStatus(got.status()));
+        if (auto* plan = std::get_if<StepPlan>(&*got)) {
+          PlanToProto(*plan, out);
+        } else {
+          out->set_step(step);
+          out->set_epoch(epoch);
+          StepResolutionToProto(std::get<StepResolution>(*got), out->mutable_resolution());
+        }
+        done(grpc::Status::OK);
+      });
+}
+
+void WorkersService::ServeFinish(const grpc::ServerContextBase& ctx,
+                                 const v1::FinishStepRequest& req, v1::StepResolution* out,
+                                 Done done) {
+  if (grpc::Status s = CheckCallerIsTask(ctx, TaskKey{req.job(), req.task()}); !s.ok()) {
+    return done(s);
+  }
+  if (absl::Status s = core_->FinishStep(FinishFromProto(req)); !s.ok()) {
+    return done(ToGrpcStatus(s));
+  }
+  core_->WhenStepResolved(req.epoch(),
+                          [out, done = std::move(done)](absl::StatusOr<StepResolution> r) {
+                            if (!r.ok()) return done(ToGrpcStatus(r.status()));
+                            StepResolutionToProto(*r, out);
+                            done(grpc::Status::OK);
+                          });
+}
+
 grpc::Status WorkersService::GetStep(grpc::ServerContext* ctx, const v1::GetStepRequest* req,
                                      v1::StepInfo* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
-  auto step = core_->GetStepShared(req->epoch());
-  if (!step.ok()) return ToGrpcStatus(step.status());
-  steps_->Answer(*step, req->known_layout(), resp);
-  return grpc::Status::OK;
+  grpc::Status status;
+  ServeGetStep(*req, resp, [&status](grpc::Status s) { status = std::move(s); });
+  return status;
 }
 
 grpc::ServerUnaryReactor* WorkersService::ReportStep(grpc::CallbackServerContext* ctx,
@@ -103,34 +154,7 @@ grpc::ServerUnaryReactor* WorkersService::ReportStep(grpc::CallbackServerContext
                                                      v1::StepPlan* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  WorkerReport report = ReportFromProto(*req);
-  if (grpc::Status s = CheckCallerIsTask(*ctx, report.task); !s.ok()) {
-    reactor->Finish(s);
-    return reactor;
-  }
-  if (absl::Status s = core_->ReportStep(report); !s.ok()) {
-    spdlog::debug("ReportStep from {} refused: {}", report.task.ToString(), s.ToString());
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
-  }
-  // Answered when the barrier resolves (the coordinator's ticker fails it at
-  // its timeout), from the thread that resolves it.
-  core_->WhenStepPlanned(
-      req->epoch(), [reactor, resp, step = req->step(), epoch = req->epoch()](
-                        absl::StatusOr<std::variant<StepPlan, StepResolution>> got) {
-        if (!got.ok()) {
-          reactor->Finish(ToGrpcStatus(got.status()));
-          return;
-        }
-        if (auto* plan = std::get_if<StepPlan>(&*got)) {
-          PlanToProto(*plan, resp);
-        } else {
-          resp->set_step(step);
-          resp->set_epoch(epoch);
-          StepResolutionToProto(std::get<StepResolution>(*got), resp->mutable_resolution());
-        }
-        reactor->Finish(grpc::Status::OK);
-      });
+  ServeReport(*ctx, *req, resp, [reactor](grpc::Status s) { reactor->Finish(std::move(s)); });
   return reactor;
 }
 
@@ -139,23 +163,174 @@ grpc::ServerUnaryReactor* WorkersService::FinishStep(grpc::CallbackServerContext
                                                      v1::StepResolution* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (grpc::Status s = CheckCallerIsTask(*ctx, TaskKey{req->job(), req->task()}); !s.ok()) {
-    reactor->Finish(s);
-    return reactor;
+  ServeFinish(*ctx, *req, resp, [reactor](grpc::Status s) { reactor->Finish(std::move(s)); });
+  return reactor;
+}
+
+// One worker's StepStream. Requests are read one at a time and handed to
+// the Serve* methods; answers are written in the order they become ready,
+// one write in flight at a time (all the callback API allows).
+//
+//   open ---(a read fails: the worker ended the stream, or it was cancelled)--> draining
+//   draining ---(every answer written, or a write failed)--> Finish() --> OnDone: deleted
+//
+// A report's answer may come after the stream ended, from the thread that
+// resolves the barrier: answers reach the reactor through `Outbox`, whose
+// pointer to it OnDone clears under the outbox's lock.
+class WorkersService::StepStreamReactor final
+    : public grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse> {
+ public:
+  StepStreamReactor(WorkersService* service, grpc::CallbackServerContext* ctx)
+      : service_(service), ctx_(ctx), outbox_(std::make_shared<Outbox>()) {
+    outbox_->reactor = this;
+    StartRead(&request_);
   }
-  if (absl::Status s = core_->FinishStep(FinishFromProto(*req)); !s.ok()) {
-    reactor->Finish(ToGrpcStatus(s));
-    return reactor;
-  }
-  core_->WhenStepResolved(req->epoch(), [reactor, resp](absl::StatusOr<StepResolution> r) {
-    if (!r.ok()) {
-      reactor->Finish(ToGrpcStatus(r.status()));
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      bool finish = false;
+      {
+        absl::MutexLock lock(&outbox_->mu);
+        reads_done_ = true;
+        finish = ShouldFinishLocked();
+      }
+      if (finish) Finish(grpc::Status::OK);
       return;
     }
-    StepResolutionToProto(*r, resp);
-    reactor->Finish(grpc::Status::OK);
-  });
-  return reactor;
+    Serve(request_);
+    StartRead(&request_);  // the next call; request_ is free again
+  }
+
+  void OnWriteDone(bool ok) override {
+    v1::StepStreamResponse* next = nullptr;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&outbox_->mu);
+      sending_.pop_front();
+      if (!ok) {
+        broken_ = true;  // the stream is going away: nothing more is sent
+        sending_.clear();
+      }
+      if (sending_.empty()) {
+        writing_ = false;
+        finish = ShouldFinishLocked();
+      } else {
+        next = &sending_.front();  // a deque keeps it where it is
+      }
+    }
+    if (next != nullptr) StartWrite(next);
+    if (finish) Finish(grpc::Status::OK);
+  }
+
+  // The worker went away or the server is shutting down: answers still
+  // owed are not waited for.
+  void OnCancel() override {
+    bool finish = false;
+    {
+      absl::MutexLock lock(&outbox_->mu);
+      broken_ = true;
+      finish = ShouldFinishLocked();
+    }
+    if (finish) Finish(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock lock(&outbox_->mu);
+      outbox_->reactor = nullptr;  // answers still to come are dropped
+    }
+    delete this;
+  }
+
+ private:
+  struct Outbox {
+    absl::Mutex mu;
+    StepStreamReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  // Hands the call to its Serve* method; its answer is queued when done.
+  void Serve(const v1::StepStreamRequest& req) {
+    {
+      absl::MutexLock lock(&outbox_->mu);
+      ++owed_;
+    }
+    auto answer = std::make_shared<v1::StepStreamResponse>();
+    answer->set_tag(req.tag());
+    Done done = [outbox = outbox_, answer](grpc::Status s) {
+      if (!s.ok()) {
+        answer->clear_answer();
+        answer->set_code(s.error_code());
+        answer->set_message(s.error_message());
+      }
+      Post(*outbox, std::move(*answer));
+    };
+    switch (req.call_case()) {
+      case v1::StepStreamRequest::kGetStep:
+        return service_->ServeGetStep(req.get_step(), answer->mutable_step(), done);
+      case v1::StepStreamRequest::kReport:
+        return service_->ServeReport(*ctx_, req.report(), answer->mutable_plan(), std::move(done));
+      case v1::StepStreamRequest::kFinish:
+        return service_->ServeFinish(*ctx_, req.finish(), answer->mutable_resolution(),
+                                     std::move(done));
+      case v1::StepStreamRequest::CALL_NOT_SET:
+        break;
+    }
+    done(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a StepStream message without a call"));
+  }
+
+  // Queues `answer` on the stream (if it is still there) and starts its
+  // write unless one is in flight. Called on any thread.
+  static void Post(Outbox& outbox, v1::StepStreamResponse answer) {
+    v1::StepStreamResponse* first = nullptr;
+    StepStreamReactor* r = nullptr;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&outbox.mu);
+      r = outbox.reactor;
+      if (r == nullptr) return;  // the stream ended before this answer
+      --r->owed_;
+      if (r->broken_) {
+        finish = r->ShouldFinishLocked();
+      } else {
+        r->sending_.push_back(std::move(answer));
+        if (!r->writing_) {
+          r->writing_ = true;
+          first = &r->sending_.front();
+        }
+      }
+    }
+    // Neither can be deleted meanwhile: it is only once Finish() is called,
+    // which nobody else does now (finished_ is set, or a write is pending).
+    if (first != nullptr) r->StartWrite(first);
+    if (finish) r->Finish(grpc::Status::OK);
+  }
+
+  // Whether to end the call now (then the caller calls Finish() once the
+  // lock is released, and touches nothing after): the worker stopped
+  // sending and nothing is left to send -- every answer owed was written,
+  // or the stream broke. True once.
+  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(outbox_->mu) {
+    if (finished_ || !reads_done_ || writing_ || (owed_ > 0 && !broken_)) return false;
+    finished_ = true;
+    return true;
+  }
+
+  WorkersService* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  const std::shared_ptr<Outbox> outbox_;
+  v1::StepStreamRequest request_;  // the read in flight
+  // Under outbox_->mu:
+  std::deque<v1::StepStreamResponse> sending_;  // front: the write in flight
+  bool writing_ = false;
+  bool reads_done_ = false;
+  bool broken_ = false;
+  bool finished_ = false;
+  int64_t owed_ = 0;  // calls read whose answers were not queued yet
+};
+
+grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse>* WorkersService::StepStream(
+    grpc::CallbackServerContext* ctx) {
+  return new StepStreamReactor(this, ctx);
 }
 
 grpc::Status WorkersService::WaitStep(grpc::ServerContext* ctx, const v1::WaitStepRequest* req,

@@ -3,6 +3,7 @@
 #define REPVAR_SERVER_RPC_WORKERS_SERVICE_H_
 
 #include <atomic>
+#include <functional>
 #include <list>
 #include <thread>
 
@@ -13,18 +14,20 @@
 
 namespace repvar::server {
 
-// ReportStep and FinishStep, the long polls every worker makes every step,
-// use the callback API: no thread waits for a barrier; they are answered by
-// whoever resolves the step. Heartbeat and RegisterWorker do too, so that
-// membership never waits for a thread of the synchronous pool (bounded:
-// --max_rpc_threads), which long-lived streams may hold; a registration's
-// verification and resync (seconds) run on a thread of their own. The other
-// methods use the synchronous API.
+// StepStream (each worker's step calls as messages on one stream), and
+// ReportStep and FinishStep, the long polls of a worker that calls them one
+// by one, use the callback API: no thread waits for a barrier; they are
+// answered by whoever resolves the step. Heartbeat and RegisterWorker do
+// too, so that membership never waits for a thread of the synchronous pool
+// (bounded: --max_rpc_threads), which long-lived streams may hold; a
+// registration's verification and resync (seconds) run on a thread of
+// their own. The other methods use the synchronous API.
 using WorkersServiceBase = v1::CoordinatorWorkers::WithCallbackMethod_RegisterWorker<
     v1::CoordinatorWorkers::WithCallbackMethod_Heartbeat<
         v1::CoordinatorWorkers::WithCallbackMethod_ReportStep<
             v1::CoordinatorWorkers::WithCallbackMethod_FinishStep<
-                v1::CoordinatorWorkers::Service>>>>;
+                v1::CoordinatorWorkers::WithCallbackMethod_StepStream<
+                    v1::CoordinatorWorkers::Service>>>>>;
 
 // The gRPC face of the coordinator for workers (repvar.v1.CoordinatorWorkers):
 // proto -> model -> core -> proto, and long polls. Thread-safe.
@@ -48,12 +51,27 @@ class WorkersService final : public WorkersServiceBase {
                                        v1::StepResolution*) override;
   grpc::Status WaitStep(grpc::ServerContext*, const v1::WaitStepRequest*,
                         v1::StepResolution*) override;
+  grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse>* StepStream(
+      grpc::CallbackServerContext*) override;
   grpc::Status StoreSet(grpc::ServerContext*, const v1::StoreSetRequest*,
                         v1::StoreSetResponse*) override;
   grpc::Status StoreGet(grpc::ServerContext*, const v1::StoreGetRequest*,
                         v1::StoreGetResponse*) override;
 
  private:
+  class StepStreamReactor;
+
+  // The step calls, whichever way they come (unary or on StepStream): each
+  // fills `out` and calls `done` once with the call's status, at once or
+  // (a report, a finish) when the barrier resolves, on whichever thread
+  // resolves it; `out` must live until then.
+  using Done = std::function<void(grpc::Status)>;
+  void ServeGetStep(const v1::GetStepRequest& req, v1::StepInfo* out, const Done& done);
+  void ServeReport(const grpc::ServerContextBase& ctx, const v1::ReportStepRequest& req,
+                   v1::StepPlan* out, Done done);
+  void ServeFinish(const grpc::ServerContextBase& ctx, const v1::FinishStepRequest& req,
+                   v1::StepResolution* out, Done done);
+
   Coordinator* const core_;
   StepInfoCache* const steps_;
   std::atomic<bool> shutting_down_{false};

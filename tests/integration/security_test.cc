@@ -11,6 +11,7 @@
 #include <array>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -266,6 +267,33 @@ TEST_F(SecurityTest, X1_WorkerActingForAnother_PermissionDenied_NothingChanged) 
   grpc::ClientContext c4;
   EXPECT_EQ(as_worker0->FinishStep(WithDeadline(&c4), finish, &resolution).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
+  // The same report and finish on worker 0's step stream: each message is
+  // checked, each refused; its own report on that stream is not.
+  {
+    grpc::ClientContext c6;
+    auto stream = as_worker0->StepStream(WithDeadline(&c6));
+    v1::StepStreamRequest m;
+    m.set_tag(1);
+    *m.mutable_report() = report;
+    ASSERT_TRUE(stream->Write(m));
+    m.set_tag(2);
+    *m.mutable_finish() = finish;
+    ASSERT_TRUE(stream->Write(m));
+    m.set_tag(3);
+    *m.mutable_report() = report;
+    m.mutable_report()->set_task(0);
+    m.mutable_report()->set_incarnation(Incarnation(0));
+    ASSERT_TRUE(stream->Write(m));
+    std::map<uint64_t, int> codes;
+    v1::StepStreamResponse got;
+    for (int i = 0; i < 3 && stream->Read(&got); ++i) codes[got.tag()] = got.code();
+    EXPECT_EQ(codes[1], grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(codes[2], grpc::StatusCode::PERMISSION_DENIED);
+    ASSERT_TRUE(codes.contains(3));
+    EXPECT_NE(codes[3], grpc::StatusCode::PERMISSION_DENIED);  // no step is open: refused for that
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
   // tpu_worker:1 is where it was, the same process.
   auto topo = client_->GetTopology();
   ASSERT_OK(topo);

@@ -27,7 +27,7 @@ absl::StatusOr<Resp> Unary(v1::CoordinatorWorkers::Stub* stub, Method method, co
 
 GrpcCoordinatorLink::GrpcCoordinatorLink(const std::string& address,
                                          const ChannelSecurity& security)
-    : stub_(v1::CoordinatorWorkers::NewStub(OpenChannel(address, security))) {}
+    : stub_(v1::CoordinatorWorkers::NewStub(OpenChannel(address, security))), steps_(stub_.get()) {}
 
 absl::StatusOr<absl::Duration> GrpcCoordinatorLink::Register(const WorkerRegistration& reg) {
   v1::RegisterWorkerRequest req;
@@ -54,33 +54,27 @@ absl::Status GrpcCoordinatorLink::Heartbeat(const TaskKey& task, uint64_t incarn
 }
 
 absl::StatusOr<StepInfo> GrpcCoordinatorLink::GetStep(uint64_t epoch, uint64_t known_layout) {
-  v1::GetStepRequest req;
-  req.set_epoch(epoch);
-  req.set_known_layout(known_layout);
-  REPVAR_ASSIGN_OR_RETURN(
-      auto resp, Unary<v1::StepInfo>(stub_.get(), &v1::CoordinatorWorkers::Stub::GetStep, req,
-                                     absl::Seconds(30)));
-  return StepInfoFromProto(resp);
+  v1::StepStreamRequest req;
+  req.mutable_get_step()->set_epoch(epoch);
+  req.mutable_get_step()->set_known_layout(known_layout);
+  REPVAR_ASSIGN_OR_RETURN(auto resp, steps_.Call(std::move(req), absl::Seconds(30)));
+  return StepInfoFromProto(resp.step());
 }
 
 absl::StatusOr<std::variant<StepPlan, StepResolution>> GrpcCoordinatorLink::ReportStep(
     const WorkerReport& report, absl::Duration timeout) {
-  v1::ReportStepRequest req;
-  ReportToProto(report, &req);
-  REPVAR_ASSIGN_OR_RETURN(
-      auto resp,
-      Unary<v1::StepPlan>(stub_.get(), &v1::CoordinatorWorkers::Stub::ReportStep, req, timeout));
-  return PlanFromProto(resp);
+  v1::StepStreamRequest req;
+  ReportToProto(report, req.mutable_report());
+  REPVAR_ASSIGN_OR_RETURN(auto resp, steps_.Call(std::move(req), timeout));
+  return PlanFromProto(resp.plan());
 }
 
 absl::StatusOr<StepResolution> GrpcCoordinatorLink::FinishStep(const WorkerFinish& finish,
                                                                absl::Duration timeout) {
-  v1::FinishStepRequest req;
-  FinishToProto(finish, &req);
-  REPVAR_ASSIGN_OR_RETURN(
-      auto resp, Unary<v1::StepResolution>(stub_.get(), &v1::CoordinatorWorkers::Stub::FinishStep,
-                                           req, timeout));
-  return ResolutionFromProto(resp);
+  v1::StepStreamRequest req;
+  FinishToProto(finish, req.mutable_finish());
+  REPVAR_ASSIGN_OR_RETURN(auto resp, steps_.Call(std::move(req), timeout));
+  return ResolutionFromProto(resp.resolution());
 }
 
 absl::StatusOr<StepResolution> GrpcCoordinatorLink::WaitStep(uint64_t epoch,

@@ -8,12 +8,15 @@
 #include "common/rpc/security.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "worker/core/coordinator_link.h"
+#include "worker/rpc/step_stream_client.h"
 
 namespace repvar::worker {
 
 // The worker core's links to the coordinator (membership, steps, the data
 // plane's rendezvous) over one gRPC channel. Every call has a deadline.
-// Thread-safe.
+// GetStep, ReportStep and FinishStep -- a worker's calls of every step --
+// go as messages on one long-lived StepStream (StepStreamClient); the rest
+// are unary calls. Thread-safe.
 class GrpcCoordinatorLink final : public CoordinatorLink, public StepLink, public RendezvousClient {
  public:
   GrpcCoordinatorLink(const std::string& address, const ChannelSecurity& security);
@@ -33,6 +36,7 @@ class GrpcCoordinatorLink final : public CoordinatorLink, public StepLink, publi
 
  private:
   std::unique_ptr<v1::CoordinatorWorkers::Stub> stub_;
+  StepStreamClient steps_;  // after stub_, which it uses
 };
 
 }  // namespace repvar::worker

@@ -276,5 +276,128 @@ TEST_F(ServicesTest, Steps_BeginOnTrainers_ReportOnWorkers_ResolvedAndListed) {
               StatusIs(absl::StatusCode::kFailedPrecondition, "closed"));
 }
 
+v1::StepStreamRequest StreamReport(uint64_t tag, uint64_t epoch, const std::string& job, int task) {
+  v1::StepStreamRequest m;
+  m.set_tag(tag);
+  v1::ReportStepRequest* r = m.mutable_report();
+  r->set_step(1);
+  r->set_epoch(epoch);
+  r->set_job(job);
+  r->set_task(task);
+  r->set_incarnation(100 + task);
+  return m;
+}
+
+v1::StepStreamRequest StreamGetStep(uint64_t tag, uint64_t epoch) {
+  v1::StepStreamRequest m;
+  m.set_tag(tag);
+  m.mutable_get_step()->set_epoch(epoch);
+  return m;
+}
+
+TEST_F(ServicesTest, Workers_StepStream_AnswersByTagWhenReady_ARefusalIsItsAnswer_StreamStaysOpen) {
+  v1::CreateVariablesResponse created;
+  ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
+  v1::InitializeVariablesRequest init;
+  init.add_items()->set_name("w");
+  init.mutable_items(0)->mutable_initializer()->set_zeros(true);
+  v1::InitializeVariablesResponse initialized;
+  ASSERT_OK(FromGrpcStatus(trainers_->InitializeVariables(Ctx().get(), init, &initialized)));
+  v1::BeginStepRequest begin;
+  begin.set_step(1);
+  begin.set_barrier_timeout_ms(10000);
+  v1::StepInfo info;
+  ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), begin, &info)));
+
+  auto ctx0 = Ctx();
+  auto worker0 = workers_->StepStream(ctx0.get());
+  v1::StepStreamResponse got;
+  // GetStep: answered at once, with the step.
+  ASSERT_TRUE(worker0->Write(StreamGetStep(1, info.epoch())));
+  ASSERT_TRUE(worker0->Read(&got));
+  EXPECT_EQ(got.tag(), 1u);
+  EXPECT_EQ(got.code(), 0);
+  EXPECT_EQ(got.step().step(), 1);
+  EXPECT_EQ(got.step().participants_size(), 2);
+  // Worker 0's report waits for the barrier; a stranger's report sent after
+  // it on the same stream is refused at once: its answer comes first.
+  ASSERT_TRUE(worker0->Write(StreamReport(2, info.epoch(), "tpu_worker", 0)));
+  ASSERT_TRUE(worker0->Write(StreamReport(3, info.epoch(), "other", 0)));
+  ASSERT_TRUE(worker0->Read(&got));
+  EXPECT_EQ(got.tag(), 3u);
+  EXPECT_EQ(got.code(), grpc::StatusCode::PERMISSION_DENIED) << got.message();
+  EXPECT_FALSE(got.has_plan());
+  // A message with no call is refused the same way.
+  v1::StepStreamRequest empty;
+  empty.set_tag(4);
+  ASSERT_TRUE(worker0->Write(empty));
+  ASSERT_TRUE(worker0->Read(&got));
+  EXPECT_EQ(got.tag(), 4u);
+  EXPECT_EQ(got.code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Worker 1 reports on its own stream: the barrier resolves, both answer.
+  auto ctx1 = Ctx();
+  auto worker1 = workers_->StepStream(ctx1.get());
+  ASSERT_TRUE(worker1->Write(StreamReport(1, info.epoch(), "tpu_worker", 1)));
+  ASSERT_TRUE(worker1->Read(&got));
+  EXPECT_EQ(got.tag(), 1u);
+  EXPECT_EQ(got.plan().resolution().state(), v1::STEP_STATE_COMMITTED);
+  ASSERT_TRUE(worker0->Read(&got));
+  EXPECT_EQ(got.tag(), 2u);
+  EXPECT_EQ(got.code(), 0) << got.message();
+  EXPECT_EQ(got.plan().resolution().state(), v1::STEP_STATE_COMMITTED);
+  // After the refusals, the stream still carries calls.
+  ASSERT_TRUE(worker0->Write(StreamGetStep(5, info.epoch())));
+  ASSERT_TRUE(worker0->Read(&got));
+  EXPECT_EQ(got.tag(), 5u);
+  EXPECT_EQ(got.step().state(), v1::STEP_STATE_COMMITTED);
+  // An unknown epoch: NOT_FOUND, as the unary GetStep.
+  ASSERT_TRUE(worker0->Write(StreamGetStep(6, info.epoch() + 100)));
+  ASSERT_TRUE(worker0->Read(&got));
+  EXPECT_EQ(got.code(), grpc::StatusCode::NOT_FOUND);
+  for (auto* stream : {worker0.get(), worker1.get()}) {
+    ASSERT_TRUE(stream->WritesDone());
+    EXPECT_FALSE(stream->Read(&got));
+    EXPECT_OK(FromGrpcStatus(stream->Finish()));
+  }
+  v1::StepsStatus steps;
+  ASSERT_OK(FromGrpcStatus(trainers_->GetSteps(Ctx().get(), {}, &steps)));
+  EXPECT_EQ(steps.last_committed_step(), 1);
+}
+
+TEST_F(ServicesTest, Workers_StepStream_EndedWithAReportWaiting_ClosesWithoutItsAnswer) {
+  v1::CreateVariablesResponse created;
+  ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
+  v1::InitializeVariablesRequest init;
+  init.add_items()->set_name("w");
+  init.mutable_items(0)->mutable_initializer()->set_zeros(true);
+  v1::InitializeVariablesResponse initialized;
+  ASSERT_OK(FromGrpcStatus(trainers_->InitializeVariables(Ctx().get(), init, &initialized)));
+  v1::BeginStepRequest begin;
+  begin.set_step(1);
+  begin.set_barrier_timeout_ms(10000);
+  v1::StepInfo info;
+  ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), begin, &info)));
+  {
+    // The worker cancels its stream while its report waits for the barrier.
+    grpc::ClientContext ctx;
+    auto stream = workers_->StepStream(&ctx);
+    ASSERT_TRUE(stream->Write(StreamReport(1, info.epoch(), "tpu_worker", 0)));
+    v1::StepStreamResponse got;
+    ASSERT_TRUE(stream->Write(StreamGetStep(2, info.epoch())));  // served after the report
+    ASSERT_TRUE(stream->Read(&got));
+    ASSERT_EQ(got.tag(), 2u);
+    ctx.TryCancel();
+    EXPECT_FALSE(stream->Read(&got));
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // The barrier resolves later; the answer that has no stream left is
+  // dropped (the coordinator neither blocks nor crashes), and the step
+  // commits for the other worker.
+  v1::ReportStepRequest req = StreamReport(0, info.epoch(), "tpu_worker", 1).report();
+  v1::StepPlan plan;
+  ASSERT_OK(FromGrpcStatus(workers_->ReportStep(Ctx().get(), req, &plan)));
+  EXPECT_EQ(plan.resolution().state(), v1::STEP_STATE_COMMITTED);
+}
+
 }  // namespace
 }  // namespace repvar::server

@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+// The worker's step stream against the coordinator's real StepStream (in
+// this process, fake workers and clock): many calls share one stream, a
+// refusal is that call's status, a call not answered in time drops the
+// stream and the next call opens another, and a stream that ends fails the
+// calls waiting on it.
+#include "worker/rpc/step_stream_client.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "tests/testing/in_process_coordinator.h"
+#include "tests/testing/status_matchers.h"
+
+namespace repvar::worker {
+namespace {
+
+using ::repvar::testing::StatusIs;
+
+class StepStreamClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    coordinator_->RegisterWorkers(2, 1);
+    VariableDef d;
+    d.name = "w";
+    d.tensor = TensorSpec{DType::kFloat32, {2}};
+    d.replica_count = 2;
+    Initializer zeros;
+    zeros.kind = InitializerKind::kZeros;
+    ASSERT_OK(coordinator_->core().CreateVariables({}, {{d, zeros}}));
+    ASSERT_OK(coordinator_->core().Initialize({}, {{"w", std::nullopt}}));
+  }
+  uint64_t BeginStep() {
+    auto s = coordinator_->core().BeginStep(1, absl::Seconds(60));
+    EXPECT_OK(s);
+    return s.ok() ? s->epoch : 0;
+  }
+  static v1::StepStreamRequest GetStep(uint64_t epoch) {
+    v1::StepStreamRequest m;
+    m.mutable_get_step()->set_epoch(epoch);
+    return m;
+  }
+  static v1::StepStreamRequest Report(uint64_t epoch, int task) {
+    v1::StepStreamRequest m;
+    m.mutable_report()->set_step(1);
+    m.mutable_report()->set_epoch(epoch);
+    m.mutable_report()->set_job("tpu_worker");
+    m.mutable_report()->set_task(task);
+    m.mutable_report()->set_incarnation(100 + task);
+    return m;
+  }
+
+  std::unique_ptr<repvar::testing::InProcessCoordinator> coordinator_ =
+      std::make_unique<repvar::testing::InProcessCoordinator>();
+  std::unique_ptr<v1::CoordinatorWorkers::Stub> stub_ =
+      v1::CoordinatorWorkers::NewStub(coordinator_->channel());
+};
+
+TEST_F(StepStreamClientTest, ManyCallsOneStream_ARefusalIsThatCallsStatus) {
+  StepStreamClient client(stub_.get());
+  EXPECT_THAT(client.Call(GetStep(77), absl::Seconds(10)), StatusIs(absl::StatusCode::kNotFound));
+  const uint64_t epoch = BeginStep();
+  auto got = client.Call(GetStep(epoch), absl::Seconds(10));
+  ASSERT_OK(got);
+  EXPECT_EQ(got->step().epoch(), epoch);
+  EXPECT_EQ(got->step().participants_size(), 2);
+  // Two reports from two threads on the one stream: each gets its own
+  // answer, the plan (here: the resolution) once both are in.
+  std::optional<absl::StatusOr<v1::StepStreamResponse>> first;
+  std::thread waiting([&] { first = client.Call(Report(epoch, 0), absl::Seconds(10)); });
+  auto second = client.Call(Report(epoch, 1), absl::Seconds(10));
+  waiting.join();
+  ASSERT_OK(second);
+  ASSERT_OK(*first);
+  EXPECT_EQ((*first)->plan().resolution().state(), v1::STEP_STATE_COMMITTED);
+  EXPECT_EQ(second->plan().resolution().state(), v1::STEP_STATE_COMMITTED);
+  EXPECT_EQ(client.streams_opened(), 1);
+}
+
+TEST_F(StepStreamClientTest, NotAnsweredInTime_DeadlineExceeded_TheNextCallOpensANewStream) {
+  StepStreamClient client(stub_.get());
+  const uint64_t epoch = BeginStep();
+  // Worker 1 never reports: worker 0's answer does not come in time.
+  EXPECT_THAT(client.Call(Report(epoch, 0), absl::Milliseconds(200)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(client.streams_opened(), 1);
+  ASSERT_OK(client.Call(GetStep(epoch), absl::Seconds(10)));
+  EXPECT_EQ(client.streams_opened(), 2);
+  ASSERT_OK(client.Call(GetStep(epoch), absl::Seconds(10)));
+  EXPECT_EQ(client.streams_opened(), 2);
+}
+
+TEST_F(StepStreamClientTest, TheCoordinatorStops_ACallWaitingFailsUnavailable) {
+  StepStreamClient client(stub_.get());
+  const uint64_t epoch = BeginStep();
+  std::optional<absl::StatusOr<v1::StepStreamResponse>> waiting_report;
+  std::thread waiting([&] { waiting_report = client.Call(Report(epoch, 0), absl::Seconds(30)); });
+  // Once the report is in (the barrier has it), stop the coordinator.
+  for (int i = 0; i < 1000; ++i) {
+    auto status = coordinator_->core().GetSteps();
+    bool reported = false;
+    for (const auto& p : status.progress) reported |= p.task.task == 0 && p.reported;
+    if (reported) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  coordinator_.reset();
+  waiting.join();
+  EXPECT_THAT(*waiting_report, StatusIs(absl::StatusCode::kUnavailable));
+}
+
+}  // namespace
+}  // namespace repvar::worker
