@@ -489,8 +489,7 @@ void LocalAccess(int mib, int iters) {
     auto t2 = Clock::now();
     read_into("map for read back");
     auto t3 = Clock::now();
-    // The same through the worker's socket.
-    std::vector<float> via(n);
+    // The same through StepScope's Write and Read.
     auto t4 = Clock::now();
     if (auto st = s.WriteBatch({{"local", 0, std::as_bytes(std::span<const float>(src))}});
         !st.ok()) {
