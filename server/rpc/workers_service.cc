@@ -172,17 +172,21 @@ grpc::ServerUnaryReactor* WorkersService::FinishStep(grpc::CallbackServerContext
 // one write in flight at a time (all the callback API allows).
 //
 //   open ---(a read fails: the worker ended the stream, or it was cancelled)--> draining
-//   draining ---(every answer written, or a write failed)--> Finish() --> OnDone: deleted
+//   draining ---(every answer written, or the stream broke)--> Finish() --> OnDone: deleted
 //
 // A report's answer may come after the stream ended, from the thread that
-// resolves the barrier: answers reach the reactor through `Outbox`, whose
-// pointer to it OnDone clears under the outbox's lock.
+// resolves the barrier: answers reach the reactor through its `Outbox`
+// (shared with every answer still owed), which holds the stream's state
+// and whose pointer to the reactor OnDone clears.
 class WorkersService::StepStreamReactor final
     : public grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse> {
  public:
   StepStreamReactor(WorkersService* service, grpc::CallbackServerContext* ctx)
       : service_(service), ctx_(ctx), outbox_(std::make_shared<Outbox>()) {
-    outbox_->reactor = this;
+    {
+      absl::MutexLock lock(&outbox_->mu);
+      outbox_->reactor = this;
+    }
     StartRead(&request_);
   }
 
@@ -191,8 +195,8 @@ class WorkersService::StepStreamReactor final
       bool finish = false;
       {
         absl::MutexLock lock(&outbox_->mu);
-        reads_done_ = true;
-        finish = ShouldFinishLocked();
+        outbox_->reads_done = true;
+        finish = outbox_->ShouldFinishLocked();
       }
       if (finish) Finish(grpc::Status::OK);
       return;
@@ -205,17 +209,18 @@ class WorkersService::StepStreamReactor final
     v1::StepStreamResponse* next = nullptr;
     bool finish = false;
     {
-      absl::MutexLock lock(&outbox_->mu);
-      sending_.pop_front();
+      Outbox& o = *outbox_;
+      absl::MutexLock lock(&o.mu);
+      o.sending.pop_front();
       if (!ok) {
-        broken_ = true;  // the stream is going away: nothing more is sent
-        sending_.clear();
+        o.broken = true;  // the stream is going away: nothing more is sent
+        o.sending.clear();
       }
-      if (sending_.empty()) {
-        writing_ = false;
-        finish = ShouldFinishLocked();
+      if (o.sending.empty()) {
+        o.writing = false;
+        finish = o.ShouldFinishLocked();
       } else {
-        next = &sending_.front();  // a deque keeps it where it is
+        next = &o.sending.front();  // a deque keeps it where it is
       }
     }
     if (next != nullptr) StartWrite(next);
@@ -228,8 +233,8 @@ class WorkersService::StepStreamReactor final
     bool finish = false;
     {
       absl::MutexLock lock(&outbox_->mu);
-      broken_ = true;
-      finish = ShouldFinishLocked();
+      outbox_->broken = true;
+      finish = outbox_->ShouldFinishLocked();
     }
     if (finish) Finish(grpc::Status::CANCELLED);
   }
@@ -244,15 +249,31 @@ class WorkersService::StepStreamReactor final
 
  private:
   struct Outbox {
+    // Whether to end the call now (then the caller calls Finish() once the
+    // lock is released, and touches the reactor no more): the worker
+    // stopped sending and nothing is left to send -- every answer owed was
+    // written, or the stream broke. True once.
+    bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      if (finished || !reads_done || writing || (owed > 0 && !broken)) return false;
+      finished = true;
+      return true;
+    }
+
     absl::Mutex mu;
-    StepStreamReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    StepStreamReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;        // null once done
+    std::deque<v1::StepStreamResponse> sending ABSL_GUARDED_BY(mu);  // front: in flight
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool reads_done ABSL_GUARDED_BY(mu) = false;
+    bool broken ABSL_GUARDED_BY(mu) = false;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+    int64_t owed ABSL_GUARDED_BY(mu) = 0;  // calls read whose answers were not queued yet
   };
 
   // Hands the call to its Serve* method; its answer is queued when done.
   void Serve(const v1::StepStreamRequest& req) {
     {
       absl::MutexLock lock(&outbox_->mu);
-      ++owed_;
+      ++outbox_->owed;
     }
     auto answer = std::make_shared<v1::StepStreamResponse>();
     answer->set_tag(req.tag());
@@ -280,52 +301,35 @@ class WorkersService::StepStreamReactor final
 
   // Queues `answer` on the stream (if it is still there) and starts its
   // write unless one is in flight. Called on any thread.
-  static void Post(Outbox& outbox, v1::StepStreamResponse answer) {
+  static void Post(Outbox& o, v1::StepStreamResponse answer) {
     v1::StepStreamResponse* first = nullptr;
     StepStreamReactor* r = nullptr;
     bool finish = false;
     {
-      absl::MutexLock lock(&outbox.mu);
-      r = outbox.reactor;
+      absl::MutexLock lock(&o.mu);
+      r = o.reactor;
       if (r == nullptr) return;  // the stream ended before this answer
-      --r->owed_;
-      if (r->broken_) {
-        finish = r->ShouldFinishLocked();
+      --o.owed;
+      if (o.broken) {
+        finish = o.ShouldFinishLocked();
       } else {
-        r->sending_.push_back(std::move(answer));
-        if (!r->writing_) {
-          r->writing_ = true;
-          first = &r->sending_.front();
+        o.sending.push_back(std::move(answer));
+        if (!o.writing) {
+          o.writing = true;
+          first = &o.sending.front();
         }
       }
     }
-    // Neither can be deleted meanwhile: it is only once Finish() is called,
-    // which nobody else does now (finished_ is set, or a write is pending).
+    // `r` cannot be deleted meanwhile: only once Finish() is called, which
+    // nobody else does now (`finished` is set, or a write is in flight).
     if (first != nullptr) r->StartWrite(first);
     if (finish) r->Finish(grpc::Status::OK);
-  }
-
-  // Whether to end the call now (then the caller calls Finish() once the
-  // lock is released, and touches nothing after): the worker stopped
-  // sending and nothing is left to send -- every answer owed was written,
-  // or the stream broke. True once.
-  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(outbox_->mu) {
-    if (finished_ || !reads_done_ || writing_ || (owed_ > 0 && !broken_)) return false;
-    finished_ = true;
-    return true;
   }
 
   WorkersService* const service_;
   grpc::CallbackServerContext* const ctx_;
   const std::shared_ptr<Outbox> outbox_;
   v1::StepStreamRequest request_;  // the read in flight
-  // Under outbox_->mu:
-  std::deque<v1::StepStreamResponse> sending_;  // front: the write in flight
-  bool writing_ = false;
-  bool reads_done_ = false;
-  bool broken_ = false;
-  bool finished_ = false;
-  int64_t owed_ = 0;  // calls read whose answers were not queued yet
 };
 
 grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse>* WorkersService::StepStream(
