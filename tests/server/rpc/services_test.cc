@@ -68,6 +68,22 @@ class ServicesTest : public ::testing::Test {
     m.mutable_chunk()->set_checksum(checksum);
     return m;
   }
+  // w created and zero-initialized, over gRPC.
+  void CreateAndZeroW() {
+    v1::CreateVariablesResponse created;
+    ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
+    v1::InitializeVariablesRequest init;
+    init.add_items()->set_name("w");
+    init.mutable_items(0)->mutable_initializer()->set_zeros(true);
+    v1::InitializeVariablesResponse initialized;
+    ASSERT_OK(FromGrpcStatus(trainers_->InitializeVariables(Ctx().get(), init, &initialized)));
+  }
+  static v1::BeginStepRequest StepOne() {
+    v1::BeginStepRequest begin;
+    begin.set_step(1);
+    begin.set_barrier_timeout_ms(10000);
+    return begin;
+  }
   static uint64_t Sum(const std::string& s) {
     return Checksum(std::as_bytes(std::span(s.data(), s.size())));
   }
@@ -225,16 +241,8 @@ TEST_F(ServicesTest, Admin_DeleteAndClusterStatus) {
 }
 
 TEST_F(ServicesTest, Steps_BeginOnTrainers_ReportOnWorkers_ResolvedAndListed) {
-  v1::CreateVariablesResponse created;
-  ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
-  v1::InitializeVariablesRequest init;
-  init.add_items()->set_name("w");
-  init.mutable_items(0)->mutable_initializer()->set_zeros(true);
-  v1::InitializeVariablesResponse initialized;
-  ASSERT_OK(FromGrpcStatus(trainers_->InitializeVariables(Ctx().get(), init, &initialized)));
-  v1::BeginStepRequest begin;
-  begin.set_step(1);
-  begin.set_barrier_timeout_ms(10000);
+  ASSERT_NO_FATAL_FAILURE(CreateAndZeroW());
+  v1::BeginStepRequest begin = StepOne();
   v1::StepInfo info;
   ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), begin, &info)));
   ASSERT_EQ(info.participants_size(), 2);
@@ -296,16 +304,8 @@ v1::StepStreamRequest StreamGetStep(uint64_t tag, uint64_t epoch) {
 }
 
 TEST_F(ServicesTest, Workers_StepStream_AnswersByTagWhenReady_ARefusalIsItsAnswer_StreamStaysOpen) {
-  v1::CreateVariablesResponse created;
-  ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
-  v1::InitializeVariablesRequest init;
-  init.add_items()->set_name("w");
-  init.mutable_items(0)->mutable_initializer()->set_zeros(true);
-  v1::InitializeVariablesResponse initialized;
-  ASSERT_OK(FromGrpcStatus(trainers_->InitializeVariables(Ctx().get(), init, &initialized)));
-  v1::BeginStepRequest begin;
-  begin.set_step(1);
-  begin.set_barrier_timeout_ms(10000);
+  ASSERT_NO_FATAL_FAILURE(CreateAndZeroW());
+  v1::BeginStepRequest begin = StepOne();
   v1::StepInfo info;
   ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), begin, &info)));
 
@@ -365,16 +365,8 @@ TEST_F(ServicesTest, Workers_StepStream_AnswersByTagWhenReady_ARefusalIsItsAnswe
 }
 
 TEST_F(ServicesTest, Workers_StepStream_EndedWithAReportWaiting_ClosesWithoutItsAnswer) {
-  v1::CreateVariablesResponse created;
-  ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
-  v1::InitializeVariablesRequest init;
-  init.add_items()->set_name("w");
-  init.mutable_items(0)->mutable_initializer()->set_zeros(true);
-  v1::InitializeVariablesResponse initialized;
-  ASSERT_OK(FromGrpcStatus(trainers_->InitializeVariables(Ctx().get(), init, &initialized)));
-  v1::BeginStepRequest begin;
-  begin.set_step(1);
-  begin.set_barrier_timeout_ms(10000);
+  ASSERT_NO_FATAL_FAILURE(CreateAndZeroW());
+  v1::BeginStepRequest begin = StepOne();
   v1::StepInfo info;
   ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), begin, &info)));
   {
