@@ -85,9 +85,13 @@ std::vector<int> Ints(const std::string& s) {
   return out;
 }
 
-std::unique_ptr<repvar::Client> Connect(const repvar::testing::TestCluster& cluster) {
+// `mapping_cache_bytes`: see ClientOptions (a client that stands in for
+// several trainer processes keeps the mappings of all their workers).
+std::unique_ptr<repvar::Client> Connect(const repvar::testing::TestCluster& cluster,
+                                        size_t mapping_cache_bytes = size_t{1} << 30) {
   repvar::ClientOptions options{.coordinator_address = cluster.address(),
                                 .deadline = absl::Seconds(120)};
+  options.mapping_cache_bytes = mapping_cache_bytes;
   if (cluster.tls()) {
     options.tls_ca_file = cluster.cert("ca.pem");
     options.token_file = cluster.cert("admin.token");
@@ -419,7 +423,10 @@ StepPhases TimedStep(repvar::Client& c, int64_t step, Trainers& trainers, Write 
 void MeanStep(int mib, int workers, int iters) {
   repvar::testing::TestCluster cluster(OneTpuPerWorker(workers));
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
-  auto c = Connect(cluster);
+  // One client for the `workers` trainers, which as processes would each
+  // keep their own worker's buffers mapped (1 GiB by default): room for the
+  // 2-3 buffers each worker lends in turn.
+  auto c = Connect(cluster, size_t{4} * static_cast<size_t>(workers) * (size_t{1} << 20) * mib);
   int64_t n = int64_t{mib} << 18;
   repvar::VariableSpec spec{
       .name = "mean", .dtype = repvar::DType::kFloat32, .shape = {n}, .replica_count = workers};
@@ -430,20 +437,34 @@ void MeanStep(int mib, int workers, int iters) {
   std::vector<std::vector<float>> local(workers, std::vector<float>(n));
   Trainers trainers(workers);
   for (int w = 0; w < workers; ++w) std::fill(local[w].begin(), local[w].end(), float(w));
-  std::vector<double> t, wrote;
-  for (int i = 0; i < iters + 1; ++i) {
+  std::vector<double> t, wrote, warmup;
+  // The first step builds the gloo group; the first few fill the workers'
+  // buffer pools (the accumulator, the step's results while the committed
+  // values are still held) and the trainers' mappings of the buffers their
+  // workers lend in turn (a copy into a buffer not mapped before takes
+  // 420-640 ms here, 12-51 ms once mapped; bench/README.md). Timed: the
+  // steps after them, as the gloo peer times its rounds after one that warms
+  // connections and pages. Printed beside: the first step and the slowest
+  // of the others not timed.
+  constexpr int kWarmup = 4;
+  for (int i = 0; i < iters + kWarmup; ++i) {
     StepPhases p = TimedStep(*c, i + 1, trainers, [&](int w, repvar::StepScope& s) {
       local[w][0] = static_cast<float>(i);
       return s.Write<float>("mean", w, std::span<const float>(local[w]));
     });
-    if (i > 0) {  // the first step builds the gloo group
-      t.push_back(p.commit_ms);
-      wrote.push_back(p.write_ms);
+    if (i < kWarmup) {
+      warmup.push_back(p.commit_ms);
+      continue;
     }
+    t.push_back(p.commit_ms);
+    wrote.push_back(p.write_ms);
   }
   // The write phase beside the commit: a step costs both.
-  std::printf("repvar_mean_step workers=%d mib=%d commit_ms=%.2f write_ms=%.2f\n", workers, mib,
-              Percentile(t, 0.5), Percentile(wrote, 0.5));
+  std::printf(
+      "repvar_mean_step workers=%d mib=%d commit_ms=%.2f write_ms=%.2f first_ms=%.2f "
+      "warming_max_ms=%.2f\n",
+      workers, mib, Percentile(t, 0.5), Percentile(wrote, 0.5), warmup[0],
+      *std::max_element(warmup.begin() + 1, warmup.end()));
   std::fflush(stdout);
 }
 
