@@ -37,8 +37,8 @@ trap 'rm -rf "$out"' EXIT
 mpicc -O2 -o "$out/mpi_bcast" bench/peers/mpi_bcast.c
 
 workers="2 4 8"; mibs="1,64,256"; iters=5; small=2000
-torch_steps=12
-if [ $quick -eq 1 ]; then workers="2 8"; mibs="1,64,256"; iters=3; small=500; torch_steps=6; fi
+torch_steps=14  # the first 4 of each mode warm up (bench/torch_step.py)
+if [ $quick -eq 1 ]; then workers="2 8"; mibs="1,64,256"; iters=3; small=500; torch_steps=8; fi
 results="$out/results.txt"
 
 echo "== peers: MPI_Bcast over TCP (btl self,tcp)"

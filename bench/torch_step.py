@@ -6,7 +6,10 @@ an MLP of tens of MiB), the same number of trainer processes, and the same
 step unsynchronized (each process on its shard alone) to tell compute from
 synchronization. Starts its own cluster: a coordinator (--data_dir: the
 durable mode) and one worker with one accelerator per trainer, on 127.0.0.1.
-Prints one line (medians over the steps after the first, every trainer):
+Prints one line (medians over every trainer's steps after the first
+--warmup, the same for every mode: steady state; repvar's first steps fill
+the workers' buffer pools and the trainers' mappings of them, DDP's build
+its buckets):
 
   repvar_torch processes=P params_mib=M batch=B local_step_ms=.. ddp_step_ms=..
       repvar_step_ms=.. ddp_sync_ms=.. repvar_sync_ms=.. repvar_sync_call_ms=..
@@ -14,7 +17,7 @@ Prints one line (medians over the steps after the first, every trainer):
 where *_sync_ms = step - local step, repvar_sync_call_ms is the time in
 ReplicatedModule.sync itself, and sync_{begin,write,commit,load}_ms its
 phases. Usage:
-  bench/torch_step.py BUILD_DIR [--processes 3] [--steps 8] [--hidden 8192]
+  bench/torch_step.py BUILD_DIR [--processes 3] [--steps 10] [--warmup 4] [--hidden 8192]
 """
 
 import argparse
@@ -54,11 +57,12 @@ def run_mode(build, args, mode, env):
     with open(out) as f:
         results = json.load(f)
     os.remove(out)
-    step = 1000 * np.median([s for r in results for s in r["step_seconds"][1:]])
-    sync = [s for r in results for s in r.get("sync_seconds", [])[1:]]
+    w = args.warmup
+    step = 1000 * np.median([s for r in results for s in r["step_seconds"][w:]])
+    sync = [s for r in results for s in r.get("sync_seconds", [])[w:]]
     phases = {}
     for r in results:
-        for p in r.get("sync_phases", [])[1:]:
+        for p in r.get("sync_phases", [])[w:]:
             for k, v in p.items():
                 if k != "local_loads":
                     phases.setdefault(k, []).append(v)
@@ -70,11 +74,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
     ap.add_argument("--processes", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=4, help="steps not timed, every mode")
     ap.add_argument("--batch", type=int, default=24, help="global batch")
     ap.add_argument("--in_features", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=8192)
     args = ap.parse_args()
+    if args.steps <= args.warmup:
+        raise SystemExit("--steps must be more than --warmup")
     build = os.path.abspath(args.build)
     env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"))
     local, _, _, mib = run_mode(build, args, "local", env)
