@@ -17,53 +17,53 @@ namespace repvar::worker {
 // The worker's end of CoordinatorWorkers.StepStream: its step calls
 // (GetStep, ReportStep, FinishStep) as tagged messages on one long-lived
 // stream instead of a unary call each, every call waited for with its own
-// deadline. Calls from many threads share the stream; one thread per
-// stream reads the answers and hands each to the call with its tag.
+// deadline. Calls from many threads share the stream; it runs on gRPC's
+// callback API (no thread of its own): writes go out one at a time in the
+// order the calls were made, and each answer is handed to the call with
+// its tag as it arrives.
 //
-//   none --(a call)--> open --(the coordinator ends it, or a call's answer
-//                              does not come in time: cancelled)--> broken
+//   none --(a call)--> open --(the coordinator ends it, or a call is not
+//                              answered in time: cancelled)--> broken
 //   broken --(the next call)--> a new stream opens; the broken one's calls
 //                               still waiting fail UNAVAILABLE
 //
-// A call whose answer did not come in time drops the stream: an answer
-// that is late may never come, and a later call should not queue behind it.
+// A call not answered in time cancels the stream: its answer may never
+// come, a later call should not queue behind it, and a write the
+// coordinator stopped reading ends with the cancellation.
 // Thread-safe.
 class StepStreamClient {
  public:
   explicit StepStreamClient(v1::CoordinatorWorkers::Stub* stub) : stub_(stub) {}
-  // Cancels the streams and waits for their readers; calls still waiting
-  // fail UNAVAILABLE.
+  // Cancels the streams and waits until gRPC is done with each; calls
+  // still waiting fail UNAVAILABLE.
   ~StepStreamClient();
   StepStreamClient(const StepStreamClient&) = delete;
   StepStreamClient& operator=(const StepStreamClient&) = delete;
 
   // Sends `req` (its tag is set here) and waits up to `timeout` for the
   // answer. A refusal in the answer (code != 0) comes back as that status.
-  // Errors besides the call's own: UNAVAILABLE (no stream could be opened,
-  // or it broke before the answer), DEADLINE_EXCEEDED.
-  absl::StatusOr<v1::StepStreamResponse> Call(v1::StepStreamRequest req, absl::Duration timeout);
+  // Errors besides the call's own: UNAVAILABLE (the stream ended before
+  // the answer, or the client is closing), DEADLINE_EXCEEDED.
+  absl::StatusOr<v1::StepStreamResponse> Call(v1::StepStreamRequest req, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Streams opened so far (a test's view of reconnection).
   int64_t streams_opened() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Stream;
+  class Stream;
   struct Waiter;
 
-  // The open stream, opening one when there is none or it broke.
-  // Errors: UNAVAILABLE (closing).
-  absl::StatusOr<std::shared_ptr<Stream>> Live() ABSL_LOCKS_EXCLUDED(open_mu_, mu_);
-  // The reader of `s`: hands each answer to its waiter; when the stream
-  // ends, fails the waiters still on it.
-  void ReadAnswers(Stream* s) ABSL_LOCKS_EXCLUDED(mu_);
-  void BreakLocked(Stream& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The open stream, making one when there is none or it broke; then
+  // *fresh is set, and the caller starts it (Stream::Start) once mu_ is
+  // released. Null when closing.
+  std::shared_ptr<Stream> LiveLocked(bool* fresh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   v1::CoordinatorWorkers::Stub* const stub_;
-  absl::Mutex open_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one stream opens at a time
-  absl::Mutex mu_;
+  absl::Mutex mu_;  // the client's state, and every stream's
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<Stream> stream_ ABSL_GUARDED_BY(mu_);
-  // Broken streams whose readers were not joined yet.
+  // Broken streams gRPC is not done with yet (kept until their OnDone).
   std::vector<std::shared_ptr<Stream>> retired_ ABSL_GUARDED_BY(mu_);
   uint64_t next_tag_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t opened_ ABSL_GUARDED_BY(mu_) = 0;

@@ -2,8 +2,9 @@
 // The worker's step stream against the coordinator's real StepStream (in
 // this process, fake workers and clock): many calls share one stream, a
 // refusal is that call's status, a call not answered in time drops the
-// stream and the next call opens another, and a stream that ends fails the
-// calls waiting on it.
+// stream and the next call opens another, a stream that ends fails the
+// calls waiting on it, and a coordinator that stops reading does not hold
+// a call past its deadline.
 #include "worker/rpc/step_stream_client.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "tests/testing/in_process_coordinator.h"
 #include "tests/testing/status_matchers.h"
 
@@ -109,6 +111,56 @@ TEST_F(StepStreamClientTest, TheCoordinatorStops_ACallWaitingFailsUnavailable) {
   coordinator_.reset();
   waiting.join();
   EXPECT_THAT(*waiting_report, StatusIs(absl::StatusCode::kUnavailable));
+}
+
+// A coordinator whose StepStream never reads: the worker's writes stop
+// once HTTP/2's flow-control windows are full.
+class NeverReads final : public v1::CoordinatorWorkers::CallbackService {
+ public:
+  grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse>* StepStream(
+      grpc::CallbackServerContext*) override {
+    class Reactor final
+        : public grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse> {
+     public:
+      void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+      void OnDone() override { delete this; }
+    };
+    return new Reactor();
+  }
+};
+
+TEST(StepStreamClientStalledTest, ACoordinatorThatStopsReading_TheCallEndsAtItsDeadline) {
+  NeverReads service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(port, 0);
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  auto stub = v1::CoordinatorWorkers::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
+  // A report far larger than the windows: its write cannot complete.
+  v1::StepStreamRequest big;
+  v1::ReportStepRequest* r = big.mutable_report();
+  r->set_step(1);
+  r->set_epoch(1);
+  for (int i = 0; i < 1'000'000; ++i) {
+    v1::ReplicaReport* rr = r->add_replicas();
+    rr->set_variable_id(static_cast<uint64_t>(i) + 1);
+    rr->set_checksum(0x0123456789abcdefULL + static_cast<uint64_t>(i));
+  }
+  const absl::Time start = absl::Now();
+  {
+    StepStreamClient client(stub.get());
+    EXPECT_THAT(client.Call(big, absl::Milliseconds(500)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  }  // the client's destructor waits for gRPC to be done with the stream
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  server->Shutdown();
 }
 
 }  // namespace
