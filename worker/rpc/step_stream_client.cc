@@ -21,10 +21,10 @@ struct StepStreamClient::Waiter {
 // is under the client's mu_ (fields marked so), and gRPC's operations
 // (StartCall, StartRead, StartWrite, RemoveHold, TryCancel) are started
 // with mu_ released: a reaction may run inline in the thread that starts
-// an operation, and it takes mu_. The
-// hold keeps the call open between writes (they start outside reactions);
-// it is released once, when the stream breaks, after which gRPC finishes
-// the call and calls OnDone, the last thing it does with this object.
+// an operation, and it takes mu_. The hold keeps the call open between
+// writes (they start outside reactions); it is released once, when the
+// stream breaks, after which gRPC finishes the call and calls OnDone, the
+// last thing it does with this object.
 class StepStreamClient::Stream final
     : public grpc::ClientBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse> {
  public:
