@@ -142,12 +142,15 @@ TEST(StepStreamClientStalledTest, ACoordinatorThatStopsReading_TheCallEndsAtItsD
   args.SetMaxSendMessageSize(-1);
   auto stub = v1::CoordinatorWorkers::NewStub(grpc::CreateCustomChannel(
       absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
-  // A report far larger than the windows: its write cannot complete.
+  // A report of about 64 MB, far more than HTTP/2's flow-control windows
+  // and the sockets' buffers take in while the coordinator does not read:
+  // its write cannot complete (with 1,000,000 entries the synchronous
+  // client hung here).
   v1::StepStreamRequest big;
   v1::ReportStepRequest* r = big.mutable_report();
   r->set_step(1);
   r->set_epoch(1);
-  for (int i = 0; i < 1'000'000; ++i) {
+  for (int i = 0; i < 4'000'000; ++i) {
     v1::ReplicaReport* rr = r->add_replicas();
     rr->set_variable_id(static_cast<uint64_t>(i) + 1);
     rr->set_checksum(0x0123456789abcdefULL + static_cast<uint64_t>(i));
