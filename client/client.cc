@@ -420,6 +420,7 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
     v1::ReadVariableResponse msg;
     bool have_header = false;
     uint64_t received = 0;
+    uint64_t expected = 0;  // bytes the header announced
     uint64_t expected_sum = 0;
     ChecksumStream hash;
     absl::Status bad;
@@ -429,8 +430,11 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
         value.dtype = static_cast<DType>(t.spec().dtype());
         value.shape.assign(t.spec().dims().begin(), t.spec().dims().end());
         value.version = msg.header().version();
+        // Room for the value, filled chunk by chunk below: each byte is
+        // written once (no zeroing pass before the copy).
+        value.bytes.clear();
         ReserveForBulk(value.bytes, t.byte_size());
-        value.bytes.resize(t.byte_size());
+        expected = t.byte_size();
         expected_sum = t.checksum();
         have_header = true;
         continue;
@@ -438,13 +442,13 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
       const auto& c = msg.chunk();
       const std::string& data = c.data();
       auto piece = std::as_bytes(std::span<const char>(data.data(), data.size()));
-      if (!have_header || c.offset() != received || data.size() > value.bytes.size() - received ||
+      if (!have_header || c.offset() != received || data.size() > expected - received ||
           Checksum(piece) != c.checksum()) {
         bad = absl::DataLossError(absl::StrCat("corrupt chunk at ", c.offset(), " reading ", name));
         ctx.TryCancel();
         break;
       }
-      std::memcpy(value.bytes.data() + received, data.data(), data.size());
+      value.bytes.insert(value.bytes.end(), piece.begin(), piece.end());
       hash.Update(piece);
       received += data.size();
     }
@@ -452,7 +456,7 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
     absl::Status s = FromGrpcStatus(reader->Finish());
     if (!bad.ok()) return bad;
     if (!s.ok()) return s;
-    if (!have_header || received != value.bytes.size() || sum != expected_sum) {
+    if (!have_header || received != expected || sum != expected_sum) {
       return absl::DataLossError(
           absl::StrCat("read of ", name, " ended early or fails its checksum"));
     }

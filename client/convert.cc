@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "client/convert.h"
 
-#include <cstring>
+#include <span>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/to_proto.h"
+#include "common/tensor/buffer.h"
 #include "common/tensor/tensor.h"
 
 namespace repvar::client_internal {
@@ -59,9 +60,9 @@ absl::StatusOr<TensorValue> TensorValueFromProto(const v1::Tensor& t, int64_t ve
   TensorValue v;
   v.dtype = static_cast<DType>(t.header().spec().dtype());
   v.shape.assign(t.header().spec().dims().begin(), t.header().spec().dims().end());
-  const std::string& data = t.data();
-  v.bytes.resize(data.size());
-  if (!data.empty()) std::memcpy(v.bytes.data(), data.data(), data.size());
+  const auto data = std::as_bytes(std::span<const char>(t.data().data(), t.data().size()));
+  ReserveForBulk(v.bytes, data.size());
+  v.bytes.assign(data.begin(), data.end());
   v.checksum = Checksum(v.bytes);
   if (v.checksum != t.header().checksum() || data.size() != t.header().byte_size()) {
     return absl::DataLossError("value received from the coordinator fails its checksum");
