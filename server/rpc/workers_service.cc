@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <deque>
 #include <memory>
+#include <string>
 
 #include "common/base/logging.h"
 #include "common/rpc/from_proto.h"
@@ -182,7 +183,10 @@ class WorkersService::StepStreamReactor final
     : public grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse> {
  public:
   StepStreamReactor(WorkersService* service, grpc::CallbackServerContext* ctx)
-      : service_(service), ctx_(ctx), outbox_(std::make_shared<Outbox>()) {
+      : service_(service),
+        ctx_(ctx),
+        request_id_(RequestIdOf(*ctx)),
+        outbox_(std::make_shared<Outbox>()) {
     {
       absl::MutexLock lock(&outbox_->mu);
       outbox_->reactor = this;
@@ -271,6 +275,7 @@ class WorkersService::StepStreamReactor final
 
   // Hands the call to its Serve* method; its answer is queued when done.
   void Serve(const v1::StepStreamRequest& req) {
+    const ScopedRequestId scoped(request_id_);  // the stream's, as a unary call's
     {
       absl::MutexLock lock(&outbox_->mu);
       ++outbox_->owed;
@@ -328,6 +333,7 @@ class WorkersService::StepStreamReactor final
 
   WorkersService* const service_;
   grpc::CallbackServerContext* const ctx_;
+  const std::string request_id_;  // what the lines logged while serving carry
   const std::shared_ptr<Outbox> outbox_;
   v1::StepStreamRequest request_;  // the read in flight
 };
