@@ -68,8 +68,14 @@ class ServicesTest : public ::testing::Test {
     m.mutable_chunk()->set_checksum(checksum);
     return m;
   }
-  // w created and zero-initialized, over gRPC.
-  void CreateAndZeroW() {
+  static v1::BeginStepRequest StepOne() {
+    v1::BeginStepRequest begin;
+    begin.set_step(1);
+    begin.set_barrier_timeout_ms(10000);
+    return begin;
+  }
+  // w created and zero-initialized over gRPC, then step 1 begun: its StepInfo.
+  void BeginStepOneOnW(v1::StepInfo* info) {
     v1::CreateVariablesResponse created;
     ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
     v1::InitializeVariablesRequest init;
@@ -77,12 +83,7 @@ class ServicesTest : public ::testing::Test {
     init.mutable_items(0)->mutable_initializer()->set_zeros(true);
     v1::InitializeVariablesResponse initialized;
     ASSERT_OK(FromGrpcStatus(trainers_->InitializeVariables(Ctx().get(), init, &initialized)));
-  }
-  static v1::BeginStepRequest StepOne() {
-    v1::BeginStepRequest begin;
-    begin.set_step(1);
-    begin.set_barrier_timeout_ms(10000);
-    return begin;
+    ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), StepOne(), info)));
   }
   static uint64_t Sum(const std::string& s) {
     return Checksum(std::as_bytes(std::span(s.data(), s.size())));
@@ -241,12 +242,11 @@ TEST_F(ServicesTest, Admin_DeleteAndClusterStatus) {
 }
 
 TEST_F(ServicesTest, Steps_BeginOnTrainers_ReportOnWorkers_ResolvedAndListed) {
-  ASSERT_NO_FATAL_FAILURE(CreateAndZeroW());
-  v1::BeginStepRequest begin = StepOne();
   v1::StepInfo info;
-  ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), begin, &info)));
+  ASSERT_NO_FATAL_FAILURE(BeginStepOneOnW(&info));
   ASSERT_EQ(info.participants_size(), 2);
   // The same layout again: the answer leaves it out.
+  v1::BeginStepRequest begin = StepOne();
   begin.set_known_layout(info.layout_id());
   v1::StepInfo again;
   ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), begin, &again)));
@@ -304,10 +304,8 @@ v1::StepStreamRequest StreamGetStep(uint64_t tag, uint64_t epoch) {
 }
 
 TEST_F(ServicesTest, Workers_StepStream_AnswersByTagWhenReady_ARefusalIsItsAnswer_StreamStaysOpen) {
-  ASSERT_NO_FATAL_FAILURE(CreateAndZeroW());
-  v1::BeginStepRequest begin = StepOne();
   v1::StepInfo info;
-  ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), begin, &info)));
+  ASSERT_NO_FATAL_FAILURE(BeginStepOneOnW(&info));
 
   auto ctx0 = Ctx();
   auto worker0 = workers_->StepStream(ctx0.get());
@@ -365,10 +363,8 @@ TEST_F(ServicesTest, Workers_StepStream_AnswersByTagWhenReady_ARefusalIsItsAnswe
 }
 
 TEST_F(ServicesTest, Workers_StepStream_EndedWithAReportWaiting_ClosesWithoutItsAnswer) {
-  ASSERT_NO_FATAL_FAILURE(CreateAndZeroW());
-  v1::BeginStepRequest begin = StepOne();
   v1::StepInfo info;
-  ASSERT_OK(FromGrpcStatus(trainers_->BeginStep(Ctx().get(), begin, &info)));
+  ASSERT_NO_FATAL_FAILURE(BeginStepOneOnW(&info));
   {
     // The worker cancels its stream while its report waits for the barrier.
     grpc::ClientContext ctx;
