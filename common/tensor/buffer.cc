@@ -300,8 +300,9 @@ void ReserveForBulk(std::vector<std::byte>& v, size_t n) {
   if (n <= v.capacity()) return;
   v.reserve(n);  // allocates; touches only what `v` already held
   if (n < kMmapThreshold) return;
+  // The whole huge pages inside [data, data + n).
   const auto start = reinterpret_cast<uintptr_t>(v.data());
-  const uintptr_t first = (start + kMmapThreshold - 1) / kMmapThreshold * kMmapThreshold;
+  const uintptr_t first = RoundToHugePage(start);
   const uintptr_t end = (start + n) / kMmapThreshold * kMmapThreshold;
   if (end > first) madvise(reinterpret_cast<void*>(first), end - first, MADV_HUGEPAGE);
 }
