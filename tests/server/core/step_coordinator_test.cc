@@ -15,10 +15,12 @@
 #include "tests/testing/fake_worker_client.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
+#include "tests/testing/variables.h"
 
 namespace repvar::server {
 namespace {
 
+using ::repvar::testing::CreateZeroed;
 using ::repvar::testing::F32;
 using ::repvar::testing::StatusIs;
 
@@ -67,22 +69,7 @@ class StepCoreTest : public ::testing::Test {
   static uint64_t Inc(int task) { return 100 + static_cast<uint64_t>(task); }
 
   uint64_t Create(const std::string& name, Aggregation agg, DType dtype = DType::kFloat32) {
-    return CreateOn(core_, name, agg, dtype);
-  }
-  // A zero-initialized `dtype`[2] variable of `replicas` replicas on `c`.
-  static uint64_t CreateOn(Coordinator& c, const std::string& name, Aggregation agg,
-                           DType dtype = DType::kFloat32, int32_t replicas = 6) {
-    VariableDef d;
-    d.name = name;
-    d.tensor = TensorSpec{dtype, {2}};
-    d.replica_count = replicas;
-    d.aggregation = agg;
-    Initializer init;
-    init.kind = InitializerKind::kZeros;
-    auto created = c.CreateVariables({}, {{d, init}});
-    EXPECT_OK(created);
-    EXPECT_OK(c.Initialize({}, {{name, std::nullopt}}));
-    return created.ok() ? created->variables[0].id : 0;
+    return CreateZeroed(core_, name, agg, dtype);
   }
 
   WorkerReport Report(const StepInfo& s, int task, std::vector<ReplicaReport> rr = {}) {
@@ -311,7 +298,7 @@ TEST_F(StepCoreTest, S1_VariablesOnDifferentPlacements_EachReplicaOnItsOwnPartic
   ASSERT_OK(core_.Heartbeat(TaskKey{"worker", 0}, 5));
   core_.Tick(clock_.Now());  // tpu_worker:0 is declared dead
   // Created now, b's 2 replicas go to the first live accelerators: task 1's.
-  ASSERT_NE(CreateOn(core_, "b", Aggregation::kMean, DType::kFloat32, /*replicas=*/2), 0u);
+  ASSERT_NE(CreateZeroed(core_, "b", Aggregation::kMean, DType::kFloat32, /*replicas=*/2), 0u);
   auto s = core_.BeginStep(1, absl::Seconds(10));
   ASSERT_OK(s);
   ASSERT_EQ(s->participants.size(), 2u);  // tasks 1 and 2
@@ -646,7 +633,7 @@ TEST_F(StepCoreTest, F6_EpochsNeverRepeat_EvenForACoordinatorThatRecordsNothing)
   Coordinator again(Options(), &clock_, &workers_);  // nothing recorded
   ASSERT_OK(again.Recover());
   ASSERT_NO_FATAL_FAILURE(RegisterHosts(again));
-  ASSERT_NE(CreateOn(again, "w", Aggregation::kNone), 0u);
+  ASSERT_NE(CreateZeroed(again, "w", Aggregation::kNone), 0u);
   auto next = again.BeginStep(1, absl::Seconds(10));
   ASSERT_OK(next);
   EXPECT_GT(next->epoch, first->epoch);

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/testing/in_process_coordinator.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/variables.h"
 
 namespace repvar::worker {
 namespace {
@@ -26,14 +27,9 @@ class StepStreamClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
     coordinator_->RegisterWorkers(2, 1);
-    VariableDef d;
-    d.name = "w";
-    d.tensor = TensorSpec{DType::kFloat32, {2}};
-    d.replica_count = 2;
-    Initializer zeros;
-    zeros.kind = InitializerKind::kZeros;
-    ASSERT_OK(coordinator_->core().CreateVariables({}, {{d, zeros}}));
-    ASSERT_OK(coordinator_->core().Initialize({}, {{"w", std::nullopt}}));
+    ASSERT_NE(repvar::testing::CreateZeroed(coordinator_->core(), "w", Aggregation::kNone,
+                                            DType::kFloat32, /*replicas=*/2),
+              0u);
   }
   uint64_t BeginStep() {
     auto s = coordinator_->core().BeginStep(1, absl::Seconds(60));
