@@ -37,6 +37,7 @@ trap 'rm -rf "$out"' EXIT
 mpicc -O2 -o "$out/mpi_bcast" bench/peers/mpi_bcast.c
 
 workers="2 4 8"; mibs="1,64,256"; iters=5; small=2000
+p2p_mib=256  # the point-to-point figure, its TCP peer and the disk's, the same bytes
 torch_steps=14  # the first 4 of each mode warm up (bench/torch_step.py)
 if [ $quick -eq 1 ]; then workers="2 8"; mibs="1,64,256"; iters=3; small=500; torch_steps=8; fi
 results="$out/results.txt"
@@ -57,13 +58,13 @@ for n in $workers; do
 done
 
 echo "== peers: the point-to-point bytes over one loopback TCP connection and back"
-"$build/bench/tcp_stream" 256 "$iters" | tee -a "$results"
+"$build/bench/tcp_stream" "$p2p_mib" "$iters" | tee -a "$results"
 # What durability costs the same bytes on the disk the clusters' data dirs
 # use: an acknowledged assign is on disk (fsync) before its answer.
 ddfile=$(mktemp "${TMPDIR:-/tmp}/repvar-dd.XXXX")
 t0=$(date +%s%N)
-dd if=/dev/zero of="$ddfile" bs=1M count=256 conv=fsync status=none
-echo "disk mib=256 write_fsync_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$results"
+dd if=/dev/zero of="$ddfile" bs=1M count="$p2p_mib" conv=fsync status=none
+echo "disk mib=$p2p_mib write_fsync_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$results"
 rm -f "$ddfile"
 
 echo "== peers: Redis 7 GET / INCR, 1 client"
@@ -101,7 +102,7 @@ rm -rf "$edir"
 echo "== repvar"
 # shellcheck disable=SC2086
 "$build/bench/repvar_bench" --workers="$(echo $workers | tr ' ' ,)" --mib="$mibs" \
-  --iters="$iters" --small_ops="$small" | tee -a "$results"
+  --iters="$iters" --small_ops="$small" --p2p_mib="$p2p_mib" | tee -a "$results"
 "$build/bench/repvar_bench" --only_memory | tee -a "$results"
 echo "== PyTorch: repvar.torch next to DistributedDataParallel (gloo), same model and processes"
 /usr/bin/python3 bench/torch_step.py "$build" --steps="$torch_steps" | tee -a "$results"
@@ -109,7 +110,7 @@ if [ -n "$baseline" ]; then
   echo "== baseline repvar ($baseline)"
   # shellcheck disable=SC2086
   "$baseline/bench/repvar_bench" --workers="$(echo $workers | tr ' ' ,)" --mib="$mibs" \
-    --iters="$iters" --small_ops="$small" | sed 's/^/baseline /' | tee -a "$results"
+    --iters="$iters" --small_ops="$small" --p2p_mib="$p2p_mib" | sed 's/^/baseline /' | tee -a "$results"
 fi
 
 echo

@@ -148,8 +148,8 @@ def main(path):
               f"{x.get('first_ms', math.nan):>10.1f}"
               f"{res['mpi'].get((w, m), math.nan):>12.1f}"
               f"{res['gloo'].get((w, m), (math.nan,))[0]:>10.1f}")
-    for kind in ("repvar_p2p", "repvar_small", "repvar_ephemeral", "repvar_durable", "repvar_durable_rate",
-                 "repvar_restart", "repvar_coordinator_rss", "repvar_worker_rss", "repvar_batch",
+    for kind in ("repvar_p2p", "repvar_small", "repvar_ephemeral", "repvar_durable",
+                 "repvar_durable_rate", "repvar_restart", "repvar_coordinator_rss", "repvar_worker_rss", "repvar_batch",
                  "repvar_local", "repvar_mean_step", "repvar_steps"):
         for x in res["cur"].get(kind, []):
             print(kind, " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
