@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,21 @@ struct ReplicaWriteHeader {
   uint64_t incarnation = 0;
   ReplicaWrite write;  // value unset
   TensorHeader tensor;
+};
+
+// Many small writes to one worker with their values whole, as one message
+// brings them (WriteSmallReplicas): each value is a view into that message,
+// which must outlive this.
+struct SmallReplicaWrites {
+  struct Item {
+    ReplicaWrite write;     // value unset
+    size_t spec = 0;        // index into `specs`
+    uint64_t checksum = 0;  // as sent; 0: not given
+    std::span<const std::byte> bytes;
+  };
+  uint64_t incarnation = 0;
+  std::vector<TensorSpec> specs;  // distinct
+  std::vector<Item> items;
 };
 
 }  // namespace repvar

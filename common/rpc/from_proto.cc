@@ -172,6 +172,73 @@ absl::StatusOr<ReplicaWriteHeader> WriteHeaderFromProto(const v1::WriteReplicasH
   return h;
 }
 
+absl::StatusOr<SmallReplicaWrites> SmallWritesFromProto(
+    const v1::WriteSmallReplicasRequest& proto) {
+  const int n = proto.variable_ids_size();
+  for (const auto& [column, size] : {std::pair{"names", proto.names_size()},
+                                     {"versions", proto.versions_size()},
+                                     {"fences", proto.fences_size()},
+                                     {"replica_counts", proto.replica_counts_size()},
+                                     {"spec_index", proto.spec_index_size()},
+                                     {"checksums", proto.checksums_size()}}) {
+    if (size != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("small writes: ", n, " variable ids but ", size, " ", column));
+    }
+  }
+  SmallReplicaWrites out;
+  out.incarnation = proto.incarnation();
+  std::vector<uint64_t> sizes;
+  for (const v1::TensorSpec& p : proto.specs()) {
+    REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(p));
+    sizes.push_back(static_cast<uint64_t>(*spec.ByteSize()));  // checked by SpecFromProto
+    out.specs.push_back(std::move(spec));
+  }
+  const std::span<const std::byte> data = BytesOf(proto.data());
+  CountReceivedTensorBytes(data.size());
+  out.items.reserve(n);
+  const size_t replica_entries = static_cast<size_t>(proto.replicas_size());
+  size_t replica = 0;  // the next write's first entry in `replicas`
+  size_t offset = 0;   // its first byte in `data`
+  for (int i = 0; i < n; ++i) {
+    const int32_t count = proto.replica_counts(i);
+    if (count < 0 || static_cast<size_t>(count) > replica_entries - replica) {
+      return absl::InvalidArgumentError(absl::StrCat("small writes: replica_counts[", i, "] is ",
+                                                     count, "; ", replica_entries - replica,
+                                                     " replica entries are left"));
+    }
+    const int32_t spec = proto.spec_index(i);
+    if (spec < 0 || spec >= proto.specs_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("small writes: spec_index[", i, "] is ", spec,
+                                                     " of ", proto.specs_size(), " specs"));
+    }
+    if (sizes[spec] > data.size() - offset) {
+      return absl::InvalidArgumentError(absl::StrCat("small writes: value ", i, " is ", sizes[spec],
+                                                     " bytes; ", data.size() - offset,
+                                                     " bytes of data are left"));
+    }
+    SmallReplicaWrites::Item item;
+    item.write.variable_id = proto.variable_ids(i);
+    item.write.name = proto.names(i);
+    item.write.version = proto.versions(i);
+    item.write.fence = proto.fences(i);
+    item.write.replicas.assign(proto.replicas().begin() + replica,
+                               proto.replicas().begin() + replica + count);
+    item.spec = static_cast<size_t>(spec);
+    item.checksum = proto.checksums(i);
+    item.bytes = data.subspan(offset, sizes[spec]);
+    out.items.push_back(std::move(item));
+    replica += count;
+    offset += sizes[spec];
+  }
+  if (replica != replica_entries || offset != data.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("small writes: ", replica_entries - replica,
+                                                   " replica entries and ", data.size() - offset,
+                                                   " bytes of data belong to no write"));
+  }
+  return out;
+}
+
 absl::StatusOr<StepWriteHeader> StepWriteHeaderFromProto(const v1::StepWriteHeader& proto) {
   StepWriteHeader h;
   h.step = proto.step();

@@ -41,6 +41,10 @@ WorkerRegistration RegistrationFromProto(const v1::RegisterWorkerRequest& proto)
 CollectiveSpec CollectiveFromProto(const v1::Collective& proto);
 // Errors: INVALID_ARGUMENT (bad tensor header).
 absl::StatusOr<ReplicaWriteHeader> WriteHeaderFromProto(const v1::WriteReplicasHeader& proto);
+// The writes refer to `proto`'s bytes, which must outlive them. Errors:
+// INVALID_ARGUMENT (columns of unequal lengths, a bad spec or spec index,
+// replica counts or value sizes that do not add up to what is there).
+absl::StatusOr<SmallReplicaWrites> SmallWritesFromProto(const v1::WriteSmallReplicasRequest& proto);
 absl::StatusOr<StepWriteHeader> StepWriteHeaderFromProto(const v1::StepWriteHeader& proto);
 
 // Steps. Errors: INVALID_ARGUMENT (a bad spec in the layout).

@@ -25,6 +25,51 @@ void TensorToProto(const Tensor& t, v1::Tensor* proto) {
   CountSentTensorBytes(t.bytes.size());
 }
 
+void SmallWritesToProto(uint64_t incarnation, const std::vector<ReplicaWrite>& writes,
+                        v1::WriteSmallReplicasRequest* proto) {
+  proto->set_incarnation(incarnation);
+  const int n = static_cast<int>(writes.size());
+  proto->mutable_variable_ids()->Reserve(n);
+  proto->mutable_names()->Reserve(n);
+  proto->mutable_versions()->Reserve(n);
+  proto->mutable_fences()->Reserve(n);
+  proto->mutable_replica_counts()->Reserve(n);
+  proto->mutable_spec_index()->Reserve(n);
+  proto->mutable_checksums()->Reserve(n);
+  size_t bytes = 0;
+  for (const ReplicaWrite& w : writes) bytes += w.value->bytes.size();
+  std::string* data = proto->mutable_data();
+  data->reserve(bytes);
+  // Variables written together mostly share a spec: each is compared with
+  // the last few distinct ones (a spec seen further back is listed again,
+  // which costs a few bytes).
+  constexpr int kSpecsCompared = 4;
+  std::vector<const TensorSpec*> specs;
+  for (const ReplicaWrite& w : writes) {
+    proto->add_variable_ids(w.variable_id);
+    proto->add_names(w.name);
+    proto->add_versions(w.version);
+    proto->add_fences(w.fence);
+    proto->add_replica_counts(static_cast<int32_t>(w.replicas.size()));
+    proto->mutable_replicas()->Add(w.replicas.begin(), w.replicas.end());
+    const TensorSpec& spec = w.value->spec;
+    int index = -1;
+    for (int k = static_cast<int>(specs.size()) - 1;
+         k >= 0 && k >= static_cast<int>(specs.size()) - kSpecsCompared && index < 0; --k) {
+      if (*specs[k] == spec) index = k;
+    }
+    if (index < 0) {
+      index = static_cast<int>(specs.size());
+      specs.push_back(&spec);
+      SpecToProto(spec, proto->add_specs());
+    }
+    proto->add_spec_index(index);
+    proto->add_checksums(w.value->checksum);
+    data->append(reinterpret_cast<const char*>(w.value->bytes.data()), w.value->bytes.size());
+  }
+  CountSentTensorBytes(bytes);
+}
+
 void InitializerToProto(const Initializer& init, v1::Initializer* proto) {
   using K = InitializerKind;
   switch (init.kind) {

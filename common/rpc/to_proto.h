@@ -4,6 +4,7 @@
 #define REPVAR_COMMON_RPC_TO_PROTO_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "common/model/initializer.h"
 #include "common/model/replica_write.h"
@@ -22,6 +23,10 @@ void SpecToProto(const TensorSpec& spec, v1::TensorSpec* proto);
 void HeaderToProto(const Tensor& t, v1::TensorHeader* proto);
 // A whole tensor in one message (copies the bytes once).
 void TensorToProto(const Tensor& t, v1::Tensor* proto);
+// Small writes to one worker by column, each value whole (copies the bytes
+// once); none may name a collective.
+void SmallWritesToProto(uint64_t incarnation, const std::vector<ReplicaWrite>& writes,
+                        v1::WriteSmallReplicasRequest* proto);
 void InitializerToProto(const Initializer& init, v1::Initializer* proto);
 void VariableDefToProto(const VariableDef& def, v1::VariableSpec* proto);
 void VariableViewToProto(const VariableView& view, v1::VariableInfo* proto);

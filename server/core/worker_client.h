@@ -53,9 +53,9 @@ class WorkerClient {
   // Writes every item, in order, in one exchange. OK means the worker holds
   // all of them (each verified by checksum). Errors: UNAVAILABLE or
   // DEADLINE_EXCEEDED (unreachable), ABORTED (stale incarnation), others as
-  // the worker says.
-  virtual void WriteReplicasAsync(const WorkerTarget& target, std::vector<ReplicaWrite> writes,
-                                  Done done) = 0;
+  // the worker says. The callee copies what it keeps of `writes`.
+  virtual void WriteReplicasAsync(const WorkerTarget& target,
+                                  const std::vector<ReplicaWrite>& writes, Done done) = 0;
   // One replica's committed value as the worker holds it, once it holds at
   // least `min_version` (a step's value is installed right after the step
   // commits). Errors: NOT_FOUND, UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED.

@@ -259,7 +259,7 @@ v1::WorkerReplicas::Stub* GrpcWorkerClient::StubFor(const std::string& address) 
 }
 
 void GrpcWorkerClient::WriteReplicasAsync(const WorkerTarget& target,
-                                          std::vector<ReplicaWrite> writes, Done done) {
+                                          const std::vector<ReplicaWrite>& writes, Done done) {
   uint64_t bytes = 0;
   bool all_small = true;
   for (const ReplicaWrite& w : writes) {
@@ -274,7 +274,7 @@ void GrpcWorkerClient::WriteReplicasAsync(const WorkerTarget& target,
     using Call = UnaryCall<v1::WriteSmallReplicasRequest, v1::WriteReplicasResponse, Done>;
     auto* call = new Call(in_flight_, target);
     call->ctx->set_deadline(absl::ToChronoTime(deadline));
-    for (const ReplicaWrite& w : writes) FillHeader(target, w, call->req.add_writes());
+    SmallWritesToProto(target.incarnation, writes, &call->req);
     call->done = std::move(done);
     StubFor(target.address)
         ->async()
@@ -285,8 +285,8 @@ void GrpcWorkerClient::WriteReplicasAsync(const WorkerTarget& target,
                              });
     return;
   }
-  auto* call = new WriteCall(target, std::move(writes), options_.chunk_bytes, deadline,
-                             std::move(done), in_flight_);
+  auto* call =
+      new WriteCall(target, writes, options_.chunk_bytes, deadline, std::move(done), in_flight_);
   call->Start(StubFor(target.address));
 }
 

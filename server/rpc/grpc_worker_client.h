@@ -56,7 +56,7 @@ class GrpcWorkerClient final : public WorkerClient {
   GrpcWorkerClient() : GrpcWorkerClient(Options()) {}
   explicit GrpcWorkerClient(Options options) : options_(std::move(options)) {}
 
-  void WriteReplicasAsync(const WorkerTarget& target, std::vector<ReplicaWrite> writes,
+  void WriteReplicasAsync(const WorkerTarget& target, const std::vector<ReplicaWrite>& writes,
                           Done done) override;
   void ReadReplicaAsync(const WorkerTarget& target, uint64_t variable_id, int32_t replica,
                         int64_t min_version, ReadDone done) override;

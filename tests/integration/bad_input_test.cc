@@ -478,65 +478,72 @@ TEST_F(BadInputTest, WorkerWriteReplicas_UnparseableMessage_InvalidArgument_Noth
   EXPECT_EQ(after.DebugString(), status.DebugString());
 }
 
-TEST_F(BadInputTest, WorkerWriteSmallReplicas_BadHeaders_RefusedAndNothingApplied) {
+TEST_F(BadInputTest, WorkerWriteSmallReplicas_BadColumns_RefusedAndNothingApplied) {
   auto stub = v1::WorkerReplicas::NewStub(
       grpc::CreateChannel(cluster_->worker_address(0), grpc::InsecureChannelCredentials()));
   uint64_t id = client_->GetVariable("w")->id;
   std::string data = FloatBytes({9, 9, 9, 9});
-  auto header = [&](uint64_t incarnation) {
-    v1::WriteSmallReplicasRequest req;
-    v1::WriteReplicasHeader* h = req.add_writes();
-    h->set_incarnation(incarnation);
-    h->set_variable_id(id);
-    h->set_version(1);
-    h->set_fence(UINT64_MAX);  // above any floor: only the case at hand refuses it
-    h->add_replicas(0);
-    *h->mutable_tensor() = HeaderFor(data, {4});
-    h->set_inline_data(data);
-    return req;
-  };
   v1::GetReplicaStatusResponse status;
   ASSERT_TRUE(stub->GetReplicaStatus(Ctx().get(), {}, &status).ok());
+  // One write of w's replica 0, as the coordinator sends it.
+  auto request = [&](uint64_t incarnation) {
+    v1::WriteSmallReplicasRequest req;
+    req.set_incarnation(incarnation);
+    req.add_variable_ids(id);
+    req.add_names("w");
+    req.add_versions(1);
+    req.add_fences(UINT64_MAX);  // above any floor: only the case at hand refuses it
+    req.add_replica_counts(1);
+    req.add_replicas(0);
+    *req.add_specs() = HeaderFor(data, {4}).spec();
+    req.add_spec_index(0);
+    req.add_checksums(HeaderFor(data, {4}).checksum());
+    req.set_data(data);
+    return req;
+  };
   v1::WriteReplicasResponse resp;
   // Another incarnation: fenced.
-  EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), header(1), &resp)),
+  EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), request(1), &resp)),
               StatusIs(Code::kAborted));
-  // Inline bytes shorter than the tensor.
-  v1::WriteSmallReplicasRequest truncated = header(status.incarnation());
-  truncated.mutable_writes(0)->set_inline_data(data.substr(0, 8));
-  EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), truncated, &resp)),
-              StatusIs(Code::kInvalidArgument));
-  // A collective cannot ride the small path.
-  v1::WriteSmallReplicasRequest collective = header(status.incarnation());
-  collective.mutable_writes(0)->mutable_collective()->set_size(2);
-  EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), collective, &resp)),
-              StatusIs(Code::kInvalidArgument));
-  // Fields a worker checks before taking any byte.
   struct Bad {
     const char* what;
-    std::function<void(v1::WriteReplicasHeader*)> spoil;
+    std::function<void(v1::WriteSmallReplicasRequest&)> spoil;
   };
   for (const Bad& bad : std::vector<Bad>{
-           {"version", [](auto* h) { h->set_version(-1); }},
-           {"replica index", [](auto* h) { h->set_replicas(0, -1); }},
-           {"replica index", [](auto* h) { h->add_replicas(0); }},
-           {"no replica", [](auto* h) { h->clear_replicas(); }},
-           {"variable id 0", [](auto* h) { h->set_variable_id(0); }},
-           {"without a fence", [](auto* h) { h->set_fence(0); }},
+           // Columns that do not line up.
+           {"names", [](auto& r) { *r.add_names() = std::string(1, 'x'); }},
+           {"fences", [](auto& r) { r.clear_fences(); }},
+           {"checksums", [](auto& r) { r.add_checksums(1); }},
+           {"replica entries are left", [](auto& r) { r.set_replica_counts(0, 2); }},
+           {"replica_counts[0] is -1", [](auto& r) { r.set_replica_counts(0, -1); }},
+           {"belong to no write", [](auto& r) { r.add_replicas(1); }},
+           {"spec_index[0] is 1", [](auto& r) { r.set_spec_index(0, 1); }},
+           {"dtype", [](auto& r) { r.mutable_specs(0)->set_dtype(v1::DTYPE_UNSPECIFIED); }},
+           // Values shorter or longer than their specs.
+           {"bytes of data are left", [](auto& r) { r.mutable_data()->resize(8); }},
+           {"belong to no write", [](auto& r) { r.mutable_data()->resize(20); }},
+           // Fields a worker checks before taking any byte.
+           {"version", [](auto& r) { r.set_versions(0, -1); }},
+           {"replica index", [](auto& r) { r.set_replicas(0, -1); }},
+           {"replica index", [](auto& r) { r.set_replica_counts(0, 2), r.add_replicas(0); }},
+           {"no replica", [](auto& r) { r.set_replica_counts(0, 0), r.clear_replicas(); }},
+           {"variable id 0", [](auto& r) { r.set_variable_ids(0, 0); }},
+           {"without a fence", [](auto& r) { r.set_fences(0, 0); }},
+           // Corrupt bytes: the checksum catches them.
+           {"checksum", [](auto& r) { r.mutable_data()->at(0) ^= 1; }},
        }) {
-    v1::WriteSmallReplicasRequest req = header(status.incarnation());
-    bad.spoil(req.mutable_writes(0));
+    v1::WriteSmallReplicasRequest req = request(status.incarnation());
+    bad.spoil(req);
     EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), req, &resp)),
                 StatusIs(Code::kInvalidArgument, bad.what));
   }
-  // Corrupt inline bytes: the checksum catches them.
-  v1::WriteSmallReplicasRequest corrupt = header(status.incarnation());
-  corrupt.mutable_writes(0)->mutable_inline_data()->at(0) ^= 1;
-  EXPECT_THAT(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), corrupt, &resp)),
-              StatusIs(Code::kInvalidArgument, "checksum"));
   v1::GetReplicaStatusResponse after;
   ASSERT_TRUE(stub->GetReplicaStatus(Ctx().get(), {}, &after).ok());
   EXPECT_EQ(after.DebugString(), status.DebugString());
+  // The same write, unspoiled, goes through.
+  EXPECT_OK(
+      FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), request(status.incarnation()), &resp)));
+  EXPECT_EQ(resp.checksum(), HeaderFor(data, {4}).checksum());
 }
 
 }  // namespace

@@ -32,8 +32,8 @@ class FakeWorkerClient final : public server::WorkerClient {
     std::shared_ptr<const Tensor> value;
   };
 
-  void WriteReplicasAsync(const server::WorkerTarget& target, std::vector<ReplicaWrite> writes,
-                          Done done) override {
+  void WriteReplicasAsync(const server::WorkerTarget& target,
+                          const std::vector<ReplicaWrite>& writes, Done done) override {
     bool held = false;
     {
       absl::MutexLock lock(&mu_);
@@ -42,8 +42,7 @@ class FakeWorkerClient final : public server::WorkerClient {
       for (const auto& w : writes) held = held || (hold_ != 0 && w.variable_id == hold_);
     }
     auto shared_done = std::make_shared<Done>(std::move(done));
-    std::function<void()> call = [this, target, writes = std::move(writes),
-                                  done = shared_done]() mutable {
+    std::function<void()> call = [this, target, writes, done = shared_done]() mutable {
       std::move (*done)(Write(target, writes));
     };
     std::function<void()> cancel = [done = shared_done] {

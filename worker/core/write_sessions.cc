@@ -204,6 +204,36 @@ absl::StatusOr<uint64_t> ReplicaWriteSession::Finish() {
   return checksum;
 }
 
+absl::StatusOr<uint64_t> ApplySmallWrites(uint64_t incarnation, SmallReplicaWrites writes,
+                                          ReplicaStore* store, MemoryBudget* budget) {
+  if (incarnation != writes.incarnation) {
+    return absl::AbortedError(absl::StrCat("write meant for incarnation ", writes.incarnation,
+                                           "; this worker is ", incarnation));
+  }
+  uint64_t bytes = 0;
+  for (const SmallReplicaWrites::Item& item : writes.items) {
+    REPVAR_RETURN_IF_ERROR(Validate(item.write));
+    bytes += item.bytes.size();
+  }
+  MemoryCharge charge(budget);  // the copies, until the store holds them
+  REPVAR_RETURN_IF_ERROR(charge.Add(bytes, "small replica writes being received"));
+  std::vector<ReplicaWrite> items;
+  items.reserve(writes.items.size());
+  for (SmallReplicaWrites::Item& item : writes.items) {
+    REPVAR_ASSIGN_OR_RETURN(Tensor t, Tensor::FromBytes(writes.specs[item.spec], item.bytes));
+    if (item.checksum != 0 && item.checksum != t.checksum) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("write of ", item.write.name, ": checksum mismatch: the header says ",
+                       item.checksum, ", the bytes give ", t.checksum));
+    }
+    item.write.value = std::make_shared<const Tensor>(std::move(t));
+    items.push_back(std::move(item.write));
+  }
+  const uint64_t checksum = items.empty() ? 0 : items.back().value->checksum;
+  REPVAR_RETURN_IF_ERROR(store->Apply(std::move(items)));
+  return checksum;
+}
+
 absl::Status StepWriteSession::OnHeader(const StepWriteHeader& h,
                                         std::span<const std::byte> inline_data) {
   REPVAR_RETURN_IF_ERROR(FinishCurrent());

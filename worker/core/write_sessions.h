@@ -69,6 +69,15 @@ class ReplicaWriteSession {
   std::unique_ptr<RootBroadcast> broadcast_;
 };
 
+// The coordinator's small writes in one message (WriteSmallReplicas), each
+// value whole: checked as a stream's writes are (incarnation, every field,
+// each value's size and checksum), charged to `budget` (null: unbounded)
+// while they are copied in, then applied together, or none. Returns the
+// checksum of the last write as verified here (0 when there was none).
+// Errors: as ReplicaWriteSession, RESOURCE_EXHAUSTED (the budget).
+absl::StatusOr<uint64_t> ApplySmallWrites(uint64_t incarnation, SmallReplicaWrites writes,
+                                          ReplicaStore* store, MemoryBudget* budget = nullptr);
+
 // A trainer's stream of in-step writes of one step (S2). Not thread-safe:
 // one per stream.
 class StepWriteSession {

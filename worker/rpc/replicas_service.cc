@@ -40,15 +40,9 @@ grpc::ServerUnaryReactor* ReplicasService::WriteSmallReplicas(
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish([&]() -> grpc::Status {
-    ReplicaWriteSession session(incarnation_, store_, data_plane_, budget_);
-    for (const v1::WriteReplicasHeader& h : req->writes()) {
-      if (h.has_collective() || !WholeInline(h.tensor(), h.inline_data())) {
-        return ToGrpcStatus(absl::InvalidArgumentError(
-            "WriteSmallReplicas carries whole tensors inline and no collectives"));
-      }
-      if (absl::Status s = OnHeader(session, h); !s.ok()) return ToGrpcStatus(s);
-    }
-    return Answer(session.Finish(), resp);
+    absl::StatusOr<SmallReplicaWrites> writes = SmallWritesFromProto(*req);
+    if (!writes.ok()) return ToGrpcStatus(writes.status());
+    return Answer(ApplySmallWrites(incarnation_, *std::move(writes), store_, budget_), resp);
   }());
   return reactor;
 }

@@ -63,6 +63,39 @@ TEST(Convert, Tensor_RoundTrips_BadChecksumRefused) {
   EXPECT_THAT(TensorFromProto(proto), StatusIs(absl::StatusCode::kInvalidArgument, "13"));
 }
 
+// Writes with specs shared and not, several replicas and none: each comes
+// back whole, pointing into the message; one spec is listed once per run.
+TEST(Convert, SmallWrites_RoundTripByColumn_SpecsListedOnce) {
+  std::vector<ReplicaWrite> writes = {
+      {1, "a", 3, {0, 2}, F32({1, 2}), 7},
+      {2, "b", 4, {1}, F32({3, 4}), 8},
+      {3, "c", 5, {}, F32({5, 6, 7}), 9},
+      {4, "d", 6, {3}, F32({8, 9}), 9},
+  };
+  v1::WriteSmallReplicasRequest proto;
+  SmallWritesToProto(11, writes, &proto);
+  EXPECT_EQ(proto.specs_size(), 2);
+  auto back = SmallWritesFromProto(proto);
+  ASSERT_OK(back);
+  EXPECT_EQ(back->incarnation, 11u);
+  ASSERT_EQ(back->items.size(), writes.size());
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const SmallReplicaWrites::Item& got = back->items[i];
+    EXPECT_EQ(got.write.variable_id, writes[i].variable_id);
+    EXPECT_EQ(got.write.name, writes[i].name);
+    EXPECT_EQ(got.write.version, writes[i].version);
+    EXPECT_EQ(got.write.replicas, writes[i].replicas);
+    EXPECT_EQ(got.write.fence, writes[i].fence);
+    EXPECT_EQ(back->specs[got.spec], writes[i].value->spec);
+    EXPECT_EQ(got.checksum, writes[i].value->checksum);
+    EXPECT_EQ(Checksum(got.bytes), writes[i].value->checksum);
+    EXPECT_EQ(got.bytes.data(), BytesOf(proto.data()).data() + (i == 0   ? 0
+                                                                : i == 1 ? 8
+                                                                : i == 2 ? 16
+                                                                         : 28));
+  }
+}
+
 TEST(Convert, Initializer_RoundTripsEveryKind) {
   for (InitializerKind kind :
        {InitializerKind::kNone, InitializerKind::kZeros, InitializerKind::kOnes,

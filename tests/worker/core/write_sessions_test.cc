@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 
 #include "tests/testing/status_matchers.h"
 
@@ -117,6 +118,81 @@ TEST(ReplicaWriteSession, Refusals) {
   h.write.collective = CollectiveSpec{"g", 1, 2, 0, 0, absl::Seconds(1)};
   ASSERT_OK(session.OnHeader(h, {}));
   EXPECT_THAT(session.Finish(), StatusIs(absl::StatusCode::kFailedPrecondition, "no data plane"));
+}
+
+// Small writes in one message, each value whole (WriteSmallReplicas); the
+// writes point into `values`.
+SmallReplicaWrites Small(const std::vector<const std::vector<std::byte>*>& values,
+                         uint64_t incarnation = kInc) {
+  SmallReplicaWrites out;
+  out.incarnation = incarnation;
+  for (size_t i = 0; i < values.size(); ++i) {
+    ReplicaWriteHeader h = Header(i + 1, *values[i]);
+    out.specs.push_back(h.tensor.spec);
+    out.items.push_back({h.write, i, h.tensor.checksum, *values[i]});
+  }
+  return out;
+}
+
+TEST(ApplySmallWrites, AllApplyTogether_ABadOneAppliesNone) {
+  ReplicaStore store;
+  const auto a = Bytes({1, 2});
+  const auto b = Bytes({3, 4, 5});
+  SmallReplicaWrites corrupt = Small({&a, &b});
+  corrupt.items[1].checksum += 1;
+  EXPECT_THAT(ApplySmallWrites(kInc, corrupt, &store),
+              StatusIs(absl::StatusCode::kInvalidArgument, "checksum mismatch"));
+  EXPECT_TRUE(store.List().empty());
+  SmallReplicaWrites unsummed = Small({&a, &b});
+  unsummed.items[1].checksum = 0;  // not given: computed here
+  EXPECT_EQ(*ApplySmallWrites(kInc, unsummed, &store), Checksum(b));
+  EXPECT_EQ(store.List().size(), 4u);
+  EXPECT_EQ(store.Get(2, 1)->version, 3);
+  EXPECT_EQ(store.Get(1, 0)->value->checksum, Checksum(a));
+  EXPECT_EQ(*ApplySmallWrites(kInc, Small({}), &store), 0u) << "an empty batch is no write";
+}
+
+TEST(ApplySmallWrites, Refusals_NothingApplied) {
+  ReplicaStore store;
+  const auto a = Bytes({1, 2});
+  EXPECT_THAT(ApplySmallWrites(kInc, Small({&a}, kInc + 1), &store),
+              StatusIs(absl::StatusCode::kAborted, "meant for incarnation 8"));
+  struct Bad {
+    const char* what;
+    std::function<void(ReplicaWrite&)> spoil;
+  };
+  for (const Bad& bad : std::vector<Bad>{
+           {"version", [](ReplicaWrite& w) { w.version = 0; }},
+           {"fence", [](ReplicaWrite& w) { w.fence = 0; }},
+           {"variable id 0", [](ReplicaWrite& w) { w.variable_id = 0; }},
+           {"names no replica", [](ReplicaWrite& w) { w.replicas.clear(); }},
+           {"repeated",
+            [](ReplicaWrite& w) {
+              w.replicas = {1, 1};
+            }},
+           {"negative",
+            [](ReplicaWrite& w) {
+              w.replicas = {0, -1};
+            }},
+       }) {
+    SmallReplicaWrites writes = Small({&a, &a});
+    bad.spoil(writes.items[1].write);
+    EXPECT_THAT(ApplySmallWrites(kInc, writes, &store),
+                StatusIs(absl::StatusCode::kInvalidArgument, bad.what));
+  }
+  SmallReplicaWrites short_value = Small({&a});
+  short_value.items[0].bytes = std::span(a).first(4);
+  EXPECT_THAT(ApplySmallWrites(kInc, short_value, &store),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  MemoryBudget budget(4, nullptr, "the worker's budget");
+  EXPECT_THAT(ApplySmallWrites(kInc, Small({&a}), &store, &budget),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_TRUE(store.List().empty());
+  // The same writes, unspoiled, within a budget that holds them.
+  MemoryBudget enough(8, nullptr, "the worker's budget");
+  EXPECT_OK(ApplySmallWrites(kInc, Small({&a}), &store, &enough).status());
+  EXPECT_EQ(enough.used(), 0u) << "the store holds the bytes now, not the budget";
+  EXPECT_EQ(store.List().size(), 2u);
 }
 
 TEST(ReplicaWriteSession, DataPlaneMember_GetsTheRootsBytes_ChecksumVerified) {

@@ -39,6 +39,11 @@ void Tensor2(const std::string& data, v1::TensorHeader* h) {
   h->set_byte_size(data.size());
   h->set_checksum(Sum(data));
 }
+v1::TensorHeader TensorHeaderOf(const std::string& data) {
+  v1::TensorHeader h;
+  Tensor2(data, &h);
+  return h;
+}
 
 // Step 3 (epoch 11): this worker holds replica 0 of variable 1.
 class OneStepLink final : public StepLink {
@@ -192,23 +197,27 @@ TEST_F(WorkerServicesTest, Replicas_WriteRead_StaleIncarnationAndBadChunkRefused
   EXPECT_EQ(store_.List().size(), 1u);
 }
 
-TEST_F(WorkerServicesTest, Replicas_WriteSmall_OnlyWholeInlineTensors) {
+TEST_F(WorkerServicesTest, Replicas_WriteSmall_ByColumn_EveryValueWhole) {
   const std::string data = FloatBytes({3, 4});
   v1::WriteSmallReplicasRequest req;
-  v1::WriteReplicasHeader* h = req.add_writes();
-  h->set_incarnation(kInc);
-  h->set_variable_id(1);
-  h->set_version(1);
-  h->set_fence(1);
-  h->add_replicas(0);
-  Tensor2(data, h->mutable_tensor());
-  h->set_inline_data(data.substr(0, 4));  // half of it
+  req.set_incarnation(kInc);
+  req.add_variable_ids(1);
+  req.add_names("w");
+  req.add_versions(1);
+  req.add_fences(1);
+  req.add_replica_counts(1);
+  req.add_replicas(0);
+  req.add_specs()->CopyFrom(TensorHeaderOf(data).spec());
+  req.add_spec_index(0);
+  req.add_checksums(Sum(data));
+  req.set_data(data.substr(0, 4));  // half of it
   v1::WriteReplicasResponse resp;
   EXPECT_THAT(FromGrpcStatus(replicas_stub_->WriteSmallReplicas(Ctx().get(), req, &resp)),
-              StatusIs(absl::StatusCode::kInvalidArgument, "inline"));
-  h->set_inline_data(data);
+              StatusIs(absl::StatusCode::kInvalidArgument, "bytes of data are left"));
+  req.set_data(data);
   ASSERT_OK(FromGrpcStatus(replicas_stub_->WriteSmallReplicas(Ctx().get(), req, &resp)));
   EXPECT_EQ(resp.checksum(), Sum(data));
+  EXPECT_EQ(store_.Get(1, 0)->version, 1);
 }
 
 // One trainer connection holds at most its share of what the worker lends
