@@ -448,6 +448,7 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
         ctx.TryCancel();
         break;
       }
+      MakeRoomResident(value.bytes, received + piece.size());
       value.bytes.insert(value.bytes.end(), piece.begin(), piece.end());
       hash.Update(piece);
       received += data.size();

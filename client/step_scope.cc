@@ -180,6 +180,7 @@ absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t rep
     auto m = Map(name, replica, MapMode::kRead);
     if (m.ok()) {
       ReserveForBulk(out.bytes, (*m)->bytes().size());
+      MakeRoomResident(out.bytes, (*m)->bytes().size());
       out.bytes.assign((*m)->bytes().begin(), (*m)->bytes().end());
       out.checksum = (*m)->checksum();
       out.version = (*m)->version();
@@ -201,6 +202,7 @@ absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t rep
   out.version = got.version;
   out.checksum = got.value.checksum;
   ReserveForBulk(out.bytes, got.value.bytes.size());
+  MakeRoomResident(out.bytes, got.value.bytes.size());
   out.bytes.assign(got.value.bytes.data(), got.value.bytes.data() + got.value.bytes.size());
   return out;
 }

@@ -25,6 +25,8 @@ namespace {
 
 constexpr size_t kAlign = 64;
 constexpr size_t kMmapThreshold = 2 << 20;
+// Below this, one madvise costs about what faulting the pages in does.
+constexpr size_t kPopulateMinBytes = 64 << 10;
 
 }  // namespace
 
@@ -118,6 +120,27 @@ size_t RoundToHugePage(size_t n) {
   return (n + kMmapThreshold - 1) / kMmapThreshold * kMmapThreshold;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; Debian 12's headers predate it
+#endif
+
+// Makes the pages of [p, p + n) resident and writable in one call
+// (MADV_POPULATE_WRITE) rather than one fault per page on first touch;
+// where the kernel lacks it, touches every page. The contents are
+// unchanged. On the bench VM, a fresh 256 MiB advised for huge pages:
+// 13.5-14.5 ms against 16-17 ms touched page by page (14 against 17-438 ms
+// while the kernel compacted memory); 4 KiB pages 0.6 us each against 11.
+void PopulateForWrite(void* p, size_t n) {
+  if (n == 0) return;
+  constexpr uintptr_t kPage = 4096;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p) / kPage * kPage;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n + kPage - 1) / kPage * kPage;
+  if (madvise(reinterpret_cast<void*>(start), end - start, MADV_POPULATE_WRITE) == 0) return;
+  volatile char* c = static_cast<char*>(p);
+  for (size_t off = 0; off < n; off += kPage) c[off] = c[off];
+  c[n - 1] = c[n - 1];
+}
+
 }  // namespace
 
 void SetBufferPoolCapacity(size_t bytes) { MappingPool::Get().SetCap(bytes); }
@@ -179,8 +202,7 @@ absl::StatusOr<Buffer> Buffer::Allocate(size_t size) {
       madvise(p, mapped, MADV_HUGEPAGE);
       // Pre-fault now, with huge pages where the kernel gives them, so that
       // the hot path later copies into resident memory.
-      volatile char* c = static_cast<char*>(p);
-      for (size_t off = 0; off < mapped; off += 4096) c[off] = 0;
+      PopulateForWrite(p, mapped);
     }
     b.data_ = static_cast<std::byte*>(p);
     b.mapped_ = mapped;
@@ -222,8 +244,7 @@ size_t Buffer::Prefault(size_t upto) {
   if (file_) return 0;  // read-only; its pages come from the file
   const size_t end = std::min(mapped_ > 0 ? mapped_ : size_, (upto + 4095) / 4096 * 4096);
   if (end <= touched_) return 0;
-  volatile char* c = reinterpret_cast<volatile char*>(data_);
-  for (size_t off = touched_; off < end; off += 4096) c[off] = 0;
+  PopulateForWrite(data_ + touched_, end - touched_);
   const size_t added = end - touched_;
   touched_ = end;
   return added;
@@ -305,6 +326,12 @@ void ReserveForBulk(std::vector<std::byte>& v, size_t n) {
   const uintptr_t first = RoundToHugePage(start);
   const uintptr_t end = (start + n) / kMmapThreshold * kMmapThreshold;
   if (end > first) madvise(reinterpret_cast<void*>(first), end - first, MADV_HUGEPAGE);
+}
+
+void MakeRoomResident(std::vector<std::byte>& v, size_t upto) {
+  upto = std::min(upto, v.capacity());
+  if (upto <= v.size() || upto - v.size() < kPopulateMinBytes) return;
+  PopulateForWrite(v.data() + v.size(), upto - v.size());
 }
 
 void TuneMallocForBulkTransfers() {

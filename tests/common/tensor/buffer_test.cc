@@ -6,7 +6,9 @@
 #include "common/tensor/buffer.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -106,6 +108,42 @@ TEST(BufferTest, ReserveForBulk_KeepsTheBytes_AsksForHugePagesBeforeTouching) {
   const std::byte* before = v.data();
   ReserveForBulk(v, n / 2);  // room enough: nothing moves
   EXPECT_EQ(v.data(), before);
+}
+
+// Whether each 4 KiB page of [p, p + n) is resident (mincore).
+std::vector<bool> Resident(const std::byte* p, size_t n) {
+  const auto start = reinterpret_cast<uintptr_t>(p) / 4096 * 4096;
+  const size_t pages = (reinterpret_cast<uintptr_t>(p) + n - start + 4095) / 4096;
+  std::vector<unsigned char> in(pages);
+  EXPECT_EQ(mincore(reinterpret_cast<void*>(start), pages * 4096, in.data()), 0);
+  std::vector<bool> out;
+  for (unsigned char c : in) out.push_back(c & 1);
+  return out;
+}
+
+// The room up to the bytes about to arrive becomes resident, not the rest
+// of what was reserved (an announced size costs no memory), and the bytes
+// already there are kept.
+TEST(BufferTest, MakeRoomResident_UpToTheArrivingBytes_NotTheWholeReservation) {
+  std::vector<std::byte> v = {std::byte{7}};
+  const size_t n = size_t{16} << 20;
+  ReserveForBulk(v, n);
+  // The heap may hand back pages touched before: the whole pages of the
+  // room go back to the kernel first (nothing is kept there).
+  const auto room = reinterpret_cast<uintptr_t>(v.data() + v.size());
+  const uintptr_t first = (room + 4095) / 4096 * 4096;
+  const uintptr_t last = reinterpret_cast<uintptr_t>(v.data() + v.capacity()) / 4096 * 4096;
+  ASSERT_EQ(madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED), 0);
+  const std::vector<bool> before = Resident(v.data() + (8 << 20), 4 << 20);
+  ASSERT_EQ(std::count(before.begin(), before.end(), true), 0);
+
+  MakeRoomResident(v, 4 << 20);
+  const std::vector<bool> arriving = Resident(v.data(), 4 << 20);
+  EXPECT_EQ(std::count(arriving.begin(), arriving.end(), false), 0);
+  const std::vector<bool> rest = Resident(v.data() + (8 << 20), 4 << 20);
+  EXPECT_EQ(std::count(rest.begin(), rest.end(), true), 0) << "an announced size costs nothing";
+  EXPECT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0], std::byte{7});
 }
 
 }  // namespace
