@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -332,6 +333,14 @@ void MakeRoomResident(std::vector<std::byte>& v, size_t upto) {
   upto = std::min(upto, v.capacity());
   if (upto <= v.size() || upto - v.size() < kPopulateMinBytes) return;
   PopulateForWrite(v.data() + v.size(), upto - v.size());
+}
+
+void PrefaultHeap(size_t bytes) {
+  if (bytes < kPopulateMinBytes) return;
+  void* p = std::malloc(bytes);
+  if (p == nullptr) return;
+  PopulateForWrite(p, bytes);
+  std::free(p);
 }
 
 void TuneMallocForBulkTransfers() {

@@ -25,6 +25,12 @@ void SetBufferPoolCapacity(size_t bytes);
 size_t ReleaseIdleBuffers(absl::Duration idle);
 // Bytes of released mappings the pool holds now.
 size_t PooledBufferBytes();
+// Makes `bytes` of this thread's heap resident in one call and frees them
+// again, so that the many small allocations that follow (a batch of small
+// replicas) reuse resident memory instead of faulting fresh pages in one at
+// a time. Needs the heap not to give freed memory back
+// (TuneMallocForBulkTransfers); below 64 KiB it does nothing.
+void PrefaultHeap(size_t bytes);
 // mallopt settings that keep big message buffers resident (BENCHMARKS.md);
 // daemons call it first thing in main().
 void TuneMallocForBulkTransfers();

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -144,6 +145,27 @@ TEST(BufferTest, MakeRoomResident_UpToTheArrivingBytes_NotTheWholeReservation) {
   EXPECT_EQ(std::count(rest.begin(), rest.end(), true), 0) << "an announced size costs nothing";
   EXPECT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0], std::byte{7});
+}
+
+// A burst of allocations after PrefaultHeap finds resident memory: here one
+// block of nearly the size, which the heap hands back from the freed one.
+TEST(BufferTest, PrefaultHeap_TheNextAllocationsAreResident) {
+  TuneMallocForBulkTransfers();  // as the daemons do: freed memory stays
+  const size_t n = size_t{1} << 20;
+  // Whatever the heap would hand out next goes back to the kernel first
+  // (earlier tests in this process may have left resident memory free).
+  auto* stale = static_cast<std::byte*>(std::malloc(n));
+  ASSERT_NE(stale, nullptr);
+  const uintptr_t from = (reinterpret_cast<uintptr_t>(stale) + 4095) / 4096 * 4096;
+  const uintptr_t to = (reinterpret_cast<uintptr_t>(stale) + n) / 4096 * 4096;
+  ASSERT_EQ(madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED), 0);
+  std::free(stale);
+  PrefaultHeap(n);
+  auto* p = static_cast<std::byte*>(std::malloc(n - 8192));
+  ASSERT_NE(p, nullptr);
+  const std::vector<bool> pages = Resident(p + 4096, n - 16384);
+  EXPECT_EQ(std::count(pages.begin(), pages.end(), false), 0);
+  std::free(p);
 }
 
 }  // namespace
