@@ -28,6 +28,8 @@ constexpr size_t kAlign = 64;
 constexpr size_t kMmapThreshold = 2 << 20;
 // Below this, one madvise costs about what faulting the pages in does.
 constexpr size_t kPopulateMinBytes = 64 << 10;
+// What PrefaultHeap makes resident at most: below malloc's mmap threshold.
+constexpr size_t kPrefaultMaxBytes = 16 << 20;
 
 }  // namespace
 
@@ -337,6 +339,9 @@ void MakeRoomResident(std::vector<std::byte>& v, size_t upto) {
 
 void PrefaultHeap(size_t bytes) {
   if (bytes < kPopulateMinBytes) return;
+  // Beyond malloc's mmap threshold (TuneMallocForBulkTransfers) a block is a
+  // mapping of its own, which free() unmaps: nothing would be kept.
+  bytes = std::min(bytes, kPrefaultMaxBytes);
   void* p = std::malloc(bytes);
   if (p == nullptr) return;
   PopulateForWrite(p, bytes);

@@ -29,7 +29,8 @@ size_t PooledBufferBytes();
 // again, so that the many small allocations that follow (a batch of small
 // replicas) reuse resident memory instead of faulting fresh pages in one at
 // a time. Needs the heap not to give freed memory back
-// (TuneMallocForBulkTransfers); below 64 KiB it does nothing.
+// (TuneMallocForBulkTransfers); below 64 KiB it does nothing, and it
+// populates at most 16 MiB (however many writes a message names).
 void PrefaultHeap(size_t bytes);
 // mallopt settings that keep big message buffers resident (BENCHMARKS.md);
 // daemons call it first thing in main().
