@@ -293,11 +293,18 @@ absl::Status Replication::CommitWrites(const std::vector<PlannedWrite>& writes,
 absl::StatusOr<std::vector<InitializeResult>> Replication::Initialize(
     const RequestKey& key, const std::vector<InitializeItem>& items) {
   if (items.empty()) return absl::InvalidArgumentError("initialize needs at least one variable");
-  std::vector<uint64_t> ids;
-  for (const InitializeItem& item : items) {
-    REPVAR_ASSIGN_OR_RETURN(uint64_t id, IdOf(item.name));
-    ids.push_back(id);
-  }
+  // Every name in one look at the state (one wait for it to be durable).
+  REPVAR_ASSIGN_OR_RETURN(
+      const std::vector<uint64_t> ids,
+      registry_->Read([&](const ClusterState& s) -> absl::StatusOr<std::vector<uint64_t>> {
+        std::vector<uint64_t> out;
+        out.reserve(items.size());
+        for (const InitializeItem& item : items) {
+          REPVAR_ASSIGN_OR_RETURN(uint64_t id, IdIn(s, item.name));
+          out.push_back(id);
+        }
+        return out;
+      }));
   WriteLocks locks(this, ids);
   REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> cached, registry_->Outcome(key, "initialize"));
   if (cached) return std::get<std::vector<InitializeResult>>(*cached);
