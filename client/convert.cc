@@ -61,9 +61,7 @@ absl::StatusOr<TensorValue> TensorValueFromProto(const v1::Tensor& t, int64_t ve
   v.dtype = static_cast<DType>(t.header().spec().dtype());
   v.shape.assign(t.header().spec().dims().begin(), t.header().spec().dims().end());
   const auto data = std::as_bytes(std::span<const char>(t.data().data(), t.data().size()));
-  ReserveForBulk(v.bytes, data.size());
-  MakeRoomResident(v.bytes, data.size());
-  v.bytes.assign(data.begin(), data.end());
+  AssignBulk(v.bytes, data);
   v.checksum = Checksum(v.bytes);
   if (v.checksum != t.header().checksum() || data.size() != t.header().byte_size()) {
     return absl::DataLossError("value received from the coordinator fails its checksum");

@@ -179,9 +179,7 @@ absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t rep
   if (size >= kMapBytes && !impl_->map_failed) {
     auto m = Map(name, replica, MapMode::kRead);
     if (m.ok()) {
-      ReserveForBulk(out.bytes, (*m)->bytes().size());
-      MakeRoomResident(out.bytes, (*m)->bytes().size());
-      out.bytes.assign((*m)->bytes().begin(), (*m)->bytes().end());
+      AssignBulk(out.bytes, (*m)->bytes());
       out.checksum = (*m)->checksum();
       out.version = (*m)->version();
       return out;
@@ -201,9 +199,7 @@ absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t rep
   if (!(got.value.spec == spec)) return absl::DataLossError("the worker sent another shape");
   out.version = got.version;
   out.checksum = got.value.checksum;
-  ReserveForBulk(out.bytes, got.value.bytes.size());
-  MakeRoomResident(out.bytes, got.value.bytes.size());
-  out.bytes.assign(got.value.bytes.data(), got.value.bytes.data() + got.value.bytes.size());
+  AssignBulk(out.bytes, got.value.bytes.span());
   return out;
 }
 

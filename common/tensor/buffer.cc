@@ -337,6 +337,13 @@ void MakeRoomResident(std::vector<std::byte>& v, size_t upto) {
   PopulateForWrite(v.data() + v.size(), upto - v.size());
 }
 
+void AssignBulk(std::vector<std::byte>& v, std::span<const std::byte> bytes) {
+  v.clear();
+  ReserveForBulk(v, bytes.size());
+  MakeRoomResident(v, bytes.size());
+  v.assign(bytes.begin(), bytes.end());
+}
+
 void PrefaultHeap(size_t bytes) {
   if (bytes < kPopulateMinBytes) return;
   // Beyond malloc's mmap threshold (TuneMallocForBulkTransfers) a block is a

@@ -50,6 +50,10 @@ void ReserveForBulk(std::vector<std::byte>& v, size_t n);
 // pages far cheaper. Call it as the bytes arrive (a chunk ahead), not for
 // an announced size.
 void MakeRoomResident(std::vector<std::byte>& v, size_t upto);
+// Makes `v` a copy of `bytes` (in hand, not announced): room reserved as
+// ReserveForBulk does, made resident in one call, then filled; each byte is
+// written once.
+void AssignBulk(std::vector<std::byte>& v, std::span<const std::byte> bytes);
 
 // A resident, 64-byte aligned byte buffer. Large buffers are mapped with
 // MADV_HUGEPAGE and pre-faulted once. Not thread-safe; movable.

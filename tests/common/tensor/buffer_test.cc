@@ -111,6 +111,16 @@ TEST(BufferTest, ReserveForBulk_KeepsTheBytes_AsksForHugePagesBeforeTouching) {
   EXPECT_EQ(v.data(), before);
 }
 
+TEST(BufferTest, AssignBulk_HoldsExactlyTheBytes_WhateverWasThere) {
+  std::vector<std::byte> v(5, std::byte{1});
+  for (size_t n : {size_t{0}, size_t{3}, size_t{3} << 20}) {
+    std::vector<std::byte> src(n);
+    for (size_t i = 0; i < n; ++i) src[i] = static_cast<std::byte>(i * 7 + 1);
+    AssignBulk(v, src);
+    EXPECT_EQ(v, src) << n;
+  }
+}
+
 // Whether each 4 KiB page of [p, p + n) is resident (mincore).
 std::vector<bool> Resident(const std::byte* p, size_t n) {
   const auto start = reinterpret_cast<uintptr_t>(p) / 4096 * 4096;
