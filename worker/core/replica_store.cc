@@ -42,19 +42,29 @@ absl::StatusOr<StoredReplica> ReplicaStore::WaitFor(uint64_t variable_id, int32_
                                                     int64_t min_version,
                                                     absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
+  bool timed_out = false;
   while (true) {
+    // Looked up again after each wait: a Drop meanwhile erases the entry.
     auto it = replicas_.find({variable_id, replica});
     if (it == replicas_.end()) {
       return absl::NotFoundError(
           absl::StrCat("replica ", replica, " of variable id ", variable_id, " is not held here"));
     }
     if (it->second.version >= min_version) return it->second;
-    if (applied_.WaitWithDeadline(&mu_, deadline)) {
+    if (timed_out) {
       return absl::UnavailableError(absl::StrCat("replica ", replica, " of variable id ",
                                                  variable_id, " is at version ", it->second.version,
                                                  ", not yet ", min_version));
     }
+    ++waiting_;
+    timed_out = applied_.WaitWithDeadline(&mu_, deadline);
+    --waiting_;
   }
+}
+
+int ReplicaStore::Waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_;
 }
 
 absl::StatusOr<StoredReplica> ReplicaStore::Get(uint64_t variable_id, int32_t replica) const {
@@ -75,6 +85,7 @@ void ReplicaStore::Drop(uint64_t variable_id) {
     released.push_back(std::move(it->second.value));
     it = replicas_.erase(it);
   }
+  applied_.SignalAll();  // a WaitFor for a replica dropped ends now
 }
 
 std::vector<StoredReplica> ReplicaStore::FenceAndList(uint64_t floor) {

@@ -44,9 +44,12 @@ class ReplicaStore {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The replica once it holds at least `min_version` (a step's value is
   // installed right after the step commits), waiting until `deadline`.
-  // Errors: NOT_FOUND, UNAVAILABLE (still older at the deadline).
+  // Errors: NOT_FOUND (also as soon as the variable is dropped while
+  // waiting), UNAVAILABLE (still older at the deadline).
   absl::StatusOr<StoredReplica> WaitFor(uint64_t variable_id, int32_t replica, int64_t min_version,
                                         absl::Time deadline) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads in WaitFor waiting for a newer version now.
+  int Waiting() const ABSL_LOCKS_EXCLUDED(mu_);
   void Drop(uint64_t variable_id) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<StoredReplica> List() const ABSL_LOCKS_EXCLUDED(mu_);
   // Raises the floor below which every fenced write is refused to `floor`
@@ -64,6 +67,7 @@ class ReplicaStore {
   // delayed write cannot bring a dropped variable back (16 bytes per id).
   std::map<uint64_t, uint64_t> fences_ ABSL_GUARDED_BY(mu_);
   uint64_t fence_floor_ ABSL_GUARDED_BY(mu_) = 0;  // for every variable
+  mutable int waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace repvar::worker

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "common/tensor/element_math.h"
 #include "tests/testing/status_matchers.h"
 
@@ -82,6 +84,27 @@ TEST(ReplicaStore, F2_FenceAndList_RefusesEveryEarlierWrite_ThenLists) {
   // The floor never goes down.
   store.FenceAndList(3);
   EXPECT_THAT(store.Apply({Fenced(7, 2, {0}, 2.0f, 10)}), StatusIs(absl::StatusCode::kAborted));
+}
+
+// A read waiting for a newer version of a replica that is dropped meanwhile
+// hears NOT_FOUND at once, not at its deadline (and never looks at the
+// dropped entry).
+TEST(ReplicaStore, WaitFor_ReplicaDroppedWhileWaiting_NotFoundAtOnce) {
+  ReplicaStore store;
+  ASSERT_OK(store.Apply({{7, "w", 1, {0}, Value(1.0f)}}));
+  absl::StatusOr<StoredReplica> waited;
+  std::thread reader([&] { waited = store.WaitFor(7, 0, 2, absl::InfiniteFuture()); });
+  while (store.Waiting() == 0) std::this_thread::yield();
+  store.Drop(7);
+  reader.join();  // hangs if the drop does not wake the wait
+  EXPECT_THAT(waited, StatusIs(absl::StatusCode::kNotFound));
+  // The valid case: a write of the version waited for ends the wait.
+  ASSERT_OK(store.Apply({{8, "x", 1, {0}, Value(1.0f)}}));
+  std::thread writer([&] { ASSERT_OK(store.Apply({{8, "x", 2, {0}, Value(2.0f)}})); });
+  auto newer = store.WaitFor(8, 0, 2, absl::InfiniteFuture());
+  writer.join();
+  ASSERT_OK(newer);
+  EXPECT_EQ(newer->version, 2);
 }
 
 }  // namespace
