@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
 #include "common/tensor/element.h"
 #include "common/tensor/element_math.h"
 #include "common/tensor/half.h"
@@ -115,96 +116,132 @@ absl::Status AddDelta(const Tensor& begin, const Tensor& local, std::span<std::b
   return absl::OkStatus();
 }
 
+void AddDeltaRange(DType dtype, const std::byte* begin, const std::byte* local, int64_t lo,
+                   int64_t hi, std::byte* acc, bool overwrite) {
+  const int64_t skip = lo * static_cast<int64_t>(ItemSize(dtype));
+  switch (AccumTypeFor(dtype)) {
+    case AccumType::kFloat32:
+      AddDeltaTyped<float>(dtype, begin + skip, local + skip, acc, hi - lo, overwrite);
+      break;
+    case AccumType::kFloat64:
+      AddDeltaTyped<double>(dtype, begin + skip, local + skip, acc, hi - lo, overwrite);
+      break;
+    case AccumType::kInt64:
+      AddDeltaTyped<int64_t>(dtype, begin + skip, local + skip, acc, hi - lo, overwrite);
+      break;
+  }
+}
+
+absl::Status ApplyRange(DType dtype, const std::byte* b, const std::byte* acc, int64_t divisor,
+                        int64_t lo, int64_t hi, std::byte* o) {
+  // `a` indexed like `b` and `o`: acc's first element is element lo.
+  const std::byte* a = acc - lo * static_cast<int64_t>(AccumSize(AccumTypeFor(dtype)));
+  switch (dtype) {
+    case DType::kFloat32: {
+      // The hot case: branch-free loops the compiler vectorizes.
+      const float d = static_cast<float>(divisor);
+      const float* fb = reinterpret_cast<const float*>(b);
+      const float* fa = reinterpret_cast<const float*>(a);
+      float* fo = reinterpret_cast<float*>(o);
+      if (divisor == 1) {
+        for (int64_t i = lo; i < hi; ++i) fo[i] = fb[i] + fa[i];
+      } else {
+        for (int64_t i = lo; i < hi; ++i) fo[i] = fb[i] + fa[i] / d;
+      }
+      break;
+    }
+    case DType::kFloat64: {
+      const double d = static_cast<double>(divisor);
+      for (int64_t i = lo; i < hi; ++i) {
+        double sum = Load<double>(a, i);
+        Store<double>(o, i, Load<double>(b, i) + (divisor == 1 ? sum : sum / d));
+      }
+      break;
+    }
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      const float d = static_cast<float>(divisor);
+      const bool half = dtype == DType::kFloat16;
+      for (int64_t i = lo; i < hi; ++i) {
+        float sum = Load<float>(a, i);
+        float v = Widen<float>(dtype, b, i) + (divisor == 1 ? sum : sum / d);
+        Store<uint16_t>(o, i, half ? FloatToHalf(v) : FloatToBFloat16(v));
+      }
+      break;
+    }
+    case DType::kInt32:
+    case DType::kInt64: {
+      for (int64_t i = lo; i < hi; ++i) {
+        int64_t base = Widen<int64_t>(dtype, b, i);
+        int64_t sum = Load<int64_t>(a, i) / divisor;
+        int64_t v = 0;
+        if (__builtin_add_overflow(base, sum, &v) ||
+            (dtype == DType::kInt32 && (v < std::numeric_limits<int32_t>::min() ||
+                                        v > std::numeric_limits<int32_t>::max()))) {
+          return absl::OutOfRangeError(
+              absl::StrCat("the reduced value overflows ", DTypeName(dtype), " at element ", i));
+        }
+        if (dtype == DType::kInt32) {
+          Store<int32_t>(o, i, static_cast<int32_t>(v));
+        } else {
+          Store<int64_t>(o, i, v);
+        }
+      }
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::byte> acc,
                                      int64_t divisor, bool shared) {
   const DType dtype = begin.spec.dtype;
   const int64_t n = static_cast<int64_t>(begin.bytes.size() / ItemSize(dtype));
   const size_t item = ItemSize(dtype);
-  AccumType type = AccumTypeFor(dtype);
-  if (acc.size() != static_cast<size_t>(n) * AccumSize(type) || divisor < 1) {
+  const size_t acc_item = AccumSize(AccumTypeFor(dtype));
+  if (acc.size() != static_cast<size_t>(n) * acc_item || divisor < 1) {
     return absl::FailedPreconditionError("reduced buffer does not match the variable");
   }
   absl::StatusOr<Tensor> out_or = Tensor::ForOverwrite(begin.spec, shared);
   if (!out_or.ok()) return out_or.status();
   Reduced r{*std::move(out_or), -1};
-  const std::byte* b = begin.bytes.data();
-  const std::byte* a = acc.data();
   std::byte* o = r.value.bytes.data();
   ChecksumStream hash;
-  auto nonfinite = [&](int64_t i, double v) {
-    if (r.first_nonfinite < 0 && !std::isfinite(v)) r.first_nonfinite = i;
-  };
+  // Block by block, so that the checksum and the scan read what the apply
+  // just wrote while it is in cache.
   for (int64_t lo = 0; lo < n; lo += kBlock) {
     const int64_t hi = std::min(n, lo + kBlock);
-    switch (dtype) {
-      case DType::kFloat32: {
-        // The hot case: branch-free loops the compiler vectorizes, and
-        // FirstNonFinite's block test of the exponent bits.
-        const float d = static_cast<float>(divisor);
-        const float* fb = reinterpret_cast<const float*>(b);
-        const float* fa = reinterpret_cast<const float*>(a);
-        float* fo = reinterpret_cast<float*>(o);
-        if (divisor == 1) {
-          for (int64_t i = lo; i < hi; ++i) fo[i] = fb[i] + fa[i];
-        } else {
-          for (int64_t i = lo; i < hi; ++i) fo[i] = fb[i] + fa[i] / d;
-        }
-        if (r.first_nonfinite < 0) {
-          const int64_t k = FirstNonFinite(
-              dtype, std::span<const std::byte>(o + lo * static_cast<int64_t>(item),
-                                                static_cast<size_t>(hi - lo) * item));
-          if (k >= 0) r.first_nonfinite = lo + k;
-        }
-        break;
-      }
-      case DType::kFloat64: {
-        const double d = static_cast<double>(divisor);
-        for (int64_t i = lo; i < hi; ++i) {
-          double sum = Load<double>(a, i);
-          double v = Load<double>(b, i) + (divisor == 1 ? sum : sum / d);
-          nonfinite(i, v);
-          Store<double>(o, i, v);
-        }
-        break;
-      }
-      case DType::kFloat16:
-      case DType::kBFloat16: {
-        const float d = static_cast<float>(divisor);
-        const bool half = dtype == DType::kFloat16;
-        for (int64_t i = lo; i < hi; ++i) {
-          float sum = Load<float>(a, i);
-          float v = Widen<float>(dtype, b, i) + (divisor == 1 ? sum : sum / d);
-          uint16_t bits = half ? FloatToHalf(v) : FloatToBFloat16(v);
-          Store<uint16_t>(o, i, bits);
-          nonfinite(i, half ? HalfToFloat(bits) : BFloat16ToFloat(bits));
-        }
-        break;
-      }
-      case DType::kInt32:
-      case DType::kInt64: {
-        for (int64_t i = lo; i < hi; ++i) {
-          int64_t base = Widen<int64_t>(dtype, b, i);
-          int64_t sum = Load<int64_t>(a, i) / divisor;
-          int64_t v = 0;
-          if (__builtin_add_overflow(base, sum, &v) ||
-              (dtype == DType::kInt32 && (v < std::numeric_limits<int32_t>::min() ||
-                                          v > std::numeric_limits<int32_t>::max()))) {
-            return absl::OutOfRangeError(
-                absl::StrCat("the reduced value overflows ", DTypeName(dtype), " at element ", i));
-          }
-          if (dtype == DType::kInt32) {
-            Store<int32_t>(o, i, static_cast<int32_t>(v));
-          } else {
-            Store<int64_t>(o, i, v);
-          }
-        }
-        break;
-      }
+    REPVAR_RETURN_IF_ERROR(ApplyRange(dtype, begin.bytes.data(),
+                                      acc.data() + lo * static_cast<int64_t>(acc_item), divisor, lo,
+                                      hi, o));
+    const std::span<const std::byte> block(o + lo * static_cast<int64_t>(item),
+                                           static_cast<size_t>(hi - lo) * item);
+    if (r.first_nonfinite < 0) {
+      if (const int64_t k = FirstNonFinite(dtype, block); k >= 0) r.first_nonfinite = lo + k;
     }
-    hash.Update(o + lo * static_cast<int64_t>(item), static_cast<size_t>(hi - lo) * item);
+    hash.Update(block);
   }
   r.value.checksum = hash.Digest();
   return r;
+}
+
+Reduced Sealed(Tensor value) {
+  const DType dtype = value.spec.dtype;
+  const size_t block = static_cast<size_t>(kBlock) * ItemSize(dtype);
+  const std::span<const std::byte> bytes = value.bytes.span();
+  ChecksumStream hash;
+  int64_t first_nonfinite = -1;
+  for (size_t lo = 0; lo < bytes.size(); lo += block) {
+    const std::span<const std::byte> piece = bytes.subspan(lo, std::min(block, bytes.size() - lo));
+    if (first_nonfinite < 0) {
+      if (const int64_t k = FirstNonFinite(dtype, piece); k >= 0) {
+        first_nonfinite = static_cast<int64_t>(lo / ItemSize(dtype)) + k;
+      }
+    }
+    hash.Update(piece);
+  }
+  value.checksum = hash.Digest();
+  return Reduced{std::move(value), first_nonfinite};
 }
 
 }  // namespace repvar

@@ -37,6 +37,13 @@ const char* AccumTypeName(AccumType type);
 absl::Status AddDelta(const Tensor& begin, const Tensor& local, std::span<std::byte> acc,
                       bool overwrite = false);
 
+// AddDelta on elements [lo, hi) of whole `begin` and `local` byte arrays of
+// `dtype`: acc[i - lo] (+)= local[i] - begin[i]; `acc` holds hi - lo
+// accumulator elements. For a ring that computes a member's contribution
+// piece by piece, as it sends or adds each piece (GlooDataPlane).
+void AddDeltaRange(DType dtype, const std::byte* begin, const std::byte* local, int64_t lo,
+                   int64_t hi, std::byte* acc, bool overwrite);
+
 struct Reduced {
   Tensor value;                  // with its checksum
   int64_t first_nonfinite = -1;  // index of the first NaN/Inf in value
@@ -49,6 +56,16 @@ struct Reduced {
 // large values, which trainers on its host then map without a copy).
 absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::byte> acc,
                                      int64_t divisor, bool shared = false);
+// ApplyReduced's arithmetic on elements [lo, hi), without the checksum and
+// the scan: out[i] = begin[i] + acc[i - lo] / divisor, rounded to `dtype`
+// (`begin` and `out` are whole byte arrays; `acc` holds hi - lo accumulator
+// elements). The same bits as ApplyReduced for those elements. Errors:
+// OUT_OF_RANGE as ApplyReduced.
+absl::Status ApplyRange(DType dtype, const std::byte* begin, const std::byte* acc, int64_t divisor,
+                        int64_t lo, int64_t hi, std::byte* out);
+// A value applied piece by piece (ApplyRange) made whole: its checksum and
+// its first non-finite element, in one pass over its bytes.
+Reduced Sealed(Tensor value);
 
 }  // namespace repvar
 

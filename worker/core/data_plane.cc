@@ -14,6 +14,8 @@
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
+#include "common/tensor/buffer.h"
 #include "spdlog/spdlog.h"
 
 namespace repvar::worker {
@@ -104,7 +106,153 @@ void ChainBroadcast(gloo::Context& ctx, const CollectiveSpec& c, size_t piece,
   }
 }
 
+// The first byte of the folded ring's slots; the low byte is the phase.
+constexpr uint64_t kRingSlotPrefix = 0x41;
+
+uint64_t RingSlot(uint32_t tag, uint64_t phase) {
+  return (kRingSlotPrefix << 56) | (uint64_t{tag} << 24) | phase;
+}
+
+// acc[i] += other[i] for `n` accumulator elements of `type` (gloo::sum's
+// arithmetic, which adds in the same order).
+void AddInto(AccumType type, std::byte* acc, const std::byte* other, size_t n) {
+  auto add = [&]<typename T>(T*) {
+    T* a = reinterpret_cast<T*>(acc);
+    const T* b = reinterpret_cast<const T*>(other);
+    for (size_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
+  };
+  switch (type) {
+    case AccumType::kFloat32:
+      add(static_cast<float*>(nullptr));
+      break;
+    case AccumType::kFloat64:
+      add(static_cast<double*>(nullptr));
+      break;
+    case AccumType::kInt64:
+      add(static_cast<int64_t*>(nullptr));
+      break;
+  }
+}
+
+// gloo's ring allreduce (gloo/allreduce.cc, ring()) with a step's arithmetic
+// folded in. The elements are cut into segments as gloo cuts them (at least
+// two per member, at most 1 MiB of accumulator each, a whole number per
+// member), and the segments go around the ring in gloo's order, two in
+// flight, so every sum is added in the order gloo adds it:
+//
+//   reduce-scatter  each member computes its contribution to a segment just
+//                   before it sends it (its first segments) or adds the
+//                   neighbour's partial sum into it (the others), so the
+//                   contribution costs no pass of its own; after it, member
+//                   r holds the whole sums of chunk r
+//   apply           member r applies those sums to the begin value, into
+//                   its result, each segment just before it sends it
+//   allgather       the applied values (the variable's dtype: half the
+//                   bytes of the sums for float16) go around the ring into
+//                   every member's result
+//
+// Each member applies 1/size of the elements, where Allreduce then Apply has
+// every member apply all of them. Throws as gloo does.
+void FoldedRing(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r, Buffer& acc,
+                Buffer& tmp) {
+  const size_t size = static_cast<size_t>(c.size);
+  const size_t rank = static_cast<size_t>(c.rank);
+  const size_t n = r.elements();
+  const AccumType type = r.type();
+  const size_t acc_item = AccumSize(type);
+  const size_t item = r.item_size();
+  const int recv_rank = static_cast<int>((rank + 1) % size);
+  const int send_rank = static_cast<int>((rank + size - 1) % size);
+  const size_t segments = RingSegments(n, acc_item, size);
+  const size_t per_rank = segments / size;
+  const size_t segment = (n + segments - 1) / segments;  // elements
+  const auto timeout = absl::ToChronoMilliseconds(c.timeout);
+  struct Range {
+    size_t lo = 0, hi = 0;
+    bool empty() const { return hi <= lo; }
+    size_t count() const { return hi - lo; }
+  };
+  auto range = [&](size_t k) {
+    const size_t lo = std::min(n, (k % segments) * segment);
+    return Range{lo, std::min(n, lo + segment)};
+  };
+  auto acc_at = [&](const Range& x) {
+    return std::span<std::byte>(acc.data() + x.lo * acc_item, x.count() * acc_item);
+  };
+  auto acc_buf = ctx.createUnboundBuffer(acc.data(), acc.size());
+  auto tmp_buf = ctx.createUnboundBuffer(tmp.data(), tmp.size());
+  std::span<std::byte> result = r.result();
+  auto result_buf = ctx.createUnboundBuffer(result.data(), result.size());
+  const size_t rounds = segments - per_rank + 2;
+
+  const uint64_t scatter = RingSlot(c.tag, 1);
+  for (size_t i = 0; i < rounds; ++i) {
+    if (i >= 2) {
+      const Range got = range((rank + 2) * per_rank + i - 2);
+      if (!got.empty()) {
+        r.Contribute(got.lo, got.hi, acc_at(got));
+        ThrowIfAborted(tmp_buf->waitRecv(timeout), "a ring receive");
+        AddInto(type, acc_at(got).data(), tmp.data() + (i & 1) * segment * acc_item, got.count());
+      }
+      if (!range((rank + 1) * per_rank + i - 2).empty()) {
+        ThrowIfAborted(acc_buf->waitSend(timeout), "a ring send");
+      }
+    }
+    if (i < segments - per_rank) {
+      const Range in = range((rank + 2) * per_rank + i);
+      if (!in.empty()) {
+        tmp_buf->recv(recv_rank, scatter, (i & 1) * segment * acc_item, in.count() * acc_item);
+      }
+      const Range out = range((rank + 1) * per_rank + i);
+      if (!out.empty()) {
+        if (i < per_rank) r.Contribute(out.lo, out.hi, acc_at(out));
+        acc_buf->send(send_rank, scatter, out.lo * acc_item, out.count() * acc_item);
+      }
+    }
+  }
+
+  const uint64_t gather = RingSlot(c.tag, 2);
+  for (size_t i = 0; i < rounds; ++i) {
+    if (i >= 2) {
+      if (!range((rank + 1) * per_rank + i - 2).empty()) {
+        ThrowIfAborted(result_buf->waitRecv(timeout), "a ring receive");
+      }
+      if (!range(rank * per_rank + i - 2).empty()) {
+        ThrowIfAborted(result_buf->waitSend(timeout), "a ring send");
+      }
+    }
+    if (i < segments - per_rank) {
+      const Range in = range((rank + 1) * per_rank + i);
+      if (!in.empty()) result_buf->recv(recv_rank, gather, in.lo * item, in.count() * item);
+      const Range out = range(rank * per_rank + i);
+      if (!out.empty()) {
+        if (i < per_rank) {
+          if (absl::Status s = r.Apply(out.lo, out.hi, acc_at(out)); !s.ok()) {
+            throw std::runtime_error("apply: " + s.ToString());
+          }
+        }
+        result_buf->send(send_rank, gather, out.lo * item, out.count() * item);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+size_t RingSegments(size_t elements, size_t element_bytes, size_t members) {
+  constexpr size_t kMaxSegmentBytes = 1 << 20;  // gloo::AllreduceOptions' default
+  const size_t max_segment = std::max<size_t>(1, kMaxSegmentBytes / element_bytes);
+  const size_t wanted = std::max((elements + max_segment - 1) / max_segment, members * 2);
+  return (wanted + members - 1) / members * members;
+}
+
+absl::Status Collectives::ReduceApply(const CollectiveSpec& c, FoldedReduction& r) {
+  const size_t n = r.elements();
+  REPVAR_ASSIGN_OR_RETURN(Buffer acc, Buffer::Allocate(n * AccumSize(r.type())));
+  r.Contribute(0, n, acc.span());
+  REPVAR_RETURN_IF_ERROR(Allreduce(c, r.type(), acc.span()));
+  return r.Apply(0, n, acc.span());
+}
 
 GlooDataPlane::GlooDataPlane(std::string hostname, RendezvousClient* store,
                              DataPlaneOptions options)
@@ -217,6 +365,36 @@ absl::Status GlooDataPlane::Allreduce(const CollectiveSpec& c, AccumType type,
     group_.clear();
     return absl::UnavailableError(
         absl::StrCat("data plane: allreduce in group ", c.group, " failed: ", e.what()));
+  }
+}
+
+absl::Status GlooDataPlane::ReduceApply(const CollectiveSpec& c, FoldedReduction& r) {
+  if (c.size < 1 || c.rank < 0 || c.rank >= c.size) {
+    return absl::InvalidArgumentError("malformed collective");
+  }
+  const size_t n = r.elements();
+  if (r.type() == AccumType::kInt64 || c.size == 1 || n == 0) {
+    return Collectives::ReduceApply(c, r);
+  }
+  if (r.result().size() != n * r.item_size()) {
+    return absl::InvalidArgumentError("reduction result of the wrong size");
+  }
+  const size_t acc_item = AccumSize(r.type());
+  const size_t segments = RingSegments(n, acc_item, static_cast<size_t>(c.size));
+  const size_t segment = (n + segments - 1) / segments;
+  REPVAR_ASSIGN_OR_RETURN(Buffer acc, Buffer::Allocate(n * acc_item));
+  REPVAR_ASSIGN_OR_RETURN(Buffer tmp, Buffer::Allocate(2 * segment * acc_item));
+  absl::MutexLock lock(&mu_);
+  auto ctx = ContextFor(c);
+  if (!ctx.ok()) return ctx.status();
+  try {
+    FoldedRing(**ctx, c, r, acc, tmp);
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    context_.reset();
+    group_.clear();
+    return absl::UnavailableError(
+        absl::StrCat("data plane: reduction in group ", c.group, " failed: ", e.what()));
   }
 }
 

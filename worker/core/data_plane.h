@@ -36,6 +36,25 @@ class ArrivingBytes {
   virtual absl::Status Await(size_t end) = 0;
 };
 
+// A SUM/MEAN step's reduction of one variable (DESIGN.md S4) in the pieces
+// a ring works in: every member's contribution (the sum of its replicas'
+// deltas), then begin + sum / divisor. Elements are the variable's; a range
+// [lo, hi) of them is hi - lo accumulator elements in `acc` and `sum`.
+class FoldedReduction {
+ public:
+  virtual ~FoldedReduction() = default;
+  virtual AccumType type() const = 0;
+  virtual size_t elements() const = 0;
+  // Writes this member's contribution to elements [lo, hi) into `acc`.
+  virtual void Contribute(size_t lo, size_t hi, std::span<std::byte> acc) = 0;
+  // Applies the members' summed contributions to elements [lo, hi) into
+  // result(). Errors: OUT_OF_RANGE (an integer overflows its dtype).
+  virtual absl::Status Apply(size_t lo, size_t hi, std::span<const std::byte> sum) = 0;
+  // The result: elements() elements of item_size() bytes.
+  virtual std::span<std::byte> result() = 0;
+  virtual size_t item_size() const = 0;
+};
+
 // The collectives a worker's step runs (the seam for tests).
 class Collectives {
  public:
@@ -51,7 +70,18 @@ class Collectives {
   // Sums `bytes` (elements of `type`) across the members, in place.
   virtual absl::Status Allreduce(const CollectiveSpec& c, AccumType type,
                                  std::span<std::byte> bytes) = 0;
+  // Every member ends with the same result() of `r`: the members'
+  // contributions summed, applied to the begin value. This one takes every
+  // contribution into one buffer, Allreduces it and applies all of it
+  // (what every member must do the same way for an integer dtype, whose
+  // apply can fail). Errors: as Allreduce and FoldedReduction::Apply.
+  virtual absl::Status ReduceApply(const CollectiveSpec& c, FoldedReduction& r);
 };
+
+// How many segments gloo's ring cuts `elements` of `element_bytes` into
+// among `members`: at least two per member, at most 1 MiB each, a whole
+// number per member.
+size_t RingSegments(size_t elements, size_t element_bytes, size_t members);
 
 struct DataPlaneOptions {
   // A broadcast to three members or more goes down a pipelined chain in
@@ -88,6 +118,15 @@ class GlooDataPlane final : public Collectives {
   // A ring allreduce (sum). A group of one is a no-op.
   absl::Status Allreduce(const CollectiveSpec& c, AccumType type,
                          std::span<std::byte> bytes) override ABSL_LOCKS_EXCLUDED(mu_);
+  // For a floating-point variable, the reduction folded into a ring
+  // (FoldedRing in data_plane.cc): each contribution computed piece by
+  // piece as the reduce-scatter sends or adds it (no pass of its own), each
+  // member applying the sums of its own 1/size of the elements, and the
+  // applied values gathered around the ring into every member's result. The
+  // same bits as Allreduce then Apply: the sums are added in the order
+  // gloo's ring adds them. Integer dtypes take Collectives::ReduceApply.
+  absl::Status ReduceApply(const CollectiveSpec& c, FoldedReduction& r) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::StatusOr<std::shared_ptr<gloo::Context>> ContextFor(const CollectiveSpec& c)

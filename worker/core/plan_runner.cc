@@ -10,6 +10,68 @@
 #include "common/tensor/step_math.h"
 
 namespace repvar::worker {
+namespace {
+
+// One variable's reduction from this worker's replicas (begin: the
+// committed value; written: the replicas' step-local values, in replica
+// order).
+class VariableReduction final : public FoldedReduction {
+ public:
+  VariableReduction(std::shared_ptr<const Tensor> begin,
+                    std::vector<std::shared_ptr<const Tensor>> written, int64_t divisor,
+                    Tensor result)
+      : begin_(std::move(begin)),
+        written_(std::move(written)),
+        divisor_(divisor),
+        result_(std::move(result)) {}
+
+  AccumType type() const override { return AccumTypeFor(begin_->spec.dtype); }
+  size_t elements() const override { return begin_->bytes.size() / item_size(); }
+  size_t item_size() const override { return ItemSize(begin_->spec.dtype); }
+  void Contribute(size_t lo, size_t hi, std::span<std::byte> acc) override {
+    if (written_.empty()) {  // untouched here: contributes zero
+      std::memset(acc.data(), 0, acc.size());
+      return;
+    }
+    for (size_t k = 0; k < written_.size(); ++k) {  // the first overwrites: no clearing pass
+      AddDeltaRange(begin_->spec.dtype, begin_->bytes.data(), written_[k]->bytes.data(),
+                    static_cast<int64_t>(lo), static_cast<int64_t>(hi), acc.data(), k == 0);
+    }
+  }
+  absl::Status Apply(size_t lo, size_t hi, std::span<const std::byte> sum) override {
+    return ApplyRange(begin_->spec.dtype, begin_->bytes.data(), sum.data(), divisor_,
+                      static_cast<int64_t>(lo), static_cast<int64_t>(hi), result_.bytes.data());
+  }
+  std::span<std::byte> result() override { return result_.bytes.span(); }
+  Tensor TakeResult() { return std::move(result_); }
+
+ private:
+  const std::shared_ptr<const Tensor> begin_;
+  const std::vector<std::shared_ptr<const Tensor>> written_;
+  const int64_t divisor_;
+  Tensor result_;
+};
+
+// S4: MEAN divides by the replicas taking part (an untouched one counts,
+// contributing zero); a replica on a worker that sat the step out does not.
+// Every participant computes the same divisor from the layout.
+int64_t Divisor(const StepVariable& var) {
+  if (var.aggregation != Aggregation::kMean) return 1;
+  return std::count_if(var.replica_participant.begin(), var.replica_participant.end(),
+                       [](int32_t p) { return p >= 0; });
+}
+
+// Whether every one of `participants` holds a replica of `var` (each can
+// then apply the sums of its share of the elements).
+bool EveryParticipantHolds(const StepVariable& var, size_t participants) {
+  std::vector<bool> holds(participants, false);
+  for (int32_t p : var.replica_participant) {
+    if (p >= 0 && static_cast<size_t>(p) < participants) holds[static_cast<size_t>(p)] = true;
+  }
+  return std::all_of(holds.begin(), holds.end(), [](bool h) { return h; });
+}
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<const Tensor>> PlanRunner::BeginValue(uint64_t id,
                                                                      int32_t replica) const {
@@ -32,8 +94,42 @@ absl::StatusOr<PlanOutput> PlanRunner::Run(const LocalStep& s, const StepPlan& p
   return out;
 }
 
+absl::Status PlanRunner::RunFolded(const LocalStep& s, const CollectiveSpec& spec,
+                                   const StepVariable& var, PlanOutput& out) const {
+  std::shared_ptr<const Tensor> begin;
+  std::vector<std::shared_ptr<const Tensor>> written;
+  for (int32_t r : s.layout->LocalReplicas(var)) {  // replica order
+    REPVAR_ASSIGN_OR_RETURN(begin, BeginValue(var.id, r));
+    auto w = s.written.find({var.id, r});
+    if (w == s.written.end()) continue;
+    if (!(w->second->spec == begin->spec)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(var.name, ": local value is ", w->second->spec.ToString(),
+                       "; the variable is ", begin->spec.ToString()));
+    }
+    written.push_back(w->second);
+  }
+  if (begin == nullptr) return absl::InvalidArgumentError("plan folds a variable not held here");
+  REPVAR_ASSIGN_OR_RETURN(Tensor result, Tensor::ForOverwrite(begin->spec, Shared(begin->spec)));
+  VariableReduction reduction(begin, std::move(written), Divisor(var), std::move(result));
+  if (absl::Status done = collectives_->ReduceApply(spec, reduction); !done.ok()) {
+    return absl::Status(done.code(), absl::StrCat(var.name, ": ", done.message()));
+  }
+  Reduced reduced = Sealed(reduction.TakeResult());
+  out.reduced_nonfinite[var.id] = reduced.first_nonfinite;
+  out.values[var.id] = std::make_shared<const Tensor>(std::move(reduced.value));
+  return absl::OkStatus();
+}
+
 absl::Status PlanRunner::RunAllreduce(const LocalStep& s, const CollectiveSpec& spec,
                                       const StepCollective& c, PlanOutput& out) const {
+  if (c.variable_ids.size() == 1) {
+    const StepVariable* var = s.layout->Find(c.variable_ids.front());
+    if (var == nullptr) return absl::InvalidArgumentError("plan names an unknown variable");
+    if (EveryParticipantHolds(*var, s.layout->info.participants.size())) {
+      return RunFolded(s, spec, *var, out);
+    }
+  }
   // One fused buffer for all the collective's variables, in order.
   std::vector<const StepVariable*> vars;
   std::vector<size_t> offsets;
@@ -72,16 +168,8 @@ absl::Status PlanRunner::RunAllreduce(const LocalStep& s, const CollectiveSpec& 
   for (size_t i = 0; i < vars.size(); ++i) {
     if (begins[i] == nullptr) continue;  // no local replica
     auto [off, len] = region_of(i);
-    // S4: MEAN divides by the replicas taking part (an untouched one counts,
-    // contributing zero); a replica on a worker that sat the step out does
-    // not. Every participant computes the same divisor from the layout.
-    int64_t divisor = 1;
-    if (vars[i]->aggregation == Aggregation::kMean) {
-      divisor = std::count_if(vars[i]->replica_participant.begin(),
-                              vars[i]->replica_participant.end(), [](int32_t p) { return p >= 0; });
-    }
-    auto reduced =
-        ApplyReduced(*begins[i], acc.span().subspan(off, len), divisor, Shared(begins[i]->spec));
+    auto reduced = ApplyReduced(*begins[i], acc.span().subspan(off, len), Divisor(*vars[i]),
+                                Shared(begins[i]->spec));
     if (!reduced.ok()) {
       return absl::Status(reduced.status().code(),
                           absl::StrCat(vars[i]->name, ": ", reduced.status().message()));

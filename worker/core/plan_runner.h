@@ -30,7 +30,11 @@ struct PlanOutput {
 //              local replica adds (local - begin) in replica order, the
 //              workers sum the buffers in a fixed ring order, and every
 //              worker applies the sum to the same begin value with the same
-//              code, so every replica ends bit-identical;
+//              code, so every replica ends bit-identical. One variable that
+//              every participant holds goes through
+//              Collectives::ReduceApply instead, which may fold those
+//              passes into the ring (each sum then applied once, by one
+//              member, and the applied bytes shared): the same bits;
 //   BROADCAST  the root sends the winning replica's value (NONE repair,
 //              ONLY_FIRST_REPLICA); every member checks its checksum.
 // The begin value of a participating replica is its committed value here
@@ -59,6 +63,9 @@ class PlanRunner {
  private:
   absl::Status RunAllreduce(const LocalStep& s, const CollectiveSpec& spec, const StepCollective& c,
                             PlanOutput& out) const;
+  // The one-variable ALLREDUCE every participant holds a replica of.
+  absl::Status RunFolded(const LocalStep& s, const CollectiveSpec& spec, const StepVariable& var,
+                         PlanOutput& out) const;
   absl::Status RunBroadcast(const LocalStep& s, const CollectiveSpec& spec, const StepCollective& c,
                             PlanOutput& out) const;
   absl::StatusOr<std::shared_ptr<const Tensor>> BeginValue(uint64_t id, int32_t replica) const;

@@ -72,5 +72,47 @@ TEST(StepMathTest, S4_IntegerSumOverflow_OutOfRange) {
   EXPECT_EQ(ApplyReduced(begin, acc, 1).status().code(), absl::StatusCode::kOutOfRange);
 }
 
+// The ring's pieces (AddDeltaRange, ApplyRange over uneven ranges, then
+// Sealed) give the same bits, checksum and first non-finite element as the
+// whole-tensor passes, for every floating dtype; a non-finite element sits
+// past the first block.
+TEST(StepMathTest, S4_InPieces_SameBitsChecksumAndNonFiniteAsWhole) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const int64_t n = 40000;
+    std::vector<double> b(n), l1(n), l2(n);
+    for (int64_t i = 0; i < n; ++i) {
+      b[i] = static_cast<double>(i % 97) / 4;
+      l1[i] = b[i] + static_cast<double>(i % 13) / 8;
+      l2[i] = b[i] - static_cast<double>(i % 7) / 2;
+    }
+    l2[30001] = std::numeric_limits<double>::infinity();
+    const Tensor begin = Make(dtype, b), one = Make(dtype, l1), two = Make(dtype, l2);
+    const size_t acc_item = AccumSize(AccumTypeFor(dtype));
+    std::vector<std::byte> whole(n * acc_item);
+    ASSERT_OK(AddDelta(begin, one, whole, /*overwrite=*/true));
+    ASSERT_OK(AddDelta(begin, two, whole));
+    auto expected = ApplyReduced(begin, whole, 3);
+    ASSERT_OK(expected);
+
+    Tensor out = *Tensor::ForOverwrite(begin.spec);
+    for (int64_t lo = 0; lo < n;) {
+      const int64_t hi = std::min(n, lo + 777 + lo % 5000);
+      std::vector<std::byte> piece((hi - lo) * acc_item);
+      AddDeltaRange(dtype, begin.bytes.data(), one.bytes.data(), lo, hi, piece.data(), true);
+      AddDeltaRange(dtype, begin.bytes.data(), two.bytes.data(), lo, hi, piece.data(), false);
+      ASSERT_OK(ApplyRange(dtype, begin.bytes.data(), piece.data(), 3, lo, hi, out.bytes.data()));
+      lo = hi;
+    }
+    const Reduced got = Sealed(std::move(out));
+    EXPECT_EQ(std::memcmp(got.value.bytes.data(), expected->value.bytes.data(),
+                          expected->value.bytes.size()),
+              0);
+    EXPECT_EQ(got.value.checksum, expected->value.checksum);
+    EXPECT_EQ(got.first_nonfinite, 30001);
+    EXPECT_EQ(expected->first_nonfinite, 30001);
+  }
+}
+
 }  // namespace
 }  // namespace repvar

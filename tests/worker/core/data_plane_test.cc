@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/tensor/element_math.h"
 #include "tests/testing/status_matchers.h"
 
 namespace repvar::worker {
@@ -147,6 +148,144 @@ TEST(GlooDataPlane, Broadcast_OnePiece_GoesDownTheTree_SameBytesAndChecksum) {
   const auto bytes = Pattern((40 << 10) + 3);  // 1 piece
   ASSERT_FALSE(GlooDataPlane("127.0.0.1", nullptr, kSmallPieces).Chained(bytes.size(), 4));
   ExpectEveryMemberHolds(Broadcast(4, /*root=*/1, bytes, kSmallPieces), 1, bytes);
+}
+
+// A member's reduction of one variable: `local` - `begin` is its
+// contribution (twice when it holds two replicas), begin + sum / divisor
+// the result. Records which elements it contributed and applied.
+class RecordingReduction final : public FoldedReduction {
+ public:
+  RecordingReduction(DType dtype, std::vector<std::byte> begin, std::vector<std::byte> local,
+                     int replicas, int64_t divisor)
+      : dtype_(dtype),
+        begin_(std::move(begin)),
+        local_(std::move(local)),
+        replicas_(replicas),
+        divisor_(divisor),
+        result_(begin_.size()),
+        contributed_(elements(), 0),
+        applied_(elements(), 0) {}
+
+  AccumType type() const override { return AccumTypeFor(dtype_); }
+  size_t elements() const override { return begin_.size() / item_size(); }
+  size_t item_size() const override { return ItemSize(dtype_); }
+  void Contribute(size_t lo, size_t hi, std::span<std::byte> acc) override {
+    EXPECT_EQ(acc.size(), (hi - lo) * AccumSize(type()));
+    for (int k = 0; k < replicas_; ++k) {
+      AddDeltaRange(dtype_, begin_.data(), local_.data(), static_cast<int64_t>(lo),
+                    static_cast<int64_t>(hi), acc.data(), k == 0);
+    }
+    if (replicas_ == 0) std::fill(acc.begin(), acc.end(), std::byte{0});
+    for (size_t i = lo; i < hi; ++i) ++contributed_[i];
+  }
+  absl::Status Apply(size_t lo, size_t hi, std::span<const std::byte> sum) override {
+    for (size_t i = lo; i < hi; ++i) ++applied_[i];
+    return ApplyRange(dtype_, begin_.data(), sum.data(), divisor_, static_cast<int64_t>(lo),
+                      static_cast<int64_t>(hi), result_.data());
+  }
+  std::span<std::byte> result() override { return result_; }
+
+  const std::vector<std::byte>& bytes() const { return result_; }
+  const std::vector<int>& contributed() const { return contributed_; }
+  size_t applied() const { return std::count(applied_.begin(), applied_.end(), 1); }
+
+ private:
+  const DType dtype_;
+  const std::vector<std::byte> begin_, local_;
+  const int replicas_;
+  const int64_t divisor_;
+  std::vector<std::byte> result_;
+  std::vector<int> contributed_, applied_;
+};
+
+// `n` elements of `dtype` from floats made of `seed`.
+std::vector<std::byte> Values(DType dtype, size_t n, int seed) {
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = static_cast<float>((i * 7 + seed * 13) % 101) / 8.0f - 6;
+  Tensor t = *Tensor::ForOverwrite(TensorSpec{dtype, {static_cast<int64_t>(n)}});
+  for (size_t i = 0; i < n; ++i) StoreElement(t, static_cast<int64_t>(i), f[i]);
+  return {t.bytes.data(), t.bytes.data() + t.bytes.size()};
+}
+
+// The folded ring against Allreduce then Apply (the base ReduceApply, on
+// the same data plane): `members` in threads, member m holding m % 3
+// replicas (member 0 none: it contributes zeros but still applies its
+// share). Every member ends with the same bits as the reference; each
+// element's contribution is computed once per member and each element is
+// applied by exactly one member.
+void ExpectFoldedRingMatches(DType dtype, size_t n, int members) {
+  SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " x ", n, " among ", members));
+  MemoryRendezvous store;
+  const std::vector<std::byte> begin = Values(dtype, n, 1);
+  int64_t divisor = 0;
+  for (int m = 0; m < members; ++m) divisor += m % 3;
+  std::vector<std::unique_ptr<RecordingReduction>> folded(members), reference(members);
+  std::vector<absl::Status> folded_status(members), reference_status(members);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < members; ++rank) {
+    folded[rank] = std::make_unique<RecordingReduction>(dtype, begin, Values(dtype, n, rank + 2),
+                                                        rank % 3, divisor);
+    reference[rank] = std::make_unique<RecordingReduction>(dtype, begin, Values(dtype, n, rank + 2),
+                                                           rank % 3, divisor);
+    threads.emplace_back([&, rank] {
+      GlooDataPlane plane("127.0.0.1", &store);
+      folded_status[rank] =
+          plane.ReduceApply({"g1", rank, members, 0, 1, absl::Seconds(30)}, *folded[rank]);
+      reference_status[rank] = plane.Collectives::ReduceApply(
+          {"g1", rank, members, 0, 2, absl::Seconds(30)}, *reference[rank]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  size_t applied = 0;
+  for (int rank = 0; rank < members; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    ASSERT_OK(folded_status[rank]);
+    ASSERT_OK(reference_status[rank]);
+    EXPECT_TRUE(folded[rank]->bytes() == reference[rank]->bytes());
+    EXPECT_TRUE(folded[rank]->bytes() == folded[0]->bytes());
+    EXPECT_EQ(std::count(folded[rank]->contributed().begin(), folded[rank]->contributed().end(), 1),
+              static_cast<ptrdiff_t>(n));
+    applied += folded[rank]->applied();
+    EXPECT_EQ(reference[rank]->applied(), n);  // the reference applies everything everywhere
+  }
+  EXPECT_EQ(applied, n);
+}
+
+// DESIGN.md S4 through the folded ring: several segments per member with a
+// partial last one, fewer elements than segments (some empty), float16
+// summed in float32 (the gathered values are half the bytes of the sums),
+// float64.
+TEST(GlooDataPlane, ReduceApply_FoldedRing_SameBitsAsAllreduceThenApply_EachSumAppliedOnce) {
+  ASSERT_EQ(RingSegments(1000003, 4, 3), 6u);
+  ExpectFoldedRingMatches(DType::kFloat32, 1000003, 3);
+  ExpectFoldedRingMatches(DType::kFloat32, 5, 4);
+  ExpectFoldedRingMatches(DType::kFloat16, 100001, 4);
+  ExpectFoldedRingMatches(DType::kBFloat16, 777, 2);
+  ExpectFoldedRingMatches(DType::kFloat64, 300007, 5);
+}
+
+// Integers apply with a check that can fail (OUT_OF_RANGE): every member
+// applies everything, so every member sees the same outcome.
+TEST(GlooDataPlane, ReduceApply_Integers_EveryMemberAppliesEverything) {
+  MemoryRendezvous store;
+  const int members = 3;
+  std::vector<std::unique_ptr<RecordingReduction>> r(members);
+  std::vector<absl::Status> status(members);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < members; ++rank) {
+    r[rank] = std::make_unique<RecordingReduction>(DType::kInt32, Values(DType::kInt32, 1001, 1),
+                                                   Values(DType::kInt32, 1001, rank + 2), 1, 3);
+    threads.emplace_back([&, rank] {
+      GlooDataPlane plane("127.0.0.1", &store);
+      status[rank] = plane.ReduceApply({"g1", rank, members, 0, 1, absl::Seconds(30)}, *r[rank]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < members; ++rank) {
+    ASSERT_OK(status[rank]);
+    EXPECT_EQ(r[rank]->applied(), 1001u);
+    EXPECT_TRUE(r[rank]->bytes() == r[0]->bytes());
+  }
 }
 
 }  // namespace
