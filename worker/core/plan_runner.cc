@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -12,44 +13,76 @@
 namespace repvar::worker {
 namespace {
 
-// One variable's reduction from this worker's replicas (begin: the
-// committed value; written: the replicas' step-local values, in replica
-// order).
-class VariableReduction final : public FoldedReduction {
+// The reduction of a collective's variables, of one dtype, from this
+// worker's replicas: their elements one after the other, as the fused
+// accumulator buffer lays them out.
+class FusedReduction final : public FoldedReduction {
  public:
-  VariableReduction(std::shared_ptr<const Tensor> begin,
-                    std::vector<std::shared_ptr<const Tensor>> written, int64_t divisor,
-                    Tensor result)
-      : begin_(std::move(begin)),
-        written_(std::move(written)),
-        divisor_(divisor),
-        result_(std::move(result)) {}
+  struct Part {
+    std::shared_ptr<const Tensor> begin;  // the committed value
+    // The replicas' step-local values, in replica order (none: contributes zero).
+    std::vector<std::shared_ptr<const Tensor>> written;
+    int64_t divisor = 1;
+    std::string name;   // the variable's, for errors
+    size_t offset = 0;  // first element
+    size_t elements = 0;
+  };
+  // `result`: room for every part's elements, one after the other.
+  FusedReduction(DType dtype, std::vector<Part> parts, std::span<std::byte> result)
+      : dtype_(dtype), parts_(std::move(parts)), result_(result) {}
 
-  AccumType type() const override { return AccumTypeFor(begin_->spec.dtype); }
-  size_t elements() const override { return begin_->bytes.size() / item_size(); }
-  size_t item_size() const override { return ItemSize(begin_->spec.dtype); }
+  AccumType type() const override { return AccumTypeFor(dtype_); }
+  size_t elements() const override {
+    return parts_.empty() ? 0 : parts_.back().offset + parts_.back().elements;
+  }
+  size_t item_size() const override { return ItemSize(dtype_); }
   void Contribute(size_t lo, size_t hi, std::span<std::byte> acc) override {
-    if (written_.empty()) {  // untouched here: contributes zero
-      std::memset(acc.data(), 0, acc.size());
-      return;
-    }
-    for (size_t k = 0; k < written_.size(); ++k) {  // the first overwrites: no clearing pass
-      AddDeltaRange(begin_->spec.dtype, begin_->bytes.data(), written_[k]->bytes.data(),
-                    static_cast<int64_t>(lo), static_cast<int64_t>(hi), acc.data(), k == 0);
-    }
+    const size_t acc_item = AccumSize(type());
+    Each(lo, hi, [&](const Part& p, size_t from, size_t to) {
+      std::byte* dst = acc.data() + (p.offset + from - lo) * acc_item;
+      if (p.written.empty()) {  // untouched here: contributes zero
+        std::memset(dst, 0, (to - from) * acc_item);
+        return absl::OkStatus();
+      }
+      for (size_t k = 0; k < p.written.size(); ++k) {  // the first overwrites
+        AddDeltaRange(dtype_, p.begin->bytes.data(), p.written[k]->bytes.data(),
+                      static_cast<int64_t>(from), static_cast<int64_t>(to), dst, k == 0);
+      }
+      return absl::OkStatus();
+    }).IgnoreError();
   }
   absl::Status Apply(size_t lo, size_t hi, std::span<const std::byte> sum) override {
-    return ApplyRange(begin_->spec.dtype, begin_->bytes.data(), sum.data(), divisor_,
-                      static_cast<int64_t>(lo), static_cast<int64_t>(hi), result_.bytes.data());
+    const size_t acc_item = AccumSize(type());
+    return Each(lo, hi, [&](const Part& p, size_t from, size_t to) -> absl::Status {
+      absl::Status s =
+          ApplyRange(dtype_, p.begin->bytes.data(), sum.data() + (p.offset + from - lo) * acc_item,
+                     p.divisor, static_cast<int64_t>(from), static_cast<int64_t>(to),
+                     result_.data() + p.offset * item_size());
+      if (s.ok()) return s;
+      return absl::Status(s.code(), absl::StrCat(p.name, ": ", s.message()));
+    });
   }
-  std::span<std::byte> result() override { return result_.bytes.span(); }
-  Tensor TakeResult() { return std::move(result_); }
+  std::span<std::byte> result() override { return result_; }
 
  private:
-  const std::shared_ptr<const Tensor> begin_;
-  const std::vector<std::shared_ptr<const Tensor>> written_;
-  const int64_t divisor_;
-  Tensor result_;
+  // Calls fn(part, from, to) for the elements [from, to) of each part
+  // (counted from the part's start) inside [lo, hi); stops at an error.
+  template <typename F>
+  absl::Status Each(size_t lo, size_t hi, F fn) const {
+    auto p = std::upper_bound(parts_.begin(), parts_.end(), lo,
+                              [](size_t at, const Part& x) { return at < x.offset; });
+    if (p != parts_.begin()) --p;
+    for (; p != parts_.end() && p->offset < hi; ++p) {
+      const size_t from = std::max(lo, p->offset), to = std::min(hi, p->offset + p->elements);
+      if (from >= to) continue;
+      REPVAR_RETURN_IF_ERROR(fn(*p, from - p->offset, to - p->offset));
+    }
+    return absl::OkStatus();
+  }
+
+  const DType dtype_;
+  const std::vector<Part> parts_;
+  const std::span<std::byte> result_;
 };
 
 // S4: MEAN divides by the replicas taking part (an untouched one counts,
@@ -95,40 +128,81 @@ absl::StatusOr<PlanOutput> PlanRunner::Run(const LocalStep& s, const StepPlan& p
 }
 
 absl::Status PlanRunner::RunFolded(const LocalStep& s, const CollectiveSpec& spec,
-                                   const StepVariable& var, PlanOutput& out) const {
-  std::shared_ptr<const Tensor> begin;
-  std::vector<std::shared_ptr<const Tensor>> written;
-  for (int32_t r : s.layout->LocalReplicas(var)) {  // replica order
-    REPVAR_ASSIGN_OR_RETURN(begin, BeginValue(var.id, r));
-    auto w = s.written.find({var.id, r});
-    if (w == s.written.end()) continue;
-    if (!(w->second->spec == begin->spec)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(var.name, ": local value is ", w->second->spec.ToString(),
-                       "; the variable is ", begin->spec.ToString()));
+                                   const std::vector<const StepVariable*>& vars,
+                                   PlanOutput& out) const {
+  std::vector<FusedReduction::Part> parts;
+  size_t total = 0;
+  for (const StepVariable* var : vars) {
+    FusedReduction::Part p;
+    for (int32_t r : s.layout->LocalReplicas(*var)) {  // replica order
+      REPVAR_ASSIGN_OR_RETURN(p.begin, BeginValue(var->id, r));
+      auto w = s.written.find({var->id, r});
+      if (w == s.written.end()) continue;
+      if (!(w->second->spec == p.begin->spec)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(var->name, ": local value is ", w->second->spec.ToString(),
+                         "; the variable is ", p.begin->spec.ToString()));
+      }
+      p.written.push_back(w->second);
     }
-    written.push_back(w->second);
+    if (p.begin == nullptr)
+      return absl::InvalidArgumentError("plan folds a variable not held here");
+    p.divisor = Divisor(*var);
+    p.name = var->name;
+    p.offset = total;
+    p.elements = p.begin->bytes.size() / ItemSize(p.begin->spec.dtype);
+    total += p.elements;
+    parts.push_back(std::move(p));
   }
-  if (begin == nullptr) return absl::InvalidArgumentError("plan folds a variable not held here");
-  REPVAR_ASSIGN_OR_RETURN(Tensor result, Tensor::ForOverwrite(begin->spec, Shared(begin->spec)));
-  VariableReduction reduction(begin, std::move(written), Divisor(var), std::move(result));
-  if (absl::Status done = collectives_->ReduceApply(spec, reduction); !done.ok()) {
-    return absl::Status(done.code(), absl::StrCat(var.name, ": ", done.message()));
+  const DType dtype = parts.front().begin->spec.dtype;
+  // One variable's result is its value; several share a buffer, copied out
+  // into each value after.
+  std::optional<Tensor> single;
+  Buffer shared;
+  std::span<std::byte> result;
+  if (parts.size() == 1) {
+    REPVAR_ASSIGN_OR_RETURN(
+        single, Tensor::ForOverwrite(parts[0].begin->spec, Shared(parts[0].begin->spec)));
+    result = single->bytes.span();
+  } else {
+    REPVAR_ASSIGN_OR_RETURN(shared, Buffer::Allocate(total * ItemSize(dtype)));
+    result = shared.span();
   }
-  Reduced reduced = Sealed(reduction.TakeResult());
-  out.reduced_nonfinite[var.id] = reduced.first_nonfinite;
-  out.values[var.id] = std::make_shared<const Tensor>(std::move(reduced.value));
+  FusedReduction reduction(dtype, parts, result);
+  REPVAR_RETURN_IF_ERROR(collectives_->ReduceApply(spec, reduction));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    Tensor value;
+    if (single) {
+      value = *std::move(single);
+    } else {
+      const FusedReduction::Part& p = parts[i];
+      REPVAR_ASSIGN_OR_RETURN(value, Tensor::ForOverwrite(p.begin->spec, Shared(p.begin->spec)));
+      std::memcpy(value.bytes.data(), result.data() + p.offset * ItemSize(dtype),
+                  value.bytes.size());
+    }
+    Reduced reduced = Sealed(std::move(value));
+    out.reduced_nonfinite[vars[i]->id] = reduced.first_nonfinite;
+    out.values[vars[i]->id] = std::make_shared<const Tensor>(std::move(reduced.value));
+  }
   return absl::OkStatus();
 }
 
 absl::Status PlanRunner::RunAllreduce(const LocalStep& s, const CollectiveSpec& spec,
                                       const StepCollective& c, PlanOutput& out) const {
-  if (c.variable_ids.size() == 1) {
-    const StepVariable* var = s.layout->Find(c.variable_ids.front());
-    if (var == nullptr) return absl::InvalidArgumentError("plan names an unknown variable");
-    if (EveryParticipantHolds(*var, s.layout->info.participants.size())) {
-      return RunFolded(s, spec, *var, out);
+  // Folded into the ring (ReduceApply) when the variables have one dtype
+  // and every participant holds each of them: every member then takes the
+  // same way, from the same plan and layout.
+  {
+    std::vector<const StepVariable*> vars;
+    bool fold = true;
+    for (uint64_t id : c.variable_ids) {
+      const StepVariable* var = s.layout->Find(id);
+      if (var == nullptr) return absl::InvalidArgumentError("plan names an unknown variable");
+      fold = fold && var->spec.dtype == s.layout->Find(c.variable_ids.front())->spec.dtype &&
+             EveryParticipantHolds(*var, s.layout->info.participants.size());
+      vars.push_back(var);
     }
+    if (fold) return RunFolded(s, spec, vars, out);
   }
   // One fused buffer for all the collective's variables, in order.
   std::vector<const StepVariable*> vars;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/model/step.h"
@@ -30,8 +31,8 @@ struct PlanOutput {
 //              local replica adds (local - begin) in replica order, the
 //              workers sum the buffers in a fixed ring order, and every
 //              worker applies the sum to the same begin value with the same
-//              code, so every replica ends bit-identical. One variable that
-//              every participant holds goes through
+//              code, so every replica ends bit-identical. Variables of one
+//              dtype that every participant holds go through
 //              Collectives::ReduceApply instead, which may fold those
 //              passes into the ring (each sum then applied once, by one
 //              member, and the applied bytes shared): the same bits;
@@ -63,9 +64,9 @@ class PlanRunner {
  private:
   absl::Status RunAllreduce(const LocalStep& s, const CollectiveSpec& spec, const StepCollective& c,
                             PlanOutput& out) const;
-  // The one-variable ALLREDUCE every participant holds a replica of.
-  absl::Status RunFolded(const LocalStep& s, const CollectiveSpec& spec, const StepVariable& var,
-                         PlanOutput& out) const;
+  // An ALLREDUCE of variables of one dtype that every participant holds.
+  absl::Status RunFolded(const LocalStep& s, const CollectiveSpec& spec,
+                         const std::vector<const StepVariable*>& vars, PlanOutput& out) const;
   absl::Status RunBroadcast(const LocalStep& s, const CollectiveSpec& spec, const StepCollective& c,
                             PlanOutput& out) const;
   absl::StatusOr<std::shared_ptr<const Tensor>> BeginValue(uint64_t id, int32_t replica) const;

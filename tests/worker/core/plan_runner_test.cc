@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "common/tensor/element_math.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
 
@@ -36,7 +37,12 @@ class FakeCollectives final : public Collectives {
     for (size_t i = 0; i < bytes.size() / 4; ++i) f[i] += others;
     return absl::OkStatus();
   }
+  absl::Status ReduceApply(const CollectiveSpec& c, FoldedReduction& r) override {
+    ++folded;
+    return Collectives::ReduceApply(c, r);
+  }
   float others = 0;
+  int folded = 0;  // ReduceApply calls
   std::shared_ptr<const Tensor> root;
   std::vector<CollectiveSpec> seen;
 };
@@ -79,6 +85,52 @@ TEST_F(PlanRunnerTest, Allreduce_BeginPlusSumOfDeltasOverReplicaCount) {
   EXPECT_EQ(collectives_.seen[0].rank, 1) << "rank = participant index";
   EXPECT_EQ(collectives_.seen[0].size, 2);
   EXPECT_EQ(collectives_.seen[0].tag, 4u);
+}
+
+// Several SUM/MEAN variables in one collective: folded into the ring
+// (ReduceApply) when they have one dtype and every participant holds each,
+// else Allreduce then apply; the same values either way, each its own
+// divisor.
+TEST_F(PlanRunnerTest, Allreduce_SeveralVariables_FoldedWhenOneDtypeAndAllHold_SameValues) {
+  for (DType b_dtype : {DType::kFloat32, DType::kFloat16}) {
+    SCOPED_TRACE(DTypeName(b_dtype));
+    SetUp();
+    collectives_.folded = 0;
+    auto layout = std::make_shared<StepLayout>(*step_.layout);
+    StepVariable b;
+    b.id = 2;
+    b.name = "b";
+    b.aggregation = Aggregation::kMean;
+    b.spec = TensorSpec{b_dtype, {3}};
+    b.replica_participant = {0, 1};  // this worker holds replica 1
+    layout->info.variables.push_back(b);
+    layout->vars[2] = 1;
+    step_.layout = layout;
+    Tensor begin = *Tensor::ForOverwrite(b.spec), local = *Tensor::ForOverwrite(b.spec);
+    for (int64_t i = 0; i < 3; ++i) {
+      StoreElement(begin, i, 10.0 * static_cast<double>(i + 1));
+      StoreElement(local, i, 10.0 * static_cast<double>(i + 1) + 1);  // +1 each
+    }
+    begin.UpdateChecksum();
+    local.UpdateChecksum();
+    ASSERT_OK(store_.Apply(
+        {ReplicaWrite{2, "b", 5, {1}, std::make_shared<const Tensor>(std::move(begin))}}));
+    step_.written[{1, 2}] = F32({5, 6});  // w: +4 each
+    step_.written[{2, 1}] = std::make_shared<const Tensor>(std::move(local));
+    collectives_.others = 8;
+    StepPlan plan;
+    plan.group = "g";
+    plan.collectives.push_back(
+        StepCollective{StepCollective::Kind::kAllreduce, 4, {1, 2}, 0, 0, 0, {}});
+    auto out = runner_.Run(step_, plan);
+    ASSERT_OK(out);
+    EXPECT_EQ(collectives_.folded, b_dtype == DType::kFloat32 ? 1 : 0);
+    EXPECT_EQ(Floats(*out->values.at(1)), (std::vector<float>{4, 5}));  // 1,2 + 12/4
+    const Tensor& got = *out->values.at(2);                             // 10,20,30 + 9/2
+    EXPECT_EQ(LoadElement(got, 0), 14.5);
+    EXPECT_EQ(LoadElement(got, 2), 34.5);
+    EXPECT_EQ(got.checksum, Checksum(got.bytes.span()));
+  }
 }
 
 // S4 (issue 5): MEAN divides by the replicas taking part; replicas on a
