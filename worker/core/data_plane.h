@@ -36,10 +36,11 @@ class ArrivingBytes {
   virtual absl::Status Await(size_t end) = 0;
 };
 
-// A SUM/MEAN step's reduction of one variable (DESIGN.md S4) in the pieces
-// a ring works in: every member's contribution (the sum of its replicas'
-// deltas), then begin + sum / divisor. Elements are the variable's; a range
-// [lo, hi) of them is hi - lo accumulator elements in `acc` and `sum`.
+// A SUM/MEAN step's reduction (DESIGN.md S4) in the pieces a ring works
+// in: every member's contribution (the sum of its replicas' deltas), then
+// begin + sum / divisor. Elements are the variables', one after the other;
+// a range [lo, hi) of them is hi - lo accumulator elements in `acc` and
+// `sum`.
 class FoldedReduction {
  public:
   virtual ~FoldedReduction() = default;
@@ -118,7 +119,7 @@ class GlooDataPlane final : public Collectives {
   // A ring allreduce (sum). A group of one is a no-op.
   absl::Status Allreduce(const CollectiveSpec& c, AccumType type,
                          std::span<std::byte> bytes) override ABSL_LOCKS_EXCLUDED(mu_);
-  // For a floating-point variable, the reduction folded into a ring
+  // For floating-point variables, the reduction folded into a ring
   // (FoldedRing in data_plane.cc): each contribution computed piece by
   // piece as the reduce-scatter sends or adds it (no pass of its own), each
   // member applying the sums of its own 1/size of the elements, and the
