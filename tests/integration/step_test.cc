@@ -105,15 +105,23 @@ class StepTest : public testing::StartedCluster {
   }
 
   // Restarts tpu_worker:`host` after a kill and waits until its new
-  // incarnation is registered and every replica of `var` is up to date.
+  // incarnation is registered and every replica of `var` is up to date,
+  // the new process's included: until the coordinator has resynced it, the
+  // records can still show the killed process's replicas up to date.
   void RestartAndResync(int host, const std::string& var) {
     const uint64_t old = Incarnation(host);
     ASSERT_OK(cluster_.RestartWorker(host));
     absl::Time deadline = absl::Now() + Scaled(absl::Seconds(20));
     while (absl::Now() < deadline) {
-      uint64_t now = Incarnation(host);
+      const v1::GetReplicaStatusResponse held =
+          testing::WorkerStatus(cluster_.worker_address(host));
       auto v = client_->GetVariable(var);
-      bool ready = now != 0 && now != old && v.ok();
+      bool ready = held.incarnation() != 0 && held.incarnation() != old && v.ok();
+      bool resynced = false;
+      for (const v1::LocalReplica& r : held.replicas()) {
+        resynced = resynced || (r.name() == var && v.ok() && r.version() == v->version);
+      }
+      ready = ready && resynced;
       for (const ReplicaInfo& r : v.ok() ? v->replicas : std::vector<ReplicaInfo>{}) {
         ready = ready && r.state == ReplicaState::kUpToDate;
       }

@@ -145,8 +145,16 @@ absl::Status PlanRunner::RunFolded(const LocalStep& s, const CollectiveSpec& spe
       }
       p.written.push_back(w->second);
     }
-    if (p.begin == nullptr)
+    if (p.begin == nullptr) {
       return absl::InvalidArgumentError("plan folds a variable not held here");
+    }
+    // The parts are laid out by the layout's dtype: a held value of another
+    // spec would be read past its end.
+    if (!(p.begin->spec == var->spec)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(var->name, ": the value held here is ", p.begin->spec.ToString(),
+                       "; the step's layout says ", var->spec.ToString()));
+    }
     p.divisor = Divisor(*var);
     p.name = var->name;
     p.offset = total;
