@@ -265,6 +265,14 @@ bool GlooDataPlane::Chained(size_t bytes, int members) const {
 
 GlooDataPlane::~GlooDataPlane() = default;
 
+absl::Status GlooDataPlane::Dropped(const CollectiveSpec& c, absl::string_view what,
+                                    const std::exception& e) {
+  context_.reset();  // a gloo error leaves the context unusable
+  group_.clear();
+  return absl::UnavailableError(
+      absl::StrCat("data plane: ", what, " in group ", c.group, " failed: ", e.what()));
+}
+
 absl::StatusOr<std::shared_ptr<gloo::Context>> GlooDataPlane::ContextFor(const CollectiveSpec& c) {
   if (context_ != nullptr && group_ == c.group) return context_;
   context_.reset();
@@ -316,10 +324,7 @@ absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::by
     if (received != nullptr && c.rank != c.root) received->Update(bytes);
     return absl::OkStatus();
   } catch (const std::exception& e) {
-    context_.reset();  // a gloo error leaves the context unusable
-    group_.clear();
-    return absl::UnavailableError(
-        absl::StrCat("data plane: broadcast in group ", c.group, " failed: ", e.what()));
+    return Dropped(c, "broadcast", e);
   }
 }
 
@@ -361,10 +366,7 @@ absl::Status GlooDataPlane::Allreduce(const CollectiveSpec& c, AccumType type,
     gloo::allreduce(opts);
     return absl::OkStatus();
   } catch (const std::exception& e) {
-    context_.reset();
-    group_.clear();
-    return absl::UnavailableError(
-        absl::StrCat("data plane: allreduce in group ", c.group, " failed: ", e.what()));
+    return Dropped(c, "allreduce", e);
   }
 }
 
@@ -391,10 +393,7 @@ absl::Status GlooDataPlane::ReduceApply(const CollectiveSpec& c, FoldedReduction
     FoldedRing(**ctx, c, r, acc, tmp);
     return absl::OkStatus();
   } catch (const std::exception& e) {
-    context_.reset();
-    group_.clear();
-    return absl::UnavailableError(
-        absl::StrCat("data plane: reduction in group ", c.group, " failed: ", e.what()));
+    return Dropped(c, "reduction", e);
   }
 }
 

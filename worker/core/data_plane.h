@@ -4,12 +4,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model/collective.h"
@@ -131,6 +133,10 @@ class GlooDataPlane final : public Collectives {
 
  private:
   absl::StatusOr<std::shared_ptr<gloo::Context>> ContextFor(const CollectiveSpec& c)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After gloo threw `e` in `what`: drops the context, which gloo leaves
+  // unusable (the next collective builds another), and says what failed.
+  absl::Status Dropped(const CollectiveSpec& c, absl::string_view what, const std::exception& e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string hostname_;
