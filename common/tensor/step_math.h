@@ -10,7 +10,9 @@
 // replicas (in replica order) into an accumulator buffer; the workers then
 // sum those buffers with a ring allreduce; every worker applies the same
 // reduced buffer to the same begin value with the same code, so every replica
-// ends bit-identical.
+// ends bit-identical. When the ring does the arithmetic itself (a worker's
+// data plane, FoldedRing), the same functions run on ranges: each element's
+// delta and apply are computed once, the applied bits then shared.
 #ifndef REPVAR_COMMON_TENSOR_STEP_MATH_H_
 #define REPVAR_COMMON_TENSOR_STEP_MATH_H_
 
