@@ -113,13 +113,21 @@ uint64_t RingSlot(uint32_t tag, uint64_t phase) {
   return (kRingSlotPrefix << 56) | (uint64_t{tag} << 24) | phase;
 }
 
-// acc[i] += other[i] for `n` accumulator elements of `type` (gloo::sum's
-// arithmetic, which adds in the same order).
-void AddInto(AccumType type, std::byte* acc, const std::byte* other, size_t n) {
+// The folded ring's working memory (FoldedRing): P + 2 segments of partial
+// sums, 2 of the member's own first contributions, 1 of scratch.
+struct RingBuffers {
+  Buffer slots, lead, scratch;
+};
+
+// out[i] = a[i] + b[i] for `n` accumulator elements of `type` (out may be
+// b): gloo::sum's arithmetic, with the contribution first, as gloo's ring
+// adds the neighbour's partial sum into it.
+void Sum(AccumType type, std::byte* out, const std::byte* a, const std::byte* b, size_t n) {
   auto add = [&]<typename T>(T*) {
-    T* a = reinterpret_cast<T*>(acc);
-    const T* b = reinterpret_cast<const T*>(other);
-    for (size_t i = 0; i < n; ++i) a[i] = a[i] + b[i];
+    T* o = reinterpret_cast<T*>(out);
+    const T* x = reinterpret_cast<const T*>(a);
+    const T* y = reinterpret_cast<const T*>(b);
+    for (size_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
   };
   switch (type) {
     case AccumType::kFloat32:
@@ -136,25 +144,29 @@ void AddInto(AccumType type, std::byte* acc, const std::byte* other, size_t n) {
 
 // gloo's ring allreduce (gloo/allreduce.cc, ring()) with a step's arithmetic
 // folded in. The elements are cut into segments as gloo cuts them (at least
-// two per member, at most 1 MiB of accumulator each, a whole number per
+// two per member, at most 1 MiB of accumulator each, a whole number P per
 // member), and the segments go around the ring in gloo's order, two in
 // flight, so every sum is added in the order gloo adds it:
 //
-//   reduce-scatter  each member computes its contribution to a segment just
-//                   before it sends it (its first segments) or adds the
-//                   neighbour's partial sum into it (the others), so the
-//                   contribution costs no pass of its own; after it, member
-//                   r holds the whole sums of chunk r
+//   reduce-scatter  a member computes its contribution to a segment just
+//                   before it sends it (its first P segments) or while the
+//                   neighbour's partial sum for it is arriving (the
+//                   others), so the contribution costs no pass of its own;
+//                   after it, member r holds the whole sums of chunk r
 //   apply           member r applies those sums to the begin value, into
 //                   its result, each segment just before it sends it
 //   allgather       the applied values (the variable's dtype: half the
 //                   bytes of the sums for float16) go around the ring into
 //                   every member's result
 //
-// Each member applies 1/size of the elements, where Allreduce then Apply has
-// every member apply all of them. Throws as gloo does.
-void FoldedRing(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r, Buffer& acc,
-                Buffer& tmp) {
+// No buffer of the whole size: a partial sum received in round i is
+// forwarded in round i + P, so it waits in one of P + 2 segment slots,
+// where it arrived (recently, so likely still in cache), and the last P are
+// the member's whole sums. Each member applies 1/size of the elements,
+// where Allreduce then Apply has every member apply all of them. Throws as
+// gloo does.
+void FoldedRing(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r,
+                RingBuffers& buffers) {
   const size_t size = static_cast<size_t>(c.size);
   const size_t rank = static_cast<size_t>(c.rank);
   const size_t n = r.elements();
@@ -166,6 +178,7 @@ void FoldedRing(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r,
   const size_t segments = RingSegments(n, acc_item, size);
   const size_t per_rank = segments / size;
   const size_t segment = (n + segments - 1) / segments;  // elements
+  const size_t slots = per_rank + 2;
   const auto timeout = absl::ToChronoMilliseconds(c.timeout);
   struct Range {
     size_t lo = 0, hi = 0;
@@ -176,11 +189,13 @@ void FoldedRing(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r,
     const size_t lo = std::min(n, (k % segments) * segment);
     return Range{lo, std::min(n, lo + segment)};
   };
-  auto acc_at = [&](const Range& x) {
-    return std::span<std::byte>(acc.data() + x.lo * acc_item, x.count() * acc_item);
-  };
-  auto acc_buf = ctx.createUnboundBuffer(acc.data(), acc.size());
-  auto tmp_buf = ctx.createUnboundBuffer(tmp.data(), tmp.size());
+  // Offsets, in bytes, of the slot round i's partial sum arrives in, and of
+  // the lead slot round i's own contribution is sent from.
+  auto slot_at = [&](size_t i) { return (i % slots) * segment * acc_item; };
+  auto lead_at = [&](size_t i) { return (i % 2) * segment * acc_item; };
+  auto bytes = [&](const Range& x) { return x.count() * acc_item; };
+  auto slots_buf = ctx.createUnboundBuffer(buffers.slots.data(), buffers.slots.size());
+  auto lead_buf = ctx.createUnboundBuffer(buffers.lead.data(), buffers.lead.size());
   std::span<std::byte> result = r.result();
   auto result_buf = ctx.createUnboundBuffer(result.data(), result.size());
   const size_t rounds = segments - per_rank + 2;
@@ -188,29 +203,40 @@ void FoldedRing(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r,
   const uint64_t scatter = RingSlot(c.tag, 1);
   for (size_t i = 0; i < rounds; ++i) {
     if (i >= 2) {
-      const Range got = range((rank + 2) * per_rank + i - 2);
+      const size_t j = i - 2;
+      const Range got = range((rank + 2) * per_rank + j);
       if (!got.empty()) {
-        r.Contribute(got.lo, got.hi, acc_at(got));
-        ThrowIfAborted(tmp_buf->waitRecv(timeout), "a ring receive");
-        AddInto(type, acc_at(got).data(), tmp.data() + (i & 1) * segment * acc_item, got.count());
+        std::byte* partial = buffers.slots.data() + slot_at(j);
+        r.Contribute(got.lo, got.hi, buffers.scratch.span().first(bytes(got)));
+        ThrowIfAborted(slots_buf->waitRecv(timeout), "a ring receive");
+        Sum(type, partial, buffers.scratch.data(), partial, got.count());
       }
-      if (!range((rank + 1) * per_rank + i - 2).empty()) {
-        ThrowIfAborted(acc_buf->waitSend(timeout), "a ring send");
+      if (!range((rank + 1) * per_rank + j).empty()) {
+        ThrowIfAborted((j < per_rank ? lead_buf : slots_buf)->waitSend(timeout), "a ring send");
       }
     }
     if (i < segments - per_rank) {
       const Range in = range((rank + 2) * per_rank + i);
-      if (!in.empty()) {
-        tmp_buf->recv(recv_rank, scatter, (i & 1) * segment * acc_item, in.count() * acc_item);
-      }
+      if (!in.empty()) slots_buf->recv(recv_rank, scatter, slot_at(i), bytes(in));
       const Range out = range((rank + 1) * per_rank + i);
       if (!out.empty()) {
-        if (i < per_rank) r.Contribute(out.lo, out.hi, acc_at(out));
-        acc_buf->send(send_rank, scatter, out.lo * acc_item, out.count() * acc_item);
+        if (i < per_rank) {
+          r.Contribute(out.lo, out.hi, buffers.lead.span().subspan(lead_at(i), bytes(out)));
+          lead_buf->send(send_rank, scatter, lead_at(i), bytes(out));
+        } else {
+          // Received in round i - P and summed in round i - P + 2 <= i.
+          slots_buf->send(send_rank, scatter, slot_at(i - per_rank), bytes(out));
+        }
       }
     }
   }
 
+  // Member r's whole sums: segment m of chunk r arrived in round
+  // segments - 2P + m.
+  auto sums = [&](size_t m, const Range& x) {
+    return std::span<const std::byte>(buffers.slots.data() + slot_at(segments - 2 * per_rank + m),
+                                      bytes(x));
+  };
   const uint64_t gather = RingSlot(c.tag, 2);
   for (size_t i = 0; i < rounds; ++i) {
     if (i >= 2) {
@@ -227,7 +253,7 @@ void FoldedRing(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r,
       const Range out = range(rank * per_rank + i);
       if (!out.empty()) {
         if (i < per_rank) {
-          if (absl::Status s = r.Apply(out.lo, out.hi, acc_at(out)); !s.ok()) {
+          if (absl::Status s = r.Apply(out.lo, out.hi, sums(i, out)); !s.ok()) {
             throw std::runtime_error("apply: " + s.ToString());
           }
         }
@@ -383,14 +409,17 @@ absl::Status GlooDataPlane::ReduceApply(const CollectiveSpec& c, FoldedReduction
   }
   const size_t acc_item = AccumSize(r.type());
   const size_t segments = RingSegments(n, acc_item, static_cast<size_t>(c.size));
-  const size_t segment = (n + segments - 1) / segments;
-  REPVAR_ASSIGN_OR_RETURN(Buffer acc, Buffer::Allocate(n * acc_item));
-  REPVAR_ASSIGN_OR_RETURN(Buffer tmp, Buffer::Allocate(2 * segment * acc_item));
+  const size_t segment_bytes = (n + segments - 1) / segments * acc_item;
+  const size_t per_rank = segments / static_cast<size_t>(c.size);
+  RingBuffers buffers;
+  REPVAR_ASSIGN_OR_RETURN(buffers.slots, Buffer::Allocate((per_rank + 2) * segment_bytes));
+  REPVAR_ASSIGN_OR_RETURN(buffers.lead, Buffer::Allocate(2 * segment_bytes));
+  REPVAR_ASSIGN_OR_RETURN(buffers.scratch, Buffer::Allocate(segment_bytes));
   absl::MutexLock lock(&mu_);
   auto ctx = ContextFor(c);
   if (!ctx.ok()) return ctx.status();
   try {
-    FoldedRing(**ctx, c, r, acc, tmp);
+    FoldedRing(**ctx, c, r, buffers);
     return absl::OkStatus();
   } catch (const std::exception& e) {
     return Dropped(c, "reduction", e);

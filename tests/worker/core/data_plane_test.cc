@@ -251,13 +251,15 @@ void ExpectFoldedRingMatches(DType dtype, size_t n, int members) {
   EXPECT_EQ(applied, n);
 }
 
-// DESIGN.md S4 through the folded ring: several segments per member with a
-// partial last one, fewer elements than segments (some empty), float16
-// summed in float32 (the gathered values are half the bytes of the sums),
-// float64.
+// DESIGN.md S4 through the folded ring: two and four segments per member
+// (the partial sums wait in a ring of slots), a partial last one, fewer
+// elements than segments (some empty), float16 summed in float32 (the
+// gathered values are half the bytes of the sums), float64.
 TEST(GlooDataPlane, ReduceApply_FoldedRing_SameBitsAsAllreduceThenApply_EachSumAppliedOnce) {
   ASSERT_EQ(RingSegments(1000003, 4, 3), 6u);
   ExpectFoldedRingMatches(DType::kFloat32, 1000003, 3);
+  ASSERT_EQ(RingSegments(2500007, 4, 3), 12u);  // 4 per member: the slots are reused
+  ExpectFoldedRingMatches(DType::kFloat32, 2500007, 3);
   ExpectFoldedRingMatches(DType::kFloat32, 5, 4);
   ExpectFoldedRingMatches(DType::kFloat16, 100001, 4);
   ExpectFoldedRingMatches(DType::kBFloat16, 777, 2);
