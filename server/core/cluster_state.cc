@@ -113,7 +113,7 @@ void ClusterState::ApplyChange(const WorkerRegistered& c) {
                  r.checksum == v.checksum) {
         event = ReplicaEvent::kReturnedHolding;
       }
-      TransitionReplica(r.state, event, ReplicaName(v.def.name, static_cast<int32_t>(i)));
+      TransitionReplica(r.state, event, v.def.name, static_cast<int32_t>(i));
     }
   }
 }
@@ -128,8 +128,8 @@ void ClusterState::ApplyChange(const WorkerDied& c) {
   for (auto& [id, v] : variables_) {
     for (size_t i = 0; i < v.placement.size(); ++i) {
       if (v.placement[i].task != c.task) continue;
-      TransitionReplica(v.replicas[i].state, ReplicaEvent::kLost,
-                        ReplicaName(v.def.name, static_cast<int32_t>(i)));
+      TransitionReplica(v.replicas[i].state, ReplicaEvent::kLost, v.def.name,
+                        static_cast<int32_t>(i));
     }
   }
 }
@@ -184,8 +184,8 @@ void ClusterState::Acknowledge(VariableRecord& v, const Holder& h, int64_t versi
   r.checksum = checksum;
   r.incarnation = h.incarnation;
   const bool committed = version == v.version && checksum == v.checksum && v.version > 0;
-  TransitionReplica(r.state, committed ? ReplicaEvent::kAcked : ReplicaEvent::kMissed,
-                    ReplicaName(v.def.name, h.replica));
+  TransitionReplica(r.state, committed ? ReplicaEvent::kAcked : ReplicaEvent::kMissed, v.def.name,
+                    h.replica);
 }
 
 void ClusterState::ApplyChange(const ValueCommitted& c) {
@@ -204,8 +204,8 @@ void ClusterState::ApplyChange(const ValueCommitted& c) {
   }
   for (size_t i = 0; i < v.replicas.size(); ++i) {
     if (holds[i]) continue;
-    TransitionReplica(v.replicas[i].state, ReplicaEvent::kMissed,
-                      ReplicaName(v.def.name, static_cast<int32_t>(i)));
+    TransitionReplica(v.replicas[i].state, ReplicaEvent::kMissed, v.def.name,
+                      static_cast<int32_t>(i));
   }
 }
 

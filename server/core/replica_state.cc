@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
+#include "common/model/variable.h"
 
 namespace repvar::server {
 namespace {
@@ -54,11 +55,13 @@ std::optional<ReplicaState> NextReplicaState(ReplicaState from, ReplicaEvent eve
   return std::nullopt;
 }
 
-void TransitionReplica(ReplicaState& state, ReplicaEvent event, const std::string& replica) {
+void TransitionReplica(ReplicaState& state, ReplicaEvent event, const std::string& variable,
+                       int32_t index) {
   std::optional<ReplicaState> next = NextReplicaState(state, event);
-  REPVAR_CHECK_MSG(next.has_value(), absl::StrCat("illegal replica transition: ", replica, " is ",
-                                                  ReplicaStateName(state), " and cannot be ",
-                                                  ReplicaEventName(event)));
+  REPVAR_CHECK_MSG(
+      next.has_value(),
+      absl::StrCat("illegal replica transition: ", ReplicaName(variable, index), " is ",
+                   ReplicaStateName(state), " and cannot be ", ReplicaEventName(event)));
   state = *next;
 }
 

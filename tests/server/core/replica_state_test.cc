@@ -33,17 +33,17 @@ TEST(ReplicaState, UnavailableReplicas_StayUntilTheirWorkerReturns) {
 
 TEST(ReplicaState, TransitionMovesTheState) {
   S state = S::kUninitialized;
-  TransitionReplica(state, E::kAcked, "w/0");
+  TransitionReplica(state, E::kAcked, "w", 0);
   EXPECT_EQ(state, S::kUpToDate);
-  TransitionReplica(state, E::kLost, "w/0");
+  TransitionReplica(state, E::kLost, "w", 0);
   EXPECT_EQ(state, S::kUnavailable);
-  TransitionReplica(state, E::kReturnedEmpty, "w/0");
+  TransitionReplica(state, E::kReturnedEmpty, "w", 0);
   EXPECT_EQ(state, S::kStale);
 }
 
 TEST(ReplicaStateDeathTest, IllegalTransition_CrashesNamingIt) {
   S state = S::kUnavailable;
-  EXPECT_DEATH(TransitionReplica(state, E::kAcked, "w/3"),
+  EXPECT_DEATH(TransitionReplica(state, E::kAcked, "w", 3),
                "illegal replica transition: w/3 is UNAVAILABLE and cannot be acked");
 }
 
