@@ -127,34 +127,43 @@ absl::StatusOr<PlanOutput> PlanRunner::Run(const LocalStep& s, const StepPlan& p
   return out;
 }
 
+absl::StatusOr<PlanRunner::LocalValues> PlanRunner::LocalValuesOf(const LocalStep& s,
+                                                                  const StepVariable& var) const {
+  LocalValues v;
+  for (int32_t r : s.layout->LocalReplicas(var)) {  // replica order
+    REPVAR_ASSIGN_OR_RETURN(v.begin, BeginValue(var.id, r));
+    auto w = s.written.find({var.id, r});
+    if (w == s.written.end()) continue;  // untouched: contributes zero
+    if (!(w->second->spec == v.begin->spec)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(var.name, ": local value is ", w->second->spec.ToString(),
+                       "; the variable is ", v.begin->spec.ToString()));
+    }
+    v.written.push_back(w->second);
+  }
+  return v;
+}
+
 absl::Status PlanRunner::RunFolded(const LocalStep& s, const CollectiveSpec& spec,
                                    const std::vector<const StepVariable*>& vars,
                                    PlanOutput& out) const {
   std::vector<FusedReduction::Part> parts;
   size_t total = 0;
   for (const StepVariable* var : vars) {
-    FusedReduction::Part p;
-    for (int32_t r : s.layout->LocalReplicas(*var)) {  // replica order
-      REPVAR_ASSIGN_OR_RETURN(p.begin, BeginValue(var->id, r));
-      auto w = s.written.find({var->id, r});
-      if (w == s.written.end()) continue;
-      if (!(w->second->spec == p.begin->spec)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(var->name, ": local value is ", w->second->spec.ToString(),
-                         "; the variable is ", p.begin->spec.ToString()));
-      }
-      p.written.push_back(w->second);
-    }
-    if (p.begin == nullptr) {
+    REPVAR_ASSIGN_OR_RETURN(LocalValues local, LocalValuesOf(s, *var));
+    if (local.begin == nullptr) {
       return absl::InvalidArgumentError("plan folds a variable not held here");
     }
     // The parts are laid out by the layout's dtype: a held value of another
     // spec would be read past its end.
-    if (!(p.begin->spec == var->spec)) {
+    if (!(local.begin->spec == var->spec)) {
       return absl::FailedPreconditionError(
-          absl::StrCat(var->name, ": the value held here is ", p.begin->spec.ToString(),
+          absl::StrCat(var->name, ": the value held here is ", local.begin->spec.ToString(),
                        "; the step's layout says ", var->spec.ToString()));
     }
+    FusedReduction::Part p;
+    p.begin = std::move(local.begin);
+    p.written = std::move(local.written);
     p.divisor = Divisor(*var);
     p.name = var->name;
     p.offset = total;
@@ -197,32 +206,27 @@ absl::Status PlanRunner::RunFolded(const LocalStep& s, const CollectiveSpec& spe
 
 absl::Status PlanRunner::RunAllreduce(const LocalStep& s, const CollectiveSpec& spec,
                                       const StepCollective& c, PlanOutput& out) const {
-  // Folded into the ring (ReduceApply) when the variables have one dtype
-  // and every participant holds each of them: every member then takes the
-  // same way, from the same plan and layout.
-  {
-    std::vector<const StepVariable*> vars;
-    bool fold = true;
-    for (uint64_t id : c.variable_ids) {
-      const StepVariable* var = s.layout->Find(id);
-      if (var == nullptr) return absl::InvalidArgumentError("plan names an unknown variable");
-      fold = fold && var->spec.dtype == s.layout->Find(c.variable_ids.front())->spec.dtype &&
-             EveryParticipantHolds(*var, s.layout->info.participants.size());
-      vars.push_back(var);
-    }
-    if (fold) return RunFolded(s, spec, vars, out);
-  }
-  // One fused buffer for all the collective's variables, in order.
   std::vector<const StepVariable*> vars;
-  std::vector<size_t> offsets;
-  size_t total = 0;
-  AccumType type = AccumType::kFloat32;
   for (uint64_t id : c.variable_ids) {
     const StepVariable* var = s.layout->Find(id);
     if (var == nullptr) return absl::InvalidArgumentError("plan names an unknown variable");
+    vars.push_back(var);
+  }
+  // Folded into the ring (ReduceApply) when the variables have one dtype
+  // and every participant holds each of them: every member then takes the
+  // same way, from the same plan and layout.
+  const bool fold = std::all_of(vars.begin(), vars.end(), [&](const StepVariable* var) {
+    return var->spec.dtype == vars.front()->spec.dtype &&
+           EveryParticipantHolds(*var, s.layout->info.participants.size());
+  });
+  if (fold) return RunFolded(s, spec, vars, out);
+  // Else one fused buffer for all the collective's variables, in order.
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  AccumType type = AccumType::kFloat32;
+  for (const StepVariable* var : vars) {
     REPVAR_ASSIGN_OR_RETURN(int64_t n, var->spec.NumElements());
     type = AccumTypeFor(var->spec.dtype);
-    vars.push_back(var);
     offsets.push_back(total);
     total += static_cast<size_t>(n) * AccumSize(type);
   }
@@ -235,16 +239,12 @@ absl::Status PlanRunner::RunAllreduce(const LocalStep& s, const CollectiveSpec& 
   for (size_t i = 0; i < vars.size(); ++i) {
     auto [off, len] = region_of(i);
     std::span<std::byte> region = acc.span().subspan(off, len);
-    bool filled = false;  // the first delta overwrites: no clearing pass
-    for (int32_t r : s.layout->LocalReplicas(*vars[i])) {  // replica order
-      REPVAR_ASSIGN_OR_RETURN(auto b, BeginValue(vars[i]->id, r));
-      begins[i] = b;
-      auto w = s.written.find({vars[i]->id, r});
-      if (w == s.written.end()) continue;  // untouched: contributes zero
-      REPVAR_RETURN_IF_ERROR(AddDelta(*b, *w->second, region, /*overwrite=*/!filled));
-      filled = true;
+    REPVAR_ASSIGN_OR_RETURN(LocalValues local, LocalValuesOf(s, *vars[i]));
+    begins[i] = local.begin;
+    for (size_t k = 0; k < local.written.size(); ++k) {  // the first overwrites: no clearing pass
+      REPVAR_RETURN_IF_ERROR(AddDelta(*local.begin, *local.written[k], region, k == 0));
     }
-    if (!filled) std::memset(region.data(), 0, region.size());
+    if (local.written.empty()) std::memset(region.data(), 0, region.size());
   }
   REPVAR_RETURN_IF_ERROR(collectives_->Allreduce(spec, type, acc.span()));
   for (size_t i = 0; i < vars.size(); ++i) {

@@ -64,6 +64,14 @@ class PlanRunner {
  private:
   absl::Status RunAllreduce(const LocalStep& s, const CollectiveSpec& spec, const StepCollective& c,
                             PlanOutput& out) const;
+  // A variable's begin value here (null: no local replica) and its local
+  // replicas' step-local values in replica order. Errors: as BeginValue,
+  // FAILED_PRECONDITION (a local value of another spec).
+  struct LocalValues {
+    std::shared_ptr<const Tensor> begin;
+    std::vector<std::shared_ptr<const Tensor>> written;
+  };
+  absl::StatusOr<LocalValues> LocalValuesOf(const LocalStep& s, const StepVariable& var) const;
   // An ALLREDUCE of variables of one dtype that every participant holds.
   absl::Status RunFolded(const LocalStep& s, const CollectiveSpec& spec,
                          const std::vector<const StepVariable*>& vars, PlanOutput& out) const;

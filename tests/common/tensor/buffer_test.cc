@@ -157,18 +157,27 @@ TEST(BufferTest, MakeRoomResident_UpToTheArrivingBytes_NotTheWholeReservation) {
   EXPECT_EQ(v[0], std::byte{7});
 }
 
+// Whether this build runs under AddressSanitizer (GCC says so one way,
+// clang another).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 // A burst of allocations after PrefaultHeap finds resident memory: here one
 // block of nearly the size, which the heap hands back from the freed one.
 TEST(BufferTest, PrefaultHeap_TheNextAllocationsAreResident) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "ASan's allocator holds freed memory back (quarantine): what PrefaultHeap "
-                  "relies on is glibc's; the plain build runs this test";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  GTEST_SKIP() << "ASan's allocator holds freed memory back (quarantine): what PrefaultHeap "
-                  "relies on is glibc's; the plain build runs this test";
-#endif
-#endif
+  if (kAddressSanitizer) {
+    GTEST_SKIP() << "ASan's allocator holds freed memory back (quarantine): what PrefaultHeap "
+                    "relies on is glibc's; the plain build runs this test";
+  }
   TuneMallocForBulkTransfers();  // as the daemons do: freed memory stays
   const size_t n = size_t{1} << 20;
   // Whatever the heap would hand out next goes back to the kernel first
