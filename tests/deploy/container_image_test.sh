@@ -86,7 +86,9 @@ done
 export REPVAR_TLS_CA=$c/ca.pem REPVAR_TOKEN_FILE=$c/admin.token
 ok=0
 for _ in $(seq 1 100); do
-  if repvarctl status 2>/dev/null | grep -q "tpu_worker:1"; then ok=1; break; fi
+  # Both workers, not just the second to start: a restore with --replicas=2
+  # before the first one registers is refused (one accelerator).
+  if repvarctl status 2>/dev/null | grep -q " 2 accelerator(s)"; then ok=1; break; fi
   sleep 0.1
 done
 [ $ok = 1 ] || { echo "workers never registered"; tail -5 /tmp/*.log; exit 1; }
