@@ -71,7 +71,18 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
   outcomes_ = std::move(outcomes);
   outcome_order_ = std::move(order);
   prepared_ = std::move(prepared);
+  for (const auto& [id, v] : variables_) Reassess(v);
   return absl::OkStatus();
+}
+
+void ClusterState::Reassess(const VariableRecord& v) {
+  bool needs = v.needs_resync;
+  for (const ReplicaRecord& r : v.replicas) needs = needs || r.state == ReplicaState::kStale;
+  if (needs) {
+    needing_repair_.insert(v.id);
+  } else {
+    needing_repair_.erase(v.id);
+  }
 }
 
 void ClusterState::Apply(const Record& record) {
@@ -103,6 +114,7 @@ void ClusterState::ApplyChange(const WorkerRegistered& c) {
   // Its replicas come back: holding what they held when the same process
   // returns, empty when a new one does (F2: resynced before they serve).
   for (auto& [id, v] : variables_) {
+    bool touched = false;
     for (size_t i = 0; i < v.placement.size(); ++i) {
       if (v.placement[i].task != c.task) continue;
       ReplicaRecord& r = v.replicas[i];
@@ -114,7 +126,9 @@ void ClusterState::ApplyChange(const WorkerRegistered& c) {
         event = ReplicaEvent::kReturnedHolding;
       }
       TransitionReplica(r.state, event, v.def.name, static_cast<int32_t>(i));
+      touched = true;
     }
+    if (touched) Reassess(v);
   }
 }
 
@@ -126,11 +140,14 @@ void ClusterState::ApplyChange(const WorkerDied& c) {
   TransitionWorker(it->second.state, WorkerEvent::kDeclaredDead, c.task.ToString());
   membership_changed_ = true;
   for (auto& [id, v] : variables_) {
+    bool touched = false;
     for (size_t i = 0; i < v.placement.size(); ++i) {
       if (v.placement[i].task != c.task) continue;
       TransitionReplica(v.replicas[i].state, ReplicaEvent::kLost, v.def.name,
                         static_cast<int32_t>(i));
+      touched = true;
     }
+    if (touched) Reassess(v);
   }
 }
 
@@ -169,6 +186,7 @@ void ClusterState::ApplyChange(const VariableCreated& c) {
 void ClusterState::ApplyChange(const VariableDeleted& c) {
   VariableRecord& v = MustFind(c.id, "VariableDeleted");
   names_.erase(v.def.name);
+  needing_repair_.erase(c.id);
   variables_.erase(c.id);
 }
 
@@ -207,6 +225,7 @@ void ClusterState::ApplyChange(const ValueCommitted& c) {
     TransitionReplica(v.replicas[i].state, ReplicaEvent::kMissed, v.def.name,
                       static_cast<int32_t>(i));
   }
+  Reassess(v);
 }
 
 void ClusterState::ApplyChange(const ValueKept& c) {
@@ -238,10 +257,13 @@ void ClusterState::ApplyChange(const WriteResolved& c) {
 void ClusterState::ApplyChange(const ReplicasWritten& c) {
   VariableRecord& v = MustFind(c.id, "ReplicasWritten");
   for (const Holder& h : c.holders) Acknowledge(v, h, c.version, c.checksum);
+  Reassess(v);
 }
 
 void ClusterState::ApplyChange(const ResyncFlagged& c) {
-  MustFind(c.id, "ResyncFlagged").needs_resync = c.needs_resync;
+  VariableRecord& v = MustFind(c.id, "ResyncFlagged");
+  v.needs_resync = c.needs_resync;
+  Reassess(v);
 }
 
 void ClusterState::ApplyChange(const StepBegun& c) {

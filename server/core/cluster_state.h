@@ -123,6 +123,10 @@ class ClusterState {
   const VariableRecord* Find(absl::string_view name) const;
   const VariableRecord* FindId(uint64_t id) const;
   const std::map<uint64_t, VariableRecord>& variables() const { return variables_; }
+  // The variables a repair pass looks at (F2): those flagged for resync and
+  // those with a STALE replica, kept up to date as changes apply, so that a
+  // pass costs what needs repair rather than the number of variables.
+  const std::set<uint64_t>& needing_repair() const { return needing_repair_; }
   uint64_t next_variable_id() const { return next_variable_id_; }
   // kBasic leaves the replicas out.
   VariableView View(const VariableRecord& v, VariableDetail detail = VariableDetail::kFull) const;
@@ -190,11 +194,14 @@ class ClusterState {
   // Records what `h` acknowledged and moves its replica through the event
   // that follows from it (acked when it is the committed value).
   void Acknowledge(VariableRecord& v, const Holder& h, int64_t version, uint64_t checksum);
+  // Files `v` in needing_repair_ or takes it out, from its flag and replicas.
+  void Reassess(const VariableRecord& v);
 
   const ClusterStateOptions options_;
 
   std::map<uint64_t, VariableRecord> variables_;  // by id
   absl::flat_hash_map<std::string, uint64_t> names_;
+  std::set<uint64_t> needing_repair_;
   uint64_t next_variable_id_ = 1;
 
   std::map<TaskKey, WorkerRecord> workers_;

@@ -272,16 +272,22 @@ void Replication::ResyncStale() {
     RankedLock lock(&mu_);
     suspect.swap(suspect_);
   }
+  // What needs repair and what is suspect, not every variable: the pass
+  // runs every few seconds under the registry's lock.
   std::set<TaskKey> tasks = registry_->Read([&](const ClusterState& state) {
     std::set<TaskKey> out;
-    for (const auto& [id, v] : state.variables()) {
+    auto add_tasks = [&](const VariableRecord& v, bool every_replica) {
       for (size_t i = 0; i < v.placement.size(); ++i) {
         const WorkerRecord* w = state.Worker(v.placement[i].task);
         if (w == nullptr || w->state != WorkerState::kLive) continue;
-        if (v.needs_resync || v.replicas[i].state == ReplicaState::kStale || suspect.contains(id)) {
+        if (every_replica || v.needs_resync || v.replicas[i].state == ReplicaState::kStale) {
           out.insert(v.placement[i].task);
         }
       }
+    };
+    for (uint64_t id : state.needing_repair()) add_tasks(*state.FindId(id), false);
+    for (uint64_t id : suspect) {
+      if (const VariableRecord* v = state.FindId(id)) add_tasks(*v, true);
     }
     return out;
   });
@@ -298,7 +304,8 @@ void Replication::ResyncStale() {
   }
   absl::Status s = registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
     Record record;
-    for (const auto& [id, v] : state.variables()) {
+    for (uint64_t id : state.needing_repair()) {
+      const VariableRecord& v = *state.FindId(id);
       if (!v.needs_resync) continue;
       bool clean = true;
       for (size_t i = 0; i < v.placement.size() && clean; ++i) {
