@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_util.h"
@@ -14,13 +15,13 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
   REPVAR_CHECK_MSG(variables_.empty() && workers_.empty() && outcomes_.empty() &&
                        next_variable_id_ == 1 && last_epoch_ == 0,
                    "ClusterState::Restore into a state that is not empty");
-  absl::flat_hash_map<std::string, uint64_t> names;
+  absl::flat_hash_set<absl::string_view> names;
   for (const auto& [id, v] : data.variables) {
     if (id != v.id || id == 0 || id >= data.next_variable_id) {
       return absl::DataLossError(absl::StrCat("checkpoint: variable id ", v.id, " filed under ", id,
                                               " (next id ", data.next_variable_id, ")"));
     }
-    if (!names.emplace(v.def.name, id).second) {
+    if (!names.insert(v.def.name).second) {
       return absl::DataLossError(absl::StrCat("checkpoint: variable name ", v.def.name, " twice"));
     }
     if (v.placement.size() != v.replicas.size() ||
@@ -46,7 +47,10 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
     order.push_back(id);
   }
   variables_ = std::move(data.variables);
-  names_ = std::move(names);
+  for (auto& [id, v] : variables_) {
+    names_[v.def.name] = &v;
+    ids_[id] = &v;
+  }
   next_variable_id_ = data.next_variable_id;
   workers_ = std::move(data.workers);
   topology_version_ = data.topology_version;
@@ -96,10 +100,10 @@ void ClusterState::Apply(const Record& record) {
 }
 
 VariableRecord& ClusterState::MustFind(uint64_t id, const char* change) {
-  auto it = variables_.find(id);
-  REPVAR_CHECK_MSG(it != variables_.end(),
+  auto it = ids_.find(id);
+  REPVAR_CHECK_MSG(it != ids_.end(),
                    absl::StrCat(change, " names variable id ", id, ", which does not exist"));
-  return it->second;
+  return *it->second;
 }
 
 void ClusterState::ApplyChange(const WorkerRegistered& c) {
@@ -178,15 +182,17 @@ void ClusterState::ApplyChange(const VariableCreated& c) {
                      absl::StrCat("VariableCreated places ", ReplicaName(c.def.name, i), " on ",
                                   c.placement[i].task.ToString(), ", which is not live"));
   }
-  names_[c.def.name] = c.id;
   next_variable_id_ = c.id + 1;
-  variables_.emplace(c.id, std::move(v));
+  VariableRecord& added = variables_.emplace(c.id, std::move(v)).first->second;
+  names_[added.def.name] = &added;
+  ids_[c.id] = &added;
 }
 
 void ClusterState::ApplyChange(const VariableDeleted& c) {
   VariableRecord& v = MustFind(c.id, "VariableDeleted");
   names_.erase(v.def.name);
   needing_repair_.erase(c.id);
+  ids_.erase(c.id);
   variables_.erase(c.id);
 }
 
@@ -309,12 +315,12 @@ void ClusterState::ApplyChange(const RequestRecorded& c) {
 
 const VariableRecord* ClusterState::Find(absl::string_view name) const {
   auto it = names_.find(name);
-  return it == names_.end() ? nullptr : &variables_.at(it->second);
+  return it == names_.end() ? nullptr : it->second;
 }
 
 const VariableRecord* ClusterState::FindId(uint64_t id) const {
-  auto it = variables_.find(id);
-  return it == variables_.end() ? nullptr : &it->second;
+  auto it = ids_.find(id);
+  return it == ids_.end() ? nullptr : it->second;
 }
 
 const WorkerRecord* ClusterState::Worker(const TaskKey& task) const {

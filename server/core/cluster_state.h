@@ -107,6 +107,10 @@ struct ClusterStateOptions {
 class ClusterState {
  public:
   explicit ClusterState(ClusterStateOptions options = {}) : options_(options) {}
+  // names_ and ids_ point into variables_: a copy would point into the
+  // original.
+  ClusterState(const ClusterState&) = delete;
+  ClusterState& operator=(const ClusterState&) = delete;
 
   // Takes back a state saved from another ClusterState (a checkpoint). The
   // state must be empty (nothing applied yet); data that contradicts itself
@@ -200,7 +204,12 @@ class ClusterState {
   const ClusterStateOptions options_;
 
   std::map<uint64_t, VariableRecord> variables_;  // by id
-  absl::flat_hash_map<std::string, uint64_t> names_;
+  // Into variables_ (a std::map: its nodes stay where they are), by name
+  // and by id: a hash lookup, not a walk down the map (at 1,000 variables
+  // Find 79 -> 11 ns and FindId 49 -> 3 ns; at 100,000, 289 -> 76-109 and
+  // 285 -> 43 ns).
+  absl::flat_hash_map<std::string, VariableRecord*> names_;
+  absl::flat_hash_map<uint64_t, VariableRecord*> ids_;
   std::set<uint64_t> needing_repair_;
   uint64_t next_variable_id_ = 1;
 
