@@ -76,6 +76,7 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
   outcome_order_ = std::move(order);
   prepared_ = std::move(prepared);
   for (const auto& [id, v] : variables_) Reassess(v);
+  ++revision_;
   return absl::OkStatus();
 }
 
@@ -107,6 +108,7 @@ VariableRecord& ClusterState::MustFind(uint64_t id, const char* change) {
 }
 
 void ClusterState::ApplyChange(const WorkerRegistered& c) {
+  ++revision_;
   WorkerRecord& w = workers_[c.task];
   TransitionWorker(w.state, WorkerEvent::kRegistered, c.task.ToString());
   w.task = c.task;
@@ -137,6 +139,7 @@ void ClusterState::ApplyChange(const WorkerRegistered& c) {
 }
 
 void ClusterState::ApplyChange(const WorkerDied& c) {
+  ++revision_;
   auto it = workers_.find(c.task);
   REPVAR_CHECK_MSG(it != workers_.end() && it->second.incarnation == c.incarnation,
                    absl::StrCat("WorkerDied names ", c.task.ToString(), " incarnation ",
@@ -156,6 +159,7 @@ void ClusterState::ApplyChange(const WorkerDied& c) {
 }
 
 void ClusterState::ApplyChange(const WorkerJoined& c) {
+  ++revision_;
   // Changes no record of the worker: what it holds is in its replicas'
   // states already. Listing it is a new topology.
   auto w = workers_.find(c.task);
@@ -168,6 +172,7 @@ void ClusterState::ApplyChange(const WorkerJoined& c) {
 }
 
 void ClusterState::ApplyChange(const VariableCreated& c) {
+  ++revision_;
   REPVAR_CHECK_MSG(c.id >= next_variable_id_ && !names_.contains(c.def.name),
                    absl::StrCat("VariableCreated reuses id ", c.id, " or name ", c.def.name));
   VariableRecord v;
@@ -189,6 +194,7 @@ void ClusterState::ApplyChange(const VariableCreated& c) {
 }
 
 void ClusterState::ApplyChange(const VariableDeleted& c) {
+  ++revision_;
   VariableRecord& v = MustFind(c.id, "VariableDeleted");
   names_.erase(v.def.name);
   needing_repair_.erase(c.id);
@@ -213,6 +219,7 @@ void ClusterState::Acknowledge(VariableRecord& v, const Holder& h, int64_t versi
 }
 
 void ClusterState::ApplyChange(const ValueCommitted& c) {
+  ++revision_;
   VariableRecord& v = MustFind(c.id, "ValueCommitted");
   REPVAR_CHECK_MSG(c.version > v.version,
                    absl::StrCat("ValueCommitted moves ", v.def.name, " from version ", v.version,
@@ -235,6 +242,7 @@ void ClusterState::ApplyChange(const ValueCommitted& c) {
 }
 
 void ClusterState::ApplyChange(const ValueKept& c) {
+  ++revision_;
   VariableRecord& v = MustFind(c.id, "ValueKept");
   REPVAR_CHECK_MSG(c.version == v.version && c.checksum == v.checksum && c.value != nullptr &&
                        c.value->checksum == c.checksum,
@@ -261,12 +269,14 @@ void ClusterState::ApplyChange(const WriteResolved& c) {
 }
 
 void ClusterState::ApplyChange(const ReplicasWritten& c) {
+  ++revision_;
   VariableRecord& v = MustFind(c.id, "ReplicasWritten");
   for (const Holder& h : c.holders) Acknowledge(v, h, c.version, c.checksum);
   Reassess(v);
 }
 
 void ClusterState::ApplyChange(const ResyncFlagged& c) {
+  ++revision_;
   VariableRecord& v = MustFind(c.id, "ResyncFlagged");
   v.needs_resync = c.needs_resync;
   Reassess(v);

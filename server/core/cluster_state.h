@@ -132,6 +132,10 @@ class ClusterState {
   // pass costs what needs repair rather than the number of variables.
   const std::set<uint64_t>& needing_repair() const { return needing_repair_; }
   uint64_t next_variable_id() const { return next_variable_id_; }
+  // Moves whenever a worker or a variable changes (not on the records of
+  // requests, steps, fences or prepared writes): what was derived from the
+  // workers and variables at one revision holds while it stays.
+  uint64_t revision() const { return revision_; }
   // kBasic leaves the replicas out.
   VariableView View(const VariableRecord& v, VariableDetail detail = VariableDetail::kFull) const;
 
@@ -212,6 +216,7 @@ class ClusterState {
   absl::flat_hash_map<uint64_t, VariableRecord*> ids_;
   std::set<uint64_t> needing_repair_;
   uint64_t next_variable_id_ = 1;
+  uint64_t revision_ = 0;
 
   std::map<TaskKey, WorkerRecord> workers_;
   int64_t topology_version_ = 0;

@@ -169,72 +169,93 @@ std::optional<int64_t> StepCoordinator::OpenStepOf(uint64_t variable_id) const {
 
 // ---- Steps ----
 
+namespace {
+
+// The participants and variables a step begun now would have (no step
+// number, no barrier timeout).
+StepInfo LayoutOf(const ClusterState& state) {
+  // Participants: the live tasks (in task order) holding an up-to-date
+  // replica of an initialized variable, in that order.
+  std::vector<const WorkerRecord*> live;
+  std::map<TaskKey, int32_t> index;
+  for (const auto& [key, w] : state.workers()) {
+    if (w.state != WorkerState::kLive) continue;
+    index[key] = static_cast<int32_t>(live.size());
+    live.push_back(&w);
+  }
+  StepInfo info;
+  std::vector<bool> holds(live.size(), false);
+  std::vector<bool> stale(live.size(), false);
+  // Each replica's worker in `live` (-1: not live), found once per distinct
+  // placement list: the variables created together share theirs, so 10,000
+  // variables on 32 workers cost a few lookups here instead of 320,000.
+  absl::flat_hash_map<const std::vector<Placement>*, std::vector<int32_t>> live_of;
+  for (const auto& [id, v] : state.variables()) {  // by id
+    if (v.version == 0) continue;
+    auto [where, fresh] = live_of.try_emplace(&v.placement.list());
+    std::vector<int32_t>& replica_live = where->second;
+    if (fresh) {
+      replica_live.reserve(v.placement.size());
+      for (const Placement& p : v.placement) {
+        auto l = index.find(p.task);
+        replica_live.push_back(l != index.end() ? l->second : -1);
+      }
+    }
+    StepVariable sv;
+    sv.id = v.id;
+    sv.name = v.def.name;
+    sv.aggregation = v.def.aggregation;
+    sv.spec = v.def.tensor;
+    sv.begin_version = v.version;
+    sv.begin_checksum = v.checksum;
+    sv.allow_nonfinite = v.def.allow_nonfinite;
+    sv.replica_participant.reserve(v.placement.size());
+    for (size_t i = 0; i < v.placement.size(); ++i) {
+      const int32_t l = replica_live[i];
+      const bool up = l >= 0 && v.replicas[i].state == ReplicaState::kUpToDate;
+      // For now the index in `live`; remapped to participants below.
+      sv.replica_participant.push_back(up ? l : -1);
+      if (up) holds[l] = true;
+      if (l >= 0 && !up) stale[l] = true;
+    }
+    info.variables.push_back(std::move(sv));
+  }
+  std::vector<int32_t> rank(live.size(), -1);
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (stale[i] && !holds[i]) info.sitting_out.push_back(live[i]->task);
+    if (!holds[i]) continue;
+    rank[i] = static_cast<int32_t>(info.participants.size());
+    info.participants.push_back(
+        StepParticipant{live[i]->task, live[i]->incarnation, live[i]->address});
+  }
+  for (StepVariable& sv : info.variables) {
+    for (int32_t& p : sv.replica_participant) {
+      if (p >= 0) p = rank[p];
+    }
+  }
+  info.layout_id = LayoutId(info);
+  return info;
+}
+
+}  // namespace
+
 StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout) const {
-  return registry_->Read([&](const ClusterState& state) {
-    // Participants: the live tasks (in task order) holding an up-to-date
-    // replica of an initialized variable, in that order.
-    std::vector<const WorkerRecord*> live;
-    std::map<TaskKey, int32_t> index;
-    for (const auto& [key, w] : state.workers()) {
-      if (w.state != WorkerState::kLive) continue;
-      index[key] = static_cast<int32_t>(live.size());
-      live.push_back(&w);
-    }
-    StepInfo info;
-    info.step = step;
-    info.barrier_timeout = barrier_timeout;
-    std::vector<bool> holds(live.size(), false);
-    std::vector<bool> stale(live.size(), false);
-    // Each replica's worker in `live` (-1: not live), found once per distinct
-    // placement list: the variables created together share theirs, so 10,000
-    // variables on 32 workers cost a few lookups here instead of 320,000.
-    absl::flat_hash_map<const std::vector<Placement>*, std::vector<int32_t>> live_of;
-    for (const auto& [id, v] : state.variables()) {  // by id
-      if (v.version == 0) continue;
-      auto [where, fresh] = live_of.try_emplace(&v.placement.list());
-      std::vector<int32_t>& replica_live = where->second;
-      if (fresh) {
-        replica_live.reserve(v.placement.size());
-        for (const Placement& p : v.placement) {
-          auto l = index.find(p.task);
-          replica_live.push_back(l != index.end() ? l->second : -1);
-        }
-      }
-      StepVariable sv;
-      sv.id = v.id;
-      sv.name = v.def.name;
-      sv.aggregation = v.def.aggregation;
-      sv.spec = v.def.tensor;
-      sv.begin_version = v.version;
-      sv.begin_checksum = v.checksum;
-      sv.allow_nonfinite = v.def.allow_nonfinite;
-      sv.replica_participant.reserve(v.placement.size());
-      for (size_t i = 0; i < v.placement.size(); ++i) {
-        const int32_t l = replica_live[i];
-        const bool up = l >= 0 && v.replicas[i].state == ReplicaState::kUpToDate;
-        // For now the index in `live`; remapped to participants below.
-        sv.replica_participant.push_back(up ? l : -1);
-        if (up) holds[l] = true;
-        if (l >= 0 && !up) stale[l] = true;
-      }
-      info.variables.push_back(std::move(sv));
-    }
-    std::vector<int32_t> rank(live.size(), -1);
-    for (size_t i = 0; i < live.size(); ++i) {
-      if (stale[i] && !holds[i]) info.sitting_out.push_back(live[i]->task);
-      if (!holds[i]) continue;
-      rank[i] = static_cast<int32_t>(info.participants.size());
-      info.participants.push_back(
-          StepParticipant{live[i]->task, live[i]->incarnation, live[i]->address});
-    }
-    for (StepVariable& sv : info.variables) {
-      for (int32_t& p : sv.replica_participant) {
-        if (p >= 0) p = rank[p];
-      }
-    }
-    info.layout_id = LayoutId(info);
-    return info;
+  // Nothing in the layout moves without a new revision: on the report path
+  // (no step or write changed a value) each step copies the last one.
+  const uint64_t cached = described_ ? described_revision_ : 0;
+  std::optional<StepInfo> fresh;
+  const uint64_t revision = registry_->Read([&](const ClusterState& state) {
+    if (cached == 0 || cached != state.revision()) fresh = LayoutOf(state);
+    return state.revision();
   });
+  if (fresh) {
+    described_ = *std::move(fresh);
+    described_revision_ = revision;
+  }
+  StepInfo info = *described_;
+  info.step = step;
+  info.barrier_timeout = barrier_timeout;
+  return info;
 }
 
 absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,

@@ -126,8 +126,11 @@ class StepCoordinator {
   };
   class ChangeNotifier;
 
-  // The step's participants and variables from the registry's state.
-  StepInfo Describe(int64_t step, absl::Duration barrier_timeout) const;
+  // The step's participants and variables from the registry's state. The
+  // layout is built again only when a worker or variable changed since the
+  // last one (ClusterState::revision); otherwise that one is copied.
+  StepInfo Describe(int64_t step, absl::Duration barrier_timeout) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The barrier's hooks, called with mu_ held.
   absl::Status RecordCommit(const StepRecord& record);
   void RecordFailure(int64_t step, uint64_t epoch);
@@ -149,6 +152,9 @@ class StepCoordinator {
   StepBarrier steps_ ABSL_GUARDED_BY(mu_);
   int writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool step_beginning_ ABSL_GUARDED_BY(mu_) = false;
+  // The last layout Describe built, and the state's revision it was built at.
+  mutable std::optional<StepInfo> described_ ABSL_GUARDED_BY(mu_);
+  mutable uint64_t described_revision_ ABSL_GUARDED_BY(mu_) = 0;
   int holds_ ABSL_GUARDED_BY(mu_) = 0;  // HoldWrites not yet released
   // step_cv_: a step opened, started aggregating or resolved, or
   // writes_in_flight_ or holds_ moved. events_cv_: a step event was recorded.

@@ -260,6 +260,50 @@ TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired)
   EXPECT_EQ(again->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, 2, 2}));
 }
 
+// Each step's layout is the state's at its begin, although a step begun
+// when no worker or variable changed since the last copies that layout
+// rather than building it again: a new variable, a step that changed a
+// value and a worker's death each show in the next step.
+TEST_F(StepCoreTest, S1_EachStepDescribesTheStateAtItsBegin_WhatChangedBetweenStepsShows) {
+  uint64_t w = Create("w", Aggregation::kNone);
+  auto reported_step = [&](int64_t step) {
+    auto s = core_.BeginStep(step, absl::Seconds(10));
+    EXPECT_OK(s);
+    if (!s.ok()) return StepInfo{};
+    for (int t = 0; t < 3; ++t) EXPECT_OK(core_.ReportStep(Report(*s, t)));
+    EXPECT_EQ(Resolution(s->epoch).state, StepState::kCommitted);
+    return *s;
+  };
+  const StepInfo s1 = reported_step(1);
+  const StepInfo s2 = reported_step(2);  // nothing changed: the same layout
+  EXPECT_EQ(s2.step, 2);
+  EXPECT_EQ(s2.layout_id, s1.layout_id);
+  ASSERT_EQ(s2.variables.size(), 1u);
+  EXPECT_EQ(s2.variables[0].begin_version, s1.variables[0].begin_version);
+
+  uint64_t v = Create("v", Aggregation::kNone);  // created and initialized
+  const StepInfo s3 = reported_step(3);
+  EXPECT_NE(s3.layout_id, s2.layout_id);
+  ASSERT_EQ(s3.variables.size(), 2u);
+  EXPECT_EQ(s3.variables[1].id, v);
+
+  StepInfo s4;
+  CommitAgreedStep(w, 4, *F32({5, 6}), &s4);  // w moves to a new version
+  const StepInfo s5 = reported_step(5);
+  EXPECT_EQ(s5.layout_id, s4.layout_id);  // begin versions are not part of it
+  EXPECT_EQ(s5.variables[0].begin_version, s4.variables[0].begin_version + 1);
+  EXPECT_EQ(s5.variables[0].begin_checksum, F32({5, 6})->checksum);
+
+  clock_.Advance(absl::Seconds(30));
+  HeartbeatAll({0, 1});
+  ASSERT_OK(core_.Heartbeat(TaskKey{"worker", 0}, 5));
+  core_.Tick(clock_.Now());  // tpu_worker:2 is declared dead
+  auto s6 = core_.BeginStep(6, absl::Seconds(10));
+  ASSERT_OK(s6);
+  EXPECT_EQ(s6->participants.size(), 2u);
+  EXPECT_EQ(s6->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, -1, -1}));
+}
+
 TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {
   Create("w", Aggregation::kMean);
   clock_.Advance(absl::Seconds(30));
