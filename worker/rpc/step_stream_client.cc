@@ -34,6 +34,12 @@ class StepStreamClient::Stream final
   // reaction); Start() then starts it, with mu_ released. Writes queued in
   // between go out when it starts.
   void BindLocked(v1::CoordinatorWorkers::Stub* stub) {
+    // A coordinator that cannot be reached yet (restarting: the channel
+    // is between reconnection attempts) is waited for, up to each call's
+    // deadline, rather than failing the call at once: a report that fails
+    // there never reaches the restarted coordinator, whose barrier then
+    // times out waiting for it.
+    ctx_.set_wait_for_ready(true);
     stub->async()->StepStream(&ctx_, this);
     AddHold();
   }

@@ -27,6 +27,9 @@ namespace repvar::worker {
 //   broken --(the next call)--> a new stream opens; the broken one's calls
 //                               still waiting fail UNAVAILABLE
 //
+// A stream opened while the coordinator cannot be reached (restarting)
+// waits for it to come back, up to the deadline of the calls on it (gRPC's
+// wait_for_ready); one that ends after it opened fails its calls at once.
 // A call not answered in time cancels the stream: its answer may never
 // come, a later call should not queue behind it, and a write the
 // coordinator stopped reading ends with the cancellation.

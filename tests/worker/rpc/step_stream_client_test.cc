@@ -3,8 +3,9 @@
 // this process, fake workers and clock): many calls share one stream, a
 // refusal is that call's status, a call not answered in time drops the
 // stream and the next call opens another, a stream that ends fails the
-// calls waiting on it, and a coordinator that stops reading does not hold
-// a call past its deadline.
+// calls waiting on it, a coordinator that is not there yet (restarting) is
+// waited for, and a coordinator that stops reading does not hold a call
+// past its deadline.
 #include "worker/rpc/step_stream_client.h"
 
 #include <gtest/gtest.h>
@@ -23,6 +24,12 @@ namespace {
 
 using ::repvar::testing::StatusIs;
 
+v1::StepStreamRequest GetStep(uint64_t epoch) {
+  v1::StepStreamRequest m;
+  m.mutable_get_step()->set_epoch(epoch);
+  return m;
+}
+
 class StepStreamClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -35,11 +42,6 @@ class StepStreamClientTest : public ::testing::Test {
     auto s = coordinator_->core().BeginStep(1, absl::Seconds(60));
     EXPECT_OK(s);
     return s.ok() ? s->epoch : 0;
-  }
-  static v1::StepStreamRequest GetStep(uint64_t epoch) {
-    v1::StepStreamRequest m;
-    m.mutable_get_step()->set_epoch(epoch);
-    return m;
   }
   static v1::StepStreamRequest Report(uint64_t epoch, int task) {
     v1::StepStreamRequest m;
@@ -107,6 +109,74 @@ TEST_F(StepStreamClientTest, TheCoordinatorStops_ACallWaitingFailsUnavailable) {
   coordinator_.reset();
   waiting.join();
   EXPECT_THAT(*waiting_report, StatusIs(absl::StatusCode::kUnavailable));
+}
+
+// A coordinator that answers every call on its StepStream at once (code 0,
+// the call's tag), whatever the call.
+class AnswersAll final : public v1::CoordinatorWorkers::CallbackService {
+ public:
+  grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse>* StepStream(
+      grpc::CallbackServerContext*) override {
+    class Reactor final
+        : public grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse> {
+     public:
+      Reactor() { StartRead(&in_); }
+      void OnReadDone(bool ok) override {
+        if (!ok) {
+          Finish(grpc::Status::OK);
+          return;
+        }
+        out_.set_tag(in_.tag());
+        StartWrite(&out_);
+      }
+      void OnWriteDone(bool ok) override {
+        if (ok) StartRead(&in_);
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      v1::StepStreamRequest in_;
+      v1::StepStreamResponse out_;
+    };
+    return new Reactor();
+  }
+};
+
+// F6 at the worker's end: a coordinator restarting is not there for a
+// moment, and the step calls made then (a worker's report of the step
+// begun just before) wait for it instead of failing at once, when the
+// channel is between reconnection attempts; the CI failure of
+// RestartTest.F6_* was such a report, lost, and the barrier timing out.
+TEST(StepStreamClientRestartTest, TheCoordinatorIsNotThereYet_TheCallWaitsForIt) {
+  int port = 0;
+  {  // a free port: nothing listens there until the "restarted" server
+    AnswersAll probe;
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&probe);
+    builder.BuildAndStart()->Shutdown();
+  }
+  ASSERT_NE(port, 0);
+  auto stub = v1::CoordinatorWorkers::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  AnswersAll service;
+  std::unique_ptr<grpc::Server> server;
+  {
+    StepStreamClient client(stub.get());
+    // Nobody there: the call waits until its deadline (it does not fail at
+    // once), and the channel is left between attempts to connect.
+    EXPECT_THAT(client.Call(GetStep(1), absl::Milliseconds(300)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded));
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials());
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    ASSERT_NE(server, nullptr);
+    // The coordinator is back: the next call is answered, once the channel
+    // connects again.
+    EXPECT_OK(client.Call(GetStep(2), absl::Seconds(30)));
+  }  // the client's stream ends before the server shuts down
+  server->Shutdown();
 }
 
 // A coordinator whose StepStream never reads: the worker's writes stop
