@@ -103,6 +103,13 @@ class StepCoreTest : public ::testing::Test {
   void HeartbeatAll(std::initializer_list<int> tasks) {
     for (int t : tasks) ASSERT_OK(core_.Heartbeat(TaskKey{"tpu_worker", t}, Inc(t)));
   }
+  // tpu_worker:2 misses its heartbeats and is declared dead.
+  void DeclareTpuWorker2Dead() {
+    clock_.Advance(absl::Seconds(30));
+    HeartbeatAll({0, 1});
+    ASSERT_OK(core_.Heartbeat(TaskKey{"worker", 0}, 5));
+    core_.Tick(clock_.Now());
+  }
 
   repvar::testing::FakeClock clock_;
   repvar::testing::FakeWorkerClient workers_;
@@ -294,10 +301,7 @@ TEST_F(StepCoreTest, S1_EachStepDescribesTheStateAtItsBegin_WhatChangedBetweenSt
   EXPECT_EQ(s5.variables[0].begin_version, s4.variables[0].begin_version + 1);
   EXPECT_EQ(s5.variables[0].begin_checksum, F32({5, 6})->checksum);
 
-  clock_.Advance(absl::Seconds(30));
-  HeartbeatAll({0, 1});
-  ASSERT_OK(core_.Heartbeat(TaskKey{"worker", 0}, 5));
-  core_.Tick(clock_.Now());  // tpu_worker:2 is declared dead
+  DeclareTpuWorker2Dead();
   auto s6 = core_.BeginStep(6, absl::Seconds(10));
   ASSERT_OK(s6);
   EXPECT_EQ(s6->participants.size(), 2u);
@@ -306,10 +310,7 @@ TEST_F(StepCoreTest, S1_EachStepDescribesTheStateAtItsBegin_WhatChangedBetweenSt
 
 TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {
   Create("w", Aggregation::kMean);
-  clock_.Advance(absl::Seconds(30));
-  HeartbeatAll({0, 1});
-  ASSERT_OK(core_.Heartbeat(TaskKey{"worker", 0}, 5));
-  core_.Tick(clock_.Now());  // tpu_worker:2 is declared dead
+  DeclareTpuWorker2Dead();
   auto s = core_.BeginStep(1, absl::Seconds(10));
   ASSERT_OK(s);
   EXPECT_EQ(s->participants.size(), 2u);
