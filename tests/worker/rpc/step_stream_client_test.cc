@@ -111,35 +111,35 @@ TEST_F(StepStreamClientTest, TheCoordinatorStops_ACallWaitingFailsUnavailable) {
   EXPECT_THAT(*waiting_report, StatusIs(absl::StatusCode::kUnavailable));
 }
 
-// A coordinator that answers every call on its StepStream at once (code 0,
-// the call's tag), whatever the call.
-class AnswersAll final : public v1::CoordinatorWorkers::CallbackService {
- public:
-  grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse>* StepStream(
-      grpc::CallbackServerContext*) override {
-    class Reactor final
-        : public grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse> {
-     public:
-      Reactor() { StartRead(&in_); }
-      void OnReadDone(bool ok) override {
-        if (!ok) {
-          Finish(grpc::Status::OK);
-          return;
-        }
-        out_.set_tag(in_.tag());
-        StartWrite(&out_);
-      }
-      void OnWriteDone(bool ok) override {
-        if (ok) StartRead(&in_);
-      }
-      void OnDone() override { delete this; }
+using StepStreamReactor = grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse>;
 
-     private:
-      v1::StepStreamRequest in_;
-      v1::StepStreamResponse out_;
-    };
-    return new Reactor();
+// A coordinator whose StepStream is a new `Reactor` per stream.
+template <typename Reactor>
+class StepStreamOnly final : public v1::CoordinatorWorkers::CallbackService {
+ public:
+  StepStreamReactor* StepStream(grpc::CallbackServerContext*) override { return new Reactor(); }
+};
+
+// Answers every call at once (code 0, the call's tag), whatever the call.
+class AnswersAll final : public StepStreamReactor {
+ public:
+  AnswersAll() { StartRead(&in_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    out_.set_tag(in_.tag());
+    StartWrite(&out_);
   }
+  void OnWriteDone(bool ok) override {
+    if (ok) StartRead(&in_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  v1::StepStreamRequest in_;
+  v1::StepStreamResponse out_;
 };
 
 // F6 at the worker's end: a coordinator restarting is not there for a
@@ -150,7 +150,7 @@ class AnswersAll final : public v1::CoordinatorWorkers::CallbackService {
 TEST(StepStreamClientRestartTest, TheCoordinatorIsNotThereYet_TheCallWaitsForIt) {
   int port = 0;
   {  // a free port: nothing listens there until the "restarted" server
-    AnswersAll probe;
+    StepStreamOnly<AnswersAll> probe;
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&probe);
@@ -159,7 +159,7 @@ TEST(StepStreamClientRestartTest, TheCoordinatorIsNotThereYet_TheCallWaitsForIt)
   ASSERT_NE(port, 0);
   auto stub = v1::CoordinatorWorkers::NewStub(
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-  AnswersAll service;
+  StepStreamOnly<AnswersAll> service;
   std::unique_ptr<grpc::Server> server;
   {
     StepStreamClient client(stub.get());
@@ -179,24 +179,16 @@ TEST(StepStreamClientRestartTest, TheCoordinatorIsNotThereYet_TheCallWaitsForIt)
   server->Shutdown();
 }
 
-// A coordinator whose StepStream never reads: the worker's writes stop
-// once HTTP/2's flow-control windows are full.
-class NeverReads final : public v1::CoordinatorWorkers::CallbackService {
+// Never reads: the worker's writes stop once HTTP/2's flow-control windows
+// are full.
+class NeverReads final : public StepStreamReactor {
  public:
-  grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse>* StepStream(
-      grpc::CallbackServerContext*) override {
-    class Reactor final
-        : public grpc::ServerBidiReactor<v1::StepStreamRequest, v1::StepStreamResponse> {
-     public:
-      void OnCancel() override { Finish(grpc::Status::CANCELLED); }
-      void OnDone() override { delete this; }
-    };
-    return new Reactor();
-  }
+  void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+  void OnDone() override { delete this; }
 };
 
 TEST(StepStreamClientStalledTest, ACoordinatorThatStopsReading_TheCallEndsAtItsDeadline) {
-  NeverReads service;
+  StepStreamOnly<NeverReads> service;
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
