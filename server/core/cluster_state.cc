@@ -46,18 +46,6 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
     }
     order.push_back(id);
   }
-  variables_ = std::move(data.variables);
-  for (auto& [id, v] : variables_) {
-    names_[v.def.name] = &v;
-    ids_[id] = &v;
-  }
-  next_variable_id_ = data.next_variable_id;
-  workers_ = std::move(data.workers);
-  topology_version_ = data.topology_version;
-  last_committed_step_ = data.last_committed_step;
-  last_step_ = std::move(data.last_step);
-  last_epoch_ = data.last_epoch;
-  fences_reserved_ = data.fences_reserved;
   std::map<uint64_t, WritePrepared> prepared;
   for (WritePrepared& p : data.prepared) {
     for (const PreparedValue& value : p.values) {
@@ -72,10 +60,22 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
       return absl::DataLossError(absl::StrCat("checkpoint: fence ", fence, " prepared twice"));
     }
   }
+  variables_ = std::move(data.variables);
+  for (auto& [id, v] : variables_) {
+    names_[v.def.name] = &v;
+    ids_[id] = &v;
+    Reassess(v);
+  }
+  next_variable_id_ = data.next_variable_id;
+  workers_ = std::move(data.workers);
+  topology_version_ = data.topology_version;
+  last_committed_step_ = data.last_committed_step;
+  last_step_ = std::move(data.last_step);
+  last_epoch_ = data.last_epoch;
+  fences_reserved_ = data.fences_reserved;
   outcomes_ = std::move(outcomes);
   outcome_order_ = std::move(order);
   prepared_ = std::move(prepared);
-  for (const auto& [id, v] : variables_) Reassess(v);
   ++revision_;
   return absl::OkStatus();
 }

@@ -240,19 +240,27 @@ StepInfo LayoutOf(const ClusterState& state) {
 }  // namespace
 
 StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout) const {
-  // Nothing in the layout moves without a new revision: on the report path
-  // (no step or write changed a value) each step copies the last one.
-  const uint64_t cached = described_ ? described_revision_ : 0;
+  // Nothing in the layout moves without a new revision. A layout is kept
+  // once a second step is begun at the revision it was built at (the report
+  // path, where no step or write changes a value) and copied from then on;
+  // steps that change values build theirs and copy nothing.
+  const std::optional<uint64_t> kept =
+      described_ ? std::optional<uint64_t>(described_revision_) : std::nullopt;
   std::optional<StepInfo> fresh;
   const uint64_t revision = registry_->Read([&](const ClusterState& state) {
-    if (cached == 0 || cached != state.revision()) fresh = LayoutOf(state);
+    if (kept != state.revision()) fresh = LayoutOf(state);
     return state.revision();
   });
+  StepInfo info;
   if (fresh) {
-    described_ = *std::move(fresh);
+    const bool again = described_revision_ == revision;
     described_revision_ = revision;
+    described_.reset();
+    if (again) described_ = *fresh;
+    info = *std::move(fresh);
+  } else {
+    info = *described_;
   }
-  StepInfo info = *described_;
   info.step = step;
   info.barrier_timeout = barrier_timeout;
   return info;

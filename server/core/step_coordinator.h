@@ -126,9 +126,9 @@ class StepCoordinator {
   };
   class ChangeNotifier;
 
-  // The step's participants and variables from the registry's state. The
-  // layout is built again only when a worker or variable changed since the
-  // last one (ClusterState::revision); otherwise that one is copied.
+  // The step's participants and variables from the registry's state. While
+  // no worker or variable changes (ClusterState::revision), the layout is
+  // copied from a kept one instead of built again.
   StepInfo Describe(int64_t step, absl::Duration barrier_timeout) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The barrier's hooks, called with mu_ held.
@@ -152,9 +152,10 @@ class StepCoordinator {
   StepBarrier steps_ ABSL_GUARDED_BY(mu_);
   int writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool step_beginning_ ABSL_GUARDED_BY(mu_) = false;
-  // The last layout Describe built, and the state's revision it was built at.
-  mutable std::optional<StepInfo> described_ ABSL_GUARDED_BY(mu_);
+  // The state's revision the last layout Describe built was built at, and
+  // that layout once it is kept (see Describe).
   mutable uint64_t described_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::optional<StepInfo> described_ ABSL_GUARDED_BY(mu_);
   int holds_ ABSL_GUARDED_BY(mu_) = 0;  // HoldWrites not yet released
   // step_cv_: a step opened, started aggregating or resolved, or
   // writes_in_flight_ or holds_ moved. events_cv_: a step event was recorded.

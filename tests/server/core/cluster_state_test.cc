@@ -256,6 +256,27 @@ TEST(ClusterStateRepairIndexTest, NeedingRepair_AfterEveryChange_IsTheFlaggedAnd
   EXPECT_EQ(restored.needing_repair(), state.needing_repair());
 }
 
+// A checkpoint that contradicts itself is refused, and nothing of it is
+// taken: here a prepared write without its value, found after the
+// variables were read.
+TEST_F(ClusterStateTest, Restore_PreparedWriteWithoutItsValue_DataLossNothingTaken) {
+  ClusterStateData data;
+  data.variables = state_.variables();
+  data.next_variable_id = state_.next_variable_id();
+  data.workers = state_.workers();
+  WritePrepared p;
+  p.fence = 9;
+  p.values.push_back(PreparedValue{1, 1, 1234, nullptr});
+  data.prepared.push_back(p);
+  ClusterState restored;
+  EXPECT_THAT(restored.Restore(std::move(data)),
+              StatusIs(absl::StatusCode::kDataLoss, "lacks the value of variable id 1"));
+  EXPECT_TRUE(restored.variables().empty());
+  EXPECT_EQ(restored.FindId(1), nullptr);
+  EXPECT_EQ(restored.Find("w"), nullptr);
+  EXPECT_TRUE(restored.workers().empty());
+}
+
 using ClusterStateDeathTest = ClusterStateTest;
 
 TEST_F(ClusterStateDeathTest, ContradictingRecords_Crash) {
