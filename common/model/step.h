@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/base/shared_vector.h"
 #include "common/model/task.h"
 #include "common/tensor/tensor.h"
 #include "repvar/types.h"
@@ -49,7 +50,8 @@ struct StepInfo {
   absl::Duration barrier_timeout;
   absl::Time begun;
   std::vector<StepParticipant> participants;  // sorted by task: the rank order
-  std::vector<StepVariable> variables;        // by id
+  // By id. Shared by the steps begun at one layout (copy on write).
+  SharedVector<StepVariable> variables;
   // Names participants + variables without the begin versions (see
   // repvar.v1.StepInfo): equal ids, equal layouts.
   uint64_t layout_id = 0;

@@ -147,12 +147,22 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
   std::vector<Divergence> divergences;
   std::map<AccumType, std::vector<uint64_t>> reduce;
   std::vector<StepCollective> broadcasts;
-  // Reports are sorted by (variable, replica) and variables by id: one merge
-  // walk over all of them.
+  // Only the variables some worker reported are walked (a report names the
+  // replicas whose value changed): the barrier's work follows what changed,
+  // not the step's size. Reports are sorted by (variable, replica): one
+  // merge walk over them, in variable order.
+  std::vector<uint64_t> reported;
+  for (const Progress& p : progress_) {
+    for (const ReplicaReport& rr : p.report->replicas) reported.push_back(rr.variable_id);
+  }
+  std::sort(reported.begin(), reported.end());
+  reported.erase(std::unique(reported.begin(), reported.end()), reported.end());
   std::vector<size_t> cursor(progress_.size(), 0);
-  for (const StepVariable& v : open_->variables) {
+  std::vector<uint64_t> sums;
+  for (uint64_t id : reported) {
+    const StepVariable& v = *FindVariable(id);  // Report checked it is in the step
     const size_t R = v.replica_participant.size();
-    std::vector<uint64_t> sums(R, v.begin_checksum);
+    sums.assign(R, v.begin_checksum);
     bool changed = false;
     for (size_t w = 0; w < progress_.size(); ++w) {
       const std::vector<ReplicaReport>& reports = progress_[w].report->replicas;

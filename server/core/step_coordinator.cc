@@ -184,6 +184,7 @@ StepInfo LayoutOf(const ClusterState& state) {
     live.push_back(&w);
   }
   StepInfo info;
+  std::vector<StepVariable> variables;
   std::vector<bool> holds(live.size(), false);
   std::vector<bool> stale(live.size(), false);
   // Each replica's worker in `live` (-1: not live), found once per distinct
@@ -218,7 +219,7 @@ StepInfo LayoutOf(const ClusterState& state) {
       if (up) holds[l] = true;
       if (l >= 0 && !up) stale[l] = true;
     }
-    info.variables.push_back(std::move(sv));
+    variables.push_back(std::move(sv));
   }
   std::vector<int32_t> rank(live.size(), -1);
   for (size_t i = 0; i < live.size(); ++i) {
@@ -228,11 +229,12 @@ StepInfo LayoutOf(const ClusterState& state) {
     info.participants.push_back(
         StepParticipant{live[i]->task, live[i]->incarnation, live[i]->address});
   }
-  for (StepVariable& sv : info.variables) {
+  for (StepVariable& sv : variables) {
     for (int32_t& p : sv.replica_participant) {
       if (p >= 0) p = rank[p];
     }
   }
+  info.variables = std::move(variables);
   info.layout_id = LayoutId(info);
   return info;
 }
@@ -240,27 +242,19 @@ StepInfo LayoutOf(const ClusterState& state) {
 }  // namespace
 
 StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout) const {
-  // Nothing in the layout moves without a new revision. A layout is kept
-  // once a second step is begun at the revision it was built at (the report
-  // path, where no step or write changes a value) and copied from then on;
-  // steps that change values build theirs and copy nothing.
-  const std::optional<uint64_t> kept =
-      described_ ? std::optional<uint64_t>(described_revision_) : std::nullopt;
+  // Nothing in the layout moves without a new revision: while the revision
+  // stays, each step shares the kept layout's variables (SharedVector)
+  // instead of building or copying them.
   std::optional<StepInfo> fresh;
   const uint64_t revision = registry_->Read([&](const ClusterState& state) {
-    if (kept != state.revision()) fresh = LayoutOf(state);
+    if (!described_ || described_revision_ != state.revision()) fresh = LayoutOf(state);
     return state.revision();
   });
-  StepInfo info;
   if (fresh) {
-    const bool again = described_revision_ == revision;
+    described_ = *std::move(fresh);
     described_revision_ = revision;
-    described_.reset();
-    if (again) described_ = *fresh;
-    info = *std::move(fresh);
-  } else {
-    info = *described_;
   }
+  StepInfo info = *described_;
   info.step = step;
   info.barrier_timeout = barrier_timeout;
   return info;

@@ -127,8 +127,8 @@ class StepCoordinator {
   class ChangeNotifier;
 
   // The step's participants and variables from the registry's state. While
-  // no worker or variable changes (ClusterState::revision), the layout is
-  // copied from a kept one instead of built again.
+  // no worker or variable changes (ClusterState::revision), each step shares
+  // the kept layout's variables: no build, no copy.
   StepInfo Describe(int64_t step, absl::Duration barrier_timeout) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The barrier's hooks, called with mu_ held.
@@ -152,8 +152,7 @@ class StepCoordinator {
   StepBarrier steps_ ABSL_GUARDED_BY(mu_);
   int writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool step_beginning_ ABSL_GUARDED_BY(mu_) = false;
-  // The state's revision the last layout Describe built was built at, and
-  // that layout once it is kept (see Describe).
+  // The last layout Describe built, and the state's revision it was built at.
   mutable uint64_t described_revision_ ABSL_GUARDED_BY(mu_) = 0;
   mutable std::optional<StepInfo> described_ ABSL_GUARDED_BY(mu_);
   int holds_ ABSL_GUARDED_BY(mu_) = 0;  // HoldWrites not yet released

@@ -287,12 +287,15 @@ TEST_F(StepCoreTest, S1_EachStepDescribesTheStateAtItsBegin_WhatChangedBetweenSt
   EXPECT_EQ(s2.layout_id, s1.layout_id);
   ASSERT_EQ(s2.variables.size(), 1u);
   EXPECT_EQ(s2.variables[0].begin_version, s1.variables[0].begin_version);
+  // Shared, not copied: a step's begin costs no work per variable then.
+  EXPECT_TRUE(s2.variables.SharesWith(s1.variables));
 
   uint64_t v = Create("v", Aggregation::kNone);  // created and initialized
   const StepInfo s3 = reported_step(3);
   EXPECT_NE(s3.layout_id, s2.layout_id);
   ASSERT_EQ(s3.variables.size(), 2u);
   EXPECT_EQ(s3.variables[1].id, v);
+  EXPECT_FALSE(s3.variables.SharesWith(s2.variables));
 
   StepInfo s4;
   CommitAgreedStep(w, 4, *F32({5, 6}), &s4);  // w moves to a new version

@@ -137,7 +137,7 @@ TEST_F(PlanRunnerTest, Allreduce_SeveralVariables_FoldedWhenOneDtypeAndAllHold_S
 // worker that sat the step out (participant -1) are not counted.
 TEST_F(PlanRunnerTest, S4_Mean_DividesByParticipatingReplicasOnly) {
   auto layout = std::make_shared<StepLayout>(*step_.layout);
-  layout->info.variables[0].replica_participant = {-1, -1, 1, 1};  // host 0 sat out
+  layout->info.variables.Own()[0].replica_participant = {-1, -1, 1, 1};  // host 0 sat out
   step_.layout = layout;
   step_.written[{1, 2}] = F32({5, 6});  // +4 each; replica 3 untouched: +0
   collectives_.others = 0;              // nobody else contributes
@@ -154,7 +154,7 @@ TEST_F(PlanRunnerTest, S4_Mean_DividesByParticipatingReplicasOnly) {
 TEST_F(PlanRunnerTest, LargeReducedValue_InSharedMemory_SmallOneNot) {
   const int64_t n = PlanRunner::kSharedValueBytes / 4;
   auto layout = std::make_shared<StepLayout>(*step_.layout);
-  layout->info.variables[0].spec = TensorSpec{DType::kFloat32, {n}};
+  layout->info.variables.Own()[0].spec = TensorSpec{DType::kFloat32, {n}};
   step_.layout = layout;
   std::vector<float> ones(n, 1.0f), threes(n, 3.0f);
   ASSERT_TRUE(store_.Apply({ReplicaWrite{1, "w", 6, {2, 3}, F32(ones), 1}}).ok());
@@ -217,7 +217,7 @@ TEST_F(PlanRunnerTest, Broadcast_RootKeepsItsValueUncopied_LargeReceivedValueSha
 
   const int64_t n = PlanRunner::kSharedValueBytes / 4;
   auto layout = std::make_shared<StepLayout>(*step_.layout);
-  layout->info.variables[0].spec = TensorSpec{DType::kFloat32, {n}};
+  layout->info.variables.Own()[0].spec = TensorSpec{DType::kFloat32, {n}};
   step_.layout = layout;
   collectives_.root = F32(std::vector<float>(n, 2.0f));
   plan.collectives[0] = StepCollective{StepCollective::Kind::kBroadcast, 0,     {1}, /*root=*/0, 0,
