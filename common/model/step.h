@@ -35,12 +35,16 @@ struct StepVariable {
   std::string name;
   Aggregation aggregation = Aggregation::kNone;
   TensorSpec spec;
-  int64_t begin_version = 0;
-  uint64_t begin_checksum = 0;
   // Per replica: index into StepInfo::participants, or -1 when its worker is
   // not live or its replica is not up to date (it sits the step out).
   std::vector<int32_t> replica_participant;
   bool allow_nonfinite = false;
+};
+
+// A step variable's committed version and checksum when the step began.
+struct VariableBegin {
+  int64_t version = 0;
+  uint64_t checksum = 0;
 };
 
 struct StepInfo {
@@ -52,6 +56,9 @@ struct StepInfo {
   std::vector<StepParticipant> participants;  // sorted by task: the rank order
   // By id. Shared by the steps begun at one layout (copy on write).
   SharedVector<StepVariable> variables;
+  // The coordinator's alone (never sent): one per variable, in the same
+  // order. Shared by the steps begun while no value changed.
+  SharedVector<VariableBegin> begin;
   // Names participants + variables without the begin versions (see
   // repvar.v1.StepInfo): equal ids, equal layouts.
   uint64_t layout_id = 0;

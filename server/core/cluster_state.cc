@@ -5,11 +5,37 @@
 #include <type_traits>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_util.h"
 
 namespace repvar::server {
+namespace {
+
+// A variable's replica states before a change: whether the change moved any.
+class ReplicaStates {
+ public:
+  explicit ReplicaStates(const VariableRecord& v) {
+    for (const ReplicaRecord& r : v.replicas) states_.push_back(r.state);
+  }
+  bool ChangedIn(const VariableRecord& v) const {
+    for (size_t i = 0; i < states_.size(); ++i) {
+      if (v.replicas[i].state != states_[i]) return true;
+    }
+    return false;
+  }
+
+ private:
+  absl::InlinedVector<ReplicaState, 8> states_;
+};
+
+}  // namespace
+
+void ClusterState::Moved() {
+  ++layout_revision_;
+  ++value_revision_;
+}
 
 absl::Status ClusterState::Restore(ClusterStateData data) {
   REPVAR_CHECK_MSG(variables_.empty() && workers_.empty() && outcomes_.empty() &&
@@ -76,7 +102,7 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
   outcomes_ = std::move(outcomes);
   outcome_order_ = std::move(order);
   prepared_ = std::move(prepared);
-  ++revision_;
+  Moved();
   return absl::OkStatus();
 }
 
@@ -108,7 +134,7 @@ VariableRecord& ClusterState::MustFind(uint64_t id, const char* change) {
 }
 
 void ClusterState::ApplyChange(const WorkerRegistered& c) {
-  ++revision_;
+  Moved();
   WorkerRecord& w = workers_[c.task];
   TransitionWorker(w.state, WorkerEvent::kRegistered, c.task.ToString());
   w.task = c.task;
@@ -139,7 +165,7 @@ void ClusterState::ApplyChange(const WorkerRegistered& c) {
 }
 
 void ClusterState::ApplyChange(const WorkerDied& c) {
-  ++revision_;
+  Moved();
   auto it = workers_.find(c.task);
   REPVAR_CHECK_MSG(it != workers_.end() && it->second.incarnation == c.incarnation,
                    absl::StrCat("WorkerDied names ", c.task.ToString(), " incarnation ",
@@ -159,7 +185,7 @@ void ClusterState::ApplyChange(const WorkerDied& c) {
 }
 
 void ClusterState::ApplyChange(const WorkerJoined& c) {
-  ++revision_;
+  Moved();
   // Changes no record of the worker: what it holds is in its replicas'
   // states already. Listing it is a new topology.
   auto w = workers_.find(c.task);
@@ -172,7 +198,7 @@ void ClusterState::ApplyChange(const WorkerJoined& c) {
 }
 
 void ClusterState::ApplyChange(const VariableCreated& c) {
-  ++revision_;
+  Moved();
   REPVAR_CHECK_MSG(c.id >= next_variable_id_ && !names_.contains(c.def.name),
                    absl::StrCat("VariableCreated reuses id ", c.id, " or name ", c.def.name));
   VariableRecord v;
@@ -194,7 +220,7 @@ void ClusterState::ApplyChange(const VariableCreated& c) {
 }
 
 void ClusterState::ApplyChange(const VariableDeleted& c) {
-  ++revision_;
+  Moved();
   VariableRecord& v = MustFind(c.id, "VariableDeleted");
   names_.erase(v.def.name);
   needing_repair_.erase(c.id);
@@ -219,8 +245,8 @@ void ClusterState::Acknowledge(VariableRecord& v, const Holder& h, int64_t versi
 }
 
 void ClusterState::ApplyChange(const ValueCommitted& c) {
-  ++revision_;
   VariableRecord& v = MustFind(c.id, "ValueCommitted");
+  const ReplicaStates before(v);  // a replica that missed the value sits steps out
   REPVAR_CHECK_MSG(c.version > v.version,
                    absl::StrCat("ValueCommitted moves ", v.def.name, " from version ", v.version,
                                 " to ", c.version));
@@ -239,10 +265,12 @@ void ClusterState::ApplyChange(const ValueCommitted& c) {
                       static_cast<int32_t>(i));
   }
   Reassess(v);
+  ++value_revision_;
+  if (before.ChangedIn(v)) Moved();
 }
 
 void ClusterState::ApplyChange(const ValueKept& c) {
-  ++revision_;
+  // The coordinator's own copy of the committed value: no step sees it.
   VariableRecord& v = MustFind(c.id, "ValueKept");
   REPVAR_CHECK_MSG(c.version == v.version && c.checksum == v.checksum && c.value != nullptr &&
                        c.value->checksum == c.checksum,
@@ -269,14 +297,15 @@ void ClusterState::ApplyChange(const WriteResolved& c) {
 }
 
 void ClusterState::ApplyChange(const ReplicasWritten& c) {
-  ++revision_;
   VariableRecord& v = MustFind(c.id, "ReplicasWritten");
+  const ReplicaStates before(v);
   for (const Holder& h : c.holders) Acknowledge(v, h, c.version, c.checksum);
   Reassess(v);
+  if (before.ChangedIn(v)) Moved();
 }
 
 void ClusterState::ApplyChange(const ResyncFlagged& c) {
-  ++revision_;
+  // The flag is the repair pass's; a step's layout does not read it.
   VariableRecord& v = MustFind(c.id, "ResyncFlagged");
   v.needs_resync = c.needs_resync;
   Reassess(v);

@@ -132,10 +132,16 @@ class ClusterState {
   // pass costs what needs repair rather than the number of variables.
   const std::set<uint64_t>& needing_repair() const { return needing_repair_; }
   uint64_t next_variable_id() const { return next_variable_id_; }
-  // Moves whenever a worker or a variable changes (not on the records of
-  // requests, steps, fences or prepared writes): what was derived from the
-  // workers and variables at one revision holds while it stays.
-  uint64_t revision() const { return revision_; }
+  // Moves whenever what a step's layout is made of changes: a worker, a
+  // variable created, deleted or first initialized, a replica's state. Not
+  // on a new committed value whose replicas all took it, nor on the records
+  // of requests, steps, fences or prepared writes: what was derived from
+  // the workers, variables and replica states at one revision holds while
+  // it stays.
+  uint64_t layout_revision() const { return layout_revision_; }
+  // Moves whenever a variable's committed version or checksum changes, and
+  // with layout_revision().
+  uint64_t value_revision() const { return value_revision_; }
   // kBasic leaves the replicas out.
   VariableView View(const VariableRecord& v, VariableDetail detail = VariableDetail::kFull) const;
 
@@ -204,6 +210,8 @@ class ClusterState {
   void Acknowledge(VariableRecord& v, const Holder& h, int64_t version, uint64_t checksum);
   // Files `v` in needing_repair_ or takes it out, from its flag and replicas.
   void Reassess(const VariableRecord& v);
+  // Moves both revisions: what a step's layout is made of changed.
+  void Moved();
 
   const ClusterStateOptions options_;
 
@@ -216,7 +224,8 @@ class ClusterState {
   absl::flat_hash_map<uint64_t, VariableRecord*> ids_;
   std::set<uint64_t> needing_repair_;
   uint64_t next_variable_id_ = 1;
-  uint64_t revision_ = 0;
+  uint64_t layout_revision_ = 0;
+  uint64_t value_revision_ = 0;
 
   std::map<TaskKey, WorkerRecord> workers_;
   int64_t topology_version_ = 0;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/metrics.h"
+#include "common/base/status_util.h"
 #include "server/core/core_metrics.h"
 #include "spdlog/spdlog.h"
 
@@ -43,6 +44,8 @@ absl::StatusOr<std::shared_ptr<const StepInfo>> StepBarrier::CheckBegin(int64_t 
 }
 
 uint64_t StepBarrier::Open(StepInfo info, absl::Time now) {
+  REPVAR_CHECK_MSG(info.begin.size() == info.variables.size(),
+                   "a step opens with a begin version for each of its variables");
   info.epoch = next_epoch_++;
   info.state = StepState::kOpen;
   info.begun = now;
@@ -161,8 +164,9 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
   std::vector<uint64_t> sums;
   for (uint64_t id : reported) {
     const StepVariable& v = *FindVariable(id);  // Report checked it is in the step
+    const uint64_t begin_checksum = BeginOf(v).checksum;
     const size_t R = v.replica_participant.size();
-    sums.assign(R, v.begin_checksum);
+    sums.assign(R, begin_checksum);
     bool changed = false;
     for (size_t w = 0; w < progress_.size(); ++w) {
       const std::vector<ReplicaReport>& reports = progress_[w].report->replicas;
@@ -178,7 +182,7 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
           return;
         }
         sums[rr.replica] = rr.checksum;
-        changed = changed || rr.checksum != v.begin_checksum;
+        changed = changed || rr.checksum != begin_checksum;
       }
     }
     if (!changed) continue;
@@ -342,7 +346,7 @@ void StepBarrier::ResolveFinish(absl::Time now) {
         return;
       }
     }
-    plan_->changed_checksums[c] = agreed.value_or(v->begin_checksum);
+    plan_->changed_checksums[c] = agreed.value_or(BeginOf(*v).checksum);
   }
   Commit(std::move(divergences_), now);
 }
@@ -359,8 +363,9 @@ void StepBarrier::Commit(std::vector<Divergence> divergences, absl::Time now) {
     StepRecord::Variable rv;
     rv.id = id;
     rv.checksum = plan_->changed_checksums[c];
-    rv.changed = rv.checksum != v.begin_checksum;
-    rv.version = v.begin_version + (rv.changed ? 1 : 0);
+    const VariableBegin& begin = BeginOf(v);
+    rv.changed = rv.checksum != begin.checksum;
+    rv.version = begin.version + (rv.changed ? 1 : 0);
     for (size_t i = 0; i < v.replica_participant.size(); ++i) {
       if (v.replica_participant[i] < 0) continue;
       rv.replicas.emplace_back(static_cast<int32_t>(i),
@@ -484,6 +489,10 @@ void StepBarrier::Tick(absl::Time now, const std::function<std::string(const Tas
            " failed: ", aggregating ? "aggregation" : "the barrier", " timed out after ",
            Seconds(elapsed), "; missing: ", absl::StrJoin(detail, ", "))),
        now);
+}
+
+const VariableBegin& StepBarrier::BeginOf(const StepVariable& v) const {
+  return open_->begin[static_cast<size_t>(&v - open_->variables.view().data())];
 }
 
 const StepVariable* StepBarrier::FindVariable(uint64_t id) const {

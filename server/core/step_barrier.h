@@ -143,6 +143,9 @@ class StepBarrier {
                                      uint64_t incarnation, absl::string_view what) const;
   // The open step's variable `id` (they are sorted by id), or null.
   const StepVariable* FindVariable(uint64_t id) const;
+  // The committed version and checksum of `v`, a variable of the open step,
+  // when it began.
+  const VariableBegin& BeginOf(const StepVariable& v) const;
   void ResolveBarrier(absl::Time now);
   void ResolveFinish(absl::Time now);
   void Fail(absl::Status status, absl::Time now);

@@ -185,6 +185,7 @@ StepInfo LayoutOf(const ClusterState& state) {
   }
   StepInfo info;
   std::vector<StepVariable> variables;
+  std::vector<VariableBegin> begin;
   std::vector<bool> holds(live.size(), false);
   std::vector<bool> stale(live.size(), false);
   // Each replica's worker in `live` (-1: not live), found once per distinct
@@ -207,8 +208,6 @@ StepInfo LayoutOf(const ClusterState& state) {
     sv.name = v.def.name;
     sv.aggregation = v.def.aggregation;
     sv.spec = v.def.tensor;
-    sv.begin_version = v.version;
-    sv.begin_checksum = v.checksum;
     sv.allow_nonfinite = v.def.allow_nonfinite;
     sv.replica_participant.reserve(v.placement.size());
     for (size_t i = 0; i < v.placement.size(); ++i) {
@@ -220,6 +219,7 @@ StepInfo LayoutOf(const ClusterState& state) {
       if (l >= 0 && !up) stale[l] = true;
     }
     variables.push_back(std::move(sv));
+    begin.push_back(VariableBegin{v.version, v.checksum});
   }
   std::vector<int32_t> rank(live.size(), -1);
   for (size_t i = 0; i < live.size(); ++i) {
@@ -235,25 +235,51 @@ StepInfo LayoutOf(const ClusterState& state) {
     }
   }
   info.variables = std::move(variables);
+  info.begin = std::move(begin);
   info.layout_id = LayoutId(info);
   return info;
+}
+
+// The committed version and checksum of each of `variables` in `state`, or
+// nullopt when one is no longer there (the layout is out of date then).
+std::optional<std::vector<VariableBegin>> BeginOf(const ClusterState& state,
+                                                  const SharedVector<StepVariable>& variables) {
+  std::vector<VariableBegin> begin;
+  begin.reserve(variables.size());
+  for (const StepVariable& sv : variables) {
+    const VariableRecord* v = state.FindId(sv.id);
+    if (v == nullptr) return std::nullopt;
+    begin.push_back(VariableBegin{v->version, v->checksum});
+  }
+  return begin;
 }
 
 }  // namespace
 
 StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout) const {
-  // Nothing in the layout moves without a new revision: while the revision
+  // Nothing in the layout moves without a new layout revision: while it
   // stays, each step shares the kept layout's variables (SharedVector)
-  // instead of building or copying them.
+  // instead of building or copying them. Values committed since (a step's
+  // writes) change only the begin versions, one pair per variable; while
+  // no value changes either, those are shared too.
   std::optional<StepInfo> fresh;
-  const uint64_t revision = registry_->Read([&](const ClusterState& state) {
-    if (!described_ || described_revision_ != state.revision()) fresh = LayoutOf(state);
-    return state.revision();
+  std::optional<std::vector<VariableBegin>> begin;
+  std::pair<uint64_t, uint64_t> revisions;
+  registry_->Read([&](const ClusterState& state) {
+    revisions = {state.layout_revision(), state.value_revision()};
+    if (!described_ || described_revisions_.first != revisions.first) {
+      fresh = LayoutOf(state);
+    } else if (described_revisions_.second != revisions.second) {
+      begin = BeginOf(state, described_->variables);
+      if (!begin) fresh = LayoutOf(state);
+    }
   });
   if (fresh) {
     described_ = *std::move(fresh);
-    described_revision_ = revision;
+  } else if (begin) {
+    described_->begin = *std::move(begin);
   }
+  described_revisions_ = revisions;
   StepInfo info = *described_;
   info.step = step;
   info.barrier_timeout = barrier_timeout;

@@ -127,8 +127,9 @@ class StepCoordinator {
   class ChangeNotifier;
 
   // The step's participants and variables from the registry's state. While
-  // no worker or variable changes (ClusterState::revision), each step shares
-  // the kept layout's variables: no build, no copy.
+  // the layout revision stays (ClusterState::layout_revision), each step
+  // shares the kept layout's variables: no build, no copy; values
+  // committed since cost one version and checksum per variable.
   StepInfo Describe(int64_t step, absl::Duration barrier_timeout) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The barrier's hooks, called with mu_ held.
@@ -152,8 +153,9 @@ class StepCoordinator {
   StepBarrier steps_ ABSL_GUARDED_BY(mu_);
   int writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool step_beginning_ ABSL_GUARDED_BY(mu_) = false;
-  // The last layout Describe built, and the state's revision it was built at.
-  mutable uint64_t described_revision_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last layout Describe built, and the state's layout and value
+  // revisions it holds.
+  mutable std::pair<uint64_t, uint64_t> described_revisions_ ABSL_GUARDED_BY(mu_);
   mutable std::optional<StepInfo> described_ ABSL_GUARDED_BY(mu_);
   int holds_ ABSL_GUARDED_BY(mu_) = 0;  // HoldWrites not yet released
   // step_cv_: a step opened, started aggregating or resolved, or

@@ -175,8 +175,8 @@ TEST_F(StepCoreTest, S1_BeginStep_WaitsForCrossReplicaWritesInFlight) {
   beginner.join();
   ASSERT_OK(assigned);
   ASSERT_OK(step);
-  EXPECT_EQ(step->variables[0].begin_version, 2);  // the step starts after the write
-  EXPECT_EQ(step->variables[0].begin_checksum, F32({3, 4})->checksum);
+  EXPECT_EQ(step->begin[0].version, 2);  // the step starts after the write
+  EXPECT_EQ(step->begin[0].checksum, F32({3, 4})->checksum);
 }
 
 // A consistent cut (checkpoints): a hold waits for the open step to
@@ -228,6 +228,12 @@ TEST_F(StepCoreTest, Cut_HoldWrites_WaitsForTheOpenStep_ThenHoldsWritesAndNewSte
 
 TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired) {
   uint64_t w = Create("w", Aggregation::kMean);
+  // A step first: the steps below begin with its layout kept, and must show
+  // what the write and the repair changed in the replicas all the same.
+  auto first = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(first);
+  for (int t = 0; t < 3; ++t) ASSERT_OK(core_.ReportStep(Report(*first, t)));
+  ASSERT_EQ(Resolution(first->epoch).state, StepState::kCommitted);
   // A cross-replica write that does not reach tpu_worker:1 leaves the others
   // at the new version and the variable marked for resync.
   workers_.Fail("tpu_worker:1", absl::UnavailableError("down for a moment"));
@@ -248,7 +254,7 @@ TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired)
   EXPECT_EQ(view->replicas[2].state, ReplicaState::kUpToDate);  // it holds version 1
   EXPECT_EQ(view->replicas[0].state, ReplicaState::kStale);
   EXPECT_TRUE(view->needs_resync);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = core_.BeginStep(2, absl::Seconds(10));
   ASSERT_OK(s);
   // Committed is still version 1: the replicas that got version 2 sit out.
   EXPECT_EQ(s->participants.size(), 1u);  // only tpu_worker:1 holds the committed value
@@ -262,7 +268,7 @@ TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired)
   EXPECT_FALSE(view->needs_resync);
   for (const ReplicaView& r : view->replicas) EXPECT_EQ(r.state, ReplicaState::kUpToDate);
   EXPECT_EQ(workers_.Get("tpu_worker:0", w, 0)->version, 1);  // rewritten to the committed one
-  auto again = core_.BeginStep(1, absl::Seconds(10));
+  auto again = core_.BeginStep(2, absl::Seconds(10));
   ASSERT_OK(again);
   EXPECT_EQ(again->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, 2, 2}));
 }
@@ -286,9 +292,10 @@ TEST_F(StepCoreTest, S1_EachStepDescribesTheStateAtItsBegin_WhatChangedBetweenSt
   EXPECT_EQ(s2.step, 2);
   EXPECT_EQ(s2.layout_id, s1.layout_id);
   ASSERT_EQ(s2.variables.size(), 1u);
-  EXPECT_EQ(s2.variables[0].begin_version, s1.variables[0].begin_version);
+  EXPECT_EQ(s2.begin[0].version, s1.begin[0].version);
   // Shared, not copied: a step's begin costs no work per variable then.
   EXPECT_TRUE(s2.variables.SharesWith(s1.variables));
+  EXPECT_TRUE(s2.begin.SharesWith(s1.begin));
 
   uint64_t v = Create("v", Aggregation::kNone);  // created and initialized
   const StepInfo s3 = reported_step(3);
@@ -301,14 +308,31 @@ TEST_F(StepCoreTest, S1_EachStepDescribesTheStateAtItsBegin_WhatChangedBetweenSt
   CommitAgreedStep(w, 4, *F32({5, 6}), &s4);  // w moves to a new version
   const StepInfo s5 = reported_step(5);
   EXPECT_EQ(s5.layout_id, s4.layout_id);  // begin versions are not part of it
-  EXPECT_EQ(s5.variables[0].begin_version, s4.variables[0].begin_version + 1);
-  EXPECT_EQ(s5.variables[0].begin_checksum, F32({5, 6})->checksum);
+  EXPECT_EQ(s5.begin[0].version, s4.begin[0].version + 1);
+  EXPECT_EQ(s5.begin[0].checksum, F32({5, 6})->checksum);
+  EXPECT_EQ(s5.begin[1].version, s4.begin[1].version);
+  // Only values moved: the layout is shared, the begin versions are new.
+  EXPECT_TRUE(s5.variables.SharesWith(s4.variables));
+  EXPECT_FALSE(s5.begin.SharesWith(s4.begin));
+
+  // Created, then initialized after a step: only then does it join one.
+  VariableDef u;
+  u.name = "u";
+  u.tensor = TensorSpec{DType::kFloat32, {2}};
+  u.replica_count = 6;
+  u.aggregation = Aggregation::kMean;
+  ASSERT_OK(core_.CreateVariables({}, {{u, Initializer{.kind = InitializerKind::kZeros}}}));
+  EXPECT_EQ(reported_step(6).variables.size(), 2u);
+  ASSERT_OK(core_.Initialize({}, {{"u", std::nullopt}}));
+  const StepInfo s7 = reported_step(7);
+  ASSERT_EQ(s7.variables.size(), 3u);
+  EXPECT_EQ(s7.variables[2].name, "u");
 
   DeclareTpuWorker2Dead();
-  auto s6 = core_.BeginStep(6, absl::Seconds(10));
-  ASSERT_OK(s6);
-  EXPECT_EQ(s6->participants.size(), 2u);
-  EXPECT_EQ(s6->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, -1, -1}));
+  auto s8 = core_.BeginStep(8, absl::Seconds(10));
+  ASSERT_OK(s8);
+  EXPECT_EQ(s8->participants.size(), 2u);
+  EXPECT_EQ(s8->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, -1, -1}));
 }
 
 TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {
