@@ -51,6 +51,8 @@ ABSL_FLAG(bool, only_memory, false, "run only the memory (RSS) figures");
 ABSL_FLAG(int32_t, small_workers, 8, "worker processes (= replicas) for the small-op figures");
 ABSL_FLAG(int32_t, step_workers, 32, "worker processes for the steps-per-second figure");
 ABSL_FLAG(int32_t, step_vars, 1000, "small variables in the steps-per-second figure");
+ABSL_FLAG(int32_t, step_written, -1,
+          "of those, how many each trainer writes on the write path (-1: all)");
 ABSL_FLAG(int32_t, steps, 20, "timed steps for the steps-per-second figure");
 ABSL_FLAG(int32_t, mean_mib, 64, "size of the MEAN step variable");
 ABSL_FLAG(int32_t, mean_replicas, 8, "replicas (= workers) of the MEAN step variable");
@@ -555,11 +557,18 @@ void StepsPerSecond(int workers, int vars, int steps) {
   }
   if (auto v = c->CreateVariables(specs); !v.ok()) Die("create", v.status());
   if (auto v = c->Initialize(names); !v.ok()) Die("initialize", v.status());
-  std::vector<float> value(16, 1.0f);
+  const int written = absl::GetFlag(FLAGS_step_written) < 0
+                          ? vars
+                          : std::min(vars, absl::GetFlag(FLAGS_step_written));
+  // Each trainer's values differ from the others' and from the last step's,
+  // so that every written variable changes and is reduced (the same value
+  // every step would leave the committed one as it is: nothing to reduce).
+  std::vector<std::vector<float>> values(workers);
   auto write = [&](int w, repvar::StepScope& s) {
+    values[w].assign(16, static_cast<float>(s.step() * workers + w));
     std::vector<repvar::StepScope::LocalWrite> batch;
-    for (const std::string& n : names) {
-      batch.push_back({n, w, std::as_bytes(std::span<const float>(value))});
+    for (int i = 0; i < written; ++i) {
+      batch.push_back({names[i], w, std::as_bytes(std::span<const float>(values[w]))});
     }
     return s.WriteBatch(batch);
   };
@@ -585,11 +594,11 @@ void StepsPerSecond(int workers, int vars, int steps) {
     const double wall = Ms(t0, Clock::now()) / 1000;
     const double cpu = CpuSeconds(cluster.coordinator().pid()) - cpu0;
     std::printf(
-        "repvar_steps workers=%d vars=%d writes=%d steps_per_s=%.2f "
+        "repvar_steps workers=%d vars=%d writes=%d written=%d steps_per_s=%.2f "
         "coordinator_cpu_ms_per_step=%.2f coordinator_cpu_share=%.3f begin_ms=%.1f write_ms=%.1f "
         "commit_ms=%.1f\n",
-        workers, vars, writes ? 1 : 0, steps / wall, cpu * 1000 / steps, cpu / wall,
-        Percentile(begin, 0.5), Percentile(wrote, 0.5), Percentile(commit, 0.5));
+        workers, vars, writes ? 1 : 0, writes ? written : 0, steps / wall, cpu * 1000 / steps,
+        cpu / wall, Percentile(begin, 0.5), Percentile(wrote, 0.5), Percentile(commit, 0.5));
     std::fflush(stdout);
   }
 }
