@@ -213,7 +213,9 @@ std::vector<std::byte> Values(DType dtype, size_t n, int seed) {
 // share). Every member ends with the same bits as the reference; each
 // element's contribution is computed once per member and each element is
 // applied by exactly one member.
-void ExpectFoldedRingMatches(DType dtype, size_t n, int members) {
+constexpr DataPlaneOptions kRingOnly{.tree_max_bytes = 0};
+
+void ExpectFoldedMatches(DType dtype, size_t n, int members, DataPlaneOptions options) {
   SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " x ", n, " among ", members));
   MemoryRendezvous store;
   const std::vector<std::byte> begin = Values(dtype, n, 1);
@@ -228,7 +230,7 @@ void ExpectFoldedRingMatches(DType dtype, size_t n, int members) {
     reference[rank] = std::make_unique<RecordingReduction>(dtype, begin, Values(dtype, n, rank + 2),
                                                            rank % 3, divisor);
     threads.emplace_back([&, rank] {
-      GlooDataPlane plane("127.0.0.1", &store);
+      GlooDataPlane plane("127.0.0.1", &store, options);
       folded_status[rank] =
           plane.ReduceApply({"g1", rank, members, 0, 1, absl::Seconds(30)}, *folded[rank]);
       reference_status[rank] = plane.Collectives::ReduceApply(
@@ -251,6 +253,12 @@ void ExpectFoldedRingMatches(DType dtype, size_t n, int members) {
   EXPECT_EQ(applied, n);
 }
 
+// The ring, whatever the size.
+void ExpectFoldedRingMatches(DType dtype, size_t n, int members) {
+  ASSERT_FALSE(GlooDataPlane("127.0.0.1", nullptr, kRingOnly).Tree(AccumSize(AccumTypeFor(dtype))));
+  ExpectFoldedMatches(dtype, n, members, kRingOnly);
+}
+
 // DESIGN.md S4 through the folded ring: two and four segments per member
 // (the partial sums wait in a ring of slots), a partial last one, fewer
 // elements than segments (some empty), float16 summed in float32 (the
@@ -264,6 +272,21 @@ TEST(GlooDataPlane, ReduceApply_FoldedRing_SameBitsAsAllreduceThenApply_EachSumA
   ExpectFoldedRingMatches(DType::kFloat16, 100001, 4);
   ExpectFoldedRingMatches(DType::kBFloat16, 777, 2);
   ExpectFoldedRingMatches(DType::kFloat64, 300007, 5);
+}
+
+// DESIGN.md S4 through the tree a small reduction takes: powers of two and
+// not, float16 summed in float32, float64, a single element. Member 0
+// applies every element, and every member ends with its bits, the same as
+// Allreduce then Apply.
+TEST(GlooDataPlane, ReduceApply_SmallOnes_DownATree_SameBitsAsAllreduceThenApply) {
+  const GlooDataPlane defaults("127.0.0.1", nullptr);
+  ASSERT_TRUE(defaults.Tree(16000 * 4));  // 1,000 float32[16]
+  ASSERT_FALSE(defaults.Tree(size_t{1} << 20));
+  ExpectFoldedMatches(DType::kFloat32, 16000, 8, {});
+  ExpectFoldedMatches(DType::kFloat32, 1001, 5, {});
+  ExpectFoldedMatches(DType::kFloat32, 1, 3, {});
+  ExpectFoldedMatches(DType::kFloat16, 777, 2, {});
+  ExpectFoldedMatches(DType::kFloat64, 999, 7, {});
 }
 
 // Integers apply with a check that can fail (OUT_OF_RANGE): every member
