@@ -262,15 +262,17 @@ StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout)
   // instead of building or copying them. Values committed since (a step's
   // writes) change only the begin versions, one pair per variable; while
   // no value changes either, those are shared too.
+  const SharedVector<StepVariable>* kept = described_ ? &described_->variables : nullptr;
+  const std::pair<uint64_t, uint64_t> kept_revisions = described_revisions_;
   std::optional<StepInfo> fresh;
   std::optional<std::vector<VariableBegin>> begin;
   std::pair<uint64_t, uint64_t> revisions;
   registry_->Read([&](const ClusterState& state) {
     revisions = {state.layout_revision(), state.value_revision()};
-    if (!described_ || described_revisions_.first != revisions.first) {
+    if (kept == nullptr || kept_revisions.first != revisions.first) {
       fresh = LayoutOf(state);
-    } else if (described_revisions_.second != revisions.second) {
-      begin = BeginOf(state, described_->variables);
+    } else if (kept_revisions.second != revisions.second) {
+      begin = BeginOf(state, *kept);
       if (!begin) fresh = LayoutOf(state);
     }
   });
