@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // A vector whose copies share their elements until one of them changes
-// (copy on write). A step's layout is copied into every step begun while no
-// worker or variable changes; with this, that copy costs a reference count,
-// not one allocation per variable.
+// (copy on write). A step's layout goes into every step begun while no
+// worker, variable or replica state changes; with this, that costs a
+// reference count, not one allocation per variable.
 //
 // Elements are read through the const interface only (begin/end, [], front,
 // back: const whether or not the vector is), so reading never copies. A
 // change goes through Own(), which first gives this copy elements of its own
-// when another copy shares them, or through push_back/emplace_back/reserve,
-// which call it. A reference taken from Own() is valid until this vector is
+// when another copy shares them, or through push_back/reserve, which call
+// it. A reference taken from Own() is valid until this vector is
 // copied, assigned or changed again.
 //
 // One object is not safe to use from two threads at once (as std::vector);
@@ -62,10 +62,6 @@ class SharedVector {
     return *items_;
   }
   void push_back(T item) { Own().push_back(std::move(item)); }
-  template <typename... Args>
-  T& emplace_back(Args&&... args) {
-    return Own().emplace_back(std::forward<Args>(args)...);
-  }
   void reserve(size_t n) { Own().reserve(n); }
   // Drops this copy's hold on the elements; other copies keep them.
   void clear() { items_.reset(); }

@@ -5,36 +5,20 @@
 #include <type_traits>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_util.h"
 
 namespace repvar::server {
-namespace {
-
-// A variable's replica states before a change: whether the change moved any.
-class ReplicaStates {
- public:
-  explicit ReplicaStates(const VariableRecord& v) {
-    for (const ReplicaRecord& r : v.replicas) states_.push_back(r.state);
-  }
-  bool ChangedIn(const VariableRecord& v) const {
-    for (size_t i = 0; i < states_.size(); ++i) {
-      if (v.replicas[i].state != states_[i]) return true;
-    }
-    return false;
-  }
-
- private:
-  absl::InlinedVector<ReplicaState, 8> states_;
-};
-
-}  // namespace
-
 void ClusterState::Moved() {
   ++layout_revision_;
   ++value_revision_;
+}
+
+void ClusterState::MoveReplica(VariableRecord& v, size_t i, ReplicaEvent event) {
+  if (TransitionReplica(v.replicas[i].state, event, v.def.name, static_cast<int32_t>(i))) {
+    Moved();
+  }
 }
 
 absl::Status ClusterState::Restore(ClusterStateData data) {
@@ -157,7 +141,7 @@ void ClusterState::ApplyChange(const WorkerRegistered& c) {
                  r.checksum == v.checksum) {
         event = ReplicaEvent::kReturnedHolding;
       }
-      TransitionReplica(r.state, event, v.def.name, static_cast<int32_t>(i));
+      MoveReplica(v, i, event);
       touched = true;
     }
     if (touched) Reassess(v);
@@ -176,8 +160,7 @@ void ClusterState::ApplyChange(const WorkerDied& c) {
     bool touched = false;
     for (size_t i = 0; i < v.placement.size(); ++i) {
       if (v.placement[i].task != c.task) continue;
-      TransitionReplica(v.replicas[i].state, ReplicaEvent::kLost, v.def.name,
-                        static_cast<int32_t>(i));
+      MoveReplica(v, i, ReplicaEvent::kLost);
       touched = true;
     }
     if (touched) Reassess(v);
@@ -240,13 +223,12 @@ void ClusterState::Acknowledge(VariableRecord& v, const Holder& h, int64_t versi
   r.checksum = checksum;
   r.incarnation = h.incarnation;
   const bool committed = version == v.version && checksum == v.checksum && v.version > 0;
-  TransitionReplica(r.state, committed ? ReplicaEvent::kAcked : ReplicaEvent::kMissed, v.def.name,
-                    h.replica);
+  MoveReplica(v, static_cast<size_t>(h.replica),
+              committed ? ReplicaEvent::kAcked : ReplicaEvent::kMissed);
 }
 
 void ClusterState::ApplyChange(const ValueCommitted& c) {
   VariableRecord& v = MustFind(c.id, "ValueCommitted");
-  const ReplicaStates before(v);  // a replica that missed the value sits steps out
   REPVAR_CHECK_MSG(c.version > v.version,
                    absl::StrCat("ValueCommitted moves ", v.def.name, " from version ", v.version,
                                 " to ", c.version));
@@ -261,12 +243,10 @@ void ClusterState::ApplyChange(const ValueCommitted& c) {
   }
   for (size_t i = 0; i < v.replicas.size(); ++i) {
     if (holds[i]) continue;
-    TransitionReplica(v.replicas[i].state, ReplicaEvent::kMissed, v.def.name,
-                      static_cast<int32_t>(i));
+    MoveReplica(v, i, ReplicaEvent::kMissed);  // it sits steps out
   }
   Reassess(v);
   ++value_revision_;
-  if (before.ChangedIn(v)) Moved();
 }
 
 void ClusterState::ApplyChange(const ValueKept& c) {
@@ -298,10 +278,8 @@ void ClusterState::ApplyChange(const WriteResolved& c) {
 
 void ClusterState::ApplyChange(const ReplicasWritten& c) {
   VariableRecord& v = MustFind(c.id, "ReplicasWritten");
-  const ReplicaStates before(v);
   for (const Holder& h : c.holders) Acknowledge(v, h, c.version, c.checksum);
   Reassess(v);
-  if (before.ChangedIn(v)) Moved();
 }
 
 void ClusterState::ApplyChange(const ResyncFlagged& c) {

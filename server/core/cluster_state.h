@@ -212,6 +212,10 @@ class ClusterState {
   void Reassess(const VariableRecord& v);
   // Moves both revisions: what a step's layout is made of changed.
   void Moved();
+  // Moves replica `i` of `v` through `event` (TransitionReplica, the one
+  // writer of replica states); a new state moves the layout revision, since
+  // a step's layout reads the states.
+  void MoveReplica(VariableRecord& v, size_t i, ReplicaEvent event);
 
   const ClusterStateOptions options_;
 

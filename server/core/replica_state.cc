@@ -55,14 +55,16 @@ std::optional<ReplicaState> NextReplicaState(ReplicaState from, ReplicaEvent eve
   return std::nullopt;
 }
 
-void TransitionReplica(ReplicaState& state, ReplicaEvent event, const std::string& variable,
+bool TransitionReplica(ReplicaState& state, ReplicaEvent event, const std::string& variable,
                        int32_t index) {
   std::optional<ReplicaState> next = NextReplicaState(state, event);
   REPVAR_CHECK_MSG(
       next.has_value(),
       absl::StrCat("illegal replica transition: ", ReplicaName(variable, index), " is ",
                    ReplicaStateName(state), " and cannot be ", ReplicaEventName(event)));
+  const bool moved = *next != state;
   state = *next;
+  return moved;
 }
 
 }  // namespace repvar::server

@@ -52,11 +52,12 @@ const char* ReplicaEventName(ReplicaEvent event);
 // there.
 std::optional<ReplicaState> NextReplicaState(ReplicaState from, ReplicaEvent event);
 
-// Moves `state`, replica `index` of `variable`, through `event`. Crashes,
-// naming the replica ("w/3"), when the transition is not in the table. The
-// name is made only then: a step's commit moves every replica of every
-// variable it changed (32,000 for 32 workers x 1,000 variables).
-void TransitionReplica(ReplicaState& state, ReplicaEvent event, const std::string& variable,
+// Moves `state`, replica `index` of `variable`, through `event`; returns
+// whether the state is another one now. Crashes, naming the replica
+// ("w/3"), when the transition is not in the table. The name is made only
+// then: a step's commit moves every replica of every variable it changed
+// (32,000 for 32 workers x 1,000 variables).
+bool TransitionReplica(ReplicaState& state, ReplicaEvent event, const std::string& variable,
                        int32_t index);
 
 }  // namespace repvar::server

@@ -240,15 +240,16 @@ StepInfo LayoutOf(const ClusterState& state) {
   return info;
 }
 
-// The committed version and checksum of each of `variables` in `state`, or
-// nullopt when one is no longer there (the layout is out of date then).
-std::optional<std::vector<VariableBegin>> BeginOf(const ClusterState& state,
-                                                  const SharedVector<StepVariable>& variables) {
+// The committed version and checksum of each of `variables`, all of which
+// `state` still holds: deleting one moves the layout revision.
+std::vector<VariableBegin> CommittedOf(const ClusterState& state,
+                                       const SharedVector<StepVariable>& variables) {
   std::vector<VariableBegin> begin;
   begin.reserve(variables.size());
   for (const StepVariable& sv : variables) {
     const VariableRecord* v = state.FindId(sv.id);
-    if (v == nullptr) return std::nullopt;
+    REPVAR_CHECK_MSG(v != nullptr, absl::StrCat("variable ", sv.name,
+                                                " left the layout without a new layout revision"));
     begin.push_back(VariableBegin{v->version, v->checksum});
   }
   return begin;
@@ -272,8 +273,7 @@ StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout)
     if (kept == nullptr || kept_revisions.first != revisions.first) {
       fresh = LayoutOf(state);
     } else if (kept_revisions.second != revisions.second) {
-      begin = BeginOf(state, *kept);
-      if (!begin) fresh = LayoutOf(state);
+      begin = CommittedOf(state, *kept);
     }
   });
   if (fresh) {

@@ -275,7 +275,7 @@ void FoldedRing(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r,
 // every member's result: every member ends with member 0's bits. Throws as
 // gloo does.
 void FoldedTree(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r, Buffer& acc,
-                Buffer& scratch) {
+                Buffer& received) {
   const size_t size = static_cast<size_t>(c.size);
   const size_t rank = static_cast<size_t>(c.rank);
   const size_t n = r.elements();
@@ -284,7 +284,7 @@ void FoldedTree(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r,
   const auto timeout = absl::ToChronoMilliseconds(c.timeout);
   r.Contribute(0, n, acc.span().first(acc_bytes));
   auto acc_buf = ctx.createUnboundBuffer(acc.data(), acc_bytes);
-  auto scratch_buf = ctx.createUnboundBuffer(scratch.data(), acc_bytes);
+  auto received_buf = ctx.createUnboundBuffer(received.data(), acc_bytes);
   const uint64_t up = RingSlot(c.tag, 3);
   size_t mask = 1;
   for (; mask < size; mask <<= 1) {
@@ -294,9 +294,9 @@ void FoldedTree(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r,
       break;
     }
     if (rank + mask < size) {
-      scratch_buf->recv(static_cast<int>(rank + mask), up, 0, acc_bytes);
-      ThrowIfAborted(scratch_buf->waitRecv(timeout), "a tree receive");
-      Sum(type, acc.data(), acc.data(), scratch.data(), n);
+      received_buf->recv(static_cast<int>(rank + mask), up, 0, acc_bytes);
+      ThrowIfAborted(received_buf->waitRecv(timeout), "a tree receive");
+      Sum(type, acc.data(), acc.data(), received.data(), n);
     }
   }
   std::span<std::byte> result = r.result();
@@ -467,31 +467,31 @@ absl::Status GlooDataPlane::ReduceApply(const CollectiveSpec& c, FoldedReduction
     return absl::InvalidArgumentError("reduction result of the wrong size");
   }
   const size_t acc_item = AccumSize(r.type());
-  if (Tree(n * acc_item)) {
-    REPVAR_ASSIGN_OR_RETURN(Buffer acc, Buffer::Allocate(n * acc_item));
-    REPVAR_ASSIGN_OR_RETURN(Buffer scratch, Buffer::Allocate(n * acc_item));
-    absl::MutexLock lock(&mu_);
-    auto ctx = ContextFor(c);
-    if (!ctx.ok()) return ctx.status();
-    try {
-      FoldedTree(**ctx, c, r, acc, scratch);
-      return absl::OkStatus();
-    } catch (const std::exception& e) {
-      return Dropped(c, "reduction", e);
-    }
+  // The working memory, outside the lock: the tree's sums and what it
+  // receives, or the ring's slots.
+  const bool tree = Tree(n * acc_item);
+  Buffer acc, received;
+  RingBuffers ring;
+  if (tree) {
+    REPVAR_ASSIGN_OR_RETURN(acc, Buffer::Allocate(n * acc_item));
+    REPVAR_ASSIGN_OR_RETURN(received, Buffer::Allocate(n * acc_item));
+  } else {
+    const size_t segments = RingSegments(n, acc_item, static_cast<size_t>(c.size));
+    const size_t segment_bytes = (n + segments - 1) / segments * acc_item;
+    const size_t per_rank = segments / static_cast<size_t>(c.size);
+    REPVAR_ASSIGN_OR_RETURN(ring.slots, Buffer::Allocate((per_rank + 2) * segment_bytes));
+    REPVAR_ASSIGN_OR_RETURN(ring.lead, Buffer::Allocate(2 * segment_bytes));
+    REPVAR_ASSIGN_OR_RETURN(ring.scratch, Buffer::Allocate(segment_bytes));
   }
-  const size_t segments = RingSegments(n, acc_item, static_cast<size_t>(c.size));
-  const size_t segment_bytes = (n + segments - 1) / segments * acc_item;
-  const size_t per_rank = segments / static_cast<size_t>(c.size);
-  RingBuffers buffers;
-  REPVAR_ASSIGN_OR_RETURN(buffers.slots, Buffer::Allocate((per_rank + 2) * segment_bytes));
-  REPVAR_ASSIGN_OR_RETURN(buffers.lead, Buffer::Allocate(2 * segment_bytes));
-  REPVAR_ASSIGN_OR_RETURN(buffers.scratch, Buffer::Allocate(segment_bytes));
   absl::MutexLock lock(&mu_);
   auto ctx = ContextFor(c);
   if (!ctx.ok()) return ctx.status();
   try {
-    FoldedRing(**ctx, c, r, buffers);
+    if (tree) {
+      FoldedTree(**ctx, c, r, acc, received);
+    } else {
+      FoldedRing(**ctx, c, r, ring);
+    }
     return absl::OkStatus();
   } catch (const std::exception& e) {
     return Dropped(c, "reduction", e);

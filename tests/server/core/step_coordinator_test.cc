@@ -274,9 +274,10 @@ TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired)
 }
 
 // Each step's layout is the state's at its begin, although a step begun
-// when no worker or variable changed since the last copies that layout
-// rather than building it again: a new variable, a step that changed a
-// value and a worker's death each show in the next step.
+// when no worker, variable or replica state changed since the last shares
+// that layout rather than building it again: a new variable, a step that
+// changed a value, a variable initialized after a step and a worker's death
+// each show in the next step.
 TEST_F(StepCoreTest, S1_EachStepDescribesTheStateAtItsBegin_WhatChangedBetweenStepsShows) {
   uint64_t w = Create("w", Aggregation::kNone);
   auto reported_step = [&](int64_t step) {
