@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the worker core needs from the coordinator: the test seams between
 // the core and the network (worker/rpc/grpc_coordinator_link.h is the real
-// one). Every call blocks until the coordinator answers or its timeout.
+// one). Every call blocks until the coordinator answers or its timeout,
+// except the one that says it does not (ReportStepAsync).
 #ifndef REPVAR_WORKER_CORE_COORDINATOR_LINK_H_
 #define REPVAR_WORKER_CORE_COORDINATOR_LINK_H_
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <variant>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/model/step.h"
@@ -39,6 +42,15 @@ class StepLink {
   // plan to run, or the resolution when there is nothing to run.
   virtual absl::StatusOr<std::variant<StepPlan, StepResolution>> ReportStep(
       const WorkerReport& report, absl::Duration timeout) = 0;
+  // The same without a waiting thread: `done` gets what ReportStep would
+  // return, exactly once, on whatever thread receives the answer (or the
+  // caller's). It must not block. By default, ReportStep then `done`, on
+  // the caller's thread.
+  using ReportAnswer = absl::StatusOr<std::variant<StepPlan, StepResolution>>;
+  virtual void ReportStepAsync(const WorkerReport& report, absl::Duration timeout,
+                               absl::AnyInvocable<void(ReportAnswer) &&> done) {
+    std::move(done)(ReportStep(report, timeout));
+  }
   // After the plan: this worker's values; answers with the resolution.
   virtual absl::StatusOr<StepResolution> FinishStep(const WorkerFinish& finish,
                                                     absl::Duration timeout) = 0;

@@ -76,33 +76,55 @@ WorkerFinish StepResolver::BuildFinish(const LocalStep& s, const StepPlan& plan,
   return finish;
 }
 
+StepResolution StepResolver::Ask(const LocalStep& s, const absl::Status& why, const StepPlan& plan,
+                                 const PlanOutput& prepared) {
+  // After a refusal or a lost call (the link waits for a coordinator that
+  // is restarting). Only the coordinator decides: a step it says committed
+  // is installed with what this worker has of it, as if the answer had not
+  // been lost (two-phase commit); its committed value may live nowhere else.
+  auto r = link_->WaitStep(s.header.epoch, s.header.barrier_timeout + kLinkSlack);
+  if (!r.ok()) return LocalFailure(s.header, why);
+  if (r->state == StepState::kCommitted) Install(s, plan, *r, prepared);
+  return *std::move(r);
+}
+
 StepResolution StepResolver::Resolve(const LocalStep& s) {
-  const absl::Duration barrier = s.header.barrier_timeout;
-  // Asks the coordinator how the step ended (after a refusal or a lost
-  // call; the link waits for a coordinator that is restarting). Only the
-  // coordinator decides: a step it says committed is installed with what
-  // this worker has of it, as if the answer had not been lost (two-phase
-  // commit); its committed value may live nowhere else.
-  auto ask = [&](const absl::Status& why, const StepPlan& plan,
-                 const PlanOutput& prepared) -> StepResolution {
-    auto r = link_->WaitStep(s.header.epoch, barrier + kLinkSlack);
-    if (!r.ok()) return LocalFailure(s.header, why);
-    if (r->state == StepState::kCommitted) Install(s, plan, *r, prepared);
-    return *std::move(r);
-  };
   if (s.layout->me < 0) {
     // No replica of this host takes part: nothing to report.
-    return ask(absl::UnavailableError("the coordinator did not say how the step ended"), StepPlan{},
-               PlanOutput{});
+    return Ask(s, absl::UnavailableError("the coordinator did not say how the step ended"),
+               StepPlan{}, PlanOutput{});
   }
-  auto answer = link_->ReportStep(BuildReport(s), barrier + kLinkSlack);
+  return AfterReport(s, link_->ReportStep(BuildReport(s), s.header.barrier_timeout + kLinkSlack));
+}
+
+void StepResolver::ResolveAsync(const LocalStep& s, Done done) {
+  if (s.layout->me < 0) {
+    blocking_.Schedule(
+        [this, &s, done = std::move(done)]() mutable { std::move(done)(Resolve(s)); });
+    return;
+  }
+  link_->ReportStepAsync(BuildReport(s), s.header.barrier_timeout + kLinkSlack,
+                         [this, &s, done = std::move(done)](StepLink::ReportAnswer answer) mutable {
+                           if (answer.ok() && std::holds_alternative<StepResolution>(*answer)) {
+                             // Nothing to run: installed here, without waiting on anything.
+                             std::move(done)(AfterReport(s, std::move(answer)));
+                             return;
+                           }
+                           blocking_.Schedule([this, &s, answer = std::move(answer),
+                                               done = std::move(done)]() mutable {
+                             std::move(done)(AfterReport(s, std::move(answer)));
+                           });
+                         });
+}
+
+StepResolution StepResolver::AfterReport(const LocalStep& s, StepLink::ReportAnswer answer) {
   if (!answer.ok()) {
     spdlog::warn("{}: report refused: {}", StepName(s.header), answer.status().ToString());
-    return ask(answer.status(), StepPlan{}, PlanOutput{});
+    return Ask(s, answer.status(), StepPlan{}, PlanOutput{});
   }
   if (auto* res = std::get_if<StepResolution>(&*answer)) {
     if (res->state == StepState::kCommitted) Install(s, StepPlan{}, *res, PlanOutput{});
-    return *res;
+    return std::move(*res);
   }
   const StepPlan& plan = std::get<StepPlan>(*answer);
   PlanOutput prepared;
@@ -119,7 +141,7 @@ StepResolution StepResolver::Resolve(const LocalStep& s) {
     finish.error = ran.status().ToString();
   }
   auto res = link_->FinishStep(finish, plan.timeout + kLinkSlack);
-  if (!res.ok()) return ask(res.status(), plan, prepared);
+  if (!res.ok()) return Ask(s, res.status(), plan, prepared);
   if (res->state == StepState::kCommitted) Install(s, plan, *res, prepared);
   return *std::move(res);
 }

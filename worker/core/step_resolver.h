@@ -2,6 +2,7 @@
 #ifndef REPVAR_WORKER_CORE_STEP_RESOLVER_H_
 #define REPVAR_WORKER_CORE_STEP_RESOLVER_H_
 
+#include "common/base/thread_pool.h"
 #include "common/model/step.h"
 #include "worker/core/coordinator_link.h"
 #include "worker/core/plan_runner.h"
@@ -26,14 +27,27 @@ namespace repvar::worker {
 // When the coordinator refuses or a call is lost, the resolver asks for the
 // resolution (WaitStep) rather than guessing. Stateless between steps;
 // thread-compatible (the step table runs one step at a time).
+//
+// ResolveAsync leaves no thread waiting for the barrier: the report goes
+// out and the call returns. An answer that is the resolution (the report
+// path: nothing to run) is installed on the thread that receives it; a
+// plan, or a refusal to ask about, goes on on the resolver's own threads,
+// which may wait on the network.
 class StepResolver final : public Resolver {
  public:
   StepResolver(WorkerIdentity me, ReplicaStore* store, StepLink* link, Collectives* collectives)
       : me_(std::move(me)), store_(store), link_(link), runner_(store, collectives) {}
 
   StepResolution Resolve(const LocalStep& step) override;
+  void ResolveAsync(const LocalStep& step, Done done) override;
 
  private:
+  // What follows the report: install the resolution, or run the plan and
+  // finish, or ask how the step ended after a refusal.
+  StepResolution AfterReport(const LocalStep& s, StepLink::ReportAnswer answer);
+  // Asks the coordinator how the step ended; installs a commit.
+  StepResolution Ask(const LocalStep& s, const absl::Status& why, const StepPlan& plan,
+                     const PlanOutput& prepared);
   WorkerReport BuildReport(const LocalStep& s) const;
   WorkerFinish BuildFinish(const LocalStep& s, const StepPlan& plan, PlanOutput& prepared) const;
   // What every local participating replica of `var` ends with.
@@ -47,6 +61,9 @@ class StepResolver final : public Resolver {
   ReplicaStore* const store_;
   StepLink* const link_;
   const PlanRunner runner_;
+  // Where plans run and refusals are asked about (ResolveAsync). It grows:
+  // a step whose plan waits out a dead peer does not hold up the next.
+  ThreadPool blocking_{1, 8};
 };
 
 }  // namespace repvar::worker

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/base/random.h"
 #include "common/base/status_util.h"
 
@@ -13,6 +14,8 @@ namespace repvar::worker {
 namespace {
 
 constexpr size_t kKeepDoneSteps = 4;
+// CommitAsync's calls that wait, at once; more queue.
+constexpr int kMaxWaitingCommits = 64;
 
 // "TPU:0" from "TPU:0" or "/job:j/replica:0/task:1/device:TPU:0".
 std::string ShortDevice(const std::string& d) {
@@ -71,6 +74,14 @@ StepTable::StepTable(WorkerIdentity me, ReplicaStore* store, StepLink* link, Res
     own_hasher_ = std::make_unique<ThreadPool>(static_cast<int>(me_.accelerators.size()));
     hasher_ = [e = own_hasher_.get()](std::function<void()> fn) { e->Schedule(std::move(fn)); };
   }
+  waiting_ = std::make_unique<ThreadPool>(1, kMaxWaitingCommits);
+}
+
+StepTable::~StepTable() {
+  waiting_.reset();  // runs the waiting commits out
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* resolving) { return *resolving == 0; }, &resolving_));
 }
 
 absl::StatusOr<std::shared_ptr<LocalStep>> StepTable::Find(int64_t step, uint64_t epoch) {
@@ -355,10 +366,8 @@ absl::StatusOr<StoredReplica> StepTable::Read(uint64_t epoch, uint64_t variable_
   return r;
 }
 
-absl::StatusOr<StepResolution> StepTable::Commit(int64_t step, uint64_t epoch,
-                                                 const std::vector<std::string>& devices,
-                                                 absl::Time deadline) {
-  REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<LocalStep> s, Find(step, epoch));
+absl::StatusOr<std::vector<std::string>> StepTable::LocalDevices(
+    const std::vector<std::string>& devices) const {
   std::vector<std::string> mine;
   for (const std::string& d : devices) {
     std::string shortname = ShortDevice(d);
@@ -370,6 +379,66 @@ absl::StatusOr<StepResolution> StepTable::Commit(int64_t step, uint64_t epoch,
     mine.push_back(shortname);
   }
   if (devices.empty()) mine = me_.accelerators;
+  return mine;
+}
+
+void StepTable::ResolveThenClose(std::shared_ptr<LocalStep> s, CommitDone done) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++resolving_;
+  }
+  const LocalStep& step = *s;
+  resolver_->ResolveAsync(
+      step, [this, s = std::move(s), done = std::move(done)](StepResolution res) mutable {
+        StepResolution out;
+        {
+          absl::MutexLock lock(&mu_);
+          CloseLocked(s->header.epoch, *s, std::move(res));
+          out = *s->resolution;
+          --resolving_;  // the last use of the table
+        }
+        std::move(done)(std::move(out));
+      });
+}
+
+void StepTable::CommitAsync(int64_t step, uint64_t epoch, std::vector<std::string> devices,
+                            absl::Time deadline, CommitDone done) {
+  absl::StatusOr<std::vector<std::string>> mine = LocalDevices(devices);
+  if (!mine.ok()) {
+    std::move(done)(mine.status());
+    return;
+  }
+  std::shared_ptr<LocalStep> s;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = steps_.find(epoch);
+    if (it != steps_.end() && it->second->header.step == step &&
+        it->second->phase == LocalStep::Phase::kOpen && it->second->hashing.empty()) {
+      std::set<std::string> committed = it->second->committed;
+      committed.insert(mine->begin(), mine->end());
+      if (committed.size() >= me_.accelerators.size()) {
+        // This call completes the host: the step leaves OPEN here.
+        it->second->committed = std::move(committed);
+        it->second->phase = LocalStep::Phase::kResolving;
+        s = it->second;
+      }
+    }
+  }
+  if (s != nullptr) {
+    ResolveThenClose(std::move(s), std::move(done));
+    return;
+  }
+  waiting_->Schedule([this, step, epoch, devices = std::move(devices), deadline,
+                      done = std::move(done)]() mutable {
+    std::move(done)(Commit(step, epoch, devices, deadline));
+  });
+}
+
+absl::StatusOr<StepResolution> StepTable::Commit(int64_t step, uint64_t epoch,
+                                                 const std::vector<std::string>& devices,
+                                                 absl::Time deadline) {
+  REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<LocalStep> s, Find(step, epoch));
+  REPVAR_ASSIGN_OR_RETURN(std::vector<std::string> mine, LocalDevices(devices));
   bool run = false;
   {
     absl::MutexLock lock(&mu_);
@@ -383,11 +452,14 @@ absl::StatusOr<StepResolution> StepTable::Commit(int64_t step, uint64_t epoch,
     }
   }
   if (run) {
-    // The step left OPEN: its copies are this thread's until it closes.
-    StepResolution res = resolver_->Resolve(*s);
-    absl::MutexLock lock(&mu_);
-    CloseLocked(epoch, *s, std::move(res));
-    return *s->resolution;
+    absl::Notification closed;
+    StepResolution out;
+    ResolveThenClose(s, [&](absl::StatusOr<StepResolution> r) {
+      out = *std::move(r);  // always a resolution
+      closed.Notify();
+    });
+    closed.WaitForNotification();
+    return out;
   }
   {
     absl::MutexLock lock(&mu_);

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/thread_pool.h"
@@ -96,8 +97,13 @@ StepResolution LocalFailure(const StepInfo& header, const absl::Status& status);
 // committed (see step_resolver.h); the seam for tests of the table alone.
 class Resolver {
  public:
+  using Done = absl::AnyInvocable<void(StepResolution) &&>;
   virtual ~Resolver() = default;
   virtual StepResolution Resolve(const LocalStep& step) = 0;
+  // The same without a waiting caller: `done` gets the resolution, exactly
+  // once, perhaps on another thread; `step` must live until then. By
+  // default, Resolve then `done`, on the caller's thread.
+  virtual void ResolveAsync(const LocalStep& step, Done done) { std::move(done)(Resolve(step)); }
 };
 
 class StepTable {
@@ -110,6 +116,8 @@ class StepTable {
 
   StepTable(WorkerIdentity me, ReplicaStore* store, StepLink* link, Resolver* resolver,
             Scheduler hasher = nullptr);
+  // Waits for the commits still running (their resolutions close steps here).
+  ~StepTable();
 
   const WorkerIdentity& identity() const { return me_; }
 
@@ -145,6 +153,17 @@ class StepTable {
   absl::StatusOr<StepResolution> Commit(int64_t step, uint64_t epoch,
                                         const std::vector<std::string>& devices,
                                         absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // Commit without a caller waiting: `done` gets what Commit would return,
+  // exactly once, perhaps before this returns; it must not block. The call
+  // that completes the host of a step known here, with nothing published
+  // still being hashed, hands the step to the resolver and returns: `done`
+  // runs on the thread that brings the resolution (the link's, on the report
+  // path). A call that has to wait (for the step from the coordinator, a
+  // hash, or the other devices of this host) runs Commit on a thread of the
+  // table's.
+  using CommitDone = absl::AnyInvocable<void(absl::StatusOr<StepResolution>) &&>;
+  void CommitAsync(int64_t step, uint64_t epoch, std::vector<std::string> devices,
+                   absl::Time deadline, CommitDone done) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops an open step's copies (the trainer aborted). Idempotent.
   void Discard(uint64_t epoch) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -186,6 +205,12 @@ class StepTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<const StepLayout>> ParseLayout(StepInfo& info) const;
   absl::Status CheckWrite(const LocalStep& s, const WriteItem& item) const;
+  // `devices` as this host's short names ("TPU:0"); all of them when empty.
+  absl::StatusOr<std::vector<std::string>> LocalDevices(
+      const std::vector<std::string>& devices) const;
+  // Resolves a step that left OPEN (its copies are the resolver's until
+  // then), closes it with the resolution, then calls `done` with it.
+  void ResolveThenClose(std::shared_ptr<LocalStep> s, CommitDone done) ABSL_LOCKS_EXCLUDED(mu_);
   // The hasher's half of Unmap(hash_later): hashes the published bytes and
   // makes them the step-local copy, unless the step ended meanwhile.
   void FinishHashing(const std::shared_ptr<LocalStep>& s, std::pair<uint64_t, int32_t> key,
@@ -222,11 +247,15 @@ class StepTable {
   uint64_t next_lease_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_publish_ ABSL_GUARDED_BY(mu_) = 1;  // numbers deferred publishes
   int hash_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  int resolving_ ABSL_GUARDED_BY(mu_) = 0;  // ResolveThenClose not done yet
 
   // Last: destroyed first, so that the hashing it still runs finds the
   // table whole.
   std::unique_ptr<ThreadPool> own_hasher_;
   Scheduler hasher_;
+  // Where CommitAsync's calls that wait run (Commit). It grows: those
+  // calls wait on each other (a host's trainers), none behind another.
+  std::unique_ptr<ThreadPool> waiting_;
 };
 
 }  // namespace repvar::worker

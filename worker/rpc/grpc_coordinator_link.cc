@@ -69,6 +69,20 @@ absl::StatusOr<std::variant<StepPlan, StepResolution>> GrpcCoordinatorLink::Repo
   return PlanFromProto(resp.plan());
 }
 
+void GrpcCoordinatorLink::ReportStepAsync(const WorkerReport& report, absl::Duration timeout,
+                                          absl::AnyInvocable<void(ReportAnswer) &&> done) {
+  v1::StepStreamRequest req;
+  ReportToProto(report, req.mutable_report());
+  steps_.CallAsync(std::move(req), timeout,
+                   [done = std::move(done)](StepStreamClient::Answer answer) mutable {
+                     if (!answer.ok()) {
+                       std::move(done)(answer.status());
+                       return;
+                     }
+                     std::move(done)(PlanFromProto(answer->plan()));
+                   });
+}
+
 absl::StatusOr<StepResolution> GrpcCoordinatorLink::FinishStep(const WorkerFinish& finish,
                                                                absl::Duration timeout) {
   v1::StepStreamRequest req;

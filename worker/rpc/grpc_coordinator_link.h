@@ -27,6 +27,9 @@ class GrpcCoordinatorLink final : public CoordinatorLink, public StepLink, publi
   absl::StatusOr<StepInfo> GetStep(uint64_t epoch, uint64_t known_layout) override;
   absl::StatusOr<std::variant<StepPlan, StepResolution>> ReportStep(
       const WorkerReport& report, absl::Duration timeout) override;
+  // The answer is handled on the gRPC thread that reads it.
+  void ReportStepAsync(const WorkerReport& report, absl::Duration timeout,
+                       absl::AnyInvocable<void(ReportAnswer) &&> done) override;
   absl::StatusOr<StepResolution> FinishStep(const WorkerFinish& finish,
                                             absl::Duration timeout) override;
   absl::StatusOr<StepResolution> WaitStep(uint64_t epoch, absl::Duration timeout) override;

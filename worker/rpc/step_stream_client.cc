@@ -3,18 +3,36 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <deque>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 
 namespace repvar::worker {
 
+namespace {
+
+// A refusal in the answer (code != 0) is the call's status.
+StepStreamClient::Answer Outcome(StepStreamClient::Answer answer) {
+  if (answer.ok() && answer->code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(answer->code()), answer->message());
+  }
+  return answer;
+}
+
+}  // namespace
+
+// The longest the deadline thread sleeps without looking at the calls.
+constexpr absl::Duration kExpirerIdle = absl::Seconds(1);
+
 struct StepStreamClient::Waiter {
-  const Stream* stream;
-  bool done = false;
-  absl::StatusOr<v1::StepStreamResponse> answer;
+  std::shared_ptr<Stream> stream;
+  absl::Time deadline;
+  absl::Duration timeout;
+  Callback done;
 };
 
 // One stream. gRPC calls its reactions on its own threads; everything here
@@ -93,17 +111,17 @@ class StepStreamClient::Stream final
       if (stop) Stop();
       return;
     }
+    v1::StepStreamResponse answer = std::move(incoming_);
+    std::unique_ptr<Waiter> w;
     {
       absl::MutexLock lock(&owner_->mu_);
-      auto it = owner_->waiting_.find(incoming_.tag());
-      if (it != owner_->waiting_.end()) {  // else its call gave up
-        it->second->answer = std::move(incoming_);
-        it->second->done = true;
-        owner_->waiting_.erase(it);
-      }
+      w = owner_->TakeLocked(answer.tag());  // null: its call gave up
     }
     incoming_ = v1::StepStreamResponse();
     StartRead(&incoming_);
+    // The next read is posted first: the answer's callback may take a
+    // while (it installs a step and answers a trainer).
+    if (w != nullptr) std::move(w->done)(Outcome(std::move(answer)));
   }
 
   void OnWriteDone(bool ok) override {
@@ -126,22 +144,24 @@ class StepStreamClient::Stream final
     if (stop) Stop();
   }
 
-  // Fails the calls still waiting on this stream.
+  // Fails the calls still waiting on this stream; `done` is set last,
+  // once their callbacks ran (the client's destructor waits for it).
   void OnDone(const grpc::Status& status) override {
-    absl::MutexLock lock(&owner_->mu_);
-    broken = true;
-    for (auto it = owner_->waiting_.begin(); it != owner_->waiting_.end();) {
-      Waiter* w = it->second;
-      if (w->stream != this) {
-        ++it;
-        continue;
+    std::vector<std::unique_ptr<Waiter>> failed;
+    {
+      absl::MutexLock lock(&owner_->mu_);
+      broken = true;
+      std::vector<uint64_t> tags;
+      for (const auto& [tag, w] : owner_->waiting_) {
+        if (w->stream.get() == this) tags.push_back(tag);
       }
-      w->answer = absl::UnavailableError(
-          absl::StrCat("the step stream to the coordinator ended before the answer (",
-                       status.error_message().empty() ? "closed" : status.error_message(), ")"));
-      w->done = true;
-      owner_->waiting_.erase(it++);
+      for (uint64_t tag : tags) failed.push_back(owner_->TakeLocked(tag));
     }
+    const absl::Status why = absl::UnavailableError(
+        absl::StrCat("the step stream to the coordinator ended before the answer (",
+                     status.error_message().empty() ? "closed" : status.error_message(), ")"));
+    for (auto& w : failed) std::move(w->done)(why);
+    absl::MutexLock lock(&owner_->mu_);
     done = true;
   }
 
@@ -160,11 +180,15 @@ class StepStreamClient::Stream final
   bool stopped_ = false;
 };
 
+StepStreamClient::StepStreamClient(v1::CoordinatorWorkers::Stub* stub)
+    : stub_(stub), expirer_([this] { ExpireCalls(); }) {}
+
 StepStreamClient::~StepStreamClient() {
   std::vector<std::shared_ptr<Stream>> stop;
   {
     absl::MutexLock lock(&mu_);
     closing_ = true;
+    earlier_deadline_.Signal();
     if (stream_ != nullptr) retired_.push_back(std::move(stream_));
     for (auto& s : retired_) {
       if (s->BreakLocked()) stop.push_back(s);
@@ -172,15 +196,18 @@ StepStreamClient::~StepStreamClient() {
   }
   for (auto& s : stop) s->Stop();
   // gRPC may still call a stream's reactions until its OnDone.
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](std::vector<std::shared_ptr<Stream>>* all) {
-        for (const auto& s : *all) {
-          if (!s->done) return false;
-        }
-        return true;
-      },
-      &retired_));
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::vector<std::shared_ptr<Stream>>* all) {
+          for (const auto& s : *all) {
+            if (!s->done) return false;
+          }
+          return true;
+        },
+        &retired_));
+  }
+  expirer_.join();
 }
 
 int64_t StepStreamClient::streams_opened() {
@@ -201,48 +228,81 @@ std::shared_ptr<StepStreamClient::Stream> StepStreamClient::LiveLocked(bool* fre
   return stream_;
 }
 
-absl::StatusOr<v1::StepStreamResponse> StepStreamClient::Call(v1::StepStreamRequest req,
-                                                              absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  Waiter w{.stream = nullptr, .answer = absl::UnknownError("not answered")};
+std::unique_ptr<StepStreamClient::Waiter> StepStreamClient::TakeLocked(uint64_t tag) {
+  auto it = waiting_.find(tag);
+  if (it == waiting_.end()) return nullptr;
+  std::unique_ptr<Waiter> w = std::move(it->second);
+  waiting_.erase(it);
+  deadlines_.erase({w->deadline, tag});
+  return w;
+}
+
+StepStreamClient::Answer StepStreamClient::Call(v1::StepStreamRequest req, absl::Duration timeout) {
+  absl::Notification answered;
+  Answer answer = absl::UnknownError("not answered");
+  CallAsync(std::move(req), timeout, [&](Answer a) {
+    answer = std::move(a);
+    answered.Notify();
+  });
+  // The deadline thread answers it in time, if the coordinator does not.
+  answered.WaitForNotification();
+  return answer;
+}
+
+void StepStreamClient::CallAsync(v1::StepStreamRequest req, absl::Duration timeout, Callback done) {
+  auto w = std::make_unique<Waiter>();
+  w->deadline = absl::Now() + timeout;
+  w->timeout = timeout;
+  w->done = std::move(done);
   std::shared_ptr<Stream> s;
   const v1::StepStreamRequest* first = nullptr;
-  uint64_t tag = 0;
   bool fresh = false;
   {
     absl::MutexLock lock(&mu_);
     s = LiveLocked(&fresh);
-    if (s == nullptr) return absl::UnavailableError("the worker is stopping");
-    w.stream = s.get();
-    tag = ++next_tag_;
-    req.set_tag(tag);
-    waiting_.emplace(tag, &w);
-    first = s->QueueLocked(std::move(req));
+    if (s != nullptr) {
+      w->stream = s;
+      const uint64_t tag = ++next_tag_;
+      req.set_tag(tag);
+      // The deadline thread is woken only when it would sleep past this
+      // deadline (rarely: a call's deadline is seconds away).
+      if (w->deadline < expirer_wakes_) earlier_deadline_.Signal();
+      deadlines_.emplace(w->deadline, tag);
+      waiting_.emplace(tag, std::move(w));
+      first = s->QueueLocked(std::move(req));
+    }
+  }
+  if (s == nullptr) {
+    std::move(w->done)(absl::UnavailableError("the worker is stopping"));
+    return;
   }
   if (first != nullptr) s->StartWrite(first);
   if (fresh) s->Start();
-  bool stop = false;
-  bool answered = false;
-  {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithDeadline(absl::Condition(&w.done), deadline);
-    answered = w.done;
-    if (!answered) {
-      waiting_.erase(tag);  // nothing touches `w` any more
-      stop = s->BreakLocked();
+}
+
+void StepStreamClient::ExpireCalls() {
+  mu_.Lock();
+  while (!closing_) {
+    const absl::Time now = absl::Now();
+    if (deadlines_.empty() || now < deadlines_.begin()->first) {
+      // Idle, it looks again within a second rather than never, so that
+      // a call made meanwhile need not wake it.
+      expirer_wakes_ = std::min(now + kExpirerIdle, deadlines_.empty() ? absl::InfiniteFuture()
+                                                                       : deadlines_.begin()->first);
+      earlier_deadline_.WaitWithDeadline(&mu_, expirer_wakes_);
+      continue;
     }
-  }
-  if (stop) s->Stop();
-  if (!answered) {
-    return absl::DeadlineExceededError(
+    std::unique_ptr<Waiter> w = TakeLocked(deadlines_.begin()->second);
+    const bool stop = w->stream->BreakLocked();
+    mu_.Unlock();
+    if (stop) w->stream->Stop();
+    std::move(w->done)(absl::DeadlineExceededError(
         absl::StrCat("no answer from the coordinator on the step stream within ",
-                     absl::FormatDuration(timeout)));
+                     absl::FormatDuration(w->timeout))));
+    w.reset();
+    mu_.Lock();
   }
-  if (!w.answer.ok()) return w.answer.status();
-  if (w.answer->code() != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(w.answer->code()), w.answer->message());
-  }
-  return std::move(w.answer);
+  mu_.Unlock();
 }
 
 }  // namespace repvar::worker

@@ -56,8 +56,10 @@ grpc::Status StepsService::StepWriteSmall(grpc::ServerContext* ctx,
   return ToGrpcStatus(session.Finish());
 }
 
-grpc::Status StepsService::CommitStep(grpc::ServerContext* ctx, const v1::CommitStepRequest* req,
-                                      v1::StepResolution* resp) {
+grpc::ServerUnaryReactor* StepsService::CommitStep(grpc::CallbackServerContext* ctx,
+                                                   const v1::CommitStepRequest* req,
+                                                   v1::StepResolution* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   steps_->Hint(req->step(), req->epoch(), req->layout_id(),
                absl::Milliseconds(req->barrier_timeout_ms()));
@@ -66,10 +68,16 @@ grpc::Status StepsService::CommitStep(grpc::ServerContext* ctx, const v1::Commit
   if (req->timeout_ms() > 0) {
     deadline = std::min(deadline, absl::Now() + absl::Milliseconds(req->timeout_ms()));
   }
-  auto r = steps_->Commit(req->step(), req->epoch(), devices, deadline);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  StepResolutionToProto(*r, resp);
-  return grpc::Status::OK;
+  steps_->CommitAsync(req->step(), req->epoch(), std::move(devices), deadline,
+                      [reactor, resp](absl::StatusOr<StepResolution> r) {
+                        if (!r.ok()) {
+                          reactor->Finish(ToGrpcStatus(r.status()));
+                          return;
+                        }
+                        StepResolutionToProto(*r, resp);
+                        reactor->Finish(grpc::Status::OK);
+                      });
+  return reactor;
 }
 
 grpc::Status StepsService::DiscardStep(grpc::ServerContext* ctx, const v1::DiscardStepRequest* req,

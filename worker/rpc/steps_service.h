@@ -10,9 +10,16 @@
 
 namespace repvar::worker {
 
+// CommitStep runs on the callback API: the call that completes a step on
+// this host sends the report and returns, and the answer goes back to the
+// trainer from the thread that receives the coordinator's answer
+// (StepTable::CommitAsync), with no thread of a pool parked for the
+// barrier and woken after it.
+using StepsServiceBase = v1::WorkerSteps::WithCallbackMethod_CommitStep<v1::WorkerSteps::Service>;
+
 // The gRPC face of a worker for the trainers on its host
 // (repvar.v1.WorkerSteps): proto -> model -> core -> proto. Thread-safe.
-class StepsService final : public v1::WorkerSteps::Service {
+class StepsService final : public StepsServiceBase {
  public:
   // Tensors being received are charged to `budget` (null: unbounded),
   // each trainer connection's to its share of it: `per_connection_bytes`
@@ -31,8 +38,8 @@ class StepsService final : public v1::WorkerSteps::Service {
                          v1::StepWriteResponse*) override;
   grpc::Status StepWriteSmall(grpc::ServerContext*, const v1::StepWriteSmallRequest*,
                               v1::StepWriteResponse*) override;
-  grpc::Status CommitStep(grpc::ServerContext*, const v1::CommitStepRequest*,
-                          v1::StepResolution*) override;
+  grpc::ServerUnaryReactor* CommitStep(grpc::CallbackServerContext*, const v1::CommitStepRequest*,
+                                       v1::StepResolution*) override;
   grpc::Status DiscardStep(grpc::ServerContext*, const v1::DiscardStepRequest*,
                            v1::DiscardStepResponse*) override;
   grpc::Status StepMap(grpc::ServerContext*, const v1::StepMapRequest*,

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -48,6 +50,40 @@ TEST(ThreadPoolTest, TwoThreads_RunTwoClosuresAtOnce) {
     });
   }
   EXPECT_TRUE(first_saw_second);
+}
+
+// Closures that wait on each other: with every thread busy, the next one
+// starts a thread instead of queueing behind them (up to the cap).
+TEST(ThreadPoolTest, Growing_AClosureScheduledWhileAllAreBusyGetsANewThread_UpToTheCap) {
+  absl::Notification release;
+  absl::Notification all_waiting;
+  std::atomic<int> waiting{0};
+  {
+    ThreadPool pool(1, 3);
+    EXPECT_EQ(pool.threads(), 1);
+    for (int i = 0; i < 3; ++i) {
+      pool.Schedule([&] {
+        if (++waiting == 3) all_waiting.Notify();
+        release.WaitForNotification();
+      });
+    }
+    // Three closures run at once: none waits behind another.
+    EXPECT_TRUE(all_waiting.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    pool.Schedule([] {});  // queued: the cap is reached
+    EXPECT_EQ(pool.threads(), 3);
+    release.Notify();
+  }
+  EXPECT_EQ(waiting.load(), 3);
+}
+
+TEST(ThreadPoolTest, MoveOnlyClosures) {
+  auto value = std::make_unique<int>(7);
+  int seen = 0;
+  {
+    ThreadPool pool(1);
+    pool.Schedule([v = std::move(value), &seen] { seen = *v; });
+  }
+  EXPECT_EQ(seen, 7);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "common/base/random.h"
@@ -47,6 +48,17 @@ class FakeLink final : public StepLink {
     reports.push_back(report);
     return plan;
   }
+  // With `defer_reports`, a report's answer waits in `deferred` until the
+  // test gives it (the barrier resolving later, on another thread).
+  void ReportStepAsync(const WorkerReport& report, absl::Duration timeout,
+                       absl::AnyInvocable<void(ReportAnswer) &&> done) override {
+    if (!defer_reports) {
+      StepLink::ReportStepAsync(report, timeout, std::move(done));
+      return;
+    }
+    reports.push_back(report);
+    deferred = std::move(done);
+  }
   absl::StatusOr<StepResolution> FinishStep(const WorkerFinish& finish, absl::Duration) override {
     finishes.push_back(finish);
     if (!finish_error.ok()) return finish_error;
@@ -61,6 +73,8 @@ class FakeLink final : public StepLink {
   std::vector<WorkerReport> reports;
   std::vector<WorkerFinish> finishes;
   std::vector<uint64_t> known_layouts;
+  bool defer_reports = false;
+  absl::AnyInvocable<void(ReportAnswer) &&> deferred;
 };
 
 // Collectives of a group where the other members contribute `others`.
@@ -227,6 +241,74 @@ TEST_F(LocalStepsTest, S3_TwoTrainersPerHost_OneReportOnceEveryDeviceCommitted) 
   EXPECT_EQ(r.replicas[0].checksum, F32({3, 4})->checksum);
   EXPECT_THAT(Commit(3, 11, {"GPU:0"}, absl::Seconds(1)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// The commit that completes the host sends the report and returns: no
+// thread waits for the barrier. The answer, when it comes (on the link's
+// thread), resolves the step and answers the trainer from there.
+TEST_F(LocalStepsTest, S3_CommitAsync_TheHostsLastCommitReturnsBeforeTheBarrier_TheAnswerEndsIt) {
+  StepResolution& planned = PlannedResolution();
+  planned.state = StepState::kCommitted;
+  planned.step = 3;
+  link_.defer_reports = true;
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 1, F32({3, 4})}}));  // the step is known here now
+  std::optional<absl::StatusOr<StepResolution>> got;
+  std::thread::id answered_on;
+  steps_.CommitAsync(3, 11, {}, absl::Now() + absl::Seconds(30),
+                     [&](absl::StatusOr<StepResolution> r) {
+                       got = std::move(r);
+                       answered_on = std::this_thread::get_id();
+                     });
+  ASSERT_EQ(link_.reports.size(), 1u);  // reported, and returned
+  EXPECT_FALSE(got.has_value());
+  EXPECT_THAT(steps_.Write(3, 11, {{kW, 1, F32({5, 6})}}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no longer open"));
+  std::thread barrier([&] { std::move(link_.deferred)(link_.plan); });
+  const std::thread::id barrier_id = barrier.get_id();
+  barrier.join();
+  ASSERT_TRUE(got.has_value());
+  ASSERT_OK(*got);
+  EXPECT_EQ((*got)->state, StepState::kCommitted);
+  EXPECT_EQ(answered_on, barrier_id);
+  // The step is closed: a late trainer's commit gets the same resolution.
+  auto late = Commit(3, 11, {"TPU:0"}, absl::Seconds(5));
+  ASSERT_OK(late);
+  EXPECT_EQ(late->state, StepState::kCommitted);
+}
+
+// A commit that has to wait (here: the step is not known yet and must be
+// fetched; the host's other device has not committed) runs on the table's
+// own threads and still answers once.
+TEST_F(LocalStepsTest, S3_CommitAsync_CallsThatWait_RunOnTheTablesThreads_EachAnsweredOnce) {
+  StepResolution& planned = PlannedResolution();
+  planned.state = StepState::kCommitted;
+  planned.step = 3;
+  absl::Mutex mu;
+  std::vector<absl::StatusOr<StepResolution>> answers;
+  auto record = [&](absl::StatusOr<StepResolution> r) {
+    absl::MutexLock lock(&mu);
+    answers.push_back(std::move(r));
+  };
+  // An unknown device is refused at once, before the call returns.
+  steps_.CommitAsync(3, 11, {"GPU:0"}, absl::Now() + absl::Seconds(30), record);
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(answers.size(), 1u);
+  }
+  steps_.CommitAsync(3, 11, {"TPU:0"}, absl::Now() + absl::Seconds(30), record);
+  steps_.CommitAsync(3, 11, {"TPU:1"}, absl::Now() + absl::Seconds(30), record);
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(
+        +[](decltype(answers)* a) { return a->size() == 3; }, &answers));
+  }
+  // The two trainers get the step.
+  EXPECT_THAT(answers[0], StatusIs(absl::StatusCode::kInvalidArgument, "GPU:0"));
+  for (size_t i : {1, 2}) {
+    ASSERT_OK(answers[i]);
+    EXPECT_EQ(answers[i]->state, StepState::kCommitted);
+  }
+  EXPECT_EQ(link_.reports.size(), 1u);
 }
 
 TEST_F(LocalStepsTest, S4_MeanPlan_BeginPlusMeanOfDeltas_InstalledWithNewVersion) {

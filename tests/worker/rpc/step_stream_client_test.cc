@@ -93,6 +93,38 @@ TEST_F(StepStreamClientTest, NotAnsweredInTime_DeadlineExceeded_TheNextCallOpens
   EXPECT_EQ(client.streams_opened(), 2);
 }
 
+// CallAsync returns before the answer; each callback runs once, with the
+// answer, or at the call's deadline with DEADLINE_EXCEEDED (the client's
+// deadline thread), and no caller waits for either.
+TEST_F(StepStreamClientTest, CallAsync_ReturnsAtOnce_TheAnswerOrTheDeadlineCallsBackOnce) {
+  StepStreamClient client(stub_.get());
+  const uint64_t epoch = BeginStep();
+  absl::Mutex mu;
+  std::optional<StepStreamClient::Answer> report, step;
+  int callbacks = 0;
+  // Worker 1 never reports: worker 0's report is not answered in time.
+  client.CallAsync(Report(epoch, 0), absl::Milliseconds(300), [&](StepStreamClient::Answer a) {
+    absl::MutexLock lock(&mu);
+    report = std::move(a);
+    ++callbacks;
+  });
+  client.CallAsync(GetStep(epoch), absl::Seconds(10), [&](StepStreamClient::Answer a) {
+    absl::MutexLock lock(&mu);
+    step = std::move(a);
+    ++callbacks;
+  });
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_FALSE(report.has_value());  // it cannot be answered before the deadline
+    mu.Await(absl::Condition(
+        +[](int* n) { return *n == 2; }, &callbacks));
+  }
+  ASSERT_OK(*step);
+  EXPECT_EQ((*step)->step().epoch(), epoch);
+  EXPECT_THAT(*report, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(callbacks, 2);
+}
+
 TEST_F(StepStreamClientTest, TheCoordinatorStops_ACallWaitingFailsUnavailable) {
   StepStreamClient client(stub_.get());
   const uint64_t epoch = BeginStep();
