@@ -33,6 +33,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/trainers.h"
 #include "repvar/client.h"
 #include "repvar/step.h"
 #include "tests/testing/cluster.h"
@@ -69,6 +70,7 @@ ABSL_FLAG(int32_t, batch_rounds, 7,
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using repvar::bench::Trainers;
 
 double Ms(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -337,53 +339,6 @@ double CpuSeconds(pid_t pid) {
 
 struct StepPhases {
   double begin_ms = 0, write_ms = 0, commit_ms = 0;
-};
-
-// The trainers of a step: one long-lived thread per worker, as real trainers
-// are long-lived processes (creating and joining 32 threads costs 4-5 ms on
-// this VM). `Run(fn)` runs fn(w) on every trainer at once and returns when
-// all have returned.
-class Trainers {
- public:
-  explicit Trainers(int n) : n_(n) {
-    for (int w = 0; w < n; ++w) go_.push_back(std::make_unique<std::binary_semaphore>(0));
-    for (int w = 0; w < n; ++w) threads_.emplace_back([this, w] { Loop(w); });
-  }
-  int size() const { return n_; }
-  ~Trainers() {
-    stop_ = true;
-    for (auto& go : go_) go->release();
-    for (std::thread& t : threads_) t.join();
-  }
-
-  // Runs fn(w) on every trainer w and returns when all have. Each trainer
-  // is woken on its own (no herd of 32 threads on one lock): the harness's
-  // own CPU, taken from the 2 cores the cluster runs on, stays small.
-  void Run(const std::function<void(int)>& fn) {
-    fn_ = &fn;  // published to the trainers by the releases below
-    remaining_.store(n_);
-    for (auto& go : go_) go->release();
-    done_.acquire();
-    fn_ = nullptr;
-  }
-
- private:
-  void Loop(int w) {
-    while (true) {
-      go_[w]->acquire();
-      if (stop_) return;
-      (*fn_)(w);
-      if (remaining_.fetch_sub(1) == 1) done_.release();
-    }
-  }
-
-  const int n_;
-  std::vector<std::unique_ptr<std::binary_semaphore>> go_;
-  std::binary_semaphore done_{0};
-  std::atomic<int> remaining_{0};
-  std::atomic<bool> stop_{false};
-  const std::function<void(int)>* fn_ = nullptr;
-  std::vector<std::thread> threads_;
 };
 
 // One step with the trainers of `trainers` (one per worker): `write` fills

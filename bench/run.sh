@@ -31,7 +31,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 build=${REPVAR_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j "$(nproc)" --target repvar_bench gloo_bcast tcp_stream repvar-coordinator repvar-worker
+cmake --build "$build" -j "$(nproc)" --target repvar_bench gloo_bcast tcp_stream grpc_step_floor repvar-coordinator repvar-worker
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 mpicc -O2 -o "$out/mpi_bcast" bench/peers/mpi_bcast.c
@@ -66,6 +66,9 @@ t0=$(date +%s%N)
 dd if=/dev/zero of="$ddfile" bs=1M count="$p2p_mib" conv=fsync status=none
 echo "disk mib=$p2p_mib write_fsync_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$results"
 rm -f "$ddfile"
+
+echo "== peers: the step report path's messages on bare gRPC (32 workers), no repvar logic"
+"$build/bench/grpc_step_floor" 32 1000 | tee -a "$results"
 
 echo "== peers: Redis 7 GET / INCR, 1 client"
 port=$((20000 + RANDOM % 20000))
