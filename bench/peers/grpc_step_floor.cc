@@ -81,18 +81,27 @@ class CoordinatorStream final : public grpc::ServerBidiReactor<StreamReq, Stream
  public:
   explicit CoordinatorStream(Barrier* barrier) : barrier_(barrier) { StartRead(&in_); }
   void OnReadDone(bool ok) override;
+  // gRPC's operations start with mu_ released: a reaction may run inline.
   void Answer(uint64_t tag, int64_t step) {
-    std::lock_guard<std::mutex> lock(mu_);
     StreamResp r;
     r.set_tag(tag);
     r.mutable_plan()->mutable_resolution()->set_step(step);
-    out_.push_back(std::move(r));
-    if (out_.size() == 1) StartWrite(&out_.front());
+    const StreamResp* first = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      out_.push_back(std::move(r));
+      if (out_.size() == 1) first = &out_.front();
+    }
+    if (first != nullptr) StartWrite(first);
   }
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    out_.pop_front();
-    if (ok && !out_.empty()) StartWrite(&out_.front());
+    const StreamResp* next = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      out_.pop_front();
+      if (ok && !out_.empty()) next = &out_.front();
+    }
+    if (next != nullptr) StartWrite(next);
   }
   void OnDone() override { delete this; }
 
@@ -185,18 +194,26 @@ class WorkerStream final : public grpc::ClientBidiReactor<StreamReq, StreamResp>
     StartCall();
   }
   void Report(int64_t step, Done done) {
-    std::lock_guard<std::mutex> lock(mu_);
-    StreamReq r;
-    r.set_tag(++next_tag_);
-    r.mutable_report()->set_step(step);
-    waiting_[next_tag_] = std::move(done);
-    out_.push_back(std::move(r));
-    if (out_.size() == 1) StartWrite(&out_.front());
+    const StreamReq* first = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      StreamReq r;
+      r.set_tag(++next_tag_);
+      r.mutable_report()->set_step(step);
+      waiting_[next_tag_] = std::move(done);
+      out_.push_back(std::move(r));
+      if (out_.size() == 1) first = &out_.front();
+    }
+    if (first != nullptr) StartWrite(first);
   }
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    out_.pop_front();
-    if (ok && !out_.empty()) StartWrite(&out_.front());
+    const StreamReq* next = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      out_.pop_front();
+      if (ok && !out_.empty()) next = &out_.front();
+    }
+    if (next != nullptr) StartWrite(next);
   }
   void OnReadDone(bool ok) override {
     if (!ok) return;
@@ -335,7 +352,9 @@ int RunDriver(int workers, int steps) {
       repvar::v1::BeginStepRequest req;
       req.set_step(step);
       repvar::v1::StepInfo info;
-      if (!coord->BeginStep(&ctx, req, &info).ok()) Die("begin");
+      if (grpc::Status s = coord->BeginStep(&ctx, req, &info); !s.ok()) {
+        Die("begin: " + s.error_message());
+      }
     });
     trainers.Run([&](int w) {
       grpc::ClientContext ctx;
@@ -343,7 +362,9 @@ int RunDriver(int workers, int steps) {
       req.set_step(step);
       req.set_epoch(static_cast<uint64_t>(step));
       repvar::v1::StepResolution res;
-      if (!stubs[w]->CommitStep(&ctx, req, &res).ok() || res.step() != step) Die("commit");
+      grpc::Status s = stubs[w]->CommitStep(&ctx, req, &res);
+      if (!s.ok()) Die("commit: " + s.error_message());
+      if (res.step() != step) Die("commit answered step " + std::to_string(res.step()));
     });
   };
   constexpr int kWarmup = 20;
