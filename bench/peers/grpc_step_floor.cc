@@ -17,11 +17,13 @@
 //
 // The children are this binary run again (`coordinator PORTFILE WORKERS`,
 // `worker COORDINATOR PORTFILE`); they stop when their stdin closes.
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -69,9 +71,34 @@ std::unique_ptr<grpc::Server> Serve(const std::vector<grpc::Service*>& services,
 // Until this process's stdin closes (the driver exits or closes it).
 void WaitForStdinEof() {
   char c;
-  while (read(0, &c, 1) > 0) {
-  }
+  ssize_t n;
+  do {
+    n = read(0, &c, 1);
+  } while (n > 0 || (n < 0 && errno == EINTR));
 }
+
+// A stream's writes, one in flight at a time. gRPC's operations are started
+// by the caller with the queue's lock released: a reaction may run inline.
+template <typename Msg>
+class WriteQueue {
+ public:
+  // Queues `m`; returns it to start now, or null while another is in flight.
+  const Msg* Push(Msg m) {
+    std::lock_guard<std::mutex> lock(mu_);
+    out_.push_back(std::move(m));
+    return out_.size() == 1 ? &out_.front() : nullptr;  // a deque keeps it in place
+  }
+  // After the write in flight: the next one to start, or null.
+  const Msg* Pop(bool ok) {
+    std::lock_guard<std::mutex> lock(mu_);
+    out_.pop_front();
+    return ok && !out_.empty() ? &out_.front() : nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  std::deque<Msg> out_;  // front: the write in flight
+};
 
 // ---- coordinator ----
 
@@ -81,35 +108,21 @@ class CoordinatorStream final : public grpc::ServerBidiReactor<StreamReq, Stream
  public:
   explicit CoordinatorStream(Barrier* barrier) : barrier_(barrier) { StartRead(&in_); }
   void OnReadDone(bool ok) override;
-  // gRPC's operations start with mu_ released: a reaction may run inline.
   void Answer(uint64_t tag, int64_t step) {
     StreamResp r;
     r.set_tag(tag);
     r.mutable_plan()->mutable_resolution()->set_step(step);
-    const StreamResp* first = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      out_.push_back(std::move(r));
-      if (out_.size() == 1) first = &out_.front();
-    }
-    if (first != nullptr) StartWrite(first);
+    if (const StreamResp* first = out_.Push(std::move(r))) StartWrite(first);
   }
   void OnWriteDone(bool ok) override {
-    const StreamResp* next = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      out_.pop_front();
-      if (ok && !out_.empty()) next = &out_.front();
-    }
-    if (next != nullptr) StartWrite(next);
+    if (const StreamResp* next = out_.Pop(ok)) StartWrite(next);
   }
   void OnDone() override { delete this; }
 
  private:
   Barrier* const barrier_;
   StreamReq in_;
-  std::mutex mu_;
-  std::deque<StreamResp> out_;  // front: the write in flight
+  WriteQueue<StreamResp> out_;
 };
 
 // Answers every worker's report of a step once `workers` have reported it.
@@ -194,26 +207,17 @@ class WorkerStream final : public grpc::ClientBidiReactor<StreamReq, StreamResp>
     StartCall();
   }
   void Report(int64_t step, Done done) {
-    const StreamReq* first = nullptr;
+    StreamReq r;
+    r.mutable_report()->set_step(step);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      StreamReq r;
       r.set_tag(++next_tag_);
-      r.mutable_report()->set_step(step);
       waiting_[next_tag_] = std::move(done);
-      out_.push_back(std::move(r));
-      if (out_.size() == 1) first = &out_.front();
     }
-    if (first != nullptr) StartWrite(first);
+    if (const StreamReq* first = out_.Push(std::move(r))) StartWrite(first);
   }
   void OnWriteDone(bool ok) override {
-    const StreamReq* next = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      out_.pop_front();
-      if (ok && !out_.empty()) next = &out_.front();
-    }
-    if (next != nullptr) StartWrite(next);
+    if (const StreamReq* next = out_.Pop(ok)) StartWrite(next);
   }
   void OnReadDone(bool ok) override {
     if (!ok) return;
@@ -235,8 +239,8 @@ class WorkerStream final : public grpc::ClientBidiReactor<StreamReq, StreamResp>
  private:
   grpc::ClientContext ctx_;
   StreamResp in_;
-  std::mutex mu_;
-  std::deque<StreamReq> out_;
+  WriteQueue<StreamReq> out_;
+  std::mutex mu_;  // guards waiting_ and next_tag_
   std::map<uint64_t, Done> waiting_;
   uint64_t next_tag_ = 0;
 };
@@ -277,8 +281,8 @@ struct Child {
 };
 
 Child Spawn(const std::vector<std::string>& args) {
-  int fds[2];
-  if (pipe(fds) != 0) Die("pipe");
+  int fds[2];  // close-on-exec: only this child's stdin (dup2 clears it) outlives the spawn
+  if (pipe2(fds, O_CLOEXEC) != 0) Die("pipe");
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[0], 0);
@@ -304,6 +308,13 @@ std::string AwaitPort(const std::string& port_file) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   Die("no port in " + port_file);
+}
+
+// A trainer's call waits for its server's connection (a first connection
+// on this VM has been seen to fail at once), up to a minute.
+void Patient(grpc::ClientContext& ctx) {
+  ctx.set_wait_for_ready(true);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
 }
 
 double CpuMs(pid_t pid) {
@@ -349,6 +360,7 @@ int RunDriver(int workers, int steps) {
   auto step_once = [&](int64_t step) {
     trainers.Run([&](int w) {
       grpc::ClientContext ctx;
+      Patient(ctx);
       repvar::v1::BeginStepRequest req;
       req.set_step(step);
       repvar::v1::StepInfo info;
@@ -358,6 +370,7 @@ int RunDriver(int workers, int steps) {
     });
     trainers.Run([&](int w) {
       grpc::ClientContext ctx;
+      Patient(ctx);
       repvar::v1::CommitStepRequest req;
       req.set_step(step);
       req.set_epoch(static_cast<uint64_t>(step));
