@@ -5,6 +5,9 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include <array>
+#include <atomic>
+
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -43,9 +46,47 @@ bool UseDaemonCertificate(SSL_CTX* ctx, const std::shared_ptr<ReloadableCertific
   return true;
 }
 
+std::string CodeName(grpc::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+}  // namespace
+
+struct RpcMetricsFactory::Method {
+  explicit Method(std::string method)
+      : name(std::move(method)),
+        duration(Metrics::Global().GetHistogram(
+            "repvar_rpc_duration_seconds", "gRPC call latency, by method", {{"method", name}})) {}
+
+  Counter& Calls(grpc::StatusCode code) {
+    const auto i = static_cast<size_t>(code);
+    if (i >= calls.size()) return Series(code);  // not a code gRPC defines
+    Counter* c = calls[i].load(std::memory_order_acquire);
+    if (c == nullptr) {
+      c = &Series(code);  // the registry returns the same one to a racing call
+      calls[i].store(c, std::memory_order_release);
+    }
+    return *c;
+  }
+
+  const std::string name;
+  Histogram& duration;
+
+ private:
+  Counter& Series(grpc::StatusCode code) {
+    return Metrics::Global().GetCounter("repvar_rpc_requests_total",
+                                        "gRPC calls served, by method and status code",
+                                        {{"method", name}, {"code", CodeName(code)}});
+  }
+
+  std::array<std::atomic<Counter*>, 17> calls{};  // by code: OK .. UNAUTHENTICATED
+};
+
+namespace {
+
 class RpcMetrics : public grpc::experimental::Interceptor {
  public:
-  explicit RpcMetrics(std::string method) : method_(std::move(method)), start_(absl::Now()) {}
+  explicit RpcMetrics(RpcMetricsFactory::Method* method) : method_(method), start_(absl::Now()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     using Hook = grpc::experimental::InterceptionHookPoints;
@@ -74,27 +115,20 @@ class RpcMetrics : public grpc::experimental::Interceptor {
                         status.error_code() == grpc::StatusCode::DATA_LOSS ||
                         status.error_code() == grpc::StatusCode::UNAVAILABLE ||
                         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-      spdlog::log(ours ? spdlog::level::warn : spdlog::level::debug,
-                  "rpc request_id={} method={} code={} ms={:.2f}{}{}", request_id_, method_,
-                  CodeName(status.error_code()), absl::ToDoubleMilliseconds(took),
-                  status.ok() ? "" : " error=", status.error_message());
-      Metrics& m = Metrics::Global();
-      m.GetCounter("repvar_rpc_requests_total", "gRPC calls served, by method and status code",
-                   {{"method", method_}, {"code", CodeName(status.error_code())}})
-          .Add();
-      m.GetHistogram("repvar_rpc_duration_seconds", "gRPC call latency, by method",
-                     {{"method", method_}})
-          .Observe(took);
+      const spdlog::level::level_enum level = ours ? spdlog::level::warn : spdlog::level::debug;
+      if (spdlog::should_log(level)) {
+        spdlog::log(level, "rpc request_id={} method={} code={} ms={:.2f}{}{}", request_id_,
+                    method_->name, CodeName(status.error_code()), absl::ToDoubleMilliseconds(took),
+                    status.ok() ? "" : " error=", status.error_message());
+      }
+      method_->Calls(status.error_code()).Add();
+      method_->duration.Observe(took);
     }
     methods->Proceed();
   }
 
  private:
-  static std::string CodeName(grpc::StatusCode code) {
-    return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
-  }
-
-  const std::string method_;
+  RpcMetricsFactory::Method* const method_;
   const absl::Time start_;
   std::string request_id_;
 };
@@ -107,13 +141,28 @@ std::string RequestIdOf(const grpc::ServerContextBase& ctx) {
   return it == metadata.end() ? std::string() : std::string(it->second.data(), it->second.size());
 }
 
+RpcMetricsFactory::RpcMetricsFactory() = default;
+RpcMetricsFactory::~RpcMetricsFactory() = default;
+
+RpcMetricsFactory::Method* RpcMetricsFactory::For(absl::string_view method) {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = methods_.find(method);
+    if (it != methods_.end()) return it->second.get();
+  }
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<Method>& slot = methods_[method];
+  if (slot == nullptr) slot = std::make_unique<Method>(std::string(method));
+  return slot.get();
+}
+
 grpc::experimental::Interceptor* RpcMetricsFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
   // Methods of repvar's and gRPC's own services are labels; anything else a
   // caller names is "other" (no unbounded series).
   const absl::string_view method = info->method() == nullptr ? "" : info->method();
   const bool known = absl::StartsWith(method, "/repvar.v1.") || absl::StartsWith(method, "/grpc.");
-  return new RpcMetrics(known && method.size() <= 128 ? std::string(method) : "other");
+  return new RpcMetrics(For(known && method.size() <= 128 ? method : "other"));
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,

@@ -17,7 +17,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/base/memory_budget.h"
 #include "common/rpc/security.h"
 
@@ -37,8 +41,21 @@ namespace repvar {
 // refused never get here (repvar_auth_refused_total counts them).
 class RpcMetricsFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
+  RpcMetricsFactory();
+  ~RpcMetricsFactory() override;
+
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override;
+
+  // One method's series, looked up in the registry once and kept: a call
+  // counts itself with no registry lock, label string or allocation.
+  struct Method;
+
+ private:
+  Method* For(absl::string_view method) ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Method>> methods_ ABSL_GUARDED_BY(mu_);
 };
 
 inline constexpr char kRequestIdKey[] = "x-request-id";
