@@ -126,6 +126,11 @@ TEST_F(MetricsTest, Coordinator_CountsCallsByMethodAndCode_GaugesFollowTheState)
   s.initializer = InitializerSpec::Zeros();
   ASSERT_OK(client_->CreateVariable(s));
   ASSERT_OK(client_->Initialize({"w"}));
+  // A call its handler refuses is counted under its code, each time.
+  const std::string init = R"(method="/repvar.v1.CoordinatorTrainers/InitializeVariables")";
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_THAT(client_->Initialize({"no_such_variable"}), StatusIs(absl::StatusCode::kNotFound));
+  }
   // A refused call is counted where it is refused.
   auto anonymous = Client::Connect(ClientOptionsFor(""));
   ASSERT_OK(anonymous);
@@ -137,6 +142,11 @@ TEST_F(MetricsTest, Coordinator_CountsCallsByMethodAndCode_GaugesFollowTheState)
       after.Get("repvar_rpc_requests_total{" + create + R"(,code="OK"})"),
       std::max(0.0, before.Get("repvar_rpc_requests_total{" + create + R"(,code="OK"})")) + 1);
   EXPECT_GE(after.Get("repvar_rpc_duration_seconds_count{" + create + "}"), 1);
+  EXPECT_EQ(
+      after.Get("repvar_rpc_requests_total{" + init + R"(,code="NOT_FOUND"})"),
+      std::max(0.0, before.Get("repvar_rpc_requests_total{" + init + R"(,code="NOT_FOUND"})")) + 2);
+  EXPECT_EQ(after.Get("repvar_rpc_requests_total{" + init + R"(,code="OK"})"),
+            std::max(0.0, before.Get("repvar_rpc_requests_total{" + init + R"(,code="OK"})")) + 1);
   EXPECT_EQ(after.Get("repvar_rpc_duration_seconds_bucket{" + create + R"(,le="+Inf"})"),
             after.Get("repvar_rpc_duration_seconds_count{" + create + "}"));
   EXPECT_GE(
