@@ -19,7 +19,8 @@
 //         (read-your-writes; the report names every published value), and
 //         a later write of the replica replaces it (the last writer wins)
 //   OPEN --every local accelerator committed (one trainer per host, or one
-//          per device)--> RESOLVING: the committing thread runs the resolver
+//          per device)--> RESOLVING: the committing call hands the step to
+//          the resolver (CommitAsync: and returns; the resolution answers it)
 //   RESOLVING --resolution--> DONE: COMMITTED installed the new values with
 //          their versions; FAILED dropped the copies (replicas stay exactly as
 //          committed). Every trainer's Commit returns the same resolution.
@@ -27,7 +28,8 @@
 //
 // Thread-safe: trainers call from gRPC threads. A step's copies are guarded
 // by the table's mutex while it is OPEN; from RESOLVING on they belong to the
-// resolving thread (no call changes them once a step left OPEN).
+// resolver, one thread at a time (no call changes them once a step left
+// OPEN).
 #ifndef REPVAR_WORKER_CORE_STEP_TABLE_H_
 #define REPVAR_WORKER_CORE_STEP_TABLE_H_
 
