@@ -34,7 +34,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "bench/trainers.h"
+#include "bench/harness.h"
 #include "repvar/client.h"
 #include "repvar/step.h"
 #include "tests/testing/cluster.h"
@@ -71,6 +71,7 @@ ABSL_FLAG(int32_t, batch_rounds, 7,
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using repvar::bench::CpuSeconds;
 using repvar::bench::Trainers;
 
 double Ms(Clock::time_point a, Clock::time_point b) {
@@ -325,17 +326,6 @@ void SmallOps(int ops, int workers) {
       "read1000_ms=%.2f create1000_full_ms=%.2f\n",
       Percentile(single, 0.5), Percentile(creates, 0.5), Percentile(inits, 0.5),
       Percentile(batch_reads, 0.5), Percentile(creates_full, 0.5));
-}
-
-// CPU seconds (user + system) a process has used, from /proc.
-double CpuSeconds(pid_t pid) {
-  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  std::getline(f, line);
-  // Fields after the command name (which ends with ')'): utime is 14th, stime 15th overall.
-  std::vector<std::string> fields = absl::StrSplit(line.substr(line.rfind(')') + 2), ' ');
-  return (std::stod(fields[11]) + std::stod(fields[12])) /
-         static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 struct StepPhases {

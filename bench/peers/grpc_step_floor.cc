@@ -8,7 +8,7 @@
 // once all have reported), `workers` worker processes (CommitStep sends a
 // report on the worker's stream and answers the trainer when the stream's
 // answer comes), and in this process one trainer thread per worker (the
-// harness of repvar_bench, bench/trainers.h): every trainer begins, then
+// harness of repvar_bench, bench/harness.h): every trainer begins, then
 // every trainer commits, as repvar_bench times a step. Both servers are on
 // gRPC's callback API, as repvar's are.
 //
@@ -32,12 +32,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "bench/trainers.h"
+#include "bench/harness.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "repvar/v1/worker.grpc.pb.h"
 
@@ -317,19 +316,6 @@ void Patient(grpc::ClientContext& ctx) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
 }
 
-double CpuMs(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(f, line);
-  std::istringstream rest(line.substr(line.rfind(')') + 2));
-  std::string field;
-  long ticks = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14 || i == 15) ticks += std::stol(field);  // utime, stime
-  }
-  return 1000.0 * static_cast<double>(ticks) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
 int RunDriver(int workers, int steps) {
   char dir_template[] = "/tmp/grpc_step_floor.XXXXXX";
   const char* dir = mkdtemp(dir_template);
@@ -382,11 +368,11 @@ int RunDriver(int workers, int steps) {
   };
   constexpr int kWarmup = 20;
   for (int i = 1; i <= kWarmup; ++i) step_once(i);
-  const double cpu0 = CpuMs(children[0].pid);
+  const double cpu0 = repvar::bench::CpuSeconds(children[0].pid);
   const auto t0 = Clock::now();
   for (int i = 1; i <= steps; ++i) step_once(kWarmup + i);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double cpu = CpuMs(children[0].pid) - cpu0;
+  const double cpu = (repvar::bench::CpuSeconds(children[0].pid) - cpu0) * 1000;
   std::printf(
       "grpc_step_floor workers=%d steps=%d steps_per_s=%.2f coordinator_cpu_ms_per_step=%.2f\n",
       workers, steps, steps / secs, cpu / steps);

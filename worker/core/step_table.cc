@@ -401,6 +401,14 @@ void StepTable::ResolveThenClose(std::shared_ptr<LocalStep> s, CommitDone done) 
       });
 }
 
+bool StepTable::EnterLocked(LocalStep& s, const std::vector<std::string>& mine) {
+  if (s.phase != LocalStep::Phase::kOpen) return false;
+  s.committed.insert(mine.begin(), mine.end());
+  if (s.committed.size() < me_.accelerators.size()) return false;
+  s.phase = LocalStep::Phase::kResolving;  // its copies are the resolver's now
+  return true;
+}
+
 void StepTable::CommitAsync(int64_t step, uint64_t epoch, std::vector<std::string> devices,
                             absl::Time deadline, CommitDone done) {
   absl::StatusOr<std::vector<std::string>> mine = LocalDevices(devices);
@@ -409,29 +417,28 @@ void StepTable::CommitAsync(int64_t step, uint64_t epoch, std::vector<std::strin
     return;
   }
   std::shared_ptr<LocalStep> s;
+  bool run = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = steps_.find(epoch);
-    if (it != steps_.end() && it->second->header.step == step &&
-        it->second->phase == LocalStep::Phase::kOpen && it->second->hashing.empty()) {
-      std::set<std::string> committed = it->second->committed;
-      committed.insert(mine->begin(), mine->end());
-      if (committed.size() >= me_.accelerators.size()) {
-        // This call completes the host: the step leaves OPEN here.
-        it->second->committed = std::move(committed);
-        it->second->phase = LocalStep::Phase::kResolving;
-        s = it->second;
-      }
+    // Known here, and nothing published still being hashed: it enters now.
+    if (it != steps_.end() && it->second->header.step == step && it->second->hashing.empty()) {
+      s = it->second;
+      run = EnterLocked(*s, *mine);
     }
   }
-  if (s != nullptr) {
+  if (run) {
     ResolveThenClose(std::move(s), std::move(done));
-    return;
+  } else if (s != nullptr) {  // entered: it waits for the host's other devices
+    waiting_->Schedule([this, s = std::move(s), deadline, done = std::move(done)]() mutable {
+      std::move(done)(AwaitResolution(*s, deadline));
+    });
+  } else {
+    waiting_->Schedule([this, step, epoch, devices = std::move(devices), deadline,
+                        done = std::move(done)]() mutable {
+      std::move(done)(Commit(step, epoch, devices, deadline));
+    });
   }
-  waiting_->Schedule([this, step, epoch, devices = std::move(devices), deadline,
-                      done = std::move(done)]() mutable {
-    std::move(done)(Commit(step, epoch, devices, deadline));
-  });
 }
 
 absl::StatusOr<StepResolution> StepTable::Commit(int64_t step, uint64_t epoch,
@@ -443,45 +450,41 @@ absl::StatusOr<StepResolution> StepTable::Commit(int64_t step, uint64_t epoch,
   {
     absl::MutexLock lock(&mu_);
     AwaitHashedLocked(*s);  // every value published here is in the report
-    if (s->phase == LocalStep::Phase::kOpen) {
-      s->committed.insert(mine.begin(), mine.end());
-      if (s->committed.size() >= me_.accelerators.size()) {
-        s->phase = LocalStep::Phase::kResolving;
-        run = true;
-      }
-    }
+    run = EnterLocked(*s, mine);
   }
-  if (run) {
-    absl::Notification closed;
-    StepResolution out;
-    ResolveThenClose(s, [&](absl::StatusOr<StepResolution> r) {
-      out = *std::move(r);  // always a resolution
-      closed.Notify();
-    });
-    closed.WaitForNotification();
-    return out;
-  }
+  if (!run) return AwaitResolution(*s, deadline);
+  absl::Notification closed;
+  StepResolution out;
+  ResolveThenClose(s, [&](absl::StatusOr<StepResolution> r) {
+    out = *std::move(r);  // always a resolution
+    closed.Notify();
+  });
+  closed.WaitForNotification();
+  return out;
+}
+
+absl::StatusOr<StepResolution> StepTable::AwaitResolution(const LocalStep& s, absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
-    while (s->phase != LocalStep::Phase::kDone) {
+    while (s.phase != LocalStep::Phase::kDone) {
       if (cv_.WaitWithDeadline(&mu_, deadline)) {
         std::vector<std::string> waiting;
         for (const std::string& a : me_.accelerators) {
-          if (!s->committed.contains(a)) waiting.push_back(a);
+          if (!s.committed.contains(a)) waiting.push_back(a);
         }
         return absl::DeadlineExceededError(
-            absl::StrCat(StepName(s->header), ": no resolution in time",
+            absl::StrCat(StepName(s.header), ": no resolution in time",
                          waiting.empty() ? "" : "; devices of this host not committed yet: ",
                          absl::StrJoin(waiting, ", ")));
       }
     }
-    if (s->resolution) return *s->resolution;
+    if (s.resolution) return *s.resolution;
   }
   // The step was already over when this worker first heard of it (a late
   // trainer): the coordinator has its resolution.
-  auto r = link_->WaitStep(epoch, absl::Seconds(5));
+  auto r = link_->WaitStep(s.header.epoch, absl::Seconds(5));
   if (r.ok()) return *std::move(r);
-  return LocalFailure(s->header, absl::AbortedError("the step was discarded on this worker"));
+  return LocalFailure(s.header, absl::AbortedError("the step was discarded on this worker"));
 }
 
 void StepTable::Discard(uint64_t epoch) {

@@ -160,9 +160,9 @@ class StepTable {
   // that completes the host of a step known here, with nothing published
   // still being hashed, hands the step to the resolver and returns: `done`
   // runs on the thread that brings the resolution (the link's, on the report
-  // path). A call that has to wait (for the step from the coordinator, a
-  // hash, or the other devices of this host) runs Commit on a thread of the
-  // table's.
+  // path). A call that has to wait runs on a thread of the table's: for the
+  // other devices of this host, once its own are recorded; for the step
+  // from the coordinator or a hash, the whole Commit.
   using CommitDone = absl::AnyInvocable<void(absl::StatusOr<StepResolution>) &&>;
   void CommitAsync(int64_t step, uint64_t epoch, std::vector<std::string> devices,
                    absl::Time deadline, CommitDone done) ABSL_LOCKS_EXCLUDED(mu_);
@@ -210,6 +210,16 @@ class StepTable {
   // `devices` as this host's short names ("TPU:0"); all of them when empty.
   absl::StatusOr<std::vector<std::string>> LocalDevices(
       const std::vector<std::string>& devices) const;
+  // Records `mine` as committed in `s` while it is OPEN; returns whether
+  // that completes the host (the step is RESOLVING then, and the caller
+  // hands it to the resolver: ResolveThenClose).
+  bool EnterLocked(LocalStep& s, const std::vector<std::string>& mine)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A commit that did not complete the host: waits until `s` is DONE or
+  // `deadline`, and returns its resolution (a late trainer's, from the
+  // coordinator). `s` stays held by the caller.
+  absl::StatusOr<StepResolution> AwaitResolution(const LocalStep& s, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Resolves a step that left OPEN (its copies are the resolver's until
   // then), closes it with the resolution, then calls `done` with it.
   void ResolveThenClose(std::shared_ptr<LocalStep> s, CommitDone done) ABSL_LOCKS_EXCLUDED(mu_);

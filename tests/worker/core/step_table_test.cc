@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "common/base/random.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tensors.h"
@@ -308,6 +309,29 @@ TEST_F(LocalStepsTest, S3_CommitAsync_CallsThatWait_RunOnTheTablesThreads_EachAn
     ASSERT_OK(answers[i]);
     EXPECT_EQ(answers[i]->state, StepState::kCommitted);
   }
+  EXPECT_EQ(link_.reports.size(), 1u);
+}
+
+// A trainer whose host-mate never commits gets DEADLINE_EXCEEDED at its
+// deadline, naming the device still missing; nothing is reported, and the
+// step stays open for that device, whose commit then completes the host.
+TEST_F(LocalStepsTest, S3_CommitAsync_AHostMateNotCommittedByTheDeadline_NamedNothingReported) {
+  StepResolution& planned = PlannedResolution();
+  planned.state = StepState::kCommitted;
+  planned.step = 3;
+  ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({3, 4})}}));  // the step is known here now
+  absl::Notification answered;
+  absl::StatusOr<StepResolution> first;
+  steps_.CommitAsync(3, 11, {"TPU:0"}, absl::Now(), [&](absl::StatusOr<StepResolution> r) {
+    first = std::move(r);
+    answered.Notify();
+  });
+  answered.WaitForNotification();
+  EXPECT_THAT(first, StatusIs(absl::StatusCode::kDeadlineExceeded, "not committed yet: TPU:1"));
+  EXPECT_TRUE(link_.reports.empty());
+  auto second = Commit(3, 11, {"TPU:1"}, absl::Seconds(30));
+  ASSERT_OK(second);
+  EXPECT_EQ(second->state, StepState::kCommitted);
   EXPECT_EQ(link_.reports.size(), 1u);
 }
 

@@ -1,13 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// The benchmarks' trainer threads (repvar_bench, grpc_step_floor): the same
-// harness on both sides of a comparison.
-#ifndef REPVAR_BENCH_TRAINERS_H_
-#define REPVAR_BENCH_TRAINERS_H_
+// The benchmarks' harness (repvar_bench, grpc_step_floor): trainer threads
+// and a process's CPU time, the same on both sides of a comparison.
+#ifndef REPVAR_BENCH_HARNESS_H_
+#define REPVAR_BENCH_HARNESS_H_
+
+#include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <semaphore>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -60,6 +65,22 @@ class Trainers {
   std::vector<std::thread> threads_;
 };
 
+// CPU seconds (user + system) process `pid` has used, from /proc.
+inline double CpuSeconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  // The fields after the command name (which ends with ')') start at the
+  // 3rd; utime is the 14th, stime the 15th.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  long ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stol(field);
+  }
+  return static_cast<double>(ticks) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 }  // namespace repvar::bench
 
-#endif  // REPVAR_BENCH_TRAINERS_H_
+#endif  // REPVAR_BENCH_HARNESS_H_
