@@ -55,7 +55,8 @@ void MakeRoomResident(std::vector<std::byte>& v, size_t upto);
 // written once.
 void AssignBulk(std::vector<std::byte>& v, std::span<const std::byte> bytes);
 
-// A resident, 64-byte aligned byte buffer. Large buffers are mapped with
+// A resident byte buffer, 64-byte aligned from 4 KiB up (smaller ones 16,
+// malloc's, which every element type needs). Large buffers are mapped with
 // MADV_HUGEPAGE and pre-faulted once. Not thread-safe; movable.
 class Buffer {
  public:

@@ -3,12 +3,12 @@
 #define REPVAR_WORKER_CORE_REPLICA_STORE_H_
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/model/replica_write.h"
@@ -62,10 +62,12 @@ class ReplicaStore {
  private:
   mutable absl::Mutex mu_;
   mutable absl::CondVar applied_;  // Apply() ran
-  std::map<std::pair<uint64_t, int32_t>, StoredReplica> replicas_ ABSL_GUARDED_BY(mu_);
+  // Ordered (a variable's replicas are adjacent) and in blocks: no
+  // allocation per replica held.
+  absl::btree_map<std::pair<uint64_t, int32_t>, StoredReplica> replicas_ ABSL_GUARDED_BY(mu_);
   // The highest fence applied per variable id; kept after a drop, so that a
   // delayed write cannot bring a dropped variable back (16 bytes per id).
-  std::map<uint64_t, uint64_t> fences_ ABSL_GUARDED_BY(mu_);
+  absl::btree_map<uint64_t, uint64_t> fences_ ABSL_GUARDED_BY(mu_);
   uint64_t fence_floor_ ABSL_GUARDED_BY(mu_) = 0;  // for every variable
   mutable int waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -26,6 +26,25 @@ namespace {
 
 using ::repvar::testing::StatusIs;
 
+// Every buffer is aligned for any element type (16); from 4 KiB up to
+// 64, a cache line, for vector loads over large tensors. Each holds its
+// bytes and frees with the allocator it came from (ASan checks the pair).
+TEST(BufferTest, Allocate_AlignedForAnyElement_ACacheLineFromFourKiB) {
+  for (size_t size : {size_t{1}, size_t{64}, size_t{4095}, size_t{4096}, size_t{100000}}) {
+    auto b = Buffer::Allocate(size);
+    ASSERT_OK(b);
+    ASSERT_EQ(b->size(), size);
+    const auto address = reinterpret_cast<uintptr_t>(b->data());
+    EXPECT_EQ(address % 16, 0u) << size;
+    if (size >= 4096) {
+      EXPECT_EQ(address % 64, 0u) << size;
+    }
+    std::memset(b->data(), 0xab, size);
+    Buffer moved = *std::move(b);
+    EXPECT_EQ(moved.data()[size - 1], std::byte{0xab});
+  }
+}
+
 TEST(BufferTest, MapFile_TheFilesBytes_OfExactlyTheRecordedSize) {
   repvar::testing::TempDir dir;
   const std::string path = dir.path() + "/blob";
