@@ -4,13 +4,16 @@
 // way WriteSmallReplicas applies them (ApplySmallWrites), as the batch
 // figures of repvar_bench send them to each worker. Prints the median and
 // the worst CPU time of one batch on this thread, so that a change to the
-// worker's per-write cost can be told from the VM's noise.
-//   worker_apply [ROUNDS]
+// worker's per-write cost can be told from the VM's noise. With `shared`,
+// the writes share one value, as a batch initialized alike sends them
+// (WriteSmallReplicasRequest.value_index); without, each has its own.
+//   worker_apply [ROUNDS] [shared]
 #include <time.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +32,7 @@ double ThreadCpuUs() {
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 250;
+  const bool shared = argc > 2 && std::string_view(argv[2]) == "shared";
   constexpr int kWrites = 1000;
   repvar::TuneMallocForBulkTransfers();  // as the daemons run
   const repvar::TensorSpec spec{repvar::DType::kFloat32, {16}};
@@ -50,7 +54,8 @@ int main(int argc, char** argv) {
       w.version = 1;
       w.replicas = {0};
       w.fence = 1;
-      writes.items.push_back({std::move(w), 0, checksum, value});
+      writes.items.push_back(
+          {std::move(w), 0, checksum, shared ? 0 : static_cast<size_t>(i), value});
     }
     const double t0 = ThreadCpuUs();
     auto applied = repvar::worker::ApplySmallWrites(1, std::move(writes), &store, nullptr);
@@ -65,7 +70,8 @@ int main(int argc, char** argv) {
   double total = 0;
   for (double c : cpu) total += c;
   std::printf(
-      "worker_apply writes=%d rounds=%d cpu_p50_us=%.0f cpu_max_us=%.0f cpu_total_ms=%.1f\n",
-      kWrites, rounds, sorted[sorted.size() / 2], sorted.back(), total / 1e3);
+      "worker_apply writes=%d shared=%d rounds=%d cpu_p50_us=%.0f cpu_max_us=%.0f "
+      "cpu_total_ms=%.1f\n",
+      kWrites, shared ? 1 : 0, rounds, sorted[sorted.size() / 2], sorted.back(), total / 1e3);
   return 0;
 }

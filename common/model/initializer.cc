@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/model/initializer.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -90,6 +91,12 @@ absl::StatusOr<Tensor> MakeInitialValue(const Initializer& init, const TensorSpe
   }
   t->UpdateChecksum();
   return t;
+}
+
+bool SameInitializer(const Initializer& a, const Initializer& b) {
+  auto bits = [](double d) { return std::bit_cast<uint64_t>(d); };
+  return a.kind == b.kind && bits(a.constant) == bits(b.constant) && bits(a.a) == bits(b.a) &&
+         bits(a.b) == bits(b.b) && a.seed == b.seed && a.value == b.value;
 }
 
 }  // namespace repvar

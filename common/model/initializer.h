@@ -29,6 +29,12 @@ struct Initializer {
 // or a bad range/stddev.
 absl::StatusOr<Tensor> MakeInitialValue(const Initializer& init, const TensorSpec& spec);
 
+// True when MakeInitialValue gives the same bytes for `a` and `b` with any
+// one spec because they are the same initializer: every field equal, the
+// numbers bit for bit, kValue's tensor the same object. (False says
+// nothing: two initializers may still give the same bytes.)
+bool SameInitializer(const Initializer& a, const Initializer& b);
+
 }  // namespace repvar
 
 #endif  // REPVAR_COMMON_MODEL_INITIALIZER_H_

@@ -50,6 +50,9 @@ struct SmallReplicaWrites {
     ReplicaWrite write;     // value unset
     size_t spec = 0;        // index into `specs`
     uint64_t checksum = 0;  // as sent; 0: not given
+    // Its value: the value-th distinct one of the batch (numbered in order
+    // of first use; writes with the same number share the bytes).
+    size_t value = 0;
     std::span<const std::byte> bytes;
   };
   uint64_t incarnation = 0;

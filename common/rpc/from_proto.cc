@@ -196,10 +196,21 @@ absl::StatusOr<SmallReplicaWrites> SmallWritesFromProto(
   }
   const std::span<const std::byte> data = BytesOf(proto.data());
   CountReceivedTensorBytes(data.size());
+  const bool shared = proto.value_index_size() > 0;
+  if (shared && proto.value_index_size() != n) {
+    return absl::InvalidArgumentError(absl::StrCat("small writes: ", n, " variable ids but ",
+                                                   proto.value_index_size(), " value_index"));
+  }
   out.items.reserve(n);
+  // The distinct values so far: where each is in `data`, and its spec.
+  struct Value {
+    std::span<const std::byte> bytes;
+    int32_t spec = 0;
+  };
+  std::vector<Value> values;
   const size_t replica_entries = static_cast<size_t>(proto.replicas_size());
   size_t replica = 0;  // the next write's first entry in `replicas`
-  size_t offset = 0;   // its first byte in `data`
+  size_t offset = 0;   // the next value's first byte in `data`
   for (int i = 0; i < n; ++i) {
     const int32_t count = proto.replica_counts(i);
     if (count < 0 || static_cast<size_t>(count) > replica_entries - replica) {
@@ -212,10 +223,23 @@ absl::StatusOr<SmallReplicaWrites> SmallWritesFromProto(
       return absl::InvalidArgumentError(absl::StrCat("small writes: spec_index[", i, "] is ", spec,
                                                      " of ", proto.specs_size(), " specs"));
     }
-    if (sizes[spec] > data.size() - offset) {
-      return absl::InvalidArgumentError(absl::StrCat("small writes: value ", i, " is ", sizes[spec],
-                                                     " bytes; ", data.size() - offset,
-                                                     " bytes of data are left"));
+    const int32_t value = shared ? proto.value_index(i) : i;
+    if (value < 0 || static_cast<size_t>(value) > values.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("small writes: value_index[", i, "] is ",
+                                                     value, " after ", values.size(), " values"));
+    }
+    if (static_cast<size_t>(value) == values.size()) {  // a new value: its bytes are next
+      if (sizes[spec] > data.size() - offset) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("small writes: value ", value, " is ", sizes[spec], " bytes; ",
+                         data.size() - offset, " bytes of data are left"));
+      }
+      values.push_back(Value{data.subspan(offset, sizes[spec]), spec});
+      offset += sizes[spec];
+    } else if (!(out.specs[values[value].spec] == out.specs[spec])) {
+      return absl::InvalidArgumentError(absl::StrCat("small writes: write ", i, " shares value ",
+                                                     value, " but has spec ", spec, ", not ",
+                                                     values[value].spec));
     }
     SmallReplicaWrites::Item item;
     item.write.variable_id = proto.variable_ids(i);
@@ -226,10 +250,10 @@ absl::StatusOr<SmallReplicaWrites> SmallWritesFromProto(
                                proto.replicas().begin() + replica + count);
     item.spec = static_cast<size_t>(spec);
     item.checksum = proto.checksums(i);
-    item.bytes = data.subspan(offset, sizes[spec]);
+    item.value = static_cast<size_t>(value);
+    item.bytes = values[value].bytes;
     out.items.push_back(std::move(item));
     replica += count;
-    offset += sizes[spec];
   }
   if (replica != replica_entries || offset != data.size()) {
     return absl::InvalidArgumentError(absl::StrCat("small writes: ", replica_entries - replica,

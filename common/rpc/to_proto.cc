@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "common/base/random.h"
 #include "common/rpc/chunks.h"
 
@@ -36,8 +37,17 @@ void SmallWritesToProto(uint64_t incarnation, const std::vector<ReplicaWrite>& w
   proto->mutable_replica_counts()->Reserve(n);
   proto->mutable_spec_index()->Reserve(n);
   proto->mutable_checksums()->Reserve(n);
+  // A value several writes share (variables initialized alike) is sent
+  // once.
+  absl::flat_hash_map<const Tensor*, int32_t> values;
+  values.reserve(writes.size());
   size_t bytes = 0;
-  for (const ReplicaWrite& w : writes) bytes += w.value->bytes.size();
+  for (const ReplicaWrite& w : writes) {
+    if (values.try_emplace(w.value.get(), 0).second) bytes += w.value->bytes.size();
+  }
+  const bool shared = values.size() < writes.size();
+  if (shared) proto->mutable_value_index()->Reserve(n);
+  int32_t distinct = 0;
   std::string* data = proto->mutable_data();
   data->reserve(bytes);
   // Variables written together mostly share a spec: each is compared with
@@ -65,6 +75,13 @@ void SmallWritesToProto(uint64_t incarnation, const std::vector<ReplicaWrite>& w
     }
     proto->add_spec_index(index);
     proto->add_checksums(w.value->checksum);
+    if (shared) {
+      int32_t& number = values[w.value.get()];
+      const bool first = number == 0;  // its bytes follow
+      if (first) number = ++distinct;
+      proto->add_value_index(number - 1);
+      if (!first) continue;
+    }
     data->append(reinterpret_cast<const char*>(w.value->bytes.data()), w.value->bytes.size());
   }
   CountSentTensorBytes(bytes);

@@ -336,27 +336,48 @@ absl::StatusOr<std::vector<InitializeResult>> Replication::Initialize(
   std::map<uint64_t, Initializer> initializers;  // those given with this call
   std::vector<bool> now(items.size(), false);    // this call initializes item i
   MemoryCharge charge(budget_);                  // the values, while they are sent
+  // Variables initialized alike (the same initializer and spec: zeros for
+  // every optimizer slot of a shape) share one value, made, checked and
+  // sent to each worker once. Each is compared with the last few made.
+  struct Made {
+    Todo todo;  // its name unused
+    std::shared_ptr<const Tensor> value;
+  };
+  constexpr size_t kValuesCompared = 4;
+  std::vector<Made> made;
   for (size_t i = 0; i < items.size(); ++i) {
     auto t = todo.find(ids[i]);
     if (t == todo.end()) continue;  // initialized already, or earlier in this batch
-    REPVAR_ASSIGN_OR_RETURN(int64_t bytes, t->second.spec.ByteSize());
-    REPVAR_RETURN_IF_ERROR(charge.Add(static_cast<uint64_t>(bytes),
-                                      absl::StrCat("the initial value of ", items[i].name)));
-    auto value = MakeInitialValue(t->second.initializer, t->second.spec);
-    if (!value.ok()) {
-      return absl::Status(value.status().code(),
-                          absl::StrCat("variable ", items[i].name, ": ", value.status().message()));
-    }
-    if (!t->second.allow_nonfinite) {
-      if (int64_t bad = FirstNonFinite(*value); bad >= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("variable ", items[i].name, ": initial value has a non-finite element at ",
-                         bad, " (allow_nonfinite is off)"));
+    const Todo& want = t->second;
+    std::shared_ptr<const Tensor> shared;
+    for (size_t k = made.size(); k > 0 && k + kValuesCompared > made.size() && !shared; --k) {
+      const Todo& had = made[k - 1].todo;
+      if (had.spec == want.spec && had.allow_nonfinite == want.allow_nonfinite &&
+          SameInitializer(had.initializer, want.initializer)) {
+        shared = made[k - 1].value;
       }
     }
+    if (shared == nullptr) {
+      REPVAR_ASSIGN_OR_RETURN(int64_t bytes, want.spec.ByteSize());
+      REPVAR_RETURN_IF_ERROR(charge.Add(static_cast<uint64_t>(bytes),
+                                        absl::StrCat("the initial value of ", items[i].name)));
+      auto value = MakeInitialValue(want.initializer, want.spec);
+      if (!value.ok()) {
+        return absl::Status(value.status().code(), absl::StrCat("variable ", items[i].name, ": ",
+                                                                value.status().message()));
+      }
+      if (!want.allow_nonfinite) {
+        if (int64_t bad = FirstNonFinite(*value); bad >= 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "variable ", items[i].name, ": initial value has a non-finite element at ", bad,
+              " (allow_nonfinite is off)"));
+        }
+      }
+      shared = std::make_shared<const Tensor>(*std::move(value));
+      made.push_back(Made{Todo{{}, want.initializer, want.spec, want.allow_nonfinite}, shared});
+    }
     if (items[i].initializer) initializers[ids[i]] = *items[i].initializer;
-    writes.push_back(
-        PlannedWrite{ids[i], t->second.name, 1, std::make_shared<const Tensor>(*std::move(value))});
+    writes.push_back(PlannedWrite{ids[i], want.name, 1, std::move(shared)});
     now[i] = true;
     todo.erase(t);
   }

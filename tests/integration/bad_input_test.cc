@@ -531,6 +531,10 @@ TEST_F(BadInputTest, WorkerWriteSmallReplicas_BadColumns_RefusedAndNothingApplie
            {"without a fence", [](auto& r) { r.set_fences(0, 0); }},
            // Corrupt bytes: the checksum catches them.
            {"checksum", [](auto& r) { r.mutable_data()->at(0) ^= 1; }},
+           // Shared values: one number per write, none past the next new one.
+           {"value_index[0] is 1", [](auto& r) { r.add_value_index(1); }},
+           {"1 variable ids but 2 value_index",
+            [](auto& r) { r.add_value_index(0), r.add_value_index(0); }},
        }) {
     v1::WriteSmallReplicasRequest req = request(status.incarnation());
     bad.spoil(req);
@@ -540,10 +544,13 @@ TEST_F(BadInputTest, WorkerWriteSmallReplicas_BadColumns_RefusedAndNothingApplie
   v1::GetReplicaStatusResponse after;
   ASSERT_TRUE(stub->GetReplicaStatus(Ctx().get(), {}, &after).ok());
   EXPECT_EQ(after.DebugString(), status.DebugString());
-  // The same write, unspoiled, goes through.
+  // The same write, unspoiled, goes through, with its value numbered too.
   EXPECT_OK(
       FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), request(status.incarnation()), &resp)));
   EXPECT_EQ(resp.checksum(), HeaderFor(data, {4}).checksum());
+  v1::WriteSmallReplicasRequest numbered = request(status.incarnation());
+  numbered.add_value_index(0);
+  EXPECT_OK(FromGrpcStatus(stub->WriteSmallReplicas(Ctx().get(), numbered, &resp)));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -212,6 +213,13 @@ class FakeWorkerClient final : public server::WorkerClient {
     absl::MutexLock lock(&mu_);
     failures_.erase(task);
   }
+  // The distinct value objects (Tensors) the last write call to `task`
+  // carried, however many writes named them.
+  size_t DistinctValuesLastSent(const std::string& task) {
+    absl::MutexLock lock(&mu_);
+    return last_values_[task];
+  }
+
   std::optional<Held> Get(const std::string& task, uint64_t variable_id, int32_t replica) {
     absl::MutexLock lock(&mu_);
     auto it = held_.find({task, variable_id, replica});
@@ -259,6 +267,9 @@ class FakeWorkerClient final : public server::WorkerClient {
 
   absl::Status Write(const server::WorkerTarget& target, const std::vector<ReplicaWrite>& writes) {
     absl::MutexLock lock(&mu_);
+    std::set<const Tensor*> values;
+    for (const auto& w : writes) values.insert(w.value.get());
+    last_values_[target.task.ToString()] = values.size();
     auto f = failures_.find(target.task.ToString());
     if (f != failures_.end()) return f->second;
     if (target.task.ToString() == lose_answers_) {
@@ -313,6 +324,7 @@ class FakeWorkerClient final : public server::WorkerClient {
   int lists_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, uint64_t> fences_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> floors_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, size_t> last_values_ ABSL_GUARDED_BY(mu_);
   std::string lose_answers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<server::WorkerTarget, std::vector<ReplicaWrite>>> late_
       ABSL_GUARDED_BY(mu_);

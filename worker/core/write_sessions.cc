@@ -211,10 +211,14 @@ absl::StatusOr<uint64_t> ReplicaWriteSession::Finish() {
 absl::StatusOr<uint64_t> ApplySmallWrites(uint64_t incarnation, SmallReplicaWrites writes,
                                           ReplicaStore* store, MemoryBudget* budget) {
   REPVAR_RETURN_IF_ERROR(CheckIncarnation(writes.incarnation, incarnation));
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;  // of the distinct values
+  size_t distinct = 0;
   for (const SmallReplicaWrites::Item& item : writes.items) {
     REPVAR_RETURN_IF_ERROR(Validate(item.write));
-    bytes += item.bytes.size();
+    if (item.value == distinct) {
+      bytes += item.bytes.size();
+      ++distinct;
+    }
   }
   MemoryCharge charge(budget);  // the copies, until the store holds them
   REPVAR_RETURN_IF_ERROR(charge.Add(bytes, "small replica writes being received"));
@@ -226,14 +230,23 @@ absl::StatusOr<uint64_t> ApplySmallWrites(uint64_t incarnation, SmallReplicaWrit
   PrefaultHeap(bytes + writes.items.size() * kHeldBytesPerReplica);
   std::vector<ReplicaWrite> items;
   items.reserve(writes.items.size());
+  // Writes that share a value in the message share one Tensor here too.
+  std::vector<std::shared_ptr<const Tensor>> values;
   for (SmallReplicaWrites::Item& item : writes.items) {
-    REPVAR_ASSIGN_OR_RETURN(Tensor t, Tensor::FromBytes(writes.specs[item.spec], item.bytes));
-    if (item.checksum != 0 && item.checksum != t.checksum) {
+    if (item.value == values.size()) {
+      REPVAR_ASSIGN_OR_RETURN(Tensor t, Tensor::FromBytes(writes.specs[item.spec], item.bytes));
+      values.push_back(std::make_shared<const Tensor>(std::move(t)));
+    } else if (item.value > values.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("write of ", item.write.name, ": value ",
+                                                     item.value, " after ", values.size()));
+    }
+    const std::shared_ptr<const Tensor>& value = values[item.value];
+    if (item.checksum != 0 && item.checksum != value->checksum) {
       return absl::InvalidArgumentError(
           absl::StrCat("write of ", item.write.name, ": checksum mismatch: the header says ",
-                       item.checksum, ", the bytes give ", t.checksum));
+                       item.checksum, ", the bytes give ", value->checksum));
     }
-    item.write.value = std::make_shared<const Tensor>(std::move(t));
+    item.write.value = value;
     items.push_back(std::move(item.write));
   }
   const uint64_t checksum = items.empty() ? 0 : items.back().value->checksum;

@@ -72,7 +72,8 @@ class ReplicaWriteSession {
 // The coordinator's small writes in one message (WriteSmallReplicas), each
 // value whole: checked as a stream's writes are (incarnation, every field,
 // each value's size and checksum), charged to `budget` (null: unbounded)
-// while they are copied in, then applied together, or none. Returns the
+// while they are copied in, then applied together, or none. Writes that
+// share a value in the message share one copy here. Returns the
 // checksum of the last write as verified here (0 when there was none).
 // Errors: as ReplicaWriteSession, RESOURCE_EXHAUSTED (the budget).
 absl::StatusOr<uint64_t> ApplySmallWrites(uint64_t incarnation, SmallReplicaWrites writes,

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // proto <-> model: what goes out comes back the same, and what a peer can
 // get wrong is refused with INVALID_ARGUMENT naming it.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "common/rpc/chunks.h"
@@ -94,6 +95,56 @@ TEST(Convert, SmallWrites_RoundTripByColumn_SpecsListedOnce) {
                                                                 : i == 2 ? 16
                                                                          : 28));
   }
+}
+
+// Writes that share one Tensor (variables initialized alike) carry its
+// bytes once; each comes back pointing at them. Writes with values of their
+// own send no value_index at all.
+TEST(Convert, SmallWrites_SharedValue_SentOnce_EachWritePointsAtIt) {
+  const auto zeros = F32({0, 0});
+  const auto other = F32({5, 6, 7});
+  std::vector<ReplicaWrite> writes = {
+      {1, "a", 1, {0}, zeros, 7},
+      {2, "b", 1, {0}, other, 7},
+      {3, "c", 1, {1}, zeros, 7},
+      {4, "d", 1, {0}, zeros, 7},
+  };
+  v1::WriteSmallReplicasRequest proto;
+  SmallWritesToProto(11, writes, &proto);
+  EXPECT_EQ(proto.data().size(), 8u + 12u) << "each distinct value once";
+  EXPECT_THAT(proto.value_index(), ::testing::ElementsAre(0, 1, 0, 0));
+  auto back = SmallWritesFromProto(proto);
+  ASSERT_OK(back);
+  ASSERT_EQ(back->items.size(), 4u);
+  const std::byte* data = BytesOf(proto.data()).data();
+  for (size_t i : {0, 2, 3}) {
+    EXPECT_EQ(back->items[i].value, 0u);
+    EXPECT_EQ(back->items[i].bytes.data(), data);
+    EXPECT_EQ(back->items[i].bytes.size(), 8u);
+    EXPECT_EQ(back->specs[back->items[i].spec], zeros->spec);
+  }
+  EXPECT_EQ(back->items[1].value, 1u);
+  EXPECT_EQ(back->items[1].bytes.data(), data + 8);
+  EXPECT_EQ(Checksum(back->items[1].bytes), other->checksum);
+
+  v1::WriteSmallReplicasRequest own;
+  SmallWritesToProto(11, {writes[0], writes[1]}, &own);
+  EXPECT_EQ(own.value_index_size(), 0);
+
+  // Refused: a number past the next new value, one per write or none, and
+  // a shared value under another spec.
+  v1::WriteSmallReplicasRequest bad = proto;
+  bad.set_value_index(1, 2);
+  EXPECT_THAT(SmallWritesFromProto(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument, "value_index[1] is 2 after 1 values"));
+  bad = proto;
+  bad.add_value_index(0);
+  EXPECT_THAT(SmallWritesFromProto(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument, "4 variable ids but 5 value_index"));
+  bad = proto;
+  bad.set_value_index(2, 1);  // c shares b's float32[3] as a float32[2]
+  EXPECT_THAT(SmallWritesFromProto(bad),
+              StatusIs(absl::StatusCode::kInvalidArgument, "write 2 shares value 1"));
 }
 
 TEST(Convert, Initializer_RoundTripsEveryKind) {

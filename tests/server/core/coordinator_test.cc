@@ -254,6 +254,44 @@ TEST_F(CoordinatorTest, V6_BatchedInitialize_MixedPlacements_EachReplicaOnItsWor
   }
 }
 
+// Variables initialized alike (the same initializer and spec) share one
+// value, made once and sent to each worker once; each still reads its own
+// right value, and a later write to one leaves the others as they were.
+TEST_F(CoordinatorTest, V6_BatchedInitialize_VariablesInitializedAlike_ShareOneValue) {
+  const Initializer zeros{InitializerKind::kZeros};
+  const Initializer ones{InitializerKind::kOnes};
+  struct Var {
+    std::string name;
+    std::vector<int64_t> dims;
+    Initializer init;
+    std::vector<float> want;
+  };
+  const std::vector<Var> vars = {
+      {"z3/a", {3}, zeros, {0, 0, 0}}, {"o3", {3}, ones, {1, 1, 1}},
+      {"z3/b", {3}, zeros, {0, 0, 0}}, {"z2", {2}, zeros, {0, 0}},
+      {"z3/c", {3}, zeros, {0, 0, 0}},
+  };
+  std::vector<CreateItem> items;
+  std::vector<InitializeItem> init;
+  for (const Var& v : vars) {
+    items.push_back({Def(v.name, 1, v.dims), v.init});
+    init.push_back({v.name, std::nullopt});
+  }
+  ASSERT_OK(core_.CreateVariables({}, items));
+  ASSERT_OK(core_.Initialize({}, init));
+  EXPECT_EQ(workers_.DistinctValuesLastSent("tpu_worker:0"), 3u)
+      << "zeros[3] (three variables), ones[3], zeros[2]";
+  for (const Var& v : vars) {
+    auto read = core_.Read(v.name);
+    ASSERT_OK(read);
+    EXPECT_EQ(Floats(*read->value), v.want) << v.name;
+  }
+  ASSERT_OK(Assign("z3/b", F32({7, 8, 9})));
+  EXPECT_EQ(Floats(*core_.Read("z3/b")->value), (std::vector<float>{7, 8, 9}));
+  EXPECT_EQ(Floats(*core_.Read("z3/a")->value), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(Floats(*core_.Read("z3/c")->value), (std::vector<float>{0, 0, 0}));
+}
+
 TEST_F(CoordinatorTest, C1_Read_ReturnsLastCommittedValueAndVersion) {
   Create(Def("w", 6));
   ASSERT_OK(Assign("w", F32({1, 2, 3})));

@@ -129,7 +129,7 @@ SmallReplicaWrites Small(const std::vector<const std::vector<std::byte>*>& value
   for (size_t i = 0; i < values.size(); ++i) {
     ReplicaWriteHeader h = Header(i + 1, *values[i]);
     out.specs.push_back(h.tensor.spec);
-    out.items.push_back({h.write, i, h.tensor.checksum, *values[i]});
+    out.items.push_back({h.write, i, h.tensor.checksum, i, *values[i]});
   }
   return out;
 }
@@ -150,6 +150,36 @@ TEST(ApplySmallWrites, AllApplyTogether_ABadOneAppliesNone) {
   EXPECT_EQ(store.Get(2, 1)->version, 3);
   EXPECT_EQ(store.Get(1, 0)->value->checksum, Checksum(a));
   EXPECT_EQ(*ApplySmallWrites(kInc, Small({}), &store), 0u) << "an empty batch is no write";
+}
+
+// Writes that share a value in the message (variables initialized alike)
+// share one Tensor in the store: its bytes are held, and counted, once.
+TEST(ApplySmallWrites, SharedValue_HeldOnceByEveryWriteNamingIt) {
+  ReplicaStore store;
+  const auto zeros = Bytes({0, 0});
+  const auto other = Bytes({1, 2, 3});
+  SmallReplicaWrites writes = Small({&zeros, &other, &zeros});
+  writes.items[2].value = 0;  // the third shares the first's value
+  ASSERT_OK(ApplySmallWrites(kInc, writes, &store).status());
+  ASSERT_OK(store.Get(1, 0));
+  EXPECT_EQ(store.Get(1, 0)->value.get(), store.Get(3, 1)->value.get());
+  EXPECT_NE(store.Get(1, 0)->value.get(), store.Get(2, 0)->value.get());
+  EXPECT_EQ(store.Get(3, 0)->value->checksum, Checksum(zeros));
+  EXPECT_EQ(store.BytesHeld(), zeros.size() + other.size());
+
+  // A write that names a value not yet seen, or whose checksum is not the
+  // shared value's, is refused with the rest.
+  ReplicaStore empty;
+  SmallReplicaWrites ahead = Small({&zeros, &zeros});
+  ahead.items[1].value = 3;
+  EXPECT_THAT(ApplySmallWrites(kInc, ahead, &empty),
+              StatusIs(absl::StatusCode::kInvalidArgument, "value 3 after 1"));
+  SmallReplicaWrites corrupt = Small({&zeros, &zeros});
+  corrupt.items[1].value = 0;
+  corrupt.items[1].checksum += 1;
+  EXPECT_THAT(ApplySmallWrites(kInc, corrupt, &empty),
+              StatusIs(absl::StatusCode::kInvalidArgument, "checksum mismatch"));
+  EXPECT_TRUE(empty.List().empty());
 }
 
 TEST(ApplySmallWrites, Refusals_NothingApplied) {
