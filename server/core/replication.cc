@@ -53,11 +53,17 @@ Replication::Replication(ReplicationOptions options, Clock* clock, Registry* reg
       workers_(workers),
       budget_(budget) {}
 
-std::shared_ptr<absl::Mutex> Replication::WriteLockOf(uint64_t id) {
+std::vector<std::shared_ptr<absl::Mutex>> Replication::WriteLocksOf(
+    const std::vector<uint64_t>& ids) {
+  std::vector<std::shared_ptr<absl::Mutex>> out;
+  out.reserve(ids.size());
   RankedLock lock(&mu_);
-  auto& mu = write_locks_[id];
-  if (mu == nullptr) mu = std::make_shared<absl::Mutex>();
-  return mu;
+  for (uint64_t id : ids) {
+    auto& mu = write_locks_[id];
+    if (mu == nullptr) mu = std::make_shared<absl::Mutex>();
+    out.push_back(mu);
+  }
+  return out;
 }
 
 absl::StatusOr<uint64_t> Replication::IdOf(absl::string_view name) const {

@@ -170,7 +170,9 @@ class Replication {
   // Ids of the variables with a replica on `task`.
   std::vector<uint64_t> IdsOn(const TaskKey& task) const;
   absl::StatusOr<uint64_t> IdOf(absl::string_view name) const;
-  std::shared_ptr<absl::Mutex> WriteLockOf(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The write lock of each of `ids`, made for those that have none yet.
+  std::vector<std::shared_ptr<absl::Mutex>> WriteLocksOf(const std::vector<uint64_t>& ids)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const ReplicationOptions options_;
   Clock* const clock_;

@@ -30,17 +30,21 @@ inline std::vector<Holder> LiveHolders(const ClusterState& state, const Variable
 // deadlock, before any ranked lock (lock_order.h).
 class Replication::WriteLocks {
  public:
-  WriteLocks(Replication* r, std::vector<uint64_t> ids) {
+  WriteLocks(Replication* r, std::vector<uint64_t> ids) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     RankedMutex::AssertNoneHeld("variable write locks");
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-    for (uint64_t id : ids) mutexes_.push_back(r->WriteLockOf(id));
-    for (auto& mu : mutexes_) locks_.push_back(std::make_unique<absl::MutexLock>(mu.get()));
+    mutexes_ = r->WriteLocksOf(ids);
+    for (const auto& mu : mutexes_) mu->Lock();  // in id order, as every taker
   }
+  ~WriteLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (auto mu = mutexes_.rbegin(); mu != mutexes_.rend(); ++mu) (*mu)->Unlock();
+  }
+  WriteLocks(const WriteLocks&) = delete;
+  WriteLocks& operator=(const WriteLocks&) = delete;
 
  private:
-  std::vector<std::shared_ptr<absl::Mutex>> mutexes_;
-  std::vector<std::unique_ptr<absl::MutexLock>> locks_;  // destroyed first
+  std::vector<std::shared_ptr<absl::Mutex>> mutexes_;  // each held
 };
 
 }  // namespace repvar::server
