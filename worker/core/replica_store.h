@@ -62,8 +62,8 @@ class ReplicaStore {
  private:
   mutable absl::Mutex mu_;
   mutable absl::CondVar applied_;  // Apply() ran
-  // Ordered (a variable's replicas are adjacent) and in blocks: no
-  // allocation per replica held.
+  // Ordered (a variable's replicas are adjacent), a few replicas per
+  // allocated node rather than one; B-trees also grow without rehashing.
   absl::btree_map<std::pair<uint64_t, int32_t>, StoredReplica> replicas_ ABSL_GUARDED_BY(mu_);
   // The highest fence applied per variable id; kept after a drop, so that a
   // delayed write cannot bring a dropped variable back (16 bytes per id).
