@@ -152,6 +152,12 @@ class Coordinator {
     return replication_.Assign(key, items);
   }
   absl::StatusOr<ReadResult> Read(absl::string_view name) { return replication_.Read(name); }
+  // Read of each of `names` from one look at the state
+  // (Replication::ReadBatch); RESOURCE_EXHAUSTED beyond `max_bytes`.
+  absl::StatusOr<std::vector<ReadResult>> ReadBatch(const std::vector<std::string>& names,
+                                                    uint64_t max_bytes) {
+    return replication_.ReadBatch(names, max_bytes);
+  }
 
   // ---- Consistent cuts (checkpoints) ----
   // While it lives, cross-replica writes and new steps wait

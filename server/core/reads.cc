@@ -11,12 +11,52 @@
 #include "spdlog/spdlog.h"
 
 namespace repvar::server {
+namespace {
+
+absl::Status Uninitialized(absl::string_view name) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("variable ", name, " is uninitialized; initialize or assign it first"));
+}
+
+}  // namespace
 
 // ---- Reads ----
 
 absl::StatusOr<ReadResult> Replication::Read(absl::string_view name) {
   REPVAR_ASSIGN_OR_RETURN(uint64_t id, IdOf(name));
   return CommittedValue(id);
+}
+
+absl::StatusOr<std::vector<ReadResult>> Replication::ReadBatch(
+    const std::vector<std::string>& names, uint64_t max_bytes) {
+  std::vector<ReadResult> out(names.size());
+  std::vector<uint64_t> ids(names.size());
+  REPVAR_RETURN_IF_ERROR(registry_->Read([&](const ClusterState& state) -> absl::Status {
+    uint64_t total = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const VariableRecord* v = state.Find(names[i]);
+      if (v == nullptr) return VariableNotFound(names[i]);
+      if (v->version == 0) return Uninitialized(v->def.name);
+      REPVAR_ASSIGN_OR_RETURN(int64_t bytes, v->def.tensor.ByteSize());
+      total += static_cast<uint64_t>(bytes);
+      if (total > max_bytes) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("a batched read of more than ", max_bytes, " bytes (", names[i],
+                         " takes it past); read large variables one at a time"));
+      }
+      ids[i] = v->id;
+      if (v->value != nullptr) out[i] = ReadResult{v->version, v->value};
+    }
+    return absl::OkStatus();
+  }));
+  for (size_t i = 0; i < out.size(); ++i) {
+    // A copy in a blob file is checked at its first use; a damaged one, and
+    // a value a step left on the replicas, are read as Read reads them.
+    if (out[i].value == nullptr || !registry_->CheckValue(*out[i].value).ok()) {
+      REPVAR_ASSIGN_OR_RETURN(out[i], CommittedValue(ids[i]));
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<ReadResult> Replication::CommittedValue(uint64_t id) {
@@ -33,10 +73,7 @@ absl::StatusOr<ReadResult> Replication::CommittedValue(uint64_t id) {
     const VariableRecord* v = state.FindId(id);
     if (v == nullptr)
       return absl::NotFoundError(absl::StrCat("variable id ", id, " does not exist"));
-    if (v->version == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "variable ", v->def.name, " is uninitialized; initialize or assign it first"));
-    }
+    if (v->version == 0) return Uninitialized(v->def.name);
     version = v->version;
     checksum = v->checksum;
     name = v->def.name;

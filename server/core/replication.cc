@@ -30,13 +30,9 @@ std::vector<WriteResult> Answered(const Answer& answer) {
   return results;
 }
 
-absl::Status NotFound(absl::string_view name) {
-  return absl::NotFoundError(absl::StrCat("variable \"", name, "\" does not exist"));
-}
-
 absl::StatusOr<uint64_t> IdIn(const ClusterState& s, absl::string_view name) {
   const VariableRecord* v = s.Find(name);
-  if (v == nullptr) return NotFound(name);
+  if (v == nullptr) return VariableNotFound(name);
   return v->id;
 }
 
@@ -400,7 +396,7 @@ absl::StatusOr<std::vector<InitializeResult>> Replication::Initialize(
         continue;
       }
       const VariableRecord* v = state.FindId(ids[i]);
-      if (v == nullptr) return NotFound(items[i].name);
+      if (v == nullptr) return VariableNotFound(items[i].name);
       results.push_back(InitializeResult{items[i].name, false, v->version, v->checksum});
     }
     return absl::OkStatus();
@@ -583,7 +579,7 @@ absl::Status Replication::Delete(const RequestKey& key, absl::string_view name) 
     REPVAR_RETURN_IF_ERROR(
         registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
           const VariableRecord* v = state.FindId(id);
-          if (v == nullptr) return NotFound(name);
+          if (v == nullptr) return VariableNotFound(name);
           std::set<TaskKey> tasks;
           for (const Placement& p : v->placement) tasks.insert(p.task);
           for (const TaskKey& t : tasks) {

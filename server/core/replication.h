@@ -92,6 +92,13 @@ class Replication {
   // C1. Errors: NOT_FOUND, FAILED_PRECONDITION (uninitialized), UNAVAILABLE
   // (a step changed it and no up-to-date replica answered).
   absl::StatusOr<ReadResult> Read(absl::string_view name);
+  // Read of each of `names`, in order, from one look at the state: the
+  // coordinator's copies as they were then (a value a step left on the
+  // replicas is read as Read reads it). Errors: as Read, for the first name
+  // that fails; RESOURCE_EXHAUSTED when the values come to more than
+  // `max_bytes` (nothing is read then).
+  absl::StatusOr<std::vector<ReadResult>> ReadBatch(const std::vector<std::string>& names,
+                                                    uint64_t max_bytes);
   // Deletes a variable and drops its replicas. Errors: NOT_FOUND,
   // FAILED_PRECONDITION (it takes part in the open step).
   absl::Status Delete(const RequestKey& key, absl::string_view name);

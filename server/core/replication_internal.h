@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// What replication.cc (writes and reads) and repair.cc (verification and
-// resync) share: the per-variable write locks and the live-holder filter.
+// What replication.cc (writes), reads.cc and repair.cc (verification and
+// resync) share: the per-variable write locks, the live-holder filter and
+// the refusal of an unknown name.
 // Not part of Replication's interface.
 #ifndef REPVAR_SERVER_CORE_REPLICATION_INTERNAL_H_
 #define REPVAR_SERVER_CORE_REPLICATION_INTERNAL_H_
@@ -9,11 +10,19 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/core/cluster_state.h"
 #include "server/core/replication.h"
 
 namespace repvar::server {
+
+// A name that names no variable.
+inline absl::Status VariableNotFound(absl::string_view name) {
+  return absl::NotFoundError(absl::StrCat("variable \"", name, "\" does not exist"));
+}
 
 // Holders still live under the incarnation that acknowledged: an
 // acknowledgement from a worker declared dead since is not recorded.

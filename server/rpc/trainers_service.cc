@@ -264,24 +264,15 @@ grpc::Status TrainersService::ReadVariables(grpc::ServerContext* ctx,
                                             const v1::ReadVariablesRequest* req,
                                             v1::ReadVariablesResponse* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
-  std::vector<std::pair<std::string, ReadResult>> reads;
-  uint64_t total = 0;
-  for (const std::string& name : req->names()) {
-    auto r = core_->Read(name);
-    if (!r.ok()) return Fail("ReadVariables", r.status());
-    total += r->value->bytes.size();
-    if (total > kMaxInlineBytes) {
-      return Fail("ReadVariables",
-                  absl::ResourceExhaustedError("batched read exceeds 32 MiB; read large "
-                                               "variables one at a time with ReadVariable"));
-    }
-    reads.emplace_back(name, *std::move(r));
-  }
-  for (const auto& [name, r] : reads) {
+  const std::vector<std::string> names(req->names().begin(), req->names().end());
+  auto reads = core_->ReadBatch(names, kMaxInlineBytes);
+  if (!reads.ok()) return Fail("ReadVariables", reads.status());
+  resp->mutable_results()->Reserve(static_cast<int>(names.size()));
+  for (size_t i = 0; i < names.size(); ++i) {
     v1::ReadResult* p = resp->add_results();
-    p->set_name(name);
-    p->set_version(r.version);
-    TensorToProto(*r.value, p->mutable_value());
+    p->set_name(names[i]);
+    p->set_version((*reads)[i].version);
+    TensorToProto(*(*reads)[i].value, p->mutable_value());
   }
   return grpc::Status::OK;
 }

@@ -292,6 +292,33 @@ TEST_F(CoordinatorTest, V6_BatchedInitialize_VariablesInitializedAlike_ShareOneV
   EXPECT_EQ(Floats(*core_.Read("z3/c")->value), (std::vector<float>{0, 0, 0}));
 }
 
+// A batched read answers every name or refuses the batch, naming the
+// variable: unknown, uninitialized, or the one that takes it past its byte
+// bound (checked before any value is read).
+TEST_F(CoordinatorTest, C1_ReadBatch_AllOrARefusalNamingTheVariable) {
+  Create(Def("a", 2));
+  Create(Def("b", 2));
+  Create(Def("uninit", 2));
+  ASSERT_OK(Assign("a", F32({1, 2, 3})));
+  ASSERT_OK(Assign("b", F32({4, 5, 6})));
+  const int reads = workers_.reads();
+  auto both = core_.ReadBatch({"b", "a"}, 24);
+  ASSERT_OK(both);
+  EXPECT_EQ(workers_.reads(), reads) << "kept values: no worker asked";
+  EXPECT_EQ(Floats(*(*both)[0].value), (std::vector<float>{4, 5, 6}));
+  EXPECT_EQ(Floats(*(*both)[1].value), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ((*both)[1].version, 1);
+  EXPECT_THAT(core_.ReadBatch({"a", "nope"}, 24),
+              StatusIs(absl::StatusCode::kNotFound, "\"nope\" does not exist"));
+  EXPECT_THAT(core_.ReadBatch({"a", "uninit"}, 24),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "uninit is uninitialized"));
+  EXPECT_THAT(core_.ReadBatch({"a", "b"}, 23),
+              StatusIs(absl::StatusCode::kResourceExhausted, "more than 23 bytes (b takes it"));
+  auto none = core_.ReadBatch({}, 0);
+  ASSERT_OK(none);
+  EXPECT_TRUE(none->empty());
+}
+
 TEST_F(CoordinatorTest, C1_Read_ReturnsLastCommittedValueAndVersion) {
   Create(Def("w", 6));
   ASSERT_OK(Assign("w", F32({1, 2, 3})));

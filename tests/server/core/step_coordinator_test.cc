@@ -481,6 +481,32 @@ TEST_F(StepCoreTest, ReadCache_FetchedValuesStayWithinItsBound) {
   EXPECT_EQ(core_.replication().cached_bytes(), 32u) << "the cache is used up to its bound";
 }
 
+// A batched read takes every kept value from one look at the state and
+// reads a value a step left on the replicas as Read does: each comes back
+// as a single Read gives it, in the order asked.
+TEST_F(StepCoreTest, C1_ReadBatch_KeptAndStepLeftValues_EachAsReadGivesIt) {
+  const uint64_t kept = Create("kept", Aggregation::kNone);
+  const uint64_t w = Create("w", Aggregation::kNone);
+  auto value = F32({7, 8});
+  StepInfo s;
+  CommitAgreedStep(w, 1, *value, &s);
+  for (int i = 0; i < 6; ++i) workers_.Install(absl::StrCat("tpu_worker:", i / 2), w, i, 2, *value);
+  const int reads_before = workers_.reads();
+  auto batch = core_.ReadBatch({"w", "kept", "w"}, 1 << 20);
+  ASSERT_OK(batch);
+  ASSERT_EQ(batch->size(), 3u);
+  for (size_t i : {0, 2}) {
+    EXPECT_EQ((*batch)[i].version, 2);
+    EXPECT_EQ((*batch)[i].value->checksum, value->checksum);
+  }
+  auto single = core_.Read("kept");
+  ASSERT_OK(single);
+  EXPECT_EQ((*batch)[1].version, single->version);
+  EXPECT_EQ((*batch)[1].value.get(), single->value.get()) << "the coordinator's own copy";
+  EXPECT_EQ(workers_.reads() - reads_before, 1) << "w fetched once, then from the cache";
+  (void)kept;
+}
+
 TEST_F(StepCoreTest, S4_NoneDivergence_TieGoesToPrimary_RepairPlanned) {
   uint64_t w = Create("w", Aggregation::kNone);
   auto s = core_.BeginStep(1, absl::Seconds(10));
