@@ -269,14 +269,16 @@ absl::StatusOr<Client::DrainState> Client::Drain(bool resume) {
 
 absl::StatusOr<std::vector<InitializeResult>> Client::Initialize(
     const std::vector<std::string>& names) {
-  v1::InitializeVariablesRequest req;
-  req.set_request_id(NewRequestId());
-  for (const auto& n : names) req.add_items()->set_name(n);
-  v1::InitializeVariablesResponse resp;
+  ArenaMessage<v1::InitializeVariablesRequest> req;
+  req->set_request_id(NewRequestId());
+  req->mutable_items()->Reserve(static_cast<int>(names.size()));
+  for (const auto& n : names) req->add_items()->set_name(n);
+  ArenaMessage<v1::InitializeVariablesResponse> resp;
   REPVAR_RETURN_IF_ERROR(
-      impl_->Call(&v1::CoordinatorTrainers::Stub::InitializeVariables, req, &resp));
+      impl_->Call(&v1::CoordinatorTrainers::Stub::InitializeVariables, *req, resp.get()));
   std::vector<InitializeResult> out;
-  for (const auto& r : resp.results()) {
+  out.reserve(resp->results_size());
+  for (const auto& r : resp->results()) {
     out.push_back(InitializeResult{r.name(), r.initialized_now(), r.version(), r.checksum()});
   }
   return out;
@@ -468,12 +470,15 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
 }
 
 absl::StatusOr<std::vector<TensorValue>> Client::ReadBatch(const std::vector<std::string>& names) {
-  v1::ReadVariablesRequest req;
-  for (const auto& n : names) req.add_names(n);
-  v1::ReadVariablesResponse resp;
-  REPVAR_RETURN_IF_ERROR(impl_->Call(&v1::CoordinatorTrainers::Stub::ReadVariables, req, &resp));
+  ArenaMessage<v1::ReadVariablesRequest> req;
+  req->mutable_names()->Reserve(static_cast<int>(names.size()));
+  for (const auto& n : names) req->add_names(n);
+  ArenaMessage<v1::ReadVariablesResponse> resp;
+  REPVAR_RETURN_IF_ERROR(
+      impl_->Call(&v1::CoordinatorTrainers::Stub::ReadVariables, *req, resp.get()));
   std::vector<TensorValue> out;
-  for (const auto& r : resp.results()) {
+  out.reserve(resp->results_size());
+  for (const auto& r : resp->results()) {
     REPVAR_ASSIGN_OR_RETURN(TensorValue v, TensorValueFromProto(r.value(), r.version()));
     out.push_back(std::move(v));
   }
