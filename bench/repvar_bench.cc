@@ -253,6 +253,19 @@ double GrpcFloorP50Us(const std::string& address, int ops) {
   return Percentile(us, 0.5);
 }
 
+// Times `call(i)` for i in [0, n), in ms each; a failure stops the bench.
+template <typename Call>
+std::vector<double> TimeEach(int n, const char* what, Call call) {
+  std::vector<double> ms;
+  for (int i = 0; i < n; ++i) {
+    auto t0 = Clock::now();
+    absl::Status s = call(i);
+    ms.push_back(Ms(t0, Clock::now()));
+    if (!s.ok()) Die(what, s);
+  }
+  return ms;
+}
+
 void SmallOps(int ops, int workers) {
   repvar::testing::TestCluster cluster(OneTpuPerWorker(workers));
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
@@ -286,33 +299,23 @@ void SmallOps(int ops, int workers) {
   // Batched calls over 1,000 variables against one single-variable call.
   // Both creates answer without the replicas (VariableDetail::kBasic); the
   // batch's full answer is timed too.
-  std::vector<double> single;
-  for (int i = 0; i < 200; ++i) {
-    auto t0 = Clock::now();
-    auto s = c->CreateVariables({{.name = absl::StrCat("single/", i),
-                                  .dtype = repvar::DType::kFloat32,
-                                  .shape = {16},
-                                  .replica_count = workers,
-                                  .initializer = repvar::InitializerSpec::Zeros()}},
-                                repvar::VariableDetail::kBasic);
-    single.push_back(Ms(t0, Clock::now()));
-    if (!s.ok()) Die("create", s.status());
-  }
+  const std::vector<double> single = TimeEach(200, "create", [&](int i) {
+    return c
+        ->CreateVariables({{.name = absl::StrCat("single/", i),
+                            .dtype = repvar::DType::kFloat32,
+                            .shape = {16},
+                            .replica_count = workers,
+                            .initializer = repvar::InitializerSpec::Zeros()}},
+                          repvar::VariableDetail::kBasic)
+        .status();
+  });
   // A single initialize and a single read of each, the unit of the batch
   // of the same kind.
-  std::vector<double> single_inits, single_reads;
-  for (int i = 0; i < 200; ++i) {
-    auto t0 = Clock::now();
-    auto s = c->Initialize({absl::StrCat("single/", i)});
-    single_inits.push_back(Ms(t0, Clock::now()));
-    if (!s.ok()) Die("initialize", s.status());
-  }
-  for (int i = 0; i < 200; ++i) {
-    auto t0 = Clock::now();
-    auto s = c->Read(absl::StrCat("single/", i));
-    single_reads.push_back(Ms(t0, Clock::now()));
-    if (!s.ok()) Die("read", s.status());
-  }
+  const std::vector<double> single_inits = TimeEach(200, "initialize", [&](int i) {
+    return c->Initialize({absl::StrCat("single/", i)}).status();
+  });
+  const std::vector<double> single_reads =
+      TimeEach(200, "read", [&](int i) { return c->Read(absl::StrCat("single/", i)).status(); });
   // Each round creates, initializes and reads 1,000 fresh variables.
   std::vector<double> creates, creates_full, inits, batch_reads;
   for (int round = 0; round < absl::GetFlag(FLAGS_batch_rounds); ++round) {

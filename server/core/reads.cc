@@ -2,8 +2,8 @@
 // Reads (C1): the committed value of a variable, from the coordinator's
 // copy (checked at its first use when it lives in a blob file) or from an
 // up-to-date replica when a step changed it, and the bounded cache of what
-// was read back. The writes of Replication are in replication.cc, repair in
-// repair.cc.
+// was read back. The writes of Replication are in replication.cc (initialize
+// in initialize.cc), repair in repair.cc.
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
 #include "server/core/replication.h"

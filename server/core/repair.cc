@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Repair (F2, F7): verifying what workers hold against the committed state,
 // fenced off from every earlier write, and rewriting what differs. The
-// writes of Replication are in replication.cc, its reads in reads.cc.
+// writes of Replication are in replication.cc (initialize in
+// initialize.cc), its reads in reads.cc.
 #include <map>
 #include <set>
 

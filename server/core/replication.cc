@@ -30,12 +30,6 @@ std::vector<WriteResult> Answered(const Answer& answer) {
   return results;
 }
 
-absl::StatusOr<uint64_t> IdIn(const ClusterState& s, absl::string_view name) {
-  const VariableRecord* v = s.Find(name);
-  if (v == nullptr) return VariableNotFound(name);
-  return v->id;
-}
-
 }  // namespace
 
 Replication::Replication(ReplicationOptions options, Clock* clock, Registry* registry,
@@ -288,122 +282,6 @@ absl::Status Replication::CommitWrites(const std::vector<PlannedWrite>& writes,
                    absl::StrJoin(delivery.failures, "; "),
                    "); the committed version is unchanged and the variable is marked for resync; "
                    "retry with the same request_id"));
-}
-
-// ---- Initialize ----
-
-absl::StatusOr<std::vector<InitializeResult>> Replication::Initialize(
-    const RequestKey& key, const std::vector<InitializeItem>& items) {
-  if (items.empty()) return absl::InvalidArgumentError("initialize needs at least one variable");
-  // Every name in one look at the state (one wait for it to be durable).
-  REPVAR_ASSIGN_OR_RETURN(
-      const std::vector<uint64_t> ids,
-      registry_->Read([&](const ClusterState& s) -> absl::StatusOr<std::vector<uint64_t>> {
-        std::vector<uint64_t> out;
-        out.reserve(items.size());
-        for (const InitializeItem& item : items) {
-          REPVAR_ASSIGN_OR_RETURN(uint64_t id, IdIn(s, item.name));
-          out.push_back(id);
-        }
-        return out;
-      }));
-  WriteLocks locks(this, ids);
-  REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> cached, registry_->Outcome(key, "initialize"));
-  if (cached) return std::get<std::vector<InitializeResult>>(*cached);
-
-  // Who still needs a value, with which initializer (the first caller wins).
-  struct Todo {
-    std::string name;
-    Initializer initializer;
-    TensorSpec spec;
-    bool allow_nonfinite = false;
-  };
-  REPVAR_ASSIGN_OR_RETURN(
-      auto todo,
-      registry_->Read([&](const ClusterState& state) -> absl::StatusOr<std::map<uint64_t, Todo>> {
-        std::map<uint64_t, Todo> out;
-        for (size_t i = 0; i < items.size(); ++i) {
-          const VariableRecord* v = state.FindId(ids[i]);
-          if (v == nullptr) {
-            return absl::NotFoundError(
-                absl::StrCat("variable \"", items[i].name, "\" was deleted"));
-          }
-          if (v->version > 0 || out.contains(v->id)) continue;
-          out[v->id] = Todo{v->def.name, items[i].initializer.value_or(v->initializer),
-                            v->def.tensor, v->def.allow_nonfinite};
-        }
-        return out;
-      }));
-  std::vector<PlannedWrite> writes;
-  std::map<uint64_t, Initializer> initializers;  // those given with this call
-  std::vector<bool> now(items.size(), false);    // this call initializes item i
-  MemoryCharge charge(budget_);                  // the values, while they are sent
-  // Variables initialized alike (the same initializer and spec: zeros for
-  // every optimizer slot of a shape) share one value, made, checked and
-  // sent to each worker once. Each is compared with the last few made.
-  struct Made {
-    Todo todo;  // its name unused
-    std::shared_ptr<const Tensor> value;
-  };
-  constexpr size_t kValuesCompared = 4;
-  std::vector<Made> made;
-  for (size_t i = 0; i < items.size(); ++i) {
-    auto t = todo.find(ids[i]);
-    if (t == todo.end()) continue;  // initialized already, or earlier in this batch
-    const Todo& want = t->second;
-    std::shared_ptr<const Tensor> shared;
-    for (size_t k = made.size(); k > 0 && k + kValuesCompared > made.size() && !shared; --k) {
-      const Todo& had = made[k - 1].todo;
-      if (had.spec == want.spec && had.allow_nonfinite == want.allow_nonfinite &&
-          SameInitializer(had.initializer, want.initializer)) {
-        shared = made[k - 1].value;
-      }
-    }
-    if (shared == nullptr) {
-      REPVAR_ASSIGN_OR_RETURN(int64_t bytes, want.spec.ByteSize());
-      REPVAR_RETURN_IF_ERROR(charge.Add(static_cast<uint64_t>(bytes),
-                                        absl::StrCat("the initial value of ", items[i].name)));
-      auto value = MakeInitialValue(want.initializer, want.spec);
-      if (!value.ok()) {
-        return absl::Status(value.status().code(), absl::StrCat("variable ", items[i].name, ": ",
-                                                                value.status().message()));
-      }
-      if (!want.allow_nonfinite) {
-        if (int64_t bad = FirstNonFinite(*value); bad >= 0) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "variable ", items[i].name, ": initial value has a non-finite element at ", bad,
-              " (allow_nonfinite is off)"));
-        }
-      }
-      shared = std::make_shared<const Tensor>(*std::move(value));
-      made.push_back(Made{Todo{{}, want.initializer, want.spec, want.allow_nonfinite}, shared});
-    }
-    if (items[i].initializer) initializers[ids[i]] = *items[i].initializer;
-    writes.push_back(PlannedWrite{ids[i], want.name, 1, std::move(shared)});
-    now[i] = true;
-    todo.erase(t);
-  }
-  REPVAR_ASSIGN_OR_RETURN(const Delivery delivery, Deliver(writes));
-  // The answer, as it is once the writes commit.
-  std::map<uint64_t, const PlannedWrite*> planned;
-  for (const PlannedWrite& w : writes) planned[w.id] = &w;
-  std::vector<InitializeResult> results;
-  REPVAR_RETURN_IF_ERROR(registry_->Read([&](const ClusterState& state) -> absl::Status {
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (auto w = planned.find(ids[i]); w != planned.end()) {
-        results.push_back(InitializeResult{items[i].name, now[i], w->second->version,
-                                           w->second->value->checksum});
-        continue;
-      }
-      const VariableRecord* v = state.FindId(ids[i]);
-      if (v == nullptr) return VariableNotFound(items[i].name);
-      results.push_back(InitializeResult{items[i].name, false, v->version, v->checksum});
-    }
-    return absl::OkStatus();
-  }));
-  REPVAR_RETURN_IF_ERROR(CommitWrites(writes, delivery, initializers,
-                                      RequestRecorded{key, "initialize", results, clock_->Now()}));
-  return results;
 }
 
 // ---- Assign ----

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// What replication.cc (writes), reads.cc and repair.cc (verification and
-// resync) share: the per-variable write locks, the live-holder filter and
-// the refusal of an unknown name.
+// What replication.cc (writes), initialize.cc, reads.cc and repair.cc
+// (verification and resync) share: the per-variable write locks, the
+// live-holder filter and the lookup of a name.
 // Not part of Replication's interface.
 #ifndef REPVAR_SERVER_CORE_REPLICATION_INTERNAL_H_
 #define REPVAR_SERVER_CORE_REPLICATION_INTERNAL_H_
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -22,6 +23,13 @@ namespace repvar::server {
 // A name that names no variable.
 inline absl::Status VariableNotFound(absl::string_view name) {
   return absl::NotFoundError(absl::StrCat("variable \"", name, "\" does not exist"));
+}
+
+// The id of the variable `name`. Errors: NOT_FOUND.
+inline absl::StatusOr<uint64_t> IdIn(const ClusterState& s, absl::string_view name) {
+  const VariableRecord* v = s.Find(name);
+  if (v == nullptr) return VariableNotFound(name);
+  return v->id;
 }
 
 // Holders still live under the incarnation that acknowledged: an

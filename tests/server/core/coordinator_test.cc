@@ -576,6 +576,25 @@ TEST_F(CoordinatorTest, C7_NonFinite_RefusedByDefaultAllowedByOptOut) {
   EXPECT_EQ(v[1], inf);
 }
 
+// An initializer's non-finite value is refused for a variable that does not
+// opt out, even in a batch where one that does takes the same initializer
+// (their values are not shared): the whole batch, naming the variable;
+// the one that opts out alone is initialized.
+TEST_F(CoordinatorTest, C7_Initialize_NonFiniteValue_RefusedUnlessTheVariableOptsOut) {
+  const Initializer inf{InitializerKind::kConstant, std::numeric_limits<double>::infinity()};
+  VariableDef loose = Def("loose", 2);
+  loose.allow_nonfinite = true;
+  Create(loose, inf);
+  Create(Def("strict", 2), inf);
+  EXPECT_THAT(core_.Initialize({}, {{"loose", std::nullopt}, {"strict", std::nullopt}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "variable strict: initial value has a non-finite element at 0"));
+  EXPECT_EQ(core_.GetVariable("loose")->version, 0) << "the batch changed nothing";
+  ASSERT_OK(core_.Initialize({}, {{"loose", std::nullopt}}));
+  EXPECT_TRUE(std::isinf(Floats(*core_.Read("loose")->value)[2]));
+  EXPECT_THAT(core_.Read("strict"), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
 TEST_F(CoordinatorTest, X2_AssignWrongSpec_FailedPreconditionNothingChanges) {
   Create(Def("w", 2));
   ASSERT_OK(Assign("w", F32({1, 2, 3})));
