@@ -49,8 +49,8 @@ class InitialValues {
       if (made_[k - 1].first.Alike(source)) return made_[k - 1].second;
     }
     REPVAR_ASSIGN_OR_RETURN(int64_t bytes, source.spec.ByteSize());
-    REPVAR_RETURN_IF_ERROR(charge_.Add(static_cast<uint64_t>(bytes),
-                                       absl::StrCat("the initial value of ", variable)));
+    REPVAR_RETURN_IF_ERROR(
+        charge_.Add(static_cast<uint64_t>(bytes), absl::StrCat("the initial value of ", variable)));
     auto value = MakeInitialValue(source.initializer, source.spec);
     if (!value.ok()) {
       return absl::Status(value.status().code(),
@@ -59,8 +59,8 @@ class InitialValues {
     if (!source.allow_nonfinite) {
       if (int64_t bad = FirstNonFinite(*value); bad >= 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("variable ", variable, ": initial value has a non-finite element at ",
-                         bad, " (allow_nonfinite is off)"));
+            absl::StrCat("variable ", variable, ": initial value has a non-finite element at ", bad,
+                         " (allow_nonfinite is off)"));
       }
     }
     auto shared = std::make_shared<const Tensor>(*std::move(value));
