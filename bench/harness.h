@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -79,6 +80,26 @@ inline double CpuSeconds(pid_t pid) {
     if (i == 14 || i == 15) ticks += std::stol(field);
   }
   return static_cast<double>(ticks) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Context switches (voluntary and not) of every thread process `pid` has
+// now, from /proc: on this VM each costs more CPU than most of the work of
+// a small call (bench/README.md), so the small-op figures count them.
+inline long ContextSwitches(pid_t pid) {
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  long total = 0;
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator(tasks, error)) {
+    std::ifstream f(task.path() / "status");
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.starts_with("voluntary_ctxt_switches:") ||
+          line.starts_with("nonvoluntary_ctxt_switches:")) {
+        total += std::stol(line.substr(line.find(':') + 1));
+      }
+    }
+  }
+  return total;
 }
 
 }  // namespace repvar::bench

@@ -33,6 +33,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/harness.h"
 #include "repvar/client.h"
@@ -59,6 +60,7 @@ ABSL_FLAG(int32_t, steps, 20, "timed steps for the steps-per-second figure");
 ABSL_FLAG(int32_t, mean_mib, 64, "size of the MEAN step variable");
 ABSL_FLAG(int32_t, mean_replicas, 8, "replicas (= workers) of the MEAN step variable");
 ABSL_FLAG(bool, only_steps, false, "run only the step figures");
+ABSL_FLAG(bool, only_local, false, "run only the in-step local access figures (mean_mib MiB)");
 ABSL_FLAG(bool, step_write_path, true,
           "time the step path with every replica written, before the report path");
 ABSL_FLAG(bool, only_security, false, "run only the TLS-and-tokens cost figures");
@@ -592,6 +594,32 @@ double AssignP50(repvar::Client& c, const std::string& name, int ops, double* p9
   return Percentile(t, 0.5);
 }
 
+// The CPU and context switches of a one-worker cluster's daemons: on this
+// VM a small call's latency moves with its neighbours, its CPU much less.
+struct DaemonLoad {
+  double coordinator_cpu = 0, worker_cpu = 0;
+  long coordinator_switches = 0, worker_switches = 0;
+  DaemonLoad operator-(const DaemonLoad& o) const {
+    return {coordinator_cpu - o.coordinator_cpu, worker_cpu - o.worker_cpu,
+            coordinator_switches - o.coordinator_switches, worker_switches - o.worker_switches};
+  }
+  // Per call, as the key=value fields of a result line.
+  std::string PerCall(int calls) const {
+    return absl::StrFormat(
+        "coordinator_cpu_us=%.1f coordinator_switches=%.2f worker_cpu_us=%.1f "
+        "worker_switches=%.2f",
+        coordinator_cpu * 1e6 / calls, static_cast<double>(coordinator_switches) / calls,
+        worker_cpu * 1e6 / calls, static_cast<double>(worker_switches) / calls);
+  }
+};
+
+DaemonLoad LoadOf(repvar::testing::TestCluster& cluster) {
+  const pid_t coordinator = cluster.coordinator().pid();
+  const pid_t worker = cluster.worker(0).pid();
+  return {CpuSeconds(coordinator), CpuSeconds(worker), repvar::bench::ContextSwitches(coordinator),
+          repvar::bench::ContextSwitches(worker)};
+}
+
 void DurableOps(int ops) {
   {
     // The same path without the state log's sync (--ephemeral): what the
@@ -604,8 +632,10 @@ void DurableOps(int ops) {
     auto v = c->CreateVariable(
         {.name = "volatile", .dtype = repvar::DType::kFloat32, .shape = {16}, .replica_count = 1});
     if (!v.ok()) Die("create", v.status());
-    std::printf("repvar_ephemeral clients=1 assign_p50_us=%.1f\n",
-                AssignP50(*c, "volatile", ops, nullptr));
+    const DaemonLoad before = LoadOf(cluster);
+    const double p50 = AssignP50(*c, "volatile", ops, nullptr);
+    std::printf("repvar_ephemeral clients=1 assign_p50_us=%.1f %s\n", p50,
+                (LoadOf(cluster) - before).PerCall(ops).c_str());
   }
   repvar::testing::TestCluster cluster(OneTpuPerWorker(1));
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
@@ -614,8 +644,10 @@ void DurableOps(int ops) {
       {.name = "durable", .dtype = repvar::DType::kFloat32, .shape = {16}, .replica_count = 1});
   if (!v.ok()) Die("create", v.status());
   double p99 = 0;
+  const DaemonLoad before = LoadOf(cluster);
   const double p50 = AssignP50(*c, "durable", ops, &p99);
-  std::printf("repvar_durable clients=1 assign_p50_us=%.1f assign_p99_us=%.1f\n", p50, p99);
+  std::printf("repvar_durable clients=1 assign_p50_us=%.1f assign_p99_us=%.1f %s\n", p50, p99,
+              (LoadOf(cluster) - before).PerCall(ops).c_str());
   for (int clients : {1, 8, 64}) {
     // One variable per client: writes to one variable are serialized (C4).
     for (int k = 0; k < clients; ++k) {
@@ -837,6 +869,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_only_durable)) {
     DurableOps(absl::GetFlag(FLAGS_small_ops));
     RestartTime();
+    return 0;
+  }
+  if (absl::GetFlag(FLAGS_only_local)) {
+    LocalAccess(absl::GetFlag(FLAGS_mean_mib), absl::GetFlag(FLAGS_iters));
     return 0;
   }
   if (absl::GetFlag(FLAGS_only_bcast)) {
