@@ -130,7 +130,6 @@ absl::StatusOr<uint64_t> Registry::CommitUnsynced(Builder build) {
   REPVAR_ASSIGN_OR_RETURN(Record record, build(state_));
   if (record.empty()) return required_;
   REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)));
-  log_->StartSync(applied_);  // in the background, while the caller goes on
   return applied_;
 }
 

@@ -67,11 +67,12 @@ class Registry {
   using Builder = absl::FunctionRef<absl::StatusOr<Record>(const ClusterState&)>;
   absl::Status Commit(Builder build) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Commit without the wait: appended and applied, its sync started in the
-  // background (StateLog::StartSync), and its log position returned for
-  // AwaitDurable(position) - a write's WritePrepared, synced while its
-  // values travel to the workers. Everyone else who sees the
-  // state waits for it as for any record.
+  // Commit without the wait: appended and applied, and its log position
+  // returned for AwaitDurable(position) - a write's WritePrepared, which
+  // the writer syncs itself once its values are on their way to the
+  // workers (no hand-off to another thread: on a VM a wake-up costs more
+  // CPU than the work of a small write). Everyone else who sees the state
+  // waits for it as for any record.
   absl::StatusOr<uint64_t> CommitUnsynced(Builder build) ABSL_LOCKS_EXCLUDED(mu_);
   // Returns once the record at `position` (and all before it) is durable.
   absl::Status AwaitDurable(uint64_t position) const ABSL_LOCKS_EXCLUDED(mu_);

@@ -133,6 +133,8 @@ absl::StatusOr<Replication::Delivery> Replication::Deliver(const std::vector<Pla
     for (size_t i = 0; i < batches.size(); ++i) {
       workers_->WriteReplicasAsync(batches[i].target, batches[i].writes, calls.Callback(i));
     }
+    // The WritePrepared's sync, on this thread while the workers take the
+    // values (it leads the log's group commit or joins the one under way).
     if (prepared_at > 0) prepared_durable = registry_->AwaitDurable(prepared_at);
     return calls.Wait();
   };

@@ -50,11 +50,6 @@ class StateLog {
     (void)position;
     return absl::OkStatus();
   }
-  // A hint: the record at `position` will be waited for soon. A log may
-  // start syncing it now, in the background, so that the sync overlaps
-  // what the caller does meanwhile (a write's fan-out to the workers).
-  // Any thread, no lock.
-  virtual void StartSync(uint64_t position) { (void)position; }
   // Whether a record carrying `value_bytes` of tensor values would fit now.
   // A write asks before it sends anything to any worker, so that a full
   // disk refuses it (RESOURCE_EXHAUSTED) with nothing changed anywhere

@@ -121,33 +121,7 @@ RocksStateLog::RocksStateLog(RocksStateLogOptions options, std::shared_ptr<rocks
       }()) {}
 
 RocksStateLog::~RocksStateLog() {
-  {
-    absl::MutexLock lock(&sync_mu_);
-    stopping_ = true;
-  }
-  if (syncer_.joinable()) syncer_.join();
   if (db_ != nullptr) (void)db_->Close();
-}
-
-void RocksStateLog::StartSync(uint64_t position) {
-  absl::MutexLock lock(&sync_mu_);
-  if (position <= durable_ || position <= wanted_) return;
-  wanted_ = position;
-  if (syncer_.joinable()) return;  // it wakes on wanted_
-  syncer_ = std::thread([this] {
-    absl::MutexLock held(&sync_mu_);
-    auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(sync_mu_) {
-      return stopping_ || (wanted_ > durable_ && !syncing_ && sync_failed_.ok());
-    };
-    while (true) {
-      sync_mu_.Await(absl::Condition(&work));
-      if (stopping_) return;
-      const uint64_t target = wanted_;
-      sync_mu_.Unlock();
-      (void)Durable(target);  // a failure is fatal there, or kept in sync_failed_
-      sync_mu_.Lock();
-    }
-  });
 }
 
 absl::StatusOr<std::unique_ptr<RocksStateLog>> RocksStateLog::Open(RocksStateLogOptions options) {

@@ -46,7 +46,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -94,7 +93,6 @@ class RocksStateLog final : public StateLog {
   absl::Status CheckRoom(uint64_t value_bytes) override;
   // Values in blob files come back as mappings of them (BlobStore).
   absl::StatusOr<uint64_t> Append(Record& record) override;
-  void StartSync(uint64_t position) override ABSL_LOCKS_EXCLUDED(sync_mu_);
   absl::Status Durable(uint64_t position) override;
   absl::Status Check(const Tensor& value) override { return blobs_.Check(value); }
   void Applied(const ClusterState& state) override;
@@ -149,11 +147,6 @@ class RocksStateLog final : public StateLog {
   bool syncing_ ABSL_GUARDED_BY(sync_mu_) = false;  // a waiter is in SyncWAL
   absl::Status sync_failed_ ABSL_GUARDED_BY(sync_mu_);
   uint64_t syncs_ ABSL_GUARDED_BY(sync_mu_) = 0;
-  // StartSync's background syncer (started at the first hint): it waits in
-  // Durable(wanted_) like any caller, so it leads a group or joins one.
-  uint64_t wanted_ ABSL_GUARDED_BY(sync_mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(sync_mu_) = false;
-  std::thread syncer_;  // started under sync_mu_, joined by the destructor
 };
 
 }  // namespace repvar::server
