@@ -9,16 +9,19 @@
 # T(n)/T(2) for each. Needs root (ip netns); removes what it made. Not a
 # test: nothing here asserts a time.
 #   bench/netns_bcast.sh [--rate 1gbit] [--mib 64] [--iters 3] [--sizes "2 4 8"]
+#                        [--algos "tree chain"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rate=1gbit; mib=64; iters=3; sizes="2 4 8"
+rate=1gbit; mib=64; iters=3; sizes="2 4 8"; algos="tree chain"
 while [ $# -gt 0 ]; do
   case "$1" in
     --rate) rate=$2; shift ;;
     --mib) mib=$2; shift ;;
     --iters) iters=$2; shift ;;
     --sizes) sizes=$2; shift ;;
-    *) echo "usage: bench/netns_bcast.sh [--rate R] [--mib M] [--iters K] [--sizes \"2 4 8\"]" >&2
+    --algos) algos=$2; shift ;;
+    *) echo "usage: bench/netns_bcast.sh [--rate R] [--mib M] [--iters K] [--sizes \"2 4 8\"]" \
+         "[--algos \"tree chain\"]" >&2
        exit 2 ;;
   esac
   shift
@@ -59,7 +62,7 @@ done
 
 echo "== data plane broadcast of $mib MiB over $rate links (netns), time to the last receiver"
 for n in $sizes; do
-  for algo in tree chain; do
+  for algo in $algos; do
     store=$(mktemp -d)
     pids=()
     for r in $(seq 1 $((n - 1))); do

@@ -23,7 +23,7 @@ done
 
 deploy/bootstrap.sh
 need=()
-for p in openmpi-bin libopenmpi-dev redis-server redis-tools etcd-server python3-etcd3; do
+for p in openmpi-bin libopenmpi-dev redis-server redis-tools etcd-server python3-etcd3 iproute2; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -107,6 +107,16 @@ echo "== repvar"
 "$build/bench/repvar_bench" --workers="$(echo $workers | tr ' ' ,)" --mib="$mibs" \
   --iters="$iters" --small_ops="$small" --p2p_mib="$p2p_mib" | tee -a "$results"
 "$build/bench/repvar_bench" --only_memory | tee -a "$results"
+echo "== the workers' data plane over rate-limited links: a network namespace per member, tc"
+# How the broadcast grows with hosts where links, not CPUs, are the limit
+# (bcast_t8_t2_netns). Needs root and network namespaces; a machine without
+# them prints why, and the line reads nan.
+if netns=$(bench/netns_bcast.sh --sizes "2 8" --algos chain 2>&1); then
+  echo "$netns" | grep -v "\] \[info\]" | tee -a "$results"
+else
+  echo "$netns" | tail -3
+  echo "netns_bcast skipped=no_network_namespaces_here" | tee -a "$results"
+fi
 echo "== PyTorch: repvar.torch next to DistributedDataParallel (gloo), same model and processes"
 /usr/bin/python3 bench/torch_step.py "$build" --steps="$torch_steps" | tee -a "$results"
 if [ -n "$baseline" ]; then

@@ -30,7 +30,7 @@ def number_or_word(v):
 
 def parse(lines):
     out = {"mpi": {}, "gloo": {}, "tcp": {}, "disk": {}, "redis": {}, "etcd": {}, "floor": {},
-           "cur": {}, "base": {}}
+           "netns": {}, "cur": {}, "base": {}}
     for line in lines:
         line = line.strip()
         who = "cur"
@@ -42,6 +42,11 @@ def parse(lines):
         elif line.startswith("gloo "):
             out["gloo"][(int(d["size"]), int(d["mib"]))] = (float(d["bcast_ms"]),
                                                              float(d["allreduce_ms"]))
+        elif line.startswith("data_plane_bcast "):
+            out["netns"][(d["algo"], int(d["size"]))] = (float(d["last_receiver_ms"]),
+                                                         int(d["mib"]))
+        elif line.startswith("netns_bcast "):
+            out["netns"]["skipped"] = d.get("skipped", "")
         elif line.startswith("tcp "):
             out["tcp"][int(d["mib"])] = float(d["roundtrip_ms"])
         elif line.startswith("disk "):
@@ -156,6 +161,14 @@ def goals(res, who):
     cr = first("repvar_coordinator_rss", when="idle_14s")
     rows.append(("rss_coordinator_1g", cr["rss_mib"] / 128 if cr else None, "<=", 1,
                  "idle; pages a read touches show as mapped page cache" if cr else "not run"))
+    # The workers' data plane alone (bench/netns_bcast.sh), for this build only.
+    ns = res["netns"] if who == "cur" else {}
+    t2, t8 = ns.get(("chain", 2)), ns.get(("chain", 8))
+    rows.append(("bcast_t8_t2_netns", t8[0] / t2[0] if t2 and t8 else None, "<=", 1.3,
+                 (f"the workers' data plane, {t8[1]} MiB over 1 Gbit/s links (tc), "
+                  f"{t8[0]:.0f} ms to the last of 8 against {t2[0]:.0f} ms to 1")
+                 if t2 and t8 else
+                 f"not measured here ({ns.get('skipped', 'bench/netns_bcast.sh not run')})"))
     return rows
 
 

@@ -348,6 +348,13 @@ bool GlooDataPlane::Chained(size_t bytes, int members) const {
   return members > 2 && pieces >= options_.chain_min_pieces;
 }
 
+size_t GlooDataPlane::ChainPiece(size_t bytes) const {
+  constexpr size_t kAlign = 64 << 10;  // whole pages, whatever the count
+  const size_t count = std::max<size_t>(options_.chain_pieces, 1);
+  const size_t piece = ((bytes + count - 1) / count + kAlign - 1) / kAlign * kAlign;
+  return std::min(options_.piece_bytes, std::max(options_.min_piece_bytes, piece));
+}
+
 GlooDataPlane::~GlooDataPlane() = default;
 
 absl::Status GlooDataPlane::Dropped(const CollectiveSpec& c, absl::string_view what,
@@ -395,7 +402,7 @@ absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::by
   try {
     const bool root = c.rank == c.root;
     if (Chained(bytes.size(), c.size)) {
-      ChainBroadcast(**ctx, c, options_.piece_bytes, bytes, root ? nullptr : received,
+      ChainBroadcast(**ctx, c, ChainPiece(bytes.size()), bytes, root ? nullptr : received,
                      root ? arriving : nullptr);
       return absl::OkStatus();
     }

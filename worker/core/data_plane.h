@@ -87,17 +87,26 @@ class Collectives {
 size_t RingSegments(size_t elements, size_t element_bytes, size_t members);
 
 struct DataPlaneOptions {
-  // A broadcast to three members or more goes down a pipelined chain in
-  // pieces of `piece_bytes` when it has at least `chain_min_pieces` pieces;
-  // a smaller one goes down gloo's binomial tree. Where links are the limit
-  // the chain is flat in the number of members and the tree is not: 64 MiB
-  // over 1 Gbit/s links (bench/netns_bcast.sh), 2 / 4 / 8 members, chain
-  // 561 / 613 / 744 ms, tree 561 / 1,637 / 3,322. On one 2-core host, where
+  // A broadcast to three members or more goes down a pipelined chain when
+  // it has at least `chain_min_pieces` pieces of `piece_bytes`; a smaller
+  // one goes down gloo's binomial tree. Where links are the limit the chain
+  // is flat in the number of members and the tree is not: 64 MiB over
+  // 1 Gbit/s links (bench/netns_bcast.sh), 2 / 4 / 8 members, chain
+  // 560 / 560 / 578 ms, tree 560 / 1,637 / 3,322. On one 2-core host, where
   // CPUs are the limit, the tree fills faster for mid sizes (8 members,
   // 64 MiB: tree 194-211 ms, chain 248-252; 256 MiB: tree 733-763, chain
   // 680-694); the default is for the links of a cluster.
   size_t piece_bytes = 4 << 20;
   size_t chain_min_pieces = 2;
+  // The chain cuts a value into about `chain_pieces` pieces, each between
+  // `min_piece_bytes` and `piece_bytes` (ChainPiece): down a chain of M
+  // members the last one holds the value after (pieces + M - 2) piece
+  // times, where one link takes `pieces` of them, so T(M)/T(2) is about
+  // 1 + (M - 2) / pieces. 64 MiB to 8 members over 1 Gbit/s links
+  // (bench/netns_bcast.sh): 16 pieces of 4 MiB, T(8)/T(2) 1.33-1.44; 64 of
+  // 1 MiB, 1.10-1.12 (bench/README.md).
+  size_t chain_pieces = 64;
+  size_t min_piece_bytes = 256 << 10;
   // A folded reduction whose sums take at most this many bytes goes down a
   // binomial tree (2 x log2(P) rounds) instead of the ring (2 x 2P rounds),
   // where each round's latency, not the bytes, is the cost: a step of
@@ -124,6 +133,8 @@ class GlooDataPlane final : public Collectives {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Whether a broadcast of `bytes` among `members` goes down the chain.
   bool Chained(size_t bytes, int members) const;
+  // The size of the pieces the chain cuts `bytes` into (DataPlaneOptions).
+  size_t ChainPiece(size_t bytes) const;
   // A ring allreduce (sum). A group of one is a no-op.
   absl::Status Allreduce(const CollectiveSpec& c, AccumType type,
                          std::span<std::byte> bytes) override ABSL_LOCKS_EXCLUDED(mu_);

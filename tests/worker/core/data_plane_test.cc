@@ -144,6 +144,37 @@ TEST(GlooDataPlane, Broadcast_RootSendsEachPieceOnceItHasArrived) {
   EXPECT_EQ(ends, std::vector<size_t>{small.size()});
 }
 
+// The chain cuts a value into about chain_pieces pieces of whole 64 KiB
+// blocks, none under min_piece_bytes or over piece_bytes: a longer chain
+// then costs a few piece times more than one link, not a few values.
+TEST(GlooDataPlane, ChainPiece_AboutChainPiecesOfThem_WithinTheBounds) {
+  const DataPlaneOptions defaults;
+  ASSERT_EQ(defaults.chain_pieces, 64u);
+  const GlooDataPlane plane("127.0.0.1", nullptr, defaults);
+  EXPECT_EQ(plane.ChainPiece(size_t{64} << 20), size_t{1} << 20);
+  EXPECT_EQ(plane.ChainPiece(size_t{100} << 20), size_t{25} << 16);  // 1.5625 MiB
+  EXPECT_EQ(plane.ChainPiece((size_t{64} << 20) + 1), (size_t{1} << 20) + (64 << 10));
+  EXPECT_EQ(plane.ChainPiece(size_t{5} << 20), defaults.min_piece_bytes);
+  EXPECT_EQ(plane.ChainPiece(size_t{256} << 20), defaults.piece_bytes);
+  EXPECT_EQ(plane.ChainPiece(size_t{1} << 30), defaults.piece_bytes);
+  // A bound under the minimum is the bound.
+  EXPECT_EQ(GlooDataPlane("127.0.0.1", nullptr, kSmallPieces).ChainPiece(size_t{64} << 20),
+            kSmallPieces.piece_bytes);
+}
+
+// With the defaults, a value of a few MiB goes down the chain in pieces of
+// min_piece_bytes, each sent by the root once it is there.
+TEST(GlooDataPlane, Broadcast_Chain_DefaultOptions_CutIntoChainPieces) {
+  const DataPlaneOptions defaults;
+  const auto bytes = Pattern((size_t{5} << 20) + 77);  // 20 pieces of 256 KiB and 77 bytes
+  ASSERT_TRUE(GlooDataPlane("127.0.0.1", nullptr, defaults).Chained(bytes.size(), 4));
+  std::vector<size_t> ends;
+  ExpectEveryMemberHolds(Broadcast(4, /*root=*/1, bytes, defaults, &ends), 1, bytes);
+  ASSERT_EQ(ends.size(), 21u);
+  EXPECT_EQ(ends.front(), defaults.min_piece_bytes);
+  EXPECT_EQ(ends.back(), bytes.size());
+}
+
 TEST(GlooDataPlane, Broadcast_OnePiece_GoesDownTheTree_SameBytesAndChecksum) {
   const auto bytes = Pattern((40 << 10) + 3);  // 1 piece
   ASSERT_FALSE(GlooDataPlane("127.0.0.1", nullptr, kSmallPieces).Chained(bytes.size(), 4));
