@@ -473,9 +473,14 @@ absl::StatusOr<std::vector<TensorValue>> Client::ReadBatch(const std::vector<std
   ArenaMessage<v1::ReadVariablesRequest> req;
   req->mutable_names()->Reserve(static_cast<int>(names.size()));
   for (const auto& n : names) req->add_names(n);
+  req->set_columns(true);
   ArenaMessage<v1::ReadVariablesResponse> resp;
   REPVAR_RETURN_IF_ERROR(
       impl_->Call(&v1::CoordinatorTrainers::Stub::ReadVariables, *req, resp.get()));
+  if (resp->results_size() == 0) {
+    return client_internal::ReadColumnsFromProto(resp->columns(), names.size());
+  }
+  // A coordinator from before the columns answers a result per variable.
   std::vector<TensorValue> out;
   out.reserve(resp->results_size());
   for (const auto& r : resp->results()) {

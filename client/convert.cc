@@ -70,6 +70,54 @@ absl::StatusOr<TensorValue> TensorValueFromProto(const v1::Tensor& t, int64_t ve
   return v;
 }
 
+absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColumns& p,
+                                                              size_t count) {
+  auto malformed = [](auto&&... what) {
+    return absl::DataLossError(absl::StrCat("the coordinator's read answer: ", what...));
+  };
+  for (const auto& [column, size] : {std::pair{"versions", p.versions_size()},
+                                     {"spec_index", p.spec_index_size()},
+                                     {"checksums", p.checksums_size()}}) {
+    if (static_cast<size_t>(size) != count) {
+      return malformed(size, " ", column, " for ", count, " variables");
+    }
+  }
+  std::vector<TensorSpec> specs;
+  std::vector<size_t> sizes;
+  for (const v1::TensorSpec& s : p.specs()) {
+    absl::StatusOr<TensorSpec> spec = SpecFromProto(s);
+    if (!spec.ok()) return malformed(spec.status().message());
+    sizes.push_back(static_cast<size_t>(*spec->ByteSize()));  // checked by SpecFromProto
+    specs.push_back(*std::move(spec));
+  }
+  const auto data = std::as_bytes(std::span<const char>(p.data().data(), p.data().size()));
+  std::vector<TensorValue> out(count);
+  size_t offset = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t s = p.spec_index(static_cast<int>(i));
+    if (s < 0 || s >= static_cast<int32_t>(specs.size())) {
+      return malformed("spec_index[", i, "] is ", s, " of ", specs.size(), " specs");
+    }
+    if (sizes[s] > data.size() - offset) {
+      return malformed("value ", i, " is ", sizes[s], " bytes; ", data.size() - offset,
+                       " are left");
+    }
+    TensorValue& v = out[i];
+    v.dtype = specs[s].dtype;
+    v.shape = specs[s].dims;
+    v.bytes.assign(data.begin() + offset, data.begin() + offset + sizes[s]);
+    offset += sizes[s];
+    v.checksum = Checksum(v.bytes);
+    if (v.checksum != p.checksums(static_cast<int>(i))) {
+      return absl::DataLossError(
+          absl::StrCat("value ", i, " received from the coordinator fails its checksum"));
+    }
+    v.version = p.versions(static_cast<int>(i));
+  }
+  if (offset != data.size()) return malformed(data.size() - offset, " bytes of data left over");
+  return out;
+}
+
 StepEventInfo StepEventFromProto(const v1::StepEvent& e) {
   StepEventInfo info;
   info.seq = e.seq();

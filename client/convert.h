@@ -24,6 +24,11 @@ VariableInfo VariableFromProto(const v1::VariableInfo& p);
 Topology TopologyFromProto(const v1::Topology& p);
 // Checks the checksum. Errors: DATA_LOSS.
 absl::StatusOr<TensorValue> TensorValueFromProto(const v1::Tensor& t, int64_t version);
+// The `count` values of a batched read's answer by column, each checked
+// against its checksum. Errors: DATA_LOSS (columns that do not match
+// `count` or each other, a spec this build does not read, a checksum).
+absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColumns& p,
+                                                              size_t count);
 StepEventInfo StepEventFromProto(const v1::StepEvent& e);
 
 // The header announcing `bytes` as a tensor of (dtype, shape).

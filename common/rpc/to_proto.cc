@@ -26,6 +26,41 @@ void TensorToProto(const Tensor& t, v1::Tensor* proto) {
   CountSentTensorBytes(t.bytes.size());
 }
 
+void ReadColumnsToProto(const std::vector<ReadResult>& reads, v1::ReadColumns* proto) {
+  const int n = static_cast<int>(reads.size());
+  proto->mutable_versions()->Reserve(n);
+  proto->mutable_spec_index()->Reserve(n);
+  proto->mutable_checksums()->Reserve(n);
+  size_t bytes = 0;
+  for (const ReadResult& r : reads) bytes += r.value->bytes.size();
+  std::string* data = proto->mutable_data();
+  data->reserve(bytes);
+  // The distinct specs: a batch's variables mostly share a few, so each is
+  // compared with the last ones added.
+  std::vector<const TensorSpec*> specs;
+  constexpr size_t kLookBack = 4;
+  for (const ReadResult& r : reads) {
+    const Tensor& t = *r.value;
+    int32_t index = -1;
+    for (size_t k = specs.size(); k > 0 && specs.size() - k < kLookBack; --k) {
+      if (*specs[k - 1] == t.spec) {
+        index = static_cast<int32_t>(k - 1);
+        break;
+      }
+    }
+    if (index < 0) {
+      index = static_cast<int32_t>(specs.size());
+      specs.push_back(&t.spec);
+      SpecToProto(t.spec, proto->add_specs());
+    }
+    proto->add_versions(r.version);
+    proto->add_spec_index(index);
+    proto->add_checksums(t.checksum);
+    data->append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+  }
+  CountSentTensorBytes(bytes);
+}
+
 void SmallWritesToProto(uint64_t incarnation, const std::vector<ReplicaWrite>& writes,
                         v1::WriteSmallReplicasRequest* proto) {
   proto->set_incarnation(incarnation);

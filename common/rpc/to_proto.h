@@ -23,6 +23,8 @@ void SpecToProto(const TensorSpec& spec, v1::TensorSpec* proto);
 void HeaderToProto(const Tensor& t, v1::TensorHeader* proto);
 // A whole tensor in one message (copies the bytes once).
 void TensorToProto(const Tensor& t, v1::Tensor* proto);
+// The values of a batched read, by column (client/convert.h reads them).
+void ReadColumnsToProto(const std::vector<ReadResult>& reads, v1::ReadColumns* proto);
 // Small writes to one worker by column, each value whole (copies the bytes
 // once); none may name a collective.
 void SmallWritesToProto(uint64_t incarnation, const std::vector<ReplicaWrite>& writes,

@@ -289,9 +289,16 @@ class Client:
         """(numpy array, version) of each variable's last committed value, in
         one call (at most 32 MiB in all: ResourceExhausted beyond; read()
         streams any size). The arrays are writable."""
-        resp = self.stub.ReadVariables(cpb.ReadVariablesRequest(names=list(names)),
+        names = list(names)
+        resp = self.stub.ReadVariables(cpb.ReadVariablesRequest(names=names, columns=True),
                                        timeout=self.timeout)
-        return [(tensors.from_tensor(r.value, writable=True), r.version) for r in resp.results]
+        if resp.results:  # a coordinator from before the columns
+            return [(tensors.from_tensor(r.value, writable=True), r.version)
+                    for r in resp.results]
+        try:
+            return tensors.from_columns(resp.columns, len(names))
+        except ValueError as e:
+            raise errors.DataLoss(str(e)) from e
 
     def step(self, step: int, worker: str, barrier_timeout: float = 60.0,
              devices: Sequence[str] = ()) -> "Step":

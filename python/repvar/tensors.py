@@ -99,6 +99,38 @@ def to_tensor(array, dtype_name: str) -> types_pb2.Tensor:
     return types_pb2.Tensor(header=header(wire, dtype_name), data=wire.tobytes())
 
 
+def from_columns(c, count: int) -> list:
+    """The (writable array, version) of each of the `count` values of a
+    batched read's answer by column (repvar.v1.ReadColumns), in order, each
+    checked against its checksum. ValueError when the columns do not match
+    `count` or each other, or a value fails its checksum."""
+    for column in ("versions", "spec_index", "checksums"):
+        if len(getattr(c, column)) != count:
+            raise ValueError(f"read answer: {len(getattr(c, column))} {column} for {count} values")
+    specs = []
+    for s in c.specs:
+        if s.dtype not in _BY_ENUM or any(d < 0 for d in s.dims):
+            raise ValueError(f"read answer: a spec this client does not read ({s})")
+        npd = _BY_ENUM[s.dtype][1]
+        dims = tuple(s.dims)
+        specs.append((npd, dims, npd.itemsize * int(np.prod(dims, dtype=np.int64))))
+    data = memoryview(c.data)
+    out, offset = [], 0
+    for i in range(count):
+        k = c.spec_index[i]
+        if not 0 <= k < len(specs):
+            raise ValueError(f"read answer: spec_index[{i}] is {k} of {len(specs)} specs")
+        npd, dims, n = specs[k]
+        piece = data[offset:offset + n]
+        if len(piece) != n or checksum(piece) != c.checksums[i]:
+            raise ValueError(f"read answer: value {i} fails its checksum")
+        out.append((np.frombuffer(bytearray(piece), dtype=npd).reshape(dims), c.versions[i]))
+        offset += n
+    if offset != len(data):
+        raise ValueError(f"read answer: {len(data) - offset} bytes of data left over")
+    return out
+
+
 def from_tensor(t: types_pb2.Tensor, writable: bool = False) -> np.ndarray:
     """The array a Tensor message holds, checked against its checksum: a
     read-only view of the message's bytes, or (`writable`) a copy."""

@@ -267,6 +267,10 @@ grpc::Status TrainersService::ReadVariables(grpc::ServerContext* ctx,
   const std::vector<std::string> names(req->names().begin(), req->names().end());
   auto reads = core_->ReadBatch(names, kMaxInlineBytes);
   if (!reads.ok()) return Fail("ReadVariables", reads.status());
+  if (req->columns()) {
+    ReadColumnsToProto(*reads, resp->mutable_columns());
+    return grpc::Status::OK;
+  }
   resp->mutable_results()->Reserve(static_cast<int>(names.size()));
   for (size_t i = 0; i < names.size(); ++i) {
     v1::ReadResult* p = resp->add_results();

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
+
+#include "common/rpc/to_proto.h"
 #include "tests/testing/status_matchers.h"
 
 namespace repvar::client_internal {
@@ -40,6 +44,67 @@ TEST(ClientConvert, TensorValue_ChecksumVerified) {
   EXPECT_EQ(v->version, 4);
   t.mutable_header()->set_checksum(1);
   EXPECT_THAT(TensorValueFromProto(t, 4), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+// A batched read's answer by column (V6, C1): what the coordinator builds
+// from its values is what the client takes, in the order of the names.
+ReadResult Read(DType dtype, std::vector<int64_t> dims, uint8_t fill, int64_t version) {
+  TensorSpec spec{dtype, std::move(dims)};
+  std::vector<std::byte> bytes(static_cast<size_t>(*spec.ByteSize()), std::byte{fill});
+  auto t = Tensor::FromBytes(spec, bytes);
+  EXPECT_OK(t);
+  return ReadResult{version, std::make_shared<const Tensor>(*std::move(t))};
+}
+
+TEST(ClientConvert, ReadColumns_EachValueInNameOrder_DistinctSpecsOnce) {
+  const std::vector<ReadResult> reads = {
+      Read(DType::kFloat32, {4}, 1, 3), Read(DType::kFloat32, {4}, 2, 5),
+      Read(DType::kInt64, {2, 3}, 3, 1), Read(DType::kFloat32, {4}, 4, 9)};
+  v1::ReadColumns p;
+  ReadColumnsToProto(reads, &p);
+  EXPECT_EQ(p.specs_size(), 2);
+  auto values = ReadColumnsFromProto(p, reads.size());
+  ASSERT_OK(values);
+  ASSERT_EQ(values->size(), reads.size());
+  for (size_t i = 0; i < reads.size(); ++i) {
+    SCOPED_TRACE(i);
+    const TensorValue& v = (*values)[i];
+    EXPECT_EQ(v.dtype, reads[i].value->spec.dtype);
+    EXPECT_EQ(v.shape, reads[i].value->spec.dims);
+    EXPECT_EQ(v.version, reads[i].version);
+    EXPECT_EQ(v.checksum, reads[i].value->checksum);
+    EXPECT_TRUE(std::ranges::equal(v.bytes, reads[i].value->bytes.span()));
+  }
+}
+
+// A malformed or damaged answer is refused whole, naming what is wrong.
+TEST(ClientConvert, ReadColumns_MalformedOrDamaged_DataLossNamingIt) {
+  const std::vector<ReadResult> reads = {Read(DType::kFloat32, {4}, 1, 3),
+                                         Read(DType::kInt32, {2}, 2, 5)};
+  v1::ReadColumns good;
+  ReadColumnsToProto(reads, &good);
+  ASSERT_OK(ReadColumnsFromProto(good, 2));
+  EXPECT_THAT(ReadColumnsFromProto(good, 3),
+              StatusIs(absl::StatusCode::kDataLoss, "2 versions for 3 variables"));
+  v1::ReadColumns p = good;
+  p.set_spec_index(1, 2);
+  EXPECT_THAT(ReadColumnsFromProto(p, 2),
+              StatusIs(absl::StatusCode::kDataLoss, "spec_index[1] is 2 of 2 specs"));
+  p = good;
+  p.mutable_data()->pop_back();
+  EXPECT_THAT(ReadColumnsFromProto(p, 2),
+              StatusIs(absl::StatusCode::kDataLoss, "value 1 is 8 bytes; 7 are left"));
+  p = good;
+  p.mutable_data()->push_back('x');
+  EXPECT_THAT(ReadColumnsFromProto(p, 2),
+              StatusIs(absl::StatusCode::kDataLoss, "1 bytes of data left over"));
+  p = good;
+  (*p.mutable_data())[0] ^= 1;
+  EXPECT_THAT(ReadColumnsFromProto(p, 2),
+              StatusIs(absl::StatusCode::kDataLoss, "value 0 received from the coordinator"));
+  p = good;
+  p.mutable_specs(0)->add_dims(-1);
+  EXPECT_THAT(ReadColumnsFromProto(p, 2), StatusIs(absl::StatusCode::kDataLoss));
 }
 
 TEST(ClientConvert, StepResolution_ToResultAndLines) {

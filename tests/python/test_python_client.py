@@ -250,3 +250,48 @@ def test_repvarctl_status_and_delete_use_the_admin_service(client, cluster):
     assert gone.returncode != 0 and "NOT_FOUND" in gone.stderr, gone.stderr
     with pytest.raises(repvar.NotFound):
         client.variable("ops/doomed")
+
+
+def _columns(values):
+    """A ReadColumns as the coordinator builds it, from (array, version)."""
+    c = cpb.ReadColumns()
+    dtypes = {np.dtype("<f4"): tpb.DTYPE_FLOAT32, np.dtype("<i4"): tpb.DTYPE_INT32}
+    for a, version in values:
+        spec = tpb.TensorSpec(dtype=dtypes[a.dtype], dims=a.shape)
+        if spec not in c.specs:
+            c.specs.append(spec)
+        c.spec_index.append(list(c.specs).index(spec))
+        c.versions.append(version)
+        c.checksums.append(repvar.tensors.checksum(a.tobytes()))
+        c.data += a.tobytes()
+    return c
+
+
+def test_read_columns_each_value_in_order_and_a_damaged_answer_refused():
+    """A batched read's answer by column (V6, C1), as read_many takes it:
+    each value in the order of the names, writable; columns that do not
+    match, or a value that fails its checksum, are refused."""
+    values = [(np.arange(4, dtype=np.float32), 3), (np.full((2, 2), 7, np.int32), 5),
+              (np.ones(4, np.float32), 9)]
+    good = _columns(values)
+    assert len(good.specs) == 2
+    out = repvar.tensors.from_columns(good, 3)
+    for (a, version), (b, got) in zip(values, out):
+        np.testing.assert_array_equal(a, b)
+        assert b.dtype == a.dtype and got == version
+    out[0][0][0] = 1  # writable
+    with pytest.raises(ValueError, match="2 versions for 3 values"):
+        repvar.tensors.from_columns(_columns(values[:2]), 3)
+    bad = cpb.ReadColumns()
+    bad.CopyFrom(good)
+    bad.spec_index[2] = 2
+    with pytest.raises(ValueError, match="spec_index.2. is 2 of 2 specs"):
+        repvar.tensors.from_columns(bad, 3)
+    bad.CopyFrom(good)
+    bad.data = good.data[:1] + bytes([good.data[1] ^ 1]) + good.data[2:]
+    with pytest.raises(ValueError, match="value 0 fails its checksum"):
+        repvar.tensors.from_columns(bad, 3)
+    bad.CopyFrom(good)
+    bad.data = good.data + b"x"
+    with pytest.raises(ValueError, match="1 bytes of data left over"):
+        repvar.tensors.from_columns(bad, 3)
