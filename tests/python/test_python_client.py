@@ -295,3 +295,19 @@ def test_read_columns_each_value_in_order_and_a_damaged_answer_refused():
     bad.data = good.data + b"x"
     with pytest.raises(ValueError, match="1 bytes of data left over"):
         repvar.tensors.from_columns(bad, 3)
+
+
+def test_read_variables_without_columns_answers_a_result_per_variable(client):
+    """A client from before the columns (no `columns` in its request) still
+    gets a ReadResult per variable; one that asks gets the columns only."""
+    with repvar.replicated_scope(6, "cols"):
+        client.create("x", "float32", (3,))
+    value = np.array([1, 2, 3], np.float32)
+    client.assign("cols/x", value)
+    old = client.stub.ReadVariables(cpb.ReadVariablesRequest(names=["cols/x"]))
+    assert [r.name for r in old.results] == ["cols/x"] and not old.columns.versions
+    assert repvar.tensors.from_tensor(old.results[0].value).tobytes() == value.tobytes()
+    new = client.stub.ReadVariables(cpb.ReadVariablesRequest(names=["cols/x"], columns=True))
+    assert not new.results and list(new.columns.versions) == [old.results[0].version]
+    (back, version), = repvar.tensors.from_columns(new.columns, 1)
+    assert back.tobytes() == value.tobytes() and version == old.results[0].version
