@@ -82,14 +82,10 @@ absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColu
       return malformed(size, " ", column, " for ", count, " variables");
     }
   }
-  std::vector<TensorSpec> specs;
-  std::vector<size_t> sizes;
-  for (const v1::TensorSpec& s : p.specs()) {
-    absl::StatusOr<TensorSpec> spec = SpecFromProto(s);
-    if (!spec.ok()) return malformed(spec.status().message());
-    sizes.push_back(static_cast<size_t>(*spec->ByteSize()));  // checked by SpecFromProto
-    specs.push_back(*std::move(spec));
-  }
+  absl::StatusOr<SpecColumn> column = SpecColumnFromProto(p.specs());
+  if (!column.ok()) return malformed(column.status().message());
+  const std::vector<TensorSpec>& specs = column->specs;
+  const std::vector<uint64_t>& sizes = column->bytes;
   const auto data = std::as_bytes(std::span<const char>(p.data().data(), p.data().size()));
   std::vector<TensorValue> out(count);
   size_t offset = 0;

@@ -172,6 +172,19 @@ absl::StatusOr<ReplicaWriteHeader> WriteHeaderFromProto(const v1::WriteReplicasH
   return h;
 }
 
+absl::StatusOr<SpecColumn> SpecColumnFromProto(
+    const google::protobuf::RepeatedPtrField<v1::TensorSpec>& proto) {
+  SpecColumn out;
+  out.specs.reserve(proto.size());
+  out.bytes.reserve(proto.size());
+  for (const v1::TensorSpec& p : proto) {
+    REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(p));
+    out.bytes.push_back(static_cast<uint64_t>(*spec.ByteSize()));  // checked by SpecFromProto
+    out.specs.push_back(std::move(spec));
+  }
+  return out;
+}
+
 absl::StatusOr<SmallReplicaWrites> SmallWritesFromProto(
     const v1::WriteSmallReplicasRequest& proto) {
   const int n = proto.variable_ids_size();
@@ -186,14 +199,11 @@ absl::StatusOr<SmallReplicaWrites> SmallWritesFromProto(
           absl::StrCat("small writes: ", n, " variable ids but ", size, " ", column));
     }
   }
+  REPVAR_ASSIGN_OR_RETURN(SpecColumn column, SpecColumnFromProto(proto.specs()));
   SmallReplicaWrites out;
   out.incarnation = proto.incarnation();
-  std::vector<uint64_t> sizes;
-  for (const v1::TensorSpec& p : proto.specs()) {
-    REPVAR_ASSIGN_OR_RETURN(TensorSpec spec, SpecFromProto(p));
-    sizes.push_back(static_cast<uint64_t>(*spec.ByteSize()));  // checked by SpecFromProto
-    out.specs.push_back(std::move(spec));
-  }
+  out.specs = std::move(column.specs);
+  const std::vector<uint64_t>& sizes = column.bytes;
   const std::span<const std::byte> data = BytesOf(proto.data());
   CountReceivedTensorBytes(data.size());
   const bool shared = proto.value_index_size() > 0;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <variant>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/model/initializer.h"
@@ -24,6 +25,15 @@ namespace repvar {
 
 // Errors: INVALID_ARGUMENT (unknown dtype, bad shape).
 absl::StatusOr<TensorSpec> SpecFromProto(const v1::TensorSpec& proto);
+// A column of distinct specs (WriteSmallReplicas, ReadColumns), with the
+// bytes a value of each takes. Errors: as SpecFromProto, for the first bad
+// one.
+struct SpecColumn {
+  std::vector<TensorSpec> specs;
+  std::vector<uint64_t> bytes;
+};
+absl::StatusOr<SpecColumn> SpecColumnFromProto(
+    const google::protobuf::RepeatedPtrField<v1::TensorSpec>& proto);
 // Errors: INVALID_ARGUMENT (bad spec).
 absl::StatusOr<TensorHeader> TensorHeaderFromProto(const v1::TensorHeader& proto);
 // A whole tensor in one message. Errors: INVALID_ARGUMENT (bad spec, length

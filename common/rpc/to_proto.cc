@@ -14,6 +14,35 @@ void SpecToProto(const TensorSpec& spec, v1::TensorSpec* proto) {
   proto->mutable_dims()->Assign(spec.dims.begin(), spec.dims.end());
 }
 
+namespace {
+
+// The distinct specs of a column of values (WriteSmallReplicas,
+// ReadColumns), listed in `out` as first met. Values sent together mostly
+// share a spec, so each is compared with the last few listed; one seen
+// further back is listed again, which costs a few bytes.
+class SpecColumnWriter {
+ public:
+  explicit SpecColumnWriter(google::protobuf::RepeatedPtrField<v1::TensorSpec>* out) : out_(out) {}
+
+  // The index of `spec` in `out`, listed there if it is new. `spec` must
+  // outlive the writer.
+  int32_t IndexOf(const TensorSpec& spec) {
+    for (size_t k = listed_.size(); k > 0 && listed_.size() - k < kCompared; --k) {
+      if (*listed_[k - 1] == spec) return static_cast<int32_t>(k - 1);
+    }
+    listed_.push_back(&spec);
+    SpecToProto(spec, out_->Add());
+    return static_cast<int32_t>(listed_.size() - 1);
+  }
+
+ private:
+  static constexpr size_t kCompared = 4;
+  google::protobuf::RepeatedPtrField<v1::TensorSpec>* const out_;
+  std::vector<const TensorSpec*> listed_;
+};
+
+}  // namespace
+
 void HeaderToProto(const Tensor& t, v1::TensorHeader* proto) {
   SpecToProto(t.spec, proto->mutable_spec());
   proto->set_byte_size(t.bytes.size());
@@ -35,26 +64,11 @@ void ReadColumnsToProto(const std::vector<ReadResult>& reads, v1::ReadColumns* p
   for (const ReadResult& r : reads) bytes += r.value->bytes.size();
   std::string* data = proto->mutable_data();
   data->reserve(bytes);
-  // The distinct specs: a batch's variables mostly share a few, so each is
-  // compared with the last ones added.
-  std::vector<const TensorSpec*> specs;
-  constexpr size_t kLookBack = 4;
+  SpecColumnWriter specs(proto->mutable_specs());
   for (const ReadResult& r : reads) {
     const Tensor& t = *r.value;
-    int32_t index = -1;
-    for (size_t k = specs.size(); k > 0 && specs.size() - k < kLookBack; --k) {
-      if (*specs[k - 1] == t.spec) {
-        index = static_cast<int32_t>(k - 1);
-        break;
-      }
-    }
-    if (index < 0) {
-      index = static_cast<int32_t>(specs.size());
-      specs.push_back(&t.spec);
-      SpecToProto(t.spec, proto->add_specs());
-    }
     proto->add_versions(r.version);
-    proto->add_spec_index(index);
+    proto->add_spec_index(specs.IndexOf(t.spec));
     proto->add_checksums(t.checksum);
     data->append(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
   }
@@ -85,11 +99,7 @@ void SmallWritesToProto(uint64_t incarnation, const std::vector<ReplicaWrite>& w
   int32_t distinct = 0;
   std::string* data = proto->mutable_data();
   data->reserve(bytes);
-  // Variables written together mostly share a spec: each is compared with
-  // the last few distinct ones (a spec seen further back is listed again,
-  // which costs a few bytes).
-  constexpr int kSpecsCompared = 4;
-  std::vector<const TensorSpec*> specs;
+  SpecColumnWriter specs(proto->mutable_specs());
   for (const ReplicaWrite& w : writes) {
     proto->add_variable_ids(w.variable_id);
     proto->add_names(w.name);
@@ -97,18 +107,7 @@ void SmallWritesToProto(uint64_t incarnation, const std::vector<ReplicaWrite>& w
     proto->add_fences(w.fence);
     proto->add_replica_counts(static_cast<int32_t>(w.replicas.size()));
     proto->mutable_replicas()->Add(w.replicas.begin(), w.replicas.end());
-    const TensorSpec& spec = w.value->spec;
-    int index = -1;
-    for (int k = static_cast<int>(specs.size()) - 1;
-         k >= 0 && k >= static_cast<int>(specs.size()) - kSpecsCompared && index < 0; --k) {
-      if (*specs[k] == spec) index = k;
-    }
-    if (index < 0) {
-      index = static_cast<int>(specs.size());
-      specs.push_back(&spec);
-      SpecToProto(spec, proto->add_specs());
-    }
-    proto->add_spec_index(index);
+    proto->add_spec_index(specs.IndexOf(w.value->spec));
     proto->add_checksums(w.value->checksum);
     if (shared) {
       int32_t& number = values[w.value.get()];
