@@ -225,14 +225,19 @@ absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::b
   return r;
 }
 
-Reduced Sealed(Tensor value) {
+namespace {
+
+// Sealed and SealedCopy: when `from` is given, each block is copied from it
+// first.
+Reduced Seal(Tensor value, const std::byte* from) {
   const DType dtype = value.spec.dtype;
   const size_t block = static_cast<size_t>(kBlock) * ItemSize(dtype);
-  const std::span<const std::byte> bytes = value.bytes.span();
+  const std::span<std::byte> bytes = value.bytes.span();
   ChecksumStream hash;
   int64_t first_nonfinite = -1;
   for (size_t lo = 0; lo < bytes.size(); lo += block) {
-    const std::span<const std::byte> piece = bytes.subspan(lo, std::min(block, bytes.size() - lo));
+    const std::span<std::byte> piece = bytes.subspan(lo, std::min(block, bytes.size() - lo));
+    if (from != nullptr) std::memcpy(piece.data(), from + lo, piece.size());
     if (first_nonfinite < 0) {
       if (const int64_t k = FirstNonFinite(dtype, piece); k >= 0) {
         first_nonfinite = static_cast<int64_t>(lo / ItemSize(dtype)) + k;
@@ -243,5 +248,11 @@ Reduced Sealed(Tensor value) {
   value.checksum = hash.Digest();
   return Reduced{std::move(value), first_nonfinite};
 }
+
+}  // namespace
+
+Reduced Sealed(Tensor value) { return Seal(std::move(value), nullptr); }
+
+Reduced SealedCopy(Tensor value, const std::byte* from) { return Seal(std::move(value), from); }
 
 }  // namespace repvar

@@ -68,6 +68,12 @@ absl::Status ApplyRange(DType dtype, const std::byte* begin, const std::byte* ac
 // A value applied piece by piece (ApplyRange) made whole: its checksum and
 // its first non-finite element, in one pass over its bytes.
 Reduced Sealed(Tensor value);
+// The same for a value whose bytes are still elsewhere (a piece of a
+// buffer several values were reduced into): copies value.bytes.size()
+// bytes from `from` into the value block by block, and scans and hashes
+// each block while it is in cache: one pass instead of a copy and then
+// Sealed's.
+Reduced SealedCopy(Tensor value, const std::byte* from);
 
 }  // namespace repvar
 

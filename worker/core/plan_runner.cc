@@ -188,16 +188,15 @@ absl::Status PlanRunner::RunFolded(const LocalStep& s, const CollectiveSpec& spe
   FusedReduction reduction(dtype, parts, result);
   REPVAR_RETURN_IF_ERROR(collectives_->ReduceApply(spec, reduction));
   for (size_t i = 0; i < parts.size(); ++i) {
-    Tensor value;
+    Reduced reduced;
     if (single) {
-      value = *std::move(single);
+      reduced = Sealed(*std::move(single));
     } else {
       const FusedReduction::Part& p = parts[i];
-      REPVAR_ASSIGN_OR_RETURN(value, Tensor::ForOverwrite(p.begin->spec, Shared(p.begin->spec)));
-      std::memcpy(value.bytes.data(), result.data() + p.offset * ItemSize(dtype),
-                  value.bytes.size());
+      REPVAR_ASSIGN_OR_RETURN(Tensor value,
+                              Tensor::ForOverwrite(p.begin->spec, Shared(p.begin->spec)));
+      reduced = SealedCopy(std::move(value), result.data() + p.offset * ItemSize(dtype));
     }
-    Reduced reduced = Sealed(std::move(value));
     out.reduced_nonfinite[vars[i]->id] = reduced.first_nonfinite;
     out.values[vars[i]->id] = std::make_shared<const Tensor>(std::move(reduced.value));
   }

@@ -73,9 +73,9 @@ TEST(StepMathTest, S4_IntegerSumOverflow_OutOfRange) {
 }
 
 // The ring's pieces (AddDeltaRange, ApplyRange over uneven ranges, then
-// Sealed) give the same bits, checksum and first non-finite element as the
-// whole-tensor passes, for every floating dtype; a non-finite element sits
-// past the first block.
+// Sealed, or SealedCopy out of a buffer several values share) give the same
+// bits, checksum and first non-finite element as the whole-tensor passes,
+// for every floating dtype; a non-finite element sits past the first block.
 TEST(StepMathTest, S4_InPieces_SameBitsChecksumAndNonFiniteAsWhole) {
   for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
     SCOPED_TRACE(DTypeName(dtype));
@@ -104,12 +104,19 @@ TEST(StepMathTest, S4_InPieces_SameBitsChecksumAndNonFiniteAsWhole) {
       ASSERT_OK(ApplyRange(dtype, begin.bytes.data(), piece.data(), 3, lo, hi, out.bytes.data()));
       lo = hi;
     }
+    // The same bytes at an offset in a larger buffer, as a folded reduction
+    // of several variables leaves them.
+    std::vector<std::byte> shared(out.bytes.size() + 24);
+    std::memcpy(shared.data() + 24, out.bytes.data(), out.bytes.size());
     const Reduced got = Sealed(std::move(out));
-    EXPECT_EQ(std::memcmp(got.value.bytes.data(), expected->value.bytes.data(),
-                          expected->value.bytes.size()),
-              0);
-    EXPECT_EQ(got.value.checksum, expected->value.checksum);
-    EXPECT_EQ(got.first_nonfinite, 30001);
+    const Reduced copied = SealedCopy(*Tensor::ForOverwrite(begin.spec), shared.data() + 24);
+    for (const Reduced* r : {&got, &copied}) {
+      EXPECT_EQ(std::memcmp(r->value.bytes.data(), expected->value.bytes.data(),
+                            expected->value.bytes.size()),
+                0);
+      EXPECT_EQ(r->value.checksum, expected->value.checksum);
+      EXPECT_EQ(r->first_nonfinite, 30001);
+    }
     EXPECT_EQ(expected->first_nonfinite, 30001);
   }
 }
