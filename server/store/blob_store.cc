@@ -139,14 +139,22 @@ absl::Status BlobStore::Write(const std::string& name, const Tensor& t) {
     std::unique_ptr<rocksdb::FSWritableFile> file;
     REPVAR_RETURN_IF_ERROR(OpenForWrite(tmp, t.bytes.size(), &file, &reused));
     absl::Status s;
+    uint64_t handed = 0;  // bytes handed to the disk so far (RangeSync)
     ForEachChunk(
-        t.bytes.span(), options_.chunk_bytes, [&](uint64_t, std::span<const std::byte> chunk) {
+        t.bytes.span(), options_.chunk_bytes,
+        [&](uint64_t offset, std::span<const std::byte> chunk) {
           if (!s.ok()) return;
           info.sums.push_back(Checksum(chunk));
           s = FromIo(file->Append(
                          rocksdb::Slice(reinterpret_cast<const char*>(chunk.data()), chunk.size()),
                          kIo, nullptr),
                      "write " + tmp);
+          const uint64_t end = offset + chunk.size();
+          if (s.ok() && options_.sync && options_.range_sync_bytes > 0 &&
+              end - handed >= options_.range_sync_bytes) {
+            s = FromIo(file->RangeSync(handed, end - handed, kIo, nullptr), "write back " + tmp);
+            handed = end;
+          }
         });
     REPVAR_RETURN_IF_ERROR(s);
     if (options_.sync) REPVAR_RETURN_IF_ERROR(FromIo(file->Sync(kIo, nullptr), "sync " + tmp));

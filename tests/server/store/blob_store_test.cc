@@ -142,6 +142,79 @@ TEST_F(BlobStoreTest, NegativeControl_WithoutSyncs_PowerLossLosesTheBlob) {
   EXPECT_THAT(Store(options_)->Load(ref), StatusIs(absl::StatusCode::kDataLoss, ref.blob()));
 }
 
+// Counts the writeback a blob's writer starts (RangeSync): offset and
+// length of each, in order.
+class RangeSyncs final : public rocksdb::FileSystemWrapper {
+ public:
+  explicit RangeSyncs(std::shared_ptr<rocksdb::FileSystem> base)
+      : FileSystemWrapper(std::move(base)) {}
+  const char* Name() const override { return "RangeSyncs"; }
+  rocksdb::IOStatus NewWritableFile(const std::string& fname, const rocksdb::FileOptions& options,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* result,
+                                    rocksdb::IODebugContext* dbg) override {
+    return Wrapped(target()->NewWritableFile(fname, options, result, dbg), result);
+  }
+  rocksdb::IOStatus ReuseWritableFile(const std::string& fname, const std::string& old_fname,
+                                      const rocksdb::FileOptions& options,
+                                      std::unique_ptr<rocksdb::FSWritableFile>* result,
+                                      rocksdb::IODebugContext* dbg) override {
+    return Wrapped(target()->ReuseWritableFile(fname, old_fname, options, result, dbg), result);
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+
+ private:
+  class File final : public rocksdb::FSWritableFileOwnerWrapper {
+   public:
+    File(std::unique_ptr<rocksdb::FSWritableFile> f, RangeSyncs* owner)
+        : FSWritableFileOwnerWrapper(std::move(f)), owner_(owner) {}
+    rocksdb::IOStatus RangeSync(uint64_t offset, uint64_t nbytes, const rocksdb::IOOptions& o,
+                                rocksdb::IODebugContext* dbg) override {
+      owner_->ranges.emplace_back(offset, nbytes);
+      return target()->RangeSync(offset, nbytes, o, dbg);
+    }
+
+   private:
+    RangeSyncs* const owner_;
+  };
+  rocksdb::IOStatus Wrapped(rocksdb::IOStatus s, std::unique_ptr<rocksdb::FSWritableFile>* f) {
+    if (s.ok()) *f = std::make_unique<File>(std::move(*f), this);
+    return s;
+  }
+};
+
+// A blob hands its pages to the disk as it is written, every
+// range_sync_bytes, from its start and without gaps (the tail is left to
+// the sync, which alone makes it durable); with range_sync_bytes 0, or
+// without syncs, it does not.
+TEST_F(BlobStoreTest, Write_StartsWritebackEveryRangeSyncBytes_NoneWhenOffOrUnsynced) {
+  auto counted = std::make_shared<RangeSyncs>(fs_);
+  auto keep_one = [&](BlobStoreOptions o, const std::string& dir, disk::TensorRef* ref) {
+    counted->ranges.clear();
+    *ref = disk::TensorRef();
+    BlobStore store(counted.get(), dir, o);
+    ASSERT_OK(store.Open());
+    ASSERT_OK(store.Keep(*F32(Ramp(1000)), ref));  // 4,000 bytes in 64-byte chunks
+  };
+  BlobStoreOptions off = options_, unsynced = options_, every256 = options_;
+  off.range_sync_bytes = 0;
+  unsynced.sync = false;
+  unsynced.range_sync_bytes = every256.range_sync_bytes = 256;
+  disk::TensorRef ref;
+  keep_one(off, dir_.path() + "/off", &ref);
+  EXPECT_TRUE(counted->ranges.empty());
+  keep_one(unsynced, dir_.path() + "/unsynced", &ref);
+  EXPECT_TRUE(counted->ranges.empty());
+
+  keep_one(every256, blobs_dir_, &ref);
+  ASSERT_EQ(counted->ranges.size(), 15u);
+  for (size_t i = 0; i < counted->ranges.size(); ++i) {
+    EXPECT_EQ(counted->ranges[i], std::make_pair(uint64_t{256} * i, uint64_t{256}));
+  }
+  fs_->CutPowerAt(1);
+  fs_->LoseUnsyncedData();
+  EXPECT_OK(Store(options_)->Load(ref));
+}
+
 // Startup maps a blob without reading it; its first use checks it. A
 // store that reads values whole checks them at Load.
 TEST_F(BlobStoreTest, FlippedByte_DataLossAtFirstUse_NamingTheFileAndOffset) {
