@@ -56,14 +56,24 @@ Topology TopologyFromProto(const v1::Topology& p) {
   return t;
 }
 
+namespace {
+
+// `data` copied into `v` as its bytes; whether they are what the sender
+// summed (`checksum`).
+bool TakeChecked(std::span<const std::byte> data, uint64_t checksum, TensorValue& v) {
+  AssignBulk(v.bytes, data);
+  v.checksum = Checksum(v.bytes);
+  return v.checksum == checksum;
+}
+
+}  // namespace
+
 absl::StatusOr<TensorValue> TensorValueFromProto(const v1::Tensor& t, int64_t version) {
   TensorValue v;
   v.dtype = static_cast<DType>(t.header().spec().dtype());
   v.shape.assign(t.header().spec().dims().begin(), t.header().spec().dims().end());
   const auto data = std::as_bytes(std::span<const char>(t.data().data(), t.data().size()));
-  AssignBulk(v.bytes, data);
-  v.checksum = Checksum(v.bytes);
-  if (v.checksum != t.header().checksum() || data.size() != t.header().byte_size()) {
+  if (!TakeChecked(data, t.header().checksum(), v) || data.size() != t.header().byte_size()) {
     return absl::DataLossError("value received from the coordinator fails its checksum");
   }
   v.version = version;
@@ -101,10 +111,10 @@ absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColu
     TensorValue& v = out[i];
     v.dtype = specs[s].dtype;
     v.shape = specs[s].dims;
-    v.bytes.assign(data.begin() + offset, data.begin() + offset + sizes[s]);
+    const bool good =
+        TakeChecked(data.subspan(offset, sizes[s]), p.checksums(static_cast<int>(i)), v);
     offset += sizes[s];
-    v.checksum = Checksum(v.bytes);
-    if (v.checksum != p.checksums(static_cast<int>(i))) {
+    if (!good) {
       return absl::DataLossError(
           absl::StrCat("value ", i, " received from the coordinator fails its checksum"));
     }

@@ -61,6 +61,30 @@ void AddDeltaTyped(DType dtype, const std::byte* begin, const std::byte* local, 
 // Elements per block of the fused apply/checksum/scan pass (64 KiB of f32).
 constexpr int64_t kBlock = 16384;
 
+// Makes `value` whole block by block: fill(out, lo, hi) writes its
+// elements [lo, hi) into `out` (its bytes), which are then scanned for the first non-finite one and
+// hashed while they are in cache. Errors: fill's, at the first.
+template <typename Fill>
+absl::StatusOr<Reduced> SealInBlocks(Tensor value, Fill fill) {
+  const DType dtype = value.spec.dtype;
+  const size_t item = ItemSize(dtype);
+  const int64_t n = static_cast<int64_t>(value.bytes.size() / item);
+  ChecksumStream hash;
+  int64_t first_nonfinite = -1;
+  for (int64_t lo = 0; lo < n; lo += kBlock) {
+    const int64_t hi = std::min(n, lo + kBlock);
+    REPVAR_RETURN_IF_ERROR(fill(value.bytes.data(), lo, hi));
+    const std::span<const std::byte> block(value.bytes.data() + lo * static_cast<int64_t>(item),
+                                           static_cast<size_t>(hi - lo) * item);
+    if (first_nonfinite < 0) {
+      if (const int64_t k = FirstNonFinite(dtype, block); k >= 0) first_nonfinite = lo + k;
+    }
+    hash.Update(block);
+  }
+  value.checksum = hash.Digest();
+  return Reduced{std::move(value), first_nonfinite};
+}
+
 }  // namespace
 
 AccumType AccumTypeFor(DType dtype) {
@@ -197,62 +221,31 @@ absl::StatusOr<Reduced> ApplyReduced(const Tensor& begin, std::span<const std::b
                                      int64_t divisor, bool shared) {
   const DType dtype = begin.spec.dtype;
   const int64_t n = static_cast<int64_t>(begin.bytes.size() / ItemSize(dtype));
-  const size_t item = ItemSize(dtype);
   const size_t acc_item = AccumSize(AccumTypeFor(dtype));
   if (acc.size() != static_cast<size_t>(n) * acc_item || divisor < 1) {
     return absl::FailedPreconditionError("reduced buffer does not match the variable");
   }
-  absl::StatusOr<Tensor> out_or = Tensor::ForOverwrite(begin.spec, shared);
-  if (!out_or.ok()) return out_or.status();
-  Reduced r{*std::move(out_or), -1};
-  std::byte* o = r.value.bytes.data();
-  ChecksumStream hash;
-  // Block by block, so that the checksum and the scan read what the apply
-  // just wrote while it is in cache.
-  for (int64_t lo = 0; lo < n; lo += kBlock) {
-    const int64_t hi = std::min(n, lo + kBlock);
-    REPVAR_RETURN_IF_ERROR(ApplyRange(dtype, begin.bytes.data(),
-                                      acc.data() + lo * static_cast<int64_t>(acc_item), divisor, lo,
-                                      hi, o));
-    const std::span<const std::byte> block(o + lo * static_cast<int64_t>(item),
-                                           static_cast<size_t>(hi - lo) * item);
-    if (r.first_nonfinite < 0) {
-      if (const int64_t k = FirstNonFinite(dtype, block); k >= 0) r.first_nonfinite = lo + k;
-    }
-    hash.Update(block);
-  }
-  r.value.checksum = hash.Digest();
-  return r;
+  absl::StatusOr<Tensor> out = Tensor::ForOverwrite(begin.spec, shared);
+  if (!out.ok()) return out.status();
+  return SealInBlocks(*std::move(out), [&](std::byte* o, int64_t lo, int64_t hi) {
+    return ApplyRange(dtype, begin.bytes.data(), acc.data() + lo * static_cast<int64_t>(acc_item),
+                      divisor, lo, hi, o);
+  });
 }
 
-namespace {
-
-// Sealed and SealedCopy: when `from` is given, each block is copied from it
-// first.
-Reduced Seal(Tensor value, const std::byte* from) {
-  const DType dtype = value.spec.dtype;
-  const size_t block = static_cast<size_t>(kBlock) * ItemSize(dtype);
-  const std::span<std::byte> bytes = value.bytes.span();
-  ChecksumStream hash;
-  int64_t first_nonfinite = -1;
-  for (size_t lo = 0; lo < bytes.size(); lo += block) {
-    const std::span<std::byte> piece = bytes.subspan(lo, std::min(block, bytes.size() - lo));
-    if (from != nullptr) std::memcpy(piece.data(), from + lo, piece.size());
-    if (first_nonfinite < 0) {
-      if (const int64_t k = FirstNonFinite(dtype, piece); k >= 0) {
-        first_nonfinite = static_cast<int64_t>(lo / ItemSize(dtype)) + k;
-      }
-    }
-    hash.Update(piece);
-  }
-  value.checksum = hash.Digest();
-  return Reduced{std::move(value), first_nonfinite};
+Reduced Sealed(Tensor value) {
+  // Filling nothing cannot fail.
+  return *SealInBlocks(std::move(value),
+                       [](std::byte*, int64_t, int64_t) { return absl::OkStatus(); });
 }
 
-}  // namespace
-
-Reduced Sealed(Tensor value) { return Seal(std::move(value), nullptr); }
-
-Reduced SealedCopy(Tensor value, const std::byte* from) { return Seal(std::move(value), from); }
+Reduced SealedCopy(Tensor value, const std::byte* from) {
+  const size_t item = ItemSize(value.spec.dtype);
+  return *SealInBlocks(std::move(value), [&](std::byte* to, int64_t lo, int64_t hi) {
+    std::memcpy(to + lo * static_cast<int64_t>(item), from + lo * static_cast<int64_t>(item),
+                static_cast<size_t>(hi - lo) * item);
+    return absl::OkStatus();
+  });
+}
 
 }  // namespace repvar

@@ -121,10 +121,9 @@ def from_columns(c, count: int) -> list:
         if not 0 <= k < len(specs):
             raise ValueError(f"read answer: spec_index[{i}] is {k} of {len(specs)} specs")
         npd, dims, n = specs[k]
-        piece = data[offset:offset + n]
-        if len(piece) != n or checksum(piece) != c.checksums[i]:
-            raise ValueError(f"read answer: value {i} fails its checksum")
-        out.append((np.frombuffer(bytearray(piece), dtype=npd).reshape(dims), c.versions[i]))
+        out.append((_checked_array(data[offset:offset + n], n, c.checksums[i], npd, dims, True,
+                                   f"read answer: value {i} fails its checksum"),
+                    c.versions[i]))
         offset += n
     if offset != len(data):
         raise ValueError(f"read answer: {len(data) - offset} bytes of data left over")
@@ -135,7 +134,15 @@ def from_tensor(t: types_pb2.Tensor, writable: bool = False) -> np.ndarray:
     """The array a Tensor message holds, checked against its checksum: a
     read-only view of the message's bytes, or (`writable`) a copy."""
     name, npd = _BY_ENUM[t.header.spec.dtype]
-    if len(t.data) != t.header.byte_size or checksum(t.data) != t.header.checksum:
-        raise ValueError("tensor fails its checksum")
-    data = bytearray(t.data) if writable else t.data
-    return np.frombuffer(data, dtype=npd).reshape(tuple(t.header.spec.dims))
+    return _checked_array(t.data, t.header.byte_size, t.header.checksum, npd,
+                          tuple(t.header.spec.dims), writable, "tensor fails its checksum")
+
+
+def _checked_array(data, nbytes: int, want: int, npd, dims, writable: bool,
+                   failure: str) -> np.ndarray:
+    """The array of `npd` and `dims` that `data` holds, once it is `nbytes`
+    long and sums to `want` (the sender's checksum): a read-only view of
+    `data`, or (`writable`) a copy. ValueError(`failure`) otherwise."""
+    if len(data) != nbytes or checksum(data) != want:
+        raise ValueError(failure)
+    return np.frombuffer(bytearray(data) if writable else data, dtype=npd).reshape(dims)
