@@ -13,6 +13,7 @@
 #include "common/base/arena_message.h"
 #include "common/base/random.h"
 #include "common/base/status_util.h"
+#include "common/rpc/chunk_frame.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/grpc_status.h"
@@ -363,12 +364,13 @@ absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignOp kind,
   absl::Status s = impl_->Retry([&] {
     grpc::ClientContext ctx;
     impl_->SetDeadline(&ctx, bytes.size());
-    auto stream = impl_->stub()->AssignVariable(&ctx, &resp);
-    (void)(stream->Write(head) &&
-           SendChunks<v1::AssignVariableRequest>(
-               bytes, impl_->options().chunk_bytes,
-               [&](const v1::AssignVariableRequest& m) { return stream->Write(m); },
-               [](v1::AssignVariableRequest& m) { return m.mutable_chunk(); }));
+    auto stream = impl_->AssignVariableFrames(&ctx, &resp);
+    bool ok = stream->Write(MessageFrame(head));
+    ForEachChunk(bytes, impl_->options().chunk_bytes,
+                 [&](uint64_t offset, std::span<const std::byte> piece) {
+                   ok = ok && stream->Write(CopiedChunkFrame(
+                                  v1::AssignVariableRequest::kChunkFieldNumber, offset, piece));
+                 });
     stream->WritesDone();
     return FromGrpcStatus(stream->Finish());
   });

@@ -9,6 +9,7 @@
 #include "common/base/arena_message.h"
 #include "common/base/logging.h"
 #include "common/base/status_util.h"
+#include "common/rpc/chunk_frame.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/metrics_server.h"
@@ -80,8 +81,10 @@ struct UnaryCall {
 };
 
 // One WriteReplicas stream: each write's header, then its chunks, one
-// message in flight at a time; deletes itself when the call is done.
-class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest> {
+// message in flight at a time; deletes itself when the call is done. The
+// stream carries byte buffers so that a chunk goes out as a ChunkFrame:
+// gRPC writes the value's own bytes to the socket, not copies of them.
+class WriteCall final : public grpc::ClientWriteReactor<grpc::ByteBuffer> {
  public:
   WriteCall(WorkerTarget target, std::vector<ReplicaWrite> writes, size_t chunk_bytes,
             absl::Time deadline, WorkerClient::Done done,
@@ -98,8 +101,9 @@ class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest
   }
   ~WriteCall() override { in_flight_->Remove(key_, ctx_.get()); }
 
-  void Start(v1::WorkerReplicas::Stub* stub) {
-    stub->async()->WriteReplicas(ctx_.get(), &resp_, this);
+  void Start(const GrpcWorkerClient::Channel& channel) {
+    grpc::internal::ClientCallbackWriterFactory<grpc::ByteBuffer>::Create(
+        channel.channel.get(), channel.write_replicas, ctx_.get(), &resp_, this);
     WriteNext();
     StartCall();
   }
@@ -114,13 +118,14 @@ class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest
  private:
   // Starts the next message, or ends the stream after the last.
   void WriteNext() {
-    msg_.Clear();
     if (chunks_) {
-      const Tensor& t = *writes_[index_].value;
-      const size_t n = std::min(chunk_bytes_, t.bytes.size() - offset_);
-      ChunkToProto(offset_, t.bytes.span().subspan(offset_, n), msg_.mutable_chunk());
+      const std::shared_ptr<const Tensor>& t = writes_[index_].value;
+      const size_t n = std::min(chunk_bytes_, t->bytes.size() - offset_);
+      const std::span<const std::byte> piece = t->bytes.span().subspan(offset_, n);
+      msg_ = ChunkFrame(v1::WriteReplicasRequest::kChunkFieldNumber, offset_, piece,
+                        Checksum(piece), t);
       offset_ += n;
-      if (offset_ == t.bytes.size()) {
+      if (offset_ == t->bytes.size()) {
         chunks_ = false;
         ++index_;
       }
@@ -131,10 +136,12 @@ class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest
       StartWritesDone();
       return;
     }
-    chunks_ = FillHeader(target_, writes_[index_], msg_.mutable_header());
-    if (index_ == 0) msg_.mutable_header()->set_stream_writes(static_cast<int32_t>(writes_.size()));
+    v1::WriteReplicasRequest head;
+    chunks_ = FillHeader(target_, writes_[index_], head.mutable_header());
+    if (index_ == 0) head.mutable_header()->set_stream_writes(static_cast<int32_t>(writes_.size()));
     offset_ = 0;
     if (!chunks_) ++index_;
+    msg_ = MessageFrame(head);
     StartWrite(&msg_);
   }
 
@@ -146,9 +153,9 @@ class WriteCall final : public grpc::ClientWriteReactor<v1::WriteReplicasRequest
   const std::string key_;
   const std::shared_ptr<grpc::ClientContext> ctx_ = CallContext();
   v1::WriteReplicasResponse resp_;
-  v1::WriteReplicasRequest msg_;
-  size_t index_ = 0;     // the write being sent
-  bool chunks_ = false;  // its chunks come next
+  grpc::ByteBuffer msg_;  // the message in flight
+  size_t index_ = 0;      // the write being sent
+  bool chunks_ = false;   // its chunks come next
   size_t offset_ = 0;
 };
 
@@ -251,11 +258,21 @@ void GrpcWorkerClient::CancelCalls(const WorkerTarget& target) {
   in_flight_->CancelAll(InFlight::KeyOf(target));
 }
 
-v1::WorkerReplicas::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
+GrpcWorkerClient::Channel::Channel(std::shared_ptr<grpc::Channel> c)
+    : channel(std::move(c)),
+      stub(v1::WorkerReplicas::NewStub(channel)),
+      write_replicas(FullMethodName(v1::WorkerReplicas::service_full_name(), "WriteReplicas"),
+                     grpc::internal::RpcMethod::CLIENT_STREAMING, channel) {}
+
+const GrpcWorkerClient::Channel& GrpcWorkerClient::ChannelTo(const std::string& address) {
   absl::MutexLock lock(&mu_);
-  auto& stub = stubs_[address];
-  if (stub == nullptr) stub = v1::WorkerReplicas::NewStub(OpenChannel(address, options_.security));
-  return stub.get();
+  std::unique_ptr<Channel>& c = channels_[address];
+  if (c == nullptr) c = std::make_unique<Channel>(OpenChannel(address, options_.security));
+  return *c;
+}
+
+v1::WorkerReplicas::Stub* GrpcWorkerClient::StubFor(const std::string& address) {
+  return ChannelTo(address).stub.get();
 }
 
 void GrpcWorkerClient::WriteReplicasAsync(const WorkerTarget& target,
@@ -287,7 +304,7 @@ void GrpcWorkerClient::WriteReplicasAsync(const WorkerTarget& target,
   }
   auto* call =
       new WriteCall(target, writes, options_.chunk_bytes, deadline, std::move(done), in_flight_);
-  call->Start(StubFor(target.address));
+  call->Start(ChannelTo(target.address));
 }
 
 void GrpcWorkerClient::ReadReplicaAsync(const WorkerTarget& target, uint64_t variable_id,

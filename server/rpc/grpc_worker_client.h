@@ -65,12 +65,22 @@ class GrpcWorkerClient final : public WorkerClient {
                          ListDone done) override;
   void CancelCalls(const WorkerTarget& target) override;
 
+  // One worker address's channel, its stub, and WriteReplicas as a method
+  // of byte buffers (its chunks go out as ChunkFrames).
+  struct Channel {
+    explicit Channel(std::shared_ptr<grpc::Channel> c);
+    const std::shared_ptr<grpc::Channel> channel;
+    const std::unique_ptr<v1::WorkerReplicas::Stub> stub;
+    const grpc::internal::RpcMethod write_replicas;
+  };
+
  private:
+  const Channel& ChannelTo(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
   v1::WorkerReplicas::Stub* StubFor(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<v1::WorkerReplicas::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
   const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
 };
 

@@ -239,23 +239,19 @@ grpc::Status TrainersService::AssignVariables(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status TrainersService::ReadVariable(grpc::ServerContext* ctx,
-                                           const v1::ReadVariableRequest* req,
-                                           grpc::ServerWriter<v1::ReadVariableResponse>* writer) {
+grpc::Status TrainersService::ReadVariableFrames(grpc::ServerContext* ctx,
+                                                 const v1::ReadVariableRequest& req,
+                                                 FrameWriter<v1::ReadVariableRequest>* writer) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
-  auto read = core_->Read(req->name());
+  auto read = core_->Read(req.name());
   if (!read.ok()) return Fail("ReadVariable", read.status());
-  const Tensor& t = *read->value;
-  v1::ReadVariableResponse msg;
-  msg.mutable_header()->set_version(read->version);
-  HeaderToProto(t, msg.mutable_header()->mutable_tensor());
-  bool ok =
-      writer->Write(msg) && SendChunks<v1::ReadVariableResponse>(
-                                t.bytes.span(), static_cast<size_t>(req->chunk_bytes()),
-                                [&](const v1::ReadVariableResponse& m) {
-                                  return !ctx->IsCancelled() && writer->Write(m);
-                                },
-                                [](v1::ReadVariableResponse& m) { return m.mutable_chunk(); });
+  v1::ReadVariableResponse head;
+  head.mutable_header()->set_version(read->version);
+  HeaderToProto(*read->value, head.mutable_header()->mutable_tensor());
+  const bool ok = SendTensorFrames(
+      head, v1::ReadVariableResponse::kChunkFieldNumber, read->value,
+      static_cast<size_t>(req.chunk_bytes()),
+      [&](const grpc::ByteBuffer& m) { return !ctx->IsCancelled() && writer->Write(m); });
   if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
   return grpc::Status::OK;
 }

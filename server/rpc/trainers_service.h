@@ -6,6 +6,7 @@
 
 #include "common/base/memory_budget.h"
 #include "common/base/thread_pool.h"
+#include "common/rpc/chunk_frame.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "server/core/coordinator.h"
 #include "server/core/scalar_board.h"
@@ -35,7 +36,15 @@ class TrainersService final : public TrainersServiceBase {
         steps_(steps),
         scalars_(scalars),
         connections_(core->budget(), per_connection_bytes > 0 ? per_connection_bytes
-                                                              : core->budget()->capacity() / 2) {}
+                                                              : core->budget()->capacity() / 2) {
+    // ReadVariable answers in chunk frames: the value's bytes are not copied.
+    MarkMethodStreamed(MethodIndex(v1::CoordinatorTrainers::service_full_name(), "ReadVariable"),
+                       FrameStreamingHandler<v1::ReadVariableRequest>(
+                           [this](grpc::ServerContext* ctx, const v1::ReadVariableRequest& req,
+                                  FrameWriter<v1::ReadVariableRequest>* writer) {
+                             return ReadVariableFrames(ctx, req, writer);
+                           }));
+  }
 
   // Ends open WatchTopology and WatchSteps streams promptly.
   void Shutdown() { shutting_down_ = true; }
@@ -60,8 +69,9 @@ class TrainersService final : public TrainersServiceBase {
                               v1::AssignVariableResponse*) override;
   grpc::Status AssignVariables(grpc::ServerContext*, const v1::AssignVariablesRequest*,
                                v1::AssignVariablesResponse*) override;
-  grpc::Status ReadVariable(grpc::ServerContext*, const v1::ReadVariableRequest*,
-                            grpc::ServerWriter<v1::ReadVariableResponse>*) override;
+  // ReadVariable (see the constructor).
+  grpc::Status ReadVariableFrames(grpc::ServerContext*, const v1::ReadVariableRequest&,
+                                  FrameWriter<v1::ReadVariableRequest>*);
   grpc::Status ReadVariables(grpc::ServerContext*, const v1::ReadVariablesRequest*,
                              v1::ReadVariablesResponse*) override;
 

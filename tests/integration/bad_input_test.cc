@@ -478,6 +478,98 @@ TEST_F(BadInputTest, WorkerWriteReplicas_UnparseableMessage_InvalidArgument_Noth
   EXPECT_EQ(after.DebugString(), status.DebugString());
 }
 
+// Sends `request` as the one request of the server-streaming `method` at
+// `address`; returns the call's status and the answers' bytes.
+std::pair<grpc::Status, std::vector<std::string>> RawServerStream(const std::string& address,
+                                                                  const std::string& method,
+                                                                  const std::string& request) {
+  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto wait = [&cq](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  auto call = generic.PrepareCall(&ctx, method, &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  EXPECT_TRUE(wait(1));
+  grpc::Slice slice(request);
+  grpc::ByteBuffer buffer(&slice, 1);
+  call->WriteLast(buffer, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  wait(2);
+  std::vector<std::string> answers;
+  grpc::ByteBuffer answer;
+  for (intptr_t tag = 3;; ++tag) {
+    call->Read(&answer, reinterpret_cast<void*>(tag));
+    if (!wait(tag)) break;
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(answer.Dump(&slices).ok());
+    answers.emplace_back();
+    for (const grpc::Slice& piece : slices) {
+      answers.back().append(reinterpret_cast<const char*>(piece.begin()), piece.size());
+    }
+  }
+  grpc::Status finished;
+  call->Finish(&finished, reinterpret_cast<void*>(1000));
+  wait(1000);
+  return {finished, answers};
+}
+
+// The reads answered in chunk frames (ReadVariable, ReadReplica, StepRead)
+// read their one request themselves: one that does not parse is refused
+// as INVALID_ARGUMENT, with no answer; a good one beside it is answered,
+// its frames parsing as the messages the methods declare.
+TEST_F(BadInputTest, FramedReads_UnparseableRequest_InvalidArgument_GoodOneAnswered) {
+  const std::string garbage("\xff\xff\xff", 3);
+  v1::ReadVariableRequest read;
+  read.set_name("w");
+  v1::ReadReplicaRequest replica;
+  replica.set_variable_id(client_->GetVariable("w")->id);
+  const struct {
+    std::string address, method, good;
+  } cases[] = {
+      {cluster_->address(), "/repvar.v1.CoordinatorTrainers/ReadVariable",
+       read.SerializeAsString()},
+      {cluster_->worker_address(0), "/repvar.v1.WorkerReplicas/ReadReplica",
+       replica.SerializeAsString()},
+      {cluster_->worker_address(0), "/repvar.v1.WorkerSteps/StepRead", ""},
+  };
+  for (const auto& c : cases) {
+    auto [refused, none] = RawServerStream(c.address, c.method, garbage);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.method << ": " << refused.error_message();
+    EXPECT_TRUE(none.empty()) << c.method;
+    auto [answered, messages] = RawServerStream(c.address, c.method, c.good);
+    if (c.method.ends_with("StepRead")) {
+      // An empty request parses; no step is open, so the worker says which.
+      EXPECT_NE(answered.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << answered.error_message();
+      continue;
+    }
+    EXPECT_TRUE(answered.ok()) << c.method << ": " << answered.error_message();
+    ASSERT_EQ(messages.size(), 2u) << c.method << ": a header, then one chunk";
+    v1::TensorChunk chunk;
+    if (c.method.ends_with("ReadVariable")) {
+      v1::ReadVariableResponse head, body;
+      ASSERT_TRUE(head.ParseFromString(messages[0]) && body.ParseFromString(messages[1]));
+      EXPECT_EQ(head.header().version(), 1);
+      chunk = body.chunk();
+    } else {
+      v1::ReadVariableChunk head, body;
+      ASSERT_TRUE(head.ParseFromString(messages[0]) && body.ParseFromString(messages[1]));
+      EXPECT_EQ(head.version(), 1);
+      chunk = body.chunk();
+    }
+    EXPECT_EQ(chunk.offset(), 0u);
+    EXPECT_EQ(chunk.data(), FloatBytes({1, 2, 3, 4})) << c.method;
+    EXPECT_EQ(chunk.checksum(), Checksum(std::as_bytes(std::span(chunk.data()))));
+  }
+}
+
 TEST_F(BadInputTest, WorkerWriteSmallReplicas_BadColumns_RefusedAndNothingApplied) {
   auto stub = v1::WorkerReplicas::NewStub(
       grpc::CreateChannel(cluster_->worker_address(0), grpc::InsecureChannelCredentials()));

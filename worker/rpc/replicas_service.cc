@@ -48,8 +48,8 @@ grpc::ServerUnaryReactor* ReplicasService::WriteSmallReplicas(
 }
 
 grpc::Status ReplicasService::ReadReplica(grpc::ServerContext* ctx,
-                                          const v1::ReadReplicaRequest* req,
-                                          grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
+                                          const v1::ReadReplicaRequest& req,
+                                          FrameWriter<v1::ReadReplicaRequest>* writer) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   // A step's new value may be a moment from installed: wait for it, but give
   // up early enough that "not yet" reaches the caller before its deadline
@@ -59,9 +59,9 @@ grpc::Status ReplicasService::ReadReplica(grpc::ServerContext* ctx,
   const absl::Duration left = absl::FromChrono(ctx->deadline()) - now;
   const absl::Duration margin = std::min(left / 2, absl::Seconds(1));
   const absl::Time deadline = now + std::min(left - margin, absl::Seconds(10));
-  auto r = store_->WaitFor(req->variable_id(), req->replica(), req->min_version(), deadline);
+  auto r = store_->WaitFor(req.variable_id(), req.replica(), req.min_version(), deadline);
   if (!r.ok()) return ToGrpcStatus(r.status());
-  return SendReplica(ctx, *r, req->chunk_bytes(), writer);
+  return SendReplica(ctx, *r, req.chunk_bytes(), writer);
 }
 
 grpc::Status ReplicasService::DropVariable(grpc::ServerContext* ctx,

@@ -6,6 +6,7 @@
 
 #include "common/base/memory_budget.h"
 #include "common/rpc/arena_allocator.h"
+#include "common/rpc/chunk_frame.h"
 #include "repvar/v1/worker.grpc.pb.h"
 #include "worker/core/data_plane.h"
 #include "worker/core/replica_store.h"
@@ -30,6 +31,13 @@ class ReplicasService final : public ReplicasServiceBase {
                   MemoryBudget* budget = nullptr)
       : incarnation_(incarnation), store_(store), data_plane_(data_plane), budget_(budget) {
     SetMessageAllocatorFor_WriteSmallReplicas(&small_writes_);
+    // ReadReplica answers in chunk frames: the value's bytes are not copied.
+    MarkMethodStreamed(MethodIndex(v1::WorkerReplicas::service_full_name(), "ReadReplica"),
+                       FrameStreamingHandler<v1::ReadReplicaRequest>(
+                           [this](grpc::ServerContext* ctx, const v1::ReadReplicaRequest& req,
+                                  FrameWriter<v1::ReadReplicaRequest>* writer) {
+                             return ReadReplica(ctx, req, writer);
+                           }));
   }
 
   grpc::Status WriteReplicas(grpc::ServerContext*, grpc::ServerReader<v1::WriteReplicasRequest>*,
@@ -37,8 +45,9 @@ class ReplicasService final : public ReplicasServiceBase {
   grpc::ServerUnaryReactor* WriteSmallReplicas(grpc::CallbackServerContext*,
                                                const v1::WriteSmallReplicasRequest*,
                                                v1::WriteReplicasResponse*) override;
-  grpc::Status ReadReplica(grpc::ServerContext*, const v1::ReadReplicaRequest*,
-                           grpc::ServerWriter<v1::ReadVariableChunk>*) override;
+  // ReadReplica (see the constructor).
+  grpc::Status ReadReplica(grpc::ServerContext*, const v1::ReadReplicaRequest&,
+                           FrameWriter<v1::ReadReplicaRequest>*);
   grpc::Status DropVariable(grpc::ServerContext*, const v1::DropVariableRequest*,
                             v1::DropVariableResponse*) override;
   grpc::Status GetReplicaStatus(grpc::ServerContext*, const v1::GetReplicaStatusRequest*,

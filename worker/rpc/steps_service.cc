@@ -17,12 +17,12 @@
 
 namespace repvar::worker {
 
-grpc::Status StepsService::StepRead(grpc::ServerContext* ctx, const v1::StepReadRequest* req,
-                                    grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
+grpc::Status StepsService::StepRead(grpc::ServerContext* ctx, const v1::StepReadRequest& req,
+                                    FrameWriter<v1::StepReadRequest>* writer) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
-  auto r = steps_->Read(req->epoch(), req->variable_id(), req->replica());
+  auto r = steps_->Read(req.epoch(), req.variable_id(), req.replica());
   if (!r.ok()) return ToGrpcStatus(r.status());
-  return SendReplica(ctx, *r, req->chunk_bytes(), writer);
+  return SendReplica(ctx, *r, req.chunk_bytes(), writer);
 }
 
 std::shared_ptr<MemoryBudget> StepsService::Share(const grpc::ServerContext* ctx) {

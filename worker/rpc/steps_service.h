@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "common/base/memory_budget.h"
+#include "common/rpc/chunk_frame.h"
 #include "repvar/v1/worker.grpc.pb.h"
 #include "worker/core/step_table.h"
 
@@ -30,10 +31,19 @@ class StepsService final : public StepsServiceBase {
         budget_(budget),
         connections_(budget, per_connection_bytes > 0 || budget == nullptr
                                  ? per_connection_bytes
-                                 : budget->capacity() / 2) {}
+                                 : budget->capacity() / 2) {
+    // StepRead answers in chunk frames: the value's bytes are not copied.
+    MarkMethodStreamed(MethodIndex(v1::WorkerSteps::service_full_name(), "StepRead"),
+                       FrameStreamingHandler<v1::StepReadRequest>(
+                           [this](grpc::ServerContext* ctx, const v1::StepReadRequest& req,
+                                  FrameWriter<v1::StepReadRequest>* writer) {
+                             return StepRead(ctx, req, writer);
+                           }));
+  }
 
-  grpc::Status StepRead(grpc::ServerContext*, const v1::StepReadRequest*,
-                        grpc::ServerWriter<v1::ReadVariableChunk>*) override;
+  // StepRead (see the constructor).
+  grpc::Status StepRead(grpc::ServerContext*, const v1::StepReadRequest&,
+                        FrameWriter<v1::StepReadRequest>*);
   grpc::Status StepWrite(grpc::ServerContext*, grpc::ServerReader<v1::StepWriteRequest>*,
                          v1::StepWriteResponse*) override;
   grpc::Status StepWriteSmall(grpc::ServerContext*, const v1::StepWriteSmallRequest*,

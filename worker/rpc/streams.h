@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
+#include "common/rpc/chunk_frame.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/to_proto.h"
@@ -67,19 +68,16 @@ inline bool WholeInline(const v1::TensorHeader& tensor, const std::string& inlin
   return inline_data.size() == tensor.byte_size();
 }
 
-// Streams `r` as a header (with its version) then chunks.
-inline grpc::Status SendReplica(grpc::ServerContext* ctx, const StoredReplica& r,
-                                int64_t chunk_bytes,
-                                grpc::ServerWriter<v1::ReadVariableChunk>* writer) {
+// Streams `r` as a header (with its version) then chunk frames.
+template <typename Request>
+grpc::Status SendReplica(grpc::ServerContext* ctx, const StoredReplica& r, int64_t chunk_bytes,
+                         FrameWriter<Request>* writer) {
   v1::ReadVariableChunk head;
   HeaderToProto(*r.value, head.mutable_header());
   head.set_version(r.version);
-  bool ok = writer->Write(head) && SendChunks<v1::ReadVariableChunk>(
-                                       r.value->bytes.span(), static_cast<size_t>(chunk_bytes),
-                                       [&](const v1::ReadVariableChunk& m) {
-                                         return !ctx->IsCancelled() && writer->Write(m);
-                                       },
-                                       [](v1::ReadVariableChunk& m) { return m.mutable_chunk(); });
+  const bool ok = SendTensorFrames(
+      head, v1::ReadVariableChunk::kChunkFieldNumber, r.value, static_cast<size_t>(chunk_bytes),
+      [&](const grpc::ByteBuffer& m) { return !ctx->IsCancelled() && writer->Write(m); });
   if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
   return grpc::Status::OK;
 }
