@@ -47,9 +47,9 @@ grpc::ServerUnaryReactor* ReplicasService::WriteSmallReplicas(
   return reactor;
 }
 
-grpc::Status ReplicasService::ReadReplica(grpc::ServerContext* ctx,
-                                          const v1::ReadReplicaRequest& req,
-                                          FrameWriter<v1::ReadReplicaRequest>* writer) {
+grpc::Status ReplicasService::ReadReplicaFrames(grpc::ServerContext* ctx,
+                                                const v1::ReadReplicaRequest& req,
+                                                FrameWriter<v1::ReadReplicaRequest>* writer) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   // A step's new value may be a moment from installed: wait for it, but give
   // up early enough that "not yet" reaches the caller before its deadline

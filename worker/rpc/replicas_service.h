@@ -36,7 +36,7 @@ class ReplicasService final : public ReplicasServiceBase {
                        FrameStreamingHandler<v1::ReadReplicaRequest>(
                            [this](grpc::ServerContext* ctx, const v1::ReadReplicaRequest& req,
                                   FrameWriter<v1::ReadReplicaRequest>* writer) {
-                             return ReadReplica(ctx, req, writer);
+                             return ReadReplicaFrames(ctx, req, writer);
                            }));
   }
 
@@ -46,8 +46,8 @@ class ReplicasService final : public ReplicasServiceBase {
                                                const v1::WriteSmallReplicasRequest*,
                                                v1::WriteReplicasResponse*) override;
   // ReadReplica (see the constructor).
-  grpc::Status ReadReplica(grpc::ServerContext*, const v1::ReadReplicaRequest&,
-                           FrameWriter<v1::ReadReplicaRequest>*);
+  grpc::Status ReadReplicaFrames(grpc::ServerContext*, const v1::ReadReplicaRequest&,
+                                 FrameWriter<v1::ReadReplicaRequest>*);
   grpc::Status DropVariable(grpc::ServerContext*, const v1::DropVariableRequest*,
                             v1::DropVariableResponse*) override;
   grpc::Status GetReplicaStatus(grpc::ServerContext*, const v1::GetReplicaStatusRequest*,

@@ -17,8 +17,8 @@
 
 namespace repvar::worker {
 
-grpc::Status StepsService::StepRead(grpc::ServerContext* ctx, const v1::StepReadRequest& req,
-                                    FrameWriter<v1::StepReadRequest>* writer) {
+grpc::Status StepsService::StepReadFrames(grpc::ServerContext* ctx, const v1::StepReadRequest& req,
+                                          FrameWriter<v1::StepReadRequest>* writer) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   auto r = steps_->Read(req.epoch(), req.variable_id(), req.replica());
   if (!r.ok()) return ToGrpcStatus(r.status());

@@ -37,13 +37,13 @@ class StepsService final : public StepsServiceBase {
                        FrameStreamingHandler<v1::StepReadRequest>(
                            [this](grpc::ServerContext* ctx, const v1::StepReadRequest& req,
                                   FrameWriter<v1::StepReadRequest>* writer) {
-                             return StepRead(ctx, req, writer);
+                             return StepReadFrames(ctx, req, writer);
                            }));
   }
 
   // StepRead (see the constructor).
-  grpc::Status StepRead(grpc::ServerContext*, const v1::StepReadRequest&,
-                        FrameWriter<v1::StepReadRequest>*);
+  grpc::Status StepReadFrames(grpc::ServerContext*, const v1::StepReadRequest&,
+                              FrameWriter<v1::StepReadRequest>*);
   grpc::Status StepWrite(grpc::ServerContext*, grpc::ServerReader<v1::StepWriteRequest>*,
                          v1::StepWriteResponse*) override;
   grpc::Status StepWriteSmall(grpc::ServerContext*, const v1::StepWriteSmallRequest*,
