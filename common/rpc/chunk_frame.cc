@@ -116,6 +116,103 @@ grpc::ByteBuffer ChunkFrame(uint32_t field, uint64_t offset, std::span<const std
   return Frame(field, offset, std::move(data), piece.size(), checksum);
 }
 
+namespace {
+
+// Reads a byte buffer's slices in order, without copying them.
+class SliceCursor {
+ public:
+  explicit SliceCursor(std::vector<grpc::Slice>* slices) : slices_(*slices) { Skip(); }
+  bool AtEnd() const { return index_ == slices_.size(); }
+  std::optional<uint8_t> Byte() {
+    if (AtEnd()) return std::nullopt;
+    const uint8_t b = slices_[index_].begin()[pos_++];
+    Skip();
+    ++consumed_;
+    return b;
+  }
+  std::optional<uint64_t> Varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      std::optional<uint8_t> b = Byte();
+      if (!b) return std::nullopt;
+      v |= uint64_t{static_cast<uint8_t>(*b & 0x7f)} << shift;
+      if ((*b & 0x80) == 0) return v;
+    }
+    return std::nullopt;  // longer than 10 bytes
+  }
+  // The next `n` bytes as pieces of the slices; false if fewer are left.
+  bool Take(uint64_t n, std::vector<std::span<const std::byte>>* pieces) {
+    while (n > 0) {
+      if (AtEnd()) return false;
+      const grpc::Slice& s = slices_[index_];
+      const size_t k = std::min<uint64_t>(n, s.size() - pos_);
+      pieces->emplace_back(reinterpret_cast<const std::byte*>(s.begin() + pos_), k);
+      pos_ += k;
+      n -= k;
+      consumed_ += k;
+      Skip();
+    }
+    return true;
+  }
+  uint64_t consumed() const { return consumed_; }
+
+ private:
+  // Past the end of this slice (and any empty ones) to the next byte.
+  void Skip() {
+    while (index_ < slices_.size() && pos_ == slices_[index_].size()) {
+      ++index_;
+      pos_ = 0;
+    }
+  }
+  const std::vector<grpc::Slice>& slices_;
+  size_t index_ = 0;
+  size_t pos_ = 0;
+  uint64_t consumed_ = 0;
+};
+
+}  // namespace
+
+std::optional<ReceivedChunk> ReceivedChunk::Parse(const grpc::ByteBuffer& buffer, uint32_t field) {
+  if (field == 0 || field >= 16) return std::nullopt;
+  ReceivedChunk c;
+  if (!buffer.Dump(&c.slices_).ok()) return std::nullopt;
+  SliceCursor in(&c.slices_);
+  if (in.Byte() != Tag(field, kLengthDelimited)) return std::nullopt;
+  const std::optional<uint64_t> length = in.Varint();
+  if (!length || *length != buffer.Length() - in.consumed()) return std::nullopt;
+  const uint64_t end = in.consumed() + *length;
+  std::optional<uint8_t> tag = in.Byte();
+  if (tag == Tag(kOffsetField, kVarint)) {
+    const std::optional<uint64_t> offset = in.Varint();
+    if (!offset) return std::nullopt;
+    c.offset_ = *offset;
+    tag = in.Byte();
+  }
+  if (tag != Tag(kDataField, kLengthDelimited)) return std::nullopt;
+  const std::optional<uint64_t> size = in.Varint();
+  if (!size || *size > end - in.consumed() || !in.Take(*size, &c.pieces_)) {
+    return std::nullopt;
+  }
+  c.size_ = *size;
+  if (in.consumed() < end) {
+    if (in.Byte() != Tag(kChecksumField, kVarint)) return std::nullopt;
+    const std::optional<uint64_t> checksum = in.Varint();
+    if (!checksum) return std::nullopt;
+    c.checksum_ = *checksum;
+  }
+  if (in.consumed() != end || !in.AtEnd()) return std::nullopt;
+  return c;
+}
+
+void ReceivedChunk::CopyTo(std::span<std::byte> out) const {
+  CountReceivedTensorBytes(size_);
+  size_t at = 0;
+  for (const std::span<const std::byte>& piece : pieces_) {
+    std::memcpy(out.data() + at, piece.data(), piece.size());
+    at += piece.size();
+  }
+}
+
 grpc::ByteBuffer CopiedChunkFrame(uint32_t field, uint64_t offset,
                                   std::span<const std::byte> piece) {
   if (piece.empty()) return Frame(field, offset, grpc::Slice(), 0, Checksum(piece));

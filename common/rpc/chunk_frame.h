@@ -13,14 +13,19 @@
 #define REPVAR_COMMON_RPC_CHUNK_FRAME_H_
 
 #include <grpcpp/impl/codegen/method_handler.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/sync_stream.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
+#include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/tensor/tensor.h"
 #include "google/protobuf/message_lite.h"
@@ -47,6 +52,77 @@ grpc::ByteBuffer CopiedChunkFrame(uint32_t field, uint64_t offset,
 
 // A small message as a byte buffer (serialized into one slice).
 grpc::ByteBuffer MessageFrame(const google::protobuf::MessageLite& message);
+
+// A chunk received as a byte buffer, its data left in gRPC's slices: the one
+// copy of its bytes is the receiver's, into where they belong
+// (ChunkAssembler::Add with `CopyTo`), where protobuf's parse would copy
+// them out of the slices first.
+class ReceivedChunk {
+ public:
+  // `buffer` as a message whose field `field` (below 16) is a TensorChunk, if
+  // it is laid out as protobuf writes one (as ChunkFrame does): the field's
+  // tag and length, then offset (left out when 0), data, checksum (left out
+  // when 0), and nothing else. Anything else, well-formed or not, is nullopt:
+  // the caller parses it with protobuf, whose meaning is the reference.
+  static std::optional<ReceivedChunk> Parse(const grpc::ByteBuffer& buffer, uint32_t field);
+
+  uint64_t offset() const { return offset_; }
+  uint64_t checksum() const { return checksum_; }
+  size_t size() const { return size_; }
+  // Copies the data into `out` (size() bytes).
+  void CopyTo(std::span<std::byte> out) const;
+
+ private:
+  ReceivedChunk() = default;
+  std::vector<grpc::Slice> slices_;  // hold the bytes the pieces point into
+  std::vector<std::span<const std::byte>> pieces_;
+  uint64_t offset_ = 0;
+  uint64_t checksum_ = 0;
+  size_t size_ = 0;
+};
+
+// Reads the next message of a stream of `Message`s (a oneof of a header and
+// a TensorChunk `chunk_field`) as a byte buffer: a chunk laid out as
+// ChunkFrame writes it comes back in `chunk`, its data not copied; anything
+// else is parsed into `message` by protobuf (and `chunk` reset). Returns
+// false at the end of the stream; INVALID_ARGUMENT for a message that does
+// not parse.
+template <typename Message>
+absl::StatusOr<bool> ReadFrame(grpc::internal::ReaderInterface<grpc::ByteBuffer>* reader,
+                               uint32_t chunk_field, Message* message,
+                               std::optional<ReceivedChunk>* chunk) {
+  grpc::ByteBuffer buffer;
+  if (!reader->Read(&buffer)) return false;
+  *chunk = ReceivedChunk::Parse(buffer, chunk_field);
+  if (chunk->has_value()) return true;
+  if (!grpc::SerializationTraits<Message>::Deserialize(&buffer, message).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a stream message that does not parse as ", message->GetTypeName()));
+  }
+  return true;
+}
+
+// A synchronous client-streaming method whose messages are read as byte
+// buffers (ReadFrame). A generated service's constructor installs it with
+//   MarkMethodStreamed(MethodIndex(<service>, "<method>"),
+//                      FrameReadingHandler<Response>(fn));
+// `fn(ctx, reader, &response)` reads the stream; gRPC then serves the method
+// as a stream that answers once (the same wire exchange), and the response
+// goes back when `fn` returns OK.
+using FrameReader = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+template <typename Response, typename Fn>
+grpc::internal::MethodHandler* FrameReadingHandler(Fn fn) {
+  return new grpc::internal::TemplatedBidiStreamingHandler<FrameReader, false>(
+      [fn = std::move(fn)](grpc::ServerContext* ctx, FrameReader* stream) {
+        Response response;
+        grpc::Status status = fn(ctx, stream, &response);
+        if (status.ok() && !stream->Write(MessageFrame(response))) {
+          return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
+        }
+        return status;
+      });
+}
 
 // Writes `head`, then `value`'s bytes as chunk frames of field
 // `chunk_field` (ChunkFrame: not copied, `value` kept alive while gRPC holds

@@ -3,6 +3,7 @@
 
 #include "common/base/metrics.h"
 #include "common/base/status_util.h"
+#include "common/rpc/chunk_frame.h"
 #include "common/rpc/from_proto.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -52,6 +53,11 @@ absl::StatusOr<ChunkAssembler> StartAssembly(const v1::TensorHeader& header,
 absl::Status AddChunk(ChunkAssembler& assembler, const v1::TensorChunk& chunk) {
   CountReceivedTensorBytes(chunk.data().size());
   return assembler.Add(chunk.offset(), BytesOf(chunk.data()), chunk.checksum());
+}
+
+absl::Status AddChunk(ChunkAssembler& assembler, const ReceivedChunk& chunk) {
+  return assembler.Add(chunk.offset(), chunk.size(), chunk.checksum(),
+                       [&](std::span<std::byte> out) { chunk.CopyTo(out); });
 }
 
 uint64_t Digest(const google::protobuf::Message& message) {

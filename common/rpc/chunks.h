@@ -16,6 +16,8 @@
 
 namespace repvar {
 
+class ReceivedChunk;  // chunk_frame.h
+
 // repvar_tensor_bytes_total{direction=sent|received}: tensor bytes this
 // process put into messages or took from them (chunks and inline data).
 // ChunkToProto, AddChunk, StartAssembly, TensorToProto and TensorFromProto
@@ -42,6 +44,9 @@ bool SendChunks(std::span<const std::byte> bytes, size_t chunk_bytes, WriteFn&& 
 }
 // Feeds a received chunk to `assembler` (see ChunkAssembler::Add).
 absl::Status AddChunk(ChunkAssembler& assembler, const v1::TensorChunk& chunk);
+// The same for a chunk whose data is still in gRPC's slices: copied once,
+// into the tensor.
+absl::Status AddChunk(ChunkAssembler& assembler, const ReceivedChunk& chunk);
 // Starts assembling the tensor `header` announces; a small tensor may come
 // whole in `inline_data` (then it is added as the one chunk at 0).
 absl::StatusOr<ChunkAssembler> StartAssembly(const v1::TensorHeader& header,

@@ -40,37 +40,45 @@ ChunkAssembler::~ChunkAssembler() = default;
 
 absl::Status ChunkAssembler::Add(uint64_t offset, std::span<const std::byte> data,
                                  uint64_t checksum) {
+  return Add(offset, data.size(), checksum,
+             [&](std::span<std::byte> out) { std::memcpy(out.data(), data.data(), data.size()); });
+}
+
+absl::Status ChunkAssembler::Add(uint64_t offset, size_t size, uint64_t checksum,
+                                 absl::FunctionRef<void(std::span<std::byte>)> fill) {
   if (offset != received_) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk out of order: offset ", offset, ", expected ", received_));
   }
-  if (data.size() > kMaxChunkBytes) {
+  if (size > kMaxChunkBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("chunk of ", data.size(), " bytes exceeds ", kMaxChunkBytes));
+        absl::StrCat("chunk of ", size, " bytes exceeds ", kMaxChunkBytes));
   }
-  if (data.empty()) return absl::InvalidArgumentError("empty chunk");
-  if (data.size() > tensor_.bytes.size() - received_) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk at ", offset, " of ", data.size(),
+  if (size == 0) return absl::InvalidArgumentError("empty chunk");
+  if (size > tensor_.bytes.size() - received_) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk at ", offset, " of ", size,
                                                    " bytes overruns the tensor of ",
                                                    tensor_.bytes.size(), " bytes"));
-  }
-  if (checksum != kChecksumNotGiven && Checksum(data) != checksum) {
-    return absl::InvalidArgumentError(absl::StrCat("checksum mismatch in chunk at ", offset));
   }
   // Make the pages resident a little ahead of the bytes (fewer, larger
   // steps), never more than a few chunks past what has arrived.
   Buffer& buf = tensor_.bytes;
-  const uint64_t want = received_ + data.size();
+  const uint64_t want = received_ + size;
   if (want > buf.touched()) {
-    const uint64_t ahead = std::min<uint64_t>(buf.size(), want + 3 * data.size());
+    const uint64_t ahead = std::min<uint64_t>(buf.size(), want + 3 * size);
     const uint64_t page_end = (ahead + 4095) / 4096 * 4096;
     REPVAR_RETURN_IF_ERROR(charge_.Add(page_end - std::min<uint64_t>(page_end, buf.touched()),
                                        "a tensor being received"));
     buf.Prefault(ahead);
   }
-  std::memcpy(tensor_.bytes.data() + received_, data.data(), data.size());
-  hash_.Update(data);
-  received_ += data.size();
+  // Past `received_` until checked: a refused chunk is not part of the tensor.
+  const std::span<std::byte> out = buf.span().subspan(received_, size);
+  fill(out);
+  if (checksum != kChecksumNotGiven && Checksum(out) != checksum) {
+    return absl::InvalidArgumentError(absl::StrCat("checksum mismatch in chunk at ", offset));
+  }
+  hash_.Update(out);
+  received_ += size;
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <span>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/base/memory_budget.h"
 #include "common/tensor/tensor.h"
@@ -46,6 +47,12 @@ class ChunkAssembler {
   // tensor, is larger than kMaxChunkBytes or fails its checksum;
   // RESOURCE_EXHAUSTED when the budget has no room for its bytes.
   absl::Status Add(uint64_t offset, std::span<const std::byte> data, uint64_t checksum);
+  // The same for a chunk of `size` bytes that `fill` writes into the span it
+  // is given (where the bytes go in the tensor: one copy from wherever they
+  // lie, in pieces if need be). The checksum is checked on what `fill` wrote,
+  // while it is in cache; a chunk refused leaves nothing received.
+  absl::Status Add(uint64_t offset, size_t size, uint64_t checksum,
+                   absl::FunctionRef<void(std::span<std::byte>)> fill);
   // Errors: INVALID_ARGUMENT when bytes are missing or the whole-tensor
   // checksum differs.
   absl::StatusOr<Tensor> Finish();

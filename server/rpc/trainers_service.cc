@@ -163,12 +163,15 @@ grpc::Status TrainersService::IsInitialized(grpc::ServerContext* ctx,
 
 namespace {}  // namespace
 
-grpc::Status TrainersService::AssignVariable(grpc::ServerContext* ctx,
-                                             grpc::ServerReader<v1::AssignVariableRequest>* reader,
-                                             v1::AssignVariableResponse* resp) {
+grpc::Status TrainersService::AssignVariableFrames(grpc::ServerContext* ctx, FrameReader* reader,
+                                                   v1::AssignVariableResponse* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
+  constexpr uint32_t kChunk = v1::AssignVariableRequest::kChunkFieldNumber;
   v1::AssignVariableRequest msg;
-  if (!reader->Read(&msg) || !msg.has_header()) {
+  std::optional<ReceivedChunk> chunk;
+  absl::StatusOr<bool> more = ReadFrame(reader, kChunk, &msg, &chunk);
+  if (!more.ok()) return Fail("AssignVariable", more.status());
+  if (!*more || chunk || !msg.has_header()) {
     return Fail("AssignVariable",
                 absl::InvalidArgumentError("the stream must start with an AssignHeader"));
   }
@@ -194,11 +197,14 @@ grpc::Status TrainersService::AssignVariable(grpc::ServerContext* ctx,
   auto assembler = ChunkAssembler::Start(*spec, header.tensor().byte_size(),
                                          header.tensor().checksum(), UINT64_MAX, budget.get());
   if (!assembler.ok()) return Fail("AssignVariable", assembler.status());
-  while (reader->Read(&msg)) {
-    if (!msg.has_chunk()) {
+  while (true) {
+    more = ReadFrame(reader, kChunk, &msg, &chunk);
+    if (!more.ok()) return Fail("AssignVariable", more.status());
+    if (!*more) break;
+    if (!chunk && !msg.has_chunk()) {
       return Fail("AssignVariable", absl::InvalidArgumentError("a second header in one stream"));
     }
-    absl::Status s = AddChunk(*assembler, msg.chunk());
+    absl::Status s = chunk ? AddChunk(*assembler, *chunk) : AddChunk(*assembler, msg.chunk());
     if (!s.ok()) return Fail("AssignVariable", s);
   }
   auto value = assembler->Finish();

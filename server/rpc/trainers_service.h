@@ -37,7 +37,15 @@ class TrainersService final : public TrainersServiceBase {
         scalars_(scalars),
         connections_(core->budget(), per_connection_bytes > 0 ? per_connection_bytes
                                                               : core->budget()->capacity() / 2) {
-    // ReadVariable answers in chunk frames: the value's bytes are not copied.
+    // AssignVariable takes chunks from gRPC's slices straight into the value
+    // (ReadFrame), and ReadVariable answers in chunk frames: the value's
+    // bytes are copied once coming in, and not at all going out.
+    MarkMethodStreamed(MethodIndex(v1::CoordinatorTrainers::service_full_name(), "AssignVariable"),
+                       FrameReadingHandler<v1::AssignVariableResponse>(
+                           [this](grpc::ServerContext* ctx, FrameReader* reader,
+                                  v1::AssignVariableResponse* resp) {
+                             return AssignVariableFrames(ctx, reader, resp);
+                           }));
     MarkMethodStreamed(MethodIndex(v1::CoordinatorTrainers::service_full_name(), "ReadVariable"),
                        FrameStreamingHandler<v1::ReadVariableRequest>(
                            [this](grpc::ServerContext* ctx, const v1::ReadVariableRequest& req,
@@ -65,11 +73,11 @@ class TrainersService final : public TrainersServiceBase {
                                    v1::InitializeVariablesResponse*) override;
   grpc::Status IsInitialized(grpc::ServerContext*, const v1::IsInitializedRequest*,
                              v1::IsInitializedResponse*) override;
-  grpc::Status AssignVariable(grpc::ServerContext*, grpc::ServerReader<v1::AssignVariableRequest>*,
-                              v1::AssignVariableResponse*) override;
   grpc::Status AssignVariables(grpc::ServerContext*, const v1::AssignVariablesRequest*,
                                v1::AssignVariablesResponse*) override;
-  // ReadVariable (see the constructor).
+  // AssignVariable and ReadVariable (see the constructor).
+  grpc::Status AssignVariableFrames(grpc::ServerContext*, FrameReader*,
+                                    v1::AssignVariableResponse*);
   grpc::Status ReadVariableFrames(grpc::ServerContext*, const v1::ReadVariableRequest&,
                                   FrameWriter<v1::ReadVariableRequest>*);
   grpc::Status ReadVariables(grpc::ServerContext*, const v1::ReadVariablesRequest*,

@@ -478,6 +478,89 @@ TEST_F(BadInputTest, WorkerWriteReplicas_UnparseableMessage_InvalidArgument_Noth
   EXPECT_EQ(after.DebugString(), status.DebugString());
 }
 
+// Sends `messages` (wire bytes) on the client-streaming `method` at
+// `address`; returns the call's status.
+grpc::Status RawClientStream(const std::string& address, const std::string& method,
+                             const std::vector<std::string>& messages) {
+  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto wait = [&cq](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  auto call = generic.PrepareCall(&ctx, method, &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  EXPECT_TRUE(wait(1));
+  intptr_t tag = 2;
+  for (const std::string& m : messages) {
+    grpc::Slice slice(m);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, reinterpret_cast<void*>(tag));
+    if (!wait(tag++)) break;
+  }
+  call->WritesDone(reinterpret_cast<void*>(tag));
+  wait(tag++);
+  grpc::ByteBuffer answer;
+  call->Read(&answer, reinterpret_cast<void*>(tag));
+  wait(tag++);
+  grpc::Status finished;
+  call->Finish(&finished, reinterpret_cast<void*>(tag));
+  wait(tag);
+  return finished;
+}
+
+// AssignVariable reads its chunks in place when they are laid out as
+// protobuf writes them; any other valid layout is parsed by protobuf and
+// means the same (a chunk with its checksum before its data is taken), and a
+// message that does not parse refuses the stream with nothing changed.
+TEST_F(BadInputTest, AssignVariable_ChunkInAnotherLayout_Taken_UnparseableMessage_Refused) {
+  ASSERT_OK(client_->CreateVariable(
+      {.name = "layout", .dtype = DType::kFloat32, .shape = {4}, .replica_count = 2}));
+  const std::string data = FloatBytes({5, 6, 7, 8});
+  v1::AssignVariableRequest head;
+  head.mutable_header()->set_request_id("layout-1");
+  head.mutable_header()->set_name("layout");
+  head.mutable_header()->set_op(v1::ASSIGN_OP_ASSIGN);
+  *head.mutable_header()->mutable_tensor() = HeaderFor(data, {4});
+  // chunk {checksum = 3, data = 2}: offset 0 left out, fields out of order.
+  const uint64_t sum = Checksum(std::as_bytes(std::span(data.data(), data.size())));
+  std::string inner = "\x18";
+  for (uint64_t v = sum;; v >>= 7) {
+    inner += static_cast<char>((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+    if (v < 0x80) break;
+  }
+  inner += '\x12';
+  inner += static_cast<char>(data.size());
+  inner += data;
+  const std::string reordered = std::string("\x12") + static_cast<char>(inner.size()) + inner;
+  v1::AssignVariableRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(reordered));
+  ASSERT_EQ(parsed.chunk().data(), data);
+
+  const std::string method = "/repvar.v1.CoordinatorTrainers/AssignVariable";
+  v1::AssignVariableRequest head2 = head;
+  head2.mutable_header()->set_request_id("layout-2");
+  const grpc::Status refused = RawClientStream(
+      cluster_->address(), method, {head2.SerializeAsString(), std::string("\xff\xff\xff", 3)});
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("does not parse"), std::string::npos)
+      << refused.error_message();
+  EXPECT_THAT(client_->Read("layout").status(), StatusIs(Code::kFailedPrecondition));
+
+  const grpc::Status taken =
+      RawClientStream(cluster_->address(), method, {head.SerializeAsString(), reordered});
+  EXPECT_TRUE(taken.ok()) << taken.error_message();
+  auto r = client_->Read("layout");
+  ASSERT_OK(r);
+  EXPECT_EQ(std::vector<float>(r->as<float>().begin(), r->as<float>().end()),
+            (std::vector<float>{5, 6, 7, 8}));
+}
+
 // Sends `request` as the one request of the server-streaming `method` at
 // `address`; returns the call's status and the answers' bytes.
 std::pair<grpc::Status, std::vector<std::string>> RawServerStream(const std::string& address,

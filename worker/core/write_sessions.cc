@@ -2,6 +2,7 @@
 #include "worker/core/write_sessions.h"
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 #include <utility>
 
@@ -148,8 +149,15 @@ absl::Status ReplicaWriteSession::OnHeader(ReplicaWriteHeader h,
 
 absl::Status ReplicaWriteSession::OnChunk(uint64_t offset, std::span<const std::byte> data,
                                           uint64_t checksum) {
+  return OnChunk(offset, data.size(), checksum, [&](std::span<std::byte> out) {
+    std::memcpy(out.data(), data.data(), data.size());
+  });
+}
+
+absl::Status ReplicaWriteSession::OnChunk(uint64_t offset, size_t size, uint64_t checksum,
+                                          absl::FunctionRef<void(std::span<std::byte>)> fill) {
   if (!assembler_) return absl::InvalidArgumentError("chunk without a header that expects one");
-  REPVAR_RETURN_IF_ERROR(assembler_->Add(offset, data, checksum));
+  REPVAR_RETURN_IF_ERROR(assembler_->Add(offset, size, checksum, fill));
   if (broadcast_ != nullptr) broadcast_->Arrived(assembler_->received());
   return absl::OkStatus();
 }
@@ -274,6 +282,12 @@ absl::Status StepWriteSession::OnChunk(uint64_t offset, std::span<const std::byt
                                        uint64_t checksum) {
   if (!assembler_) return absl::InvalidArgumentError("chunk before a header");
   return assembler_->Add(offset, data, checksum);
+}
+
+absl::Status StepWriteSession::OnChunk(uint64_t offset, size_t size, uint64_t checksum,
+                                       absl::FunctionRef<void(std::span<std::byte>)> fill) {
+  if (!assembler_) return absl::InvalidArgumentError("chunk before a header");
+  return assembler_->Add(offset, size, checksum, fill);
 }
 
 absl::Status StepWriteSession::FinishCurrent() {

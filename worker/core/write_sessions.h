@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/model/replica_write.h"
 #include "common/model/step.h"
@@ -48,6 +49,9 @@ class ReplicaWriteSession {
   // DATA_LOSS (the data plane failed). Nothing is applied after an error.
   absl::Status OnHeader(ReplicaWriteHeader h, std::span<const std::byte> inline_data);
   absl::Status OnChunk(uint64_t offset, std::span<const std::byte> data, uint64_t checksum);
+  // The same for a chunk that `fill` copies into place (ChunkAssembler::Add).
+  absl::Status OnChunk(uint64_t offset, size_t size, uint64_t checksum,
+                       absl::FunctionRef<void(std::span<std::byte>)> fill);
   // Applies every write of the stream; returns the checksum of the last one
   // as verified here (0 when there was none).
   absl::StatusOr<uint64_t> Finish();
@@ -90,6 +94,9 @@ class StepWriteSession {
   // in one stream); the step table's refusals at Finish().
   absl::Status OnHeader(const StepWriteHeader& h, std::span<const std::byte> inline_data);
   absl::Status OnChunk(uint64_t offset, std::span<const std::byte> data, uint64_t checksum);
+  // The same for a chunk that `fill` copies into place (ChunkAssembler::Add).
+  absl::Status OnChunk(uint64_t offset, size_t size, uint64_t checksum,
+                       absl::FunctionRef<void(std::span<std::byte>)> fill);
   absl::Status Finish();
 
  private:

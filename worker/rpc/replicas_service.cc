@@ -25,12 +25,13 @@ grpc::Status Answer(absl::StatusOr<uint64_t> checksum, v1::WriteReplicasResponse
 
 }  // namespace
 
-grpc::Status ReplicasService::WriteReplicas(grpc::ServerContext* ctx,
-                                            grpc::ServerReader<v1::WriteReplicasRequest>* reader,
-                                            v1::WriteReplicasResponse* resp) {
+grpc::Status ReplicasService::WriteReplicasFrames(grpc::ServerContext* ctx, FrameReader* reader,
+                                                  v1::WriteReplicasResponse* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   ReplicaWriteSession session(incarnation_, store_, data_plane_, budget_);
-  if (absl::Status s = Drain(session, reader); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = Drain<v1::WriteReplicasRequest>(session, reader); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return Answer(session.Finish(), resp);
 }
 

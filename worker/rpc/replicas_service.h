@@ -31,7 +31,15 @@ class ReplicasService final : public ReplicasServiceBase {
                   MemoryBudget* budget = nullptr)
       : incarnation_(incarnation), store_(store), data_plane_(data_plane), budget_(budget) {
     SetMessageAllocatorFor_WriteSmallReplicas(&small_writes_);
-    // ReadReplica answers in chunk frames: the value's bytes are not copied.
+    // WriteReplicas takes chunks from gRPC's slices straight into the value
+    // (Drain), and ReadReplica answers in chunk frames: a value's bytes are
+    // copied once coming in, and not at all going out.
+    MarkMethodStreamed(
+        MethodIndex(v1::WorkerReplicas::service_full_name(), "WriteReplicas"),
+        FrameReadingHandler<v1::WriteReplicasResponse>(
+            [this](grpc::ServerContext* ctx, FrameReader* reader, v1::WriteReplicasResponse* resp) {
+              return WriteReplicasFrames(ctx, reader, resp);
+            }));
     MarkMethodStreamed(MethodIndex(v1::WorkerReplicas::service_full_name(), "ReadReplica"),
                        FrameStreamingHandler<v1::ReadReplicaRequest>(
                            [this](grpc::ServerContext* ctx, const v1::ReadReplicaRequest& req,
@@ -40,12 +48,11 @@ class ReplicasService final : public ReplicasServiceBase {
                            }));
   }
 
-  grpc::Status WriteReplicas(grpc::ServerContext*, grpc::ServerReader<v1::WriteReplicasRequest>*,
-                             v1::WriteReplicasResponse*) override;
   grpc::ServerUnaryReactor* WriteSmallReplicas(grpc::CallbackServerContext*,
                                                const v1::WriteSmallReplicasRequest*,
                                                v1::WriteReplicasResponse*) override;
-  // ReadReplica (see the constructor).
+  // WriteReplicas and ReadReplica (see the constructor).
+  grpc::Status WriteReplicasFrames(grpc::ServerContext*, FrameReader*, v1::WriteReplicasResponse*);
   grpc::Status ReadReplicaFrames(grpc::ServerContext*, const v1::ReadReplicaRequest&,
                                  FrameWriter<v1::ReadReplicaRequest>*);
   grpc::Status DropVariable(grpc::ServerContext*, const v1::DropVariableRequest*,

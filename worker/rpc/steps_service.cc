@@ -29,13 +29,14 @@ std::shared_ptr<MemoryBudget> StepsService::Share(const grpc::ServerContext* ctx
   return budget_ == nullptr ? nullptr : connections_.For(ctx->peer());
 }
 
-grpc::Status StepsService::StepWrite(grpc::ServerContext* ctx,
-                                     grpc::ServerReader<v1::StepWriteRequest>* reader,
-                                     v1::StepWriteResponse*) {
+grpc::Status StepsService::StepWriteFrames(grpc::ServerContext* ctx, FrameReader* reader,
+                                           v1::StepWriteResponse*) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   const std::shared_ptr<MemoryBudget> share = Share(ctx);
   StepWriteSession session(steps_, share.get());
-  if (absl::Status s = Drain(session, reader); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = Drain<v1::StepWriteRequest>(session, reader); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   return ToGrpcStatus(session.Finish());
 }
 

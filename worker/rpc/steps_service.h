@@ -32,7 +32,14 @@ class StepsService final : public StepsServiceBase {
         connections_(budget, per_connection_bytes > 0 || budget == nullptr
                                  ? per_connection_bytes
                                  : budget->capacity() / 2) {
-    // StepRead answers in chunk frames: the value's bytes are not copied.
+    // StepWrite takes chunks from gRPC's slices straight into the value
+    // (Drain), and StepRead answers in chunk frames.
+    MarkMethodStreamed(
+        MethodIndex(v1::WorkerSteps::service_full_name(), "StepWrite"),
+        FrameReadingHandler<v1::StepWriteResponse>(
+            [this](grpc::ServerContext* ctx, FrameReader* reader, v1::StepWriteResponse* resp) {
+              return StepWriteFrames(ctx, reader, resp);
+            }));
     MarkMethodStreamed(MethodIndex(v1::WorkerSteps::service_full_name(), "StepRead"),
                        FrameStreamingHandler<v1::StepReadRequest>(
                            [this](grpc::ServerContext* ctx, const v1::StepReadRequest& req,
@@ -41,11 +48,10 @@ class StepsService final : public StepsServiceBase {
                            }));
   }
 
-  // StepRead (see the constructor).
+  // StepWrite and StepRead (see the constructor).
+  grpc::Status StepWriteFrames(grpc::ServerContext*, FrameReader*, v1::StepWriteResponse*);
   grpc::Status StepReadFrames(grpc::ServerContext*, const v1::StepReadRequest&,
                               FrameWriter<v1::StepReadRequest>*);
-  grpc::Status StepWrite(grpc::ServerContext*, grpc::ServerReader<v1::StepWriteRequest>*,
-                         v1::StepWriteResponse*) override;
   grpc::Status StepWriteSmall(grpc::ServerContext*, const v1::StepWriteSmallRequest*,
                               v1::StepWriteResponse*) override;
   grpc::ServerUnaryReactor* CommitStep(grpc::CallbackServerContext*, const v1::CommitStepRequest*,

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // The stream framing both worker services share: feeding header/chunk
-// messages to the core's write sessions, and streaming a replica out.
+// messages to the core's write sessions, and streaming a replica out, both
+// as byte buffers (common/rpc/chunk_frame.h).
 #ifndef REPVAR_WORKER_RPC_STREAMS_H_
 #define REPVAR_WORKER_RPC_STREAMS_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <optional>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -33,22 +36,31 @@ inline absl::Status OnHeader(StepWriteSession& session, const v1::StepWriteHeade
   return session.OnHeader(header, BytesOf(h.inline_data()));
 }
 
-// Drains a stream of header/chunk messages into `session`; stops at the
-// first refusal. The first header says how many the stream carries
-// (stream_writes): gRPC ends a stream quietly at a message it cannot parse,
-// so a count that does not match is the only sign, and the whole stream is
-// refused with nothing applied.
-template <typename Session, typename Request>
-absl::Status Drain(Session& session, grpc::ServerReader<Request>* reader) {
+// Drains a stream of header/chunk messages, read as byte buffers
+// (ReadFrame: a chunk's bytes go from gRPC's slices into the value, one
+// copy), into `session`; stops at the first refusal. The first header says
+// how many writes the stream carries (stream_writes): a count that does not
+// match refuses the whole stream, nothing applied.
+template <typename Request, typename Session>
+absl::Status Drain(Session& session, FrameReader* reader) {
   Request msg;
+  std::optional<ReceivedChunk> chunk;
   int64_t announced = 0;
   int64_t headers = 0;
-  while (reader->Read(&msg)) {
-    if (msg.has_header()) {
+  while (true) {
+    REPVAR_ASSIGN_OR_RETURN(const bool more,
+                            ReadFrame(reader, Request::kChunkFieldNumber, &msg, &chunk));
+    if (!more) break;
+    if (chunk) {
+      REPVAR_RETURN_IF_ERROR(
+          session.OnChunk(chunk->offset(), chunk->size(), chunk->checksum(),
+                          [&](std::span<std::byte> out) { chunk->CopyTo(out); }));
+    } else if (msg.has_header()) {
       if (headers++ == 0) announced = msg.header().stream_writes();
       if (announced >= 1 && headers > announced) break;
       REPVAR_RETURN_IF_ERROR(OnHeader(session, msg.header()));
     } else if (msg.has_chunk()) {
+      CountReceivedTensorBytes(msg.chunk().data().size());
       REPVAR_RETURN_IF_ERROR(session.OnChunk(msg.chunk().offset(), BytesOf(msg.chunk().data()),
                                              msg.chunk().checksum()));
     } else {
@@ -58,7 +70,7 @@ absl::Status Drain(Session& session, grpc::ServerReader<Request>* reader) {
   if (announced < 1 || headers != announced) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the stream announced ", announced, " write(s) (stream_writes, at least 1) and carried ",
-        headers, "; a message that could not be parsed ends a stream early; nothing applied"));
+        headers, "; nothing applied"));
   }
   return absl::OkStatus();
 }

@@ -99,5 +99,87 @@ TEST_F(ChunkFrameTest, PointsIntoTheBytes_AndHoldsTheirOwnerUntilReleased) {
   EXPECT_EQ(owner.use_count(), 1);
 }
 
+// `wire` as a byte buffer cut into slices at `cuts` (gRPC's reads cut a
+// message anywhere).
+grpc::ByteBuffer Sliced(const std::string& wire, std::vector<size_t> cuts) {
+  cuts.push_back(wire.size());
+  std::vector<grpc::Slice> slices;
+  size_t at = 0;
+  for (size_t cut : cuts) {
+    slices.emplace_back(wire.data() + at, cut - at);
+    at = cut;
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+TEST_F(ChunkFrameTest, ReceivedChunk_ReadsWhatProtobufWrites_CutAnywhere) {
+  std::string data(70000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 13 + 1);
+  const auto bytes = std::as_bytes(std::span<const char>(data));
+  for (uint64_t offset : {uint64_t{0}, uint64_t{300}, uint64_t{1} << 40}) {
+    for (uint64_t checksum : {uint64_t{0}, Checksum(bytes)}) {
+      const std::string wire = Serialized(offset, bytes, checksum);
+      for (std::vector<size_t> cuts :
+           std::vector<std::vector<size_t>>{{},
+                                            {1},
+                                            {2},
+                                            {3},
+                                            {7},
+                                            {8},
+                                            {9},
+                                            {wire.size() - 1},
+                                            {1, 2, 3, 4, 5, 6, 7, 8},
+                                            {100, 100, 65536},
+                                            {wire.size() - 9, wire.size() - 2}}) {
+        auto chunk =
+            ReceivedChunk::Parse(Sliced(wire, cuts), v1::WriteReplicasRequest::kChunkFieldNumber);
+        ASSERT_TRUE(chunk.has_value()) << "offset " << offset << " cut at " << cuts.size();
+        EXPECT_EQ(chunk->offset(), offset);
+        EXPECT_EQ(chunk->checksum(), checksum);
+        ASSERT_EQ(chunk->size(), data.size());
+        std::string out(data.size(), '\0');
+        chunk->CopyTo(std::as_writable_bytes(std::span<char>(out)));
+        EXPECT_EQ(out, data);
+      }
+    }
+  }
+  // And what ChunkFrame sends, slices as they are.
+  auto owner = std::make_shared<std::string>(data);
+  auto chunk = ReceivedChunk::Parse(
+      ChunkFrame(v1::WriteReplicasRequest::kChunkFieldNumber, 9, bytes, 5, owner),
+      v1::WriteReplicasRequest::kChunkFieldNumber);
+  ASSERT_TRUE(chunk.has_value());
+  EXPECT_EQ(chunk->offset(), 9u);
+  EXPECT_EQ(chunk->checksum(), 5u);
+}
+
+TEST_F(ChunkFrameTest, ReceivedChunk_AnyOtherLayout_LeftToProtobuf) {
+  const std::string piece = "abcd";
+  const auto bytes = std::as_bytes(std::span<const char>(piece));
+  const std::string good = Serialized(4, bytes, 7);
+  ASSERT_TRUE(ReceivedChunk::Parse(Sliced(good, {}), 2).has_value());  // the control
+  v1::WriteReplicasRequest header;
+  header.mutable_header()->set_name("w");
+  v1::TensorChunk reordered;  // checksum before data: valid protobuf, not ChunkFrame's order
+  std::string inner;
+  inner += '\x18';
+  inner += '\x07';
+  inner += '\x12';
+  inner += '\x04';
+  inner += piece;
+  const std::string out_of_order = std::string("\x12") + static_cast<char>(inner.size()) + inner;
+  ASSERT_TRUE(reordered.ParseFromString(inner));
+  for (const std::string& wire : {
+           header.SerializeAsString(),                               // another field of the oneof
+           good + std::string("\x08\x01", 2),                        // a field after the chunk
+           good.substr(0, good.size() - 1),                          // cut short
+           out_of_order, std::string(), std::string("\x12\x00", 2),  // a chunk without data
+       }) {
+    EXPECT_FALSE(ReceivedChunk::Parse(Sliced(wire, {}), 2).has_value())
+        << "bytes: " << ::testing::PrintToString(wire);
+  }
+  EXPECT_FALSE(ReceivedChunk::Parse(Sliced(good, {}), 1).has_value()) << "another field number";
+}
+
 }  // namespace
 }  // namespace repvar

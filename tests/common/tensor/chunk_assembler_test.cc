@@ -72,6 +72,33 @@ TEST(ChunkAssembler, BadInput_InvalidArgument) {
   }
 }
 
+// A chunk copied into place by its receiver (in pieces, from gRPC's slices)
+// is checked on what was copied: a damaged one is refused and leaves nothing
+// received, and the good one after it completes the tensor.
+TEST(ChunkAssembler, FilledInPlace_CheckedOnTheCopy_ARefusedChunkLeavesNothing) {
+  Tensor src = Iota(1000);
+  const auto bytes = src.bytes.span();
+  auto a = *ChunkAssembler::Start(src.spec, bytes.size(), src.checksum, UINT64_MAX);
+  auto fill_from = [](std::span<const std::byte> from, bool damage) {
+    return [from, damage](std::span<std::byte> out) {
+      ASSERT_EQ(out.size(), from.size());
+      std::memcpy(out.data(), from.data(), 7);  // in two pieces
+      std::memcpy(out.data() + 7, from.data() + 7, from.size() - 7);
+      if (damage) out[3] ^= std::byte{1};
+    };
+  };
+  const auto first = bytes.subspan(0, 1000);
+  EXPECT_THAT(a.Add(0, first.size(), Checksum(first), fill_from(first, true)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "checksum mismatch in chunk at 0"));
+  EXPECT_EQ(a.received(), 0u);
+  ASSERT_OK(a.Add(0, first.size(), Checksum(first), fill_from(first, false)));
+  const auto rest = bytes.subspan(1000);
+  ASSERT_OK(a.Add(1000, rest.size(), Checksum(rest), fill_from(rest, false)));
+  auto t = a.Finish();
+  ASSERT_OK(t);
+  EXPECT_EQ(std::memcmp(t->bytes.data(), src.bytes.data(), src.bytes.size()), 0);
+}
+
 // A third-party sender may leave checksums out (0, protobuf's default): the
 // receiver computes them; any other value is still checked.
 TEST(ChunkAssembler, ChecksumZero_IsNotGiven_TheReceiverComputesIt) {
