@@ -120,6 +120,83 @@ Client* BadInputTest::client_ = nullptr;
 v1::CoordinatorTrainers::Stub* BadInputTest::stub_ = nullptr;
 v1::CoordinatorWorkers::Stub* BadInputTest::workers_stub_ = nullptr;
 
+// Sends `messages` (wire bytes) on the client-streaming `method` at
+// `address`; returns the call's status.
+grpc::Status RawClientStream(const std::string& address, const std::string& method,
+                             const std::vector<std::string>& messages) {
+  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto wait = [&cq](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  auto call = generic.PrepareCall(&ctx, method, &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  EXPECT_TRUE(wait(1));
+  intptr_t tag = 2;
+  for (const std::string& m : messages) {
+    grpc::Slice slice(m);
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, reinterpret_cast<void*>(tag));
+    if (!wait(tag++)) break;
+  }
+  call->WritesDone(reinterpret_cast<void*>(tag));
+  wait(tag++);
+  grpc::ByteBuffer answer;
+  call->Read(&answer, reinterpret_cast<void*>(tag));
+  wait(tag++);
+  grpc::Status finished;
+  call->Finish(&finished, reinterpret_cast<void*>(tag));
+  wait(tag);
+  return finished;
+}
+
+// Sends `request` as the one request of the server-streaming `method` at
+// `address`; returns the call's status and the answers' bytes.
+std::pair<grpc::Status, std::vector<std::string>> RawServerStream(const std::string& address,
+                                                                  const std::string& method,
+                                                                  const std::string& request) {
+  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  auto wait = [&cq](intptr_t want) {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  auto call = generic.PrepareCall(&ctx, method, &cq);
+  call->StartCall(reinterpret_cast<void*>(1));
+  EXPECT_TRUE(wait(1));
+  grpc::Slice slice(request);
+  grpc::ByteBuffer buffer(&slice, 1);
+  call->WriteLast(buffer, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  wait(2);
+  std::vector<std::string> answers;
+  grpc::ByteBuffer answer;
+  for (intptr_t tag = 3;; ++tag) {
+    call->Read(&answer, reinterpret_cast<void*>(tag));
+    if (!wait(tag)) break;
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(answer.Dump(&slices).ok());
+    answers.emplace_back();
+    for (const grpc::Slice& piece : slices) {
+      answers.back().append(reinterpret_cast<const char*>(piece.begin()), piece.size());
+    }
+  }
+  grpc::Status finished;
+  call->Finish(&finished, reinterpret_cast<void*>(1000));
+  wait(1000);
+  return {finished, answers};
+}
+
 TEST_F(BadInputTest, RegisterWorker_MalformedDeviceNames_InvalidArgument) {
   int64_t version = client_->GetTopology()->version;
   for (const char* bad :
@@ -425,8 +502,8 @@ TEST_F(BadInputTest, AnnouncedGiB_NoBytes_MemoryStaysFlat_DaemonsServeOn) {
   ASSERT_OK(client_->DeleteVariable("huge"));
 }
 
-// gRPC ends a server's stream quietly at a message it cannot parse; the
-// count in the first header shows the stream was cut, and nothing applies.
+// A message that cannot be parsed refuses the whole stream (the worker reads
+// its messages as byte buffers and parses them itself), and nothing applies.
 TEST_F(BadInputTest, WorkerWriteReplicas_UnparseableMessage_InvalidArgument_NothingApplied) {
   auto channel =
       grpc::CreateChannel(cluster_->worker_address(0), grpc::InsecureChannelCredentials());
@@ -444,74 +521,15 @@ TEST_F(BadInputTest, WorkerWriteReplicas_UnparseableMessage_InvalidArgument_Noth
   *h->mutable_tensor() = HeaderFor(data, {4});
   h->set_inline_data(data);
   h->set_stream_writes(2);  // a second write follows ... as bytes that do not parse
-
-  grpc::GenericStub generic(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::CompletionQueue cq;
-  auto wait = [&cq](intptr_t want) {
-    void* tag = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(cq.Next(&tag, &ok));
-    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
-    return ok;
-  };
-  auto call = generic.PrepareCall(&ctx, "/repvar.v1.WorkerReplicas/WriteReplicas", &cq);
-  call->StartCall(reinterpret_cast<void*>(1));
-  ASSERT_TRUE(wait(1));
-  auto write = [&](const std::string& bytes, intptr_t tag) {
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer buffer(&slice, 1);
-    call->Write(buffer, reinterpret_cast<void*>(tag));
-    return wait(tag);
-  };
-  ASSERT_TRUE(write(m.SerializeAsString(), 2));
-  write(std::string("\xff\xff\xff", 3), 3);  // not a WriteReplicasRequest
-  call->WritesDone(reinterpret_cast<void*>(4));
-  wait(4);
-  grpc::Status finished;
-  call->Finish(&finished, reinterpret_cast<void*>(5));
-  wait(5);
+  const grpc::Status finished =
+      RawClientStream(cluster_->worker_address(0), "/repvar.v1.WorkerReplicas/WriteReplicas",
+                      {m.SerializeAsString(), std::string("\xff\xff\xff", 3)});
   EXPECT_EQ(finished.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << finished.error_message();
+  EXPECT_NE(finished.error_message().find("does not parse"), std::string::npos)
+      << finished.error_message();
   v1::GetReplicaStatusResponse after;
   ASSERT_TRUE(stub->GetReplicaStatus(Ctx().get(), {}, &after).ok());
   EXPECT_EQ(after.DebugString(), status.DebugString());
-}
-
-// Sends `messages` (wire bytes) on the client-streaming `method` at
-// `address`; returns the call's status.
-grpc::Status RawClientStream(const std::string& address, const std::string& method,
-                             const std::vector<std::string>& messages) {
-  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::CompletionQueue cq;
-  auto wait = [&cq](intptr_t want) {
-    void* tag = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(cq.Next(&tag, &ok));
-    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
-    return ok;
-  };
-  auto call = generic.PrepareCall(&ctx, method, &cq);
-  call->StartCall(reinterpret_cast<void*>(1));
-  EXPECT_TRUE(wait(1));
-  intptr_t tag = 2;
-  for (const std::string& m : messages) {
-    grpc::Slice slice(m);
-    grpc::ByteBuffer buffer(&slice, 1);
-    call->Write(buffer, reinterpret_cast<void*>(tag));
-    if (!wait(tag++)) break;
-  }
-  call->WritesDone(reinterpret_cast<void*>(tag));
-  wait(tag++);
-  grpc::ByteBuffer answer;
-  call->Read(&answer, reinterpret_cast<void*>(tag));
-  wait(tag++);
-  grpc::Status finished;
-  call->Finish(&finished, reinterpret_cast<void*>(tag));
-  wait(tag);
-  return finished;
 }
 
 // AssignVariable reads its chunks in place when they are laid out as
@@ -559,47 +577,6 @@ TEST_F(BadInputTest, AssignVariable_ChunkInAnotherLayout_Taken_UnparseableMessag
   ASSERT_OK(r);
   EXPECT_EQ(std::vector<float>(r->as<float>().begin(), r->as<float>().end()),
             (std::vector<float>{5, 6, 7, 8}));
-}
-
-// Sends `request` as the one request of the server-streaming `method` at
-// `address`; returns the call's status and the answers' bytes.
-std::pair<grpc::Status, std::vector<std::string>> RawServerStream(const std::string& address,
-                                                                  const std::string& method,
-                                                                  const std::string& request) {
-  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::CompletionQueue cq;
-  auto wait = [&cq](intptr_t want) {
-    void* tag = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(cq.Next(&tag, &ok));
-    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
-    return ok;
-  };
-  auto call = generic.PrepareCall(&ctx, method, &cq);
-  call->StartCall(reinterpret_cast<void*>(1));
-  EXPECT_TRUE(wait(1));
-  grpc::Slice slice(request);
-  grpc::ByteBuffer buffer(&slice, 1);
-  call->WriteLast(buffer, grpc::WriteOptions(), reinterpret_cast<void*>(2));
-  wait(2);
-  std::vector<std::string> answers;
-  grpc::ByteBuffer answer;
-  for (intptr_t tag = 3;; ++tag) {
-    call->Read(&answer, reinterpret_cast<void*>(tag));
-    if (!wait(tag)) break;
-    std::vector<grpc::Slice> slices;
-    EXPECT_TRUE(answer.Dump(&slices).ok());
-    answers.emplace_back();
-    for (const grpc::Slice& piece : slices) {
-      answers.back().append(reinterpret_cast<const char*>(piece.begin()), piece.size());
-    }
-  }
-  grpc::Status finished;
-  call->Finish(&finished, reinterpret_cast<void*>(1000));
-  wait(1000);
-  return {finished, answers};
 }
 
 // The reads answered in chunk frames (ReadVariable, ReadReplica, StepRead)
