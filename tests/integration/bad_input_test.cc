@@ -120,70 +120,39 @@ Client* BadInputTest::client_ = nullptr;
 v1::CoordinatorTrainers::Stub* BadInputTest::stub_ = nullptr;
 v1::CoordinatorWorkers::Stub* BadInputTest::workers_stub_ = nullptr;
 
-// Sends `messages` (wire bytes) on the client-streaming `method` at
-// `address`; returns the call's status.
-grpc::Status RawClientStream(const std::string& address, const std::string& method,
-                             const std::vector<std::string>& messages) {
+// Sends `messages` (wire bytes) on the streaming `method` at `address`,
+// then reads every answer; returns the call's status and the answers' bytes.
+std::pair<grpc::Status, std::vector<std::string>> RawStream(
+    const std::string& address, const std::string& method,
+    const std::vector<std::string>& messages) {
   grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   grpc::CompletionQueue cq;
-  auto wait = [&cq](intptr_t want) {
-    void* tag = nullptr;
+  intptr_t tag = 1;
+  auto next = [&cq, &tag]() {
+    void* got = nullptr;
     bool ok = false;
-    EXPECT_TRUE(cq.Next(&tag, &ok));
-    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    EXPECT_TRUE(cq.Next(&got, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(got), tag);
     return ok;
   };
   auto call = generic.PrepareCall(&ctx, method, &cq);
-  call->StartCall(reinterpret_cast<void*>(1));
-  EXPECT_TRUE(wait(1));
-  intptr_t tag = 2;
+  call->StartCall(reinterpret_cast<void*>(tag));
+  EXPECT_TRUE(next());
   for (const std::string& m : messages) {
     grpc::Slice slice(m);
     grpc::ByteBuffer buffer(&slice, 1);
-    call->Write(buffer, reinterpret_cast<void*>(tag));
-    if (!wait(tag++)) break;
+    call->Write(buffer, reinterpret_cast<void*>(++tag));
+    if (!next()) break;
   }
-  call->WritesDone(reinterpret_cast<void*>(tag));
-  wait(tag++);
-  grpc::ByteBuffer answer;
-  call->Read(&answer, reinterpret_cast<void*>(tag));
-  wait(tag++);
-  grpc::Status finished;
-  call->Finish(&finished, reinterpret_cast<void*>(tag));
-  wait(tag);
-  return finished;
-}
-
-// Sends `request` as the one request of the server-streaming `method` at
-// `address`; returns the call's status and the answers' bytes.
-std::pair<grpc::Status, std::vector<std::string>> RawServerStream(const std::string& address,
-                                                                  const std::string& method,
-                                                                  const std::string& request) {
-  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::CompletionQueue cq;
-  auto wait = [&cq](intptr_t want) {
-    void* tag = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(cq.Next(&tag, &ok));
-    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
-    return ok;
-  };
-  auto call = generic.PrepareCall(&ctx, method, &cq);
-  call->StartCall(reinterpret_cast<void*>(1));
-  EXPECT_TRUE(wait(1));
-  grpc::Slice slice(request);
-  grpc::ByteBuffer buffer(&slice, 1);
-  call->WriteLast(buffer, grpc::WriteOptions(), reinterpret_cast<void*>(2));
-  wait(2);
+  call->WritesDone(reinterpret_cast<void*>(++tag));
+  next();
   std::vector<std::string> answers;
   grpc::ByteBuffer answer;
-  for (intptr_t tag = 3;; ++tag) {
-    call->Read(&answer, reinterpret_cast<void*>(tag));
-    if (!wait(tag)) break;
+  while (true) {
+    call->Read(&answer, reinterpret_cast<void*>(++tag));
+    if (!next()) break;
     std::vector<grpc::Slice> slices;
     EXPECT_TRUE(answer.Dump(&slices).ok());
     answers.emplace_back();
@@ -192,8 +161,8 @@ std::pair<grpc::Status, std::vector<std::string>> RawServerStream(const std::str
     }
   }
   grpc::Status finished;
-  call->Finish(&finished, reinterpret_cast<void*>(1000));
-  wait(1000);
+  call->Finish(&finished, reinterpret_cast<void*>(++tag));
+  next();
   return {finished, answers};
 }
 
@@ -522,8 +491,9 @@ TEST_F(BadInputTest, WorkerWriteReplicas_UnparseableMessage_InvalidArgument_Noth
   h->set_inline_data(data);
   h->set_stream_writes(2);  // a second write follows ... as bytes that do not parse
   const grpc::Status finished =
-      RawClientStream(cluster_->worker_address(0), "/repvar.v1.WorkerReplicas/WriteReplicas",
-                      {m.SerializeAsString(), std::string("\xff\xff\xff", 3)});
+      RawStream(cluster_->worker_address(0), "/repvar.v1.WorkerReplicas/WriteReplicas",
+                {m.SerializeAsString(), std::string("\xff\xff\xff", 3)})
+          .first;
   EXPECT_EQ(finished.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << finished.error_message();
   EXPECT_NE(finished.error_message().find("does not parse"), std::string::npos)
       << finished.error_message();
@@ -563,15 +533,17 @@ TEST_F(BadInputTest, AssignVariable_ChunkInAnotherLayout_Taken_UnparseableMessag
   const std::string method = "/repvar.v1.CoordinatorTrainers/AssignVariable";
   v1::AssignVariableRequest head2 = head;
   head2.mutable_header()->set_request_id("layout-2");
-  const grpc::Status refused = RawClientStream(
-      cluster_->address(), method, {head2.SerializeAsString(), std::string("\xff\xff\xff", 3)});
+  const grpc::Status refused =
+      RawStream(cluster_->address(), method,
+                {head2.SerializeAsString(), std::string("\xff\xff\xff", 3)})
+          .first;
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
   EXPECT_NE(refused.error_message().find("does not parse"), std::string::npos)
       << refused.error_message();
   EXPECT_THAT(client_->Read("layout").status(), StatusIs(Code::kFailedPrecondition));
 
   const grpc::Status taken =
-      RawClientStream(cluster_->address(), method, {head.SerializeAsString(), reordered});
+      RawStream(cluster_->address(), method, {head.SerializeAsString(), reordered}).first;
   EXPECT_TRUE(taken.ok()) << taken.error_message();
   auto r = client_->Read("layout");
   ASSERT_OK(r);
@@ -599,11 +571,11 @@ TEST_F(BadInputTest, FramedReads_UnparseableRequest_InvalidArgument_GoodOneAnswe
       {cluster_->worker_address(0), "/repvar.v1.WorkerSteps/StepRead", ""},
   };
   for (const auto& c : cases) {
-    auto [refused, none] = RawServerStream(c.address, c.method, garbage);
+    auto [refused, none] = RawStream(c.address, c.method, {garbage});
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << c.method << ": " << refused.error_message();
     EXPECT_TRUE(none.empty()) << c.method;
-    auto [answered, messages] = RawServerStream(c.address, c.method, c.good);
+    auto [answered, messages] = RawStream(c.address, c.method, {c.good});
     if (c.method.ends_with("StepRead")) {
       // An empty request parses; no step is open, so the worker says which.
       EXPECT_NE(answered.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
