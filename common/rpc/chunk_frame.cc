@@ -13,6 +13,7 @@
 #include "common/base/status_util.h"
 #include "common/rpc/chunks.h"
 #include "google/protobuf/descriptor.h"
+#include "repvar/v1/types.pb.h"
 
 namespace repvar {
 namespace {
@@ -41,10 +42,9 @@ constexpr uint32_t kVarint = 0;
 constexpr uint32_t kLengthDelimited = 2;
 uint64_t Tag(uint32_t field, uint32_t wire_type) { return (uint64_t{field} << 3) | wire_type; }
 
-// TensorChunk's fields (types.proto).
-constexpr uint32_t kOffsetField = 1;
-constexpr uint32_t kDataField = 2;
-constexpr uint32_t kChecksumField = 3;
+constexpr uint32_t kOffsetField = v1::TensorChunk::kOffsetFieldNumber;
+constexpr uint32_t kDataField = v1::TensorChunk::kDataFieldNumber;
+constexpr uint32_t kChecksumField = v1::TensorChunk::kChecksumFieldNumber;
 
 void ReleaseOwner(void* owner) { delete static_cast<std::shared_ptr<const void>*>(owner); }
 

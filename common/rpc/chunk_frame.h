@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// A chunk message as gRPC's byte buffer, the tensor's bytes not copied: the
-// buffer's middle slice points into them and keeps their owner alive until
-// gRPC has written them to the socket and lets go.
+// Tensor chunks as gRPC byte buffers, so that a value's bytes are copied once
+// per hop (docs/architecture.md, "Chunk frames").
 //
-// A chunk built with ChunkToProto and protobuf's serializer is copied twice before
-// the kernel's copy (into the message's bytes field, then into gRPC's
-// slices); a chunk frame is copied only by the kernel (CopiedChunkFrame:
-// once more, where nothing owns the bytes). The bytes on the wire
-// are the same as protobuf's (ChunkFrameTest pins it), so receivers parse it
-// as the message it stands for.
+// Built and parsed as protobuf messages, a chunk is copied twice on the way
+// out (into the message's bytes field, then into gRPC's slices) and twice on
+// the way in (out of the slices by the parse, then into the value). A
+// ChunkFrame's middle slice points into the value and keeps it alive until
+// gRPC lets go (CopiedChunkFrame copies a caller's bytes once), and a
+// ReceivedChunk is copied from gRPC's slices straight into place. The bytes
+// on the wire are protobuf's (ChunkFrameTest pins it): peers that build and
+// parse the messages with protobuf interoperate unchanged.
 #ifndef REPVAR_COMMON_RPC_CHUNK_FRAME_H_
 #define REPVAR_COMMON_RPC_CHUNK_FRAME_H_
 
