@@ -204,6 +204,15 @@ std::optional<ReceivedChunk> ReceivedChunk::Parse(const grpc::ByteBuffer& buffer
   return c;
 }
 
+ReceivedChunk ReceivedChunk::Of(const v1::TensorChunk& chunk) {
+  ReceivedChunk c;
+  c.offset_ = chunk.offset();
+  c.checksum_ = chunk.checksum();
+  c.size_ = chunk.data().size();
+  if (c.size_ > 0) c.pieces_.push_back(std::as_bytes(std::span(chunk.data())));
+  return c;
+}
+
 void ReceivedChunk::CopyTo(std::span<std::byte> out) const {
   CountReceivedTensorBytes(size_);
   size_t at = 0;

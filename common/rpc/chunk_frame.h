@@ -30,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "common/tensor/tensor.h"
 #include "google/protobuf/message_lite.h"
+#include "repvar/v1/types.pb.h"
 
 namespace repvar {
 
@@ -66,6 +67,9 @@ class ReceivedChunk {
   // when 0), and nothing else. Anything else, well-formed or not, is nullopt:
   // the caller parses it with protobuf, whose meaning is the reference.
   static std::optional<ReceivedChunk> Parse(const grpc::ByteBuffer& buffer, uint32_t field);
+  // A chunk protobuf parsed: its data where `chunk` holds it (valid while
+  // `chunk` is unchanged).
+  static ReceivedChunk Of(const v1::TensorChunk& chunk);
 
   uint64_t offset() const { return offset_; }
   uint64_t checksum() const { return checksum_; }
@@ -83,41 +87,44 @@ class ReceivedChunk {
 };
 
 // Reads the next message of a stream of `Message`s (a oneof of a header and
-// a TensorChunk `chunk_field`) as a byte buffer: a chunk laid out as
-// ChunkFrame writes it comes back in `chunk`, its data not copied; anything
-// else is parsed into `message` by protobuf (and `chunk` reset). Returns
-// false at the end of the stream; INVALID_ARGUMENT for a message that does
-// not parse.
+// a TensorChunk `chunk`) as a byte buffer. Every chunk comes back in `chunk`:
+// laid out as ChunkFrame writes it, its data is left in gRPC's slices;
+// otherwise protobuf parses it into `message` and `chunk` points into that
+// (valid until the next read). Anything else is parsed into `message`, with
+// `chunk` reset. Returns false at the end of the stream; INVALID_ARGUMENT for
+// a message that does not parse.
 template <typename Message>
 absl::StatusOr<bool> ReadFrame(grpc::internal::ReaderInterface<grpc::ByteBuffer>* reader,
-                               uint32_t chunk_field, Message* message,
-                               std::optional<ReceivedChunk>* chunk) {
+                               Message* message, std::optional<ReceivedChunk>* chunk) {
   grpc::ByteBuffer buffer;
   if (!reader->Read(&buffer)) return false;
-  *chunk = ReceivedChunk::Parse(buffer, chunk_field);
+  *chunk = ReceivedChunk::Parse(buffer, Message::kChunkFieldNumber);
   if (chunk->has_value()) return true;
   if (!grpc::SerializationTraits<Message>::Deserialize(&buffer, message).ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("a stream message that does not parse as ", message->GetTypeName()));
   }
+  if (message->has_chunk()) *chunk = ReceivedChunk::Of(message->chunk());
   return true;
 }
 
 // A synchronous client-streaming method whose messages are read as byte
 // buffers (ReadFrame). A generated service's constructor installs it with
 //   MarkMethodStreamed(MethodIndex(<service>, "<method>"),
-//                      FrameReadingHandler<Response>(fn));
-// `fn(ctx, reader, &response)` reads the stream; gRPC then serves the method
-// as a stream that answers once (the same wire exchange), and the response
-// goes back when `fn` returns OK.
+//                      FrameReadingHandler(this, &Service::MethodFrames));
+// `(service->*method)(ctx, reader, &response)` reads the stream; gRPC then
+// serves the method as a stream that answers once (the same wire exchange),
+// and the response goes back when it returns OK.
 using FrameReader = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
-template <typename Response, typename Fn>
-grpc::internal::MethodHandler* FrameReadingHandler(Fn fn) {
+template <typename Service, typename Response>
+grpc::internal::MethodHandler* FrameReadingHandler(
+    Service* service,
+    grpc::Status (Service::*method)(grpc::ServerContext*, FrameReader*, Response*)) {
   return new grpc::internal::TemplatedBidiStreamingHandler<FrameReader, false>(
-      [fn = std::move(fn)](grpc::ServerContext* ctx, FrameReader* stream) {
+      [service, method](grpc::ServerContext* ctx, FrameReader* stream) {
         Response response;
-        grpc::Status status = fn(ctx, stream, &response);
+        grpc::Status status = (service->*method)(ctx, stream, &response);
         if (status.ok() && !stream->Write(MessageFrame(response))) {
           return grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away");
         }
@@ -144,9 +151,9 @@ bool SendTensorFrames(const google::protobuf::MessageLite& head, uint32_t chunk_
 // A synchronous server-streaming method answered in byte buffers (chunk
 // frames among them). A generated service's constructor installs it with
 //   MarkMethodStreamed(MethodIndex(<service>, "<method>"),
-//                      FrameStreamingHandler<Request>(fn));
+//                      FrameStreamingHandler(this, &Service::MethodFrames));
 // gRPC then serves the method as a stream that reads one request (the same
-// wire exchange), and `fn(ctx, request, writer)` answers it.
+// wire exchange), and `(service->*method)(ctx, request, writer)` answers it.
 template <typename Request>
 using FrameWriter = grpc::ServerSplitStreamer<Request, grpc::ByteBuffer>;
 
@@ -155,16 +162,18 @@ using FrameWriter = grpc::ServerSplitStreamer<Request, grpc::ByteBuffer>;
 // is no such method (a typo in the code, not an input).
 int MethodIndex(absl::string_view service, absl::string_view method);
 
-template <typename Request, typename Fn>
-grpc::internal::MethodHandler* FrameStreamingHandler(Fn fn) {
+template <typename Service, typename Request>
+grpc::internal::MethodHandler* FrameStreamingHandler(
+    Service* service,
+    grpc::Status (Service::*method)(grpc::ServerContext*, const Request&, FrameWriter<Request>*)) {
   return new grpc::internal::SplitServerStreamingHandler<Request, grpc::ByteBuffer>(
-      [fn = std::move(fn)](grpc::ServerContext* ctx, FrameWriter<Request>* writer) {
+      [service, method](grpc::ServerContext* ctx, FrameWriter<Request>* writer) {
         Request request;
         if (!writer->Read(&request)) {
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               "the call carried no request that could be parsed");
         }
-        return fn(ctx, request, writer);
+        return (service->*method)(ctx, request, writer);
       });
 }
 

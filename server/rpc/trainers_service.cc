@@ -166,10 +166,9 @@ namespace {}  // namespace
 grpc::Status TrainersService::AssignVariableFrames(grpc::ServerContext* ctx, FrameReader* reader,
                                                    v1::AssignVariableResponse* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
-  constexpr uint32_t kChunk = v1::AssignVariableRequest::kChunkFieldNumber;
   v1::AssignVariableRequest msg;
   std::optional<ReceivedChunk> chunk;
-  absl::StatusOr<bool> more = ReadFrame(reader, kChunk, &msg, &chunk);
+  absl::StatusOr<bool> more = ReadFrame(reader, &msg, &chunk);
   if (!more.ok()) return Fail("AssignVariable", more.status());
   if (!*more || chunk || !msg.has_header()) {
     return Fail("AssignVariable",
@@ -198,13 +197,13 @@ grpc::Status TrainersService::AssignVariableFrames(grpc::ServerContext* ctx, Fra
                                          header.tensor().checksum(), UINT64_MAX, budget.get());
   if (!assembler.ok()) return Fail("AssignVariable", assembler.status());
   while (true) {
-    more = ReadFrame(reader, kChunk, &msg, &chunk);
+    more = ReadFrame(reader, &msg, &chunk);
     if (!more.ok()) return Fail("AssignVariable", more.status());
     if (!*more) break;
-    if (!chunk && !msg.has_chunk()) {
+    if (!chunk) {
       return Fail("AssignVariable", absl::InvalidArgumentError("a second header in one stream"));
     }
-    absl::Status s = chunk ? AddChunk(*assembler, *chunk) : AddChunk(*assembler, msg.chunk());
+    absl::Status s = AddChunk(*assembler, *chunk);
     if (!s.ok()) return Fail("AssignVariable", s);
   }
   auto value = assembler->Finish();

@@ -41,17 +41,9 @@ class TrainersService final : public TrainersServiceBase {
     // (ReadFrame), and ReadVariable answers in chunk frames: the value's
     // bytes are copied once coming in, and not at all going out.
     MarkMethodStreamed(MethodIndex(v1::CoordinatorTrainers::service_full_name(), "AssignVariable"),
-                       FrameReadingHandler<v1::AssignVariableResponse>(
-                           [this](grpc::ServerContext* ctx, FrameReader* reader,
-                                  v1::AssignVariableResponse* resp) {
-                             return AssignVariableFrames(ctx, reader, resp);
-                           }));
+                       FrameReadingHandler(this, &TrainersService::AssignVariableFrames));
     MarkMethodStreamed(MethodIndex(v1::CoordinatorTrainers::service_full_name(), "ReadVariable"),
-                       FrameStreamingHandler<v1::ReadVariableRequest>(
-                           [this](grpc::ServerContext* ctx, const v1::ReadVariableRequest& req,
-                                  FrameWriter<v1::ReadVariableRequest>* writer) {
-                             return ReadVariableFrames(ctx, req, writer);
-                           }));
+                       FrameStreamingHandler(this, &TrainersService::ReadVariableFrames));
   }
 
   // Ends open WatchTopology and WatchSteps streams promptly.

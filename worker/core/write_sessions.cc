@@ -280,8 +280,9 @@ absl::Status StepWriteSession::OnHeader(const StepWriteHeader& h,
 
 absl::Status StepWriteSession::OnChunk(uint64_t offset, std::span<const std::byte> data,
                                        uint64_t checksum) {
-  if (!assembler_) return absl::InvalidArgumentError("chunk before a header");
-  return assembler_->Add(offset, data, checksum);
+  return OnChunk(offset, data.size(), checksum, [&](std::span<std::byte> out) {
+    std::memcpy(out.data(), data.data(), data.size());
+  });
 }
 
 absl::Status StepWriteSession::OnChunk(uint64_t offset, size_t size, uint64_t checksum,

@@ -34,18 +34,10 @@ class ReplicasService final : public ReplicasServiceBase {
     // WriteReplicas takes chunks from gRPC's slices straight into the value
     // (Drain), and ReadReplica answers in chunk frames: a value's bytes are
     // copied once coming in, and not at all going out.
-    MarkMethodStreamed(
-        MethodIndex(v1::WorkerReplicas::service_full_name(), "WriteReplicas"),
-        FrameReadingHandler<v1::WriteReplicasResponse>(
-            [this](grpc::ServerContext* ctx, FrameReader* reader, v1::WriteReplicasResponse* resp) {
-              return WriteReplicasFrames(ctx, reader, resp);
-            }));
+    MarkMethodStreamed(MethodIndex(v1::WorkerReplicas::service_full_name(), "WriteReplicas"),
+                       FrameReadingHandler(this, &ReplicasService::WriteReplicasFrames));
     MarkMethodStreamed(MethodIndex(v1::WorkerReplicas::service_full_name(), "ReadReplica"),
-                       FrameStreamingHandler<v1::ReadReplicaRequest>(
-                           [this](grpc::ServerContext* ctx, const v1::ReadReplicaRequest& req,
-                                  FrameWriter<v1::ReadReplicaRequest>* writer) {
-                             return ReadReplicaFrames(ctx, req, writer);
-                           }));
+                       FrameStreamingHandler(this, &ReplicasService::ReadReplicaFrames));
   }
 
   grpc::ServerUnaryReactor* WriteSmallReplicas(grpc::CallbackServerContext*,

@@ -34,18 +34,10 @@ class StepsService final : public StepsServiceBase {
                                  : budget->capacity() / 2) {
     // StepWrite takes chunks from gRPC's slices straight into the value
     // (Drain), and StepRead answers in chunk frames.
-    MarkMethodStreamed(
-        MethodIndex(v1::WorkerSteps::service_full_name(), "StepWrite"),
-        FrameReadingHandler<v1::StepWriteResponse>(
-            [this](grpc::ServerContext* ctx, FrameReader* reader, v1::StepWriteResponse* resp) {
-              return StepWriteFrames(ctx, reader, resp);
-            }));
+    MarkMethodStreamed(MethodIndex(v1::WorkerSteps::service_full_name(), "StepWrite"),
+                       FrameReadingHandler(this, &StepsService::StepWriteFrames));
     MarkMethodStreamed(MethodIndex(v1::WorkerSteps::service_full_name(), "StepRead"),
-                       FrameStreamingHandler<v1::StepReadRequest>(
-                           [this](grpc::ServerContext* ctx, const v1::StepReadRequest& req,
-                                  FrameWriter<v1::StepReadRequest>* writer) {
-                             return StepReadFrames(ctx, req, writer);
-                           }));
+                       FrameStreamingHandler(this, &StepsService::StepReadFrames));
   }
 
   // StepWrite and StepRead (see the constructor).

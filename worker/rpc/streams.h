@@ -48,8 +48,7 @@ absl::Status Drain(Session& session, FrameReader* reader) {
   int64_t announced = 0;
   int64_t headers = 0;
   while (true) {
-    REPVAR_ASSIGN_OR_RETURN(const bool more,
-                            ReadFrame(reader, Request::kChunkFieldNumber, &msg, &chunk));
+    REPVAR_ASSIGN_OR_RETURN(const bool more, ReadFrame(reader, &msg, &chunk));
     if (!more) break;
     if (chunk) {
       REPVAR_RETURN_IF_ERROR(
@@ -59,10 +58,6 @@ absl::Status Drain(Session& session, FrameReader* reader) {
       if (headers++ == 0) announced = msg.header().stream_writes();
       if (announced >= 1 && headers > announced) break;
       REPVAR_RETURN_IF_ERROR(OnHeader(session, msg.header()));
-    } else if (msg.has_chunk()) {
-      CountReceivedTensorBytes(msg.chunk().data().size());
-      REPVAR_RETURN_IF_ERROR(session.OnChunk(msg.chunk().offset(), BytesOf(msg.chunk().data()),
-                                             msg.chunk().checksum()));
     } else {
       return absl::InvalidArgumentError("a stream message with neither header nor chunk");
     }
