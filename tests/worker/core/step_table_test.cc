@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/base/random.h"
 #include "tests/testing/status_matchers.h"
@@ -31,9 +32,13 @@ constexpr uint64_t kInc = 7;
 constexpr uint64_t kW = 1;  // variable id
 
 // The coordinator as the worker sees it: answers from the test's script.
+// The table calls it from several threads at once (commits that wait run on
+// its pool), so the calls record under `mu`; the test reads the records once
+// those calls have answered.
 class FakeLink final : public StepLink {
  public:
   absl::StatusOr<StepInfo> GetStep(uint64_t, uint64_t known_layout) override {
+    absl::MutexLock lock(&mu);
     known_layouts.push_back(known_layout);
     if (known_layout != 0 && known_layout == info.layout_id) {
       StepInfo header = info;
@@ -46,6 +51,7 @@ class FakeLink final : public StepLink {
   }
   absl::StatusOr<std::variant<StepPlan, StepResolution>> ReportStep(const WorkerReport& report,
                                                                     absl::Duration) override {
+    absl::MutexLock lock(&mu);
     reports.push_back(report);
     return plan;
   }
@@ -57,16 +63,19 @@ class FakeLink final : public StepLink {
       StepLink::ReportStepAsync(report, timeout, std::move(done));
       return;
     }
+    absl::MutexLock lock(&mu);
     reports.push_back(report);
     deferred = std::move(done);
   }
   absl::StatusOr<StepResolution> FinishStep(const WorkerFinish& finish, absl::Duration) override {
+    absl::MutexLock lock(&mu);
     finishes.push_back(finish);
     if (!finish_error.ok()) return finish_error;
     return resolution;
   }
   absl::StatusOr<StepResolution> WaitStep(uint64_t, absl::Duration) override { return resolution; }
 
+  absl::Mutex mu;
   StepInfo info;
   std::variant<StepPlan, StepResolution> plan;
   StepResolution resolution;
