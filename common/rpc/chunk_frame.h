@@ -134,8 +134,9 @@ grpc::internal::MethodHandler* FrameReadingHandler(
 
 // Writes `head`, then `value`'s bytes as chunk frames of field
 // `chunk_field` (ChunkFrame: not copied, `value` kept alive while gRPC holds
-// them), by `write(const grpc::ByteBuffer&) -> bool`; stops at the first
-// failed write and returns whether every message went.
+// them; each chunk's checksum as Tensor::ChunkChecksum gives it), by
+// `write(const grpc::ByteBuffer&) -> bool`; stops at the first failed write
+// and returns whether every message went.
 template <typename WriteFn>
 bool SendTensorFrames(const google::protobuf::MessageLite& head, uint32_t chunk_field,
                       const std::shared_ptr<const Tensor>& value, size_t chunk_bytes,
@@ -143,7 +144,8 @@ bool SendTensorFrames(const google::protobuf::MessageLite& head, uint32_t chunk_
   bool ok = write(MessageFrame(head));
   ForEachChunk(value->bytes.span(), chunk_bytes,
                [&](uint64_t offset, std::span<const std::byte> piece) {
-                 ok = ok && write(ChunkFrame(chunk_field, offset, piece, Checksum(piece), value));
+                 ok = ok && write(ChunkFrame(chunk_field, offset, piece,
+                                             value->ChunkChecksum(offset, piece.size()), value));
                });
   return ok;
 }

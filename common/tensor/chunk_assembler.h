@@ -21,6 +21,10 @@ namespace repvar {
 // On any error the partial tensor is dropped by the caller: nothing has been
 // published. Not thread-safe.
 //
+// When every chunk came with a checksum and all but the last had the same
+// size, the tensor keeps the verified chunk sums (Tensor::chunk_checksums):
+// sending it on in chunks of that size hashes nothing again.
+//
 // Memory follows the bytes, not the header: the buffer for the announced
 // size is mapped but untouched (Buffer::AllocateUntouched), and its pages
 // are made resident a little ahead of the chunks as they arrive, charged to
@@ -73,6 +77,9 @@ class ChunkAssembler {
   uint64_t received_ = 0;
   MemoryCharge charge_;
   ChecksumStream hash_;
+  // The chunk sums verified so far, while they can still be kept.
+  bool keep_sums_ = true;
+  ChunkChecksums sums_;
 };
 
 }  // namespace repvar

@@ -5,6 +5,7 @@
 #include <xxh_x86dispatch.h>
 #endif
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -73,6 +74,18 @@ void ChecksumStream::Update(std::span<const std::byte> bytes) {
 uint64_t ChecksumStream::Digest() const { return XXH3_64bits_digest(state_.get()); }
 
 void ChecksumStream::Reset() { XXH3_64bits_reset(state_.get()); }
+
+uint64_t Tensor::ChunkChecksum(uint64_t offset, size_t size) const {
+  const ChunkChecksums& kept = chunk_checksums;
+  if (kept.chunk_bytes != 0 && offset % kept.chunk_bytes == 0 && offset < bytes.size()) {
+    const uint64_t i = offset / kept.chunk_bytes;
+    if (i < kept.sums.size() &&
+        size == std::min<uint64_t>(kept.chunk_bytes, bytes.size() - offset)) {
+      return kept.sums[i];
+    }
+  }
+  return Checksum(bytes.span().subspan(offset, size));
+}
 
 absl::StatusOr<Tensor> Tensor::ForOverwrite(const TensorSpec& spec, bool shared) {
   auto size = spec.ByteSize();

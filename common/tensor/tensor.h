@@ -66,12 +66,25 @@ class ChecksumStream {
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_;
 };
 
+// The checksums of a tensor's chunks as a receiver verified them: chunk i
+// is bytes [i * chunk_bytes, (i + 1) * chunk_bytes), the last one shorter
+// when the size says so. Empty (chunk_bytes 0) when not known.
+struct ChunkChecksums {
+  uint64_t chunk_bytes = 0;
+  std::vector<uint64_t> sums;
+};
+
 // An immutable-once-built tensor value with its checksum. Shared between
 // readers through shared_ptr<const Tensor>.
 struct Tensor {
   TensorSpec spec;
   Buffer bytes;
   uint64_t checksum = 0;
+  // Kept by ChunkAssembler::Finish when every chunk came with a checksum it
+  // verified and the chunks were even; a daemon that sends the same chunks
+  // on sends those sums without hashing the bytes again (ChunkChecksum).
+  // The next receiver verifies each chunk all the same.
+  ChunkChecksums chunk_checksums;
 
   // A zero-filled tensor of `spec`. Errors: as TensorSpec::ByteSize, plus
   // RESOURCE_EXHAUSTED.
@@ -82,7 +95,14 @@ struct Tensor {
   static absl::StatusOr<Tensor> ForOverwrite(const TensorSpec& spec, bool shared = false);
   // Copies `data`; checks its length. Computes the checksum.
   static absl::StatusOr<Tensor> FromBytes(const TensorSpec& spec, std::span<const std::byte> data);
-  void UpdateChecksum() { checksum = Checksum(bytes.span()); }
+  // After the bytes were written: their checksum, and no chunk sums.
+  void UpdateChecksum() {
+    checksum = Checksum(bytes.span());
+    chunk_checksums = {};
+  }
+  // The checksum of bytes [offset, offset + size): the kept one when that
+  // range is one of `chunk_checksums`' chunks, else hashed now.
+  uint64_t ChunkChecksum(uint64_t offset, size_t size) const;
 };
 
 // Calls `fn(offset, span)` for each chunk of `bytes` in order.

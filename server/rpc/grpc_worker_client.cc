@@ -123,7 +123,7 @@ class WriteCall final : public grpc::ClientWriteReactor<grpc::ByteBuffer> {
       const size_t n = std::min(chunk_bytes_, t->bytes.size() - offset_);
       const std::span<const std::byte> piece = t->bytes.span().subspan(offset_, n);
       msg_ = ChunkFrame(v1::WriteReplicasRequest::kChunkFieldNumber, offset_, piece,
-                        Checksum(piece), t);
+                        t->ChunkChecksum(offset_, n), t);
       offset_ += n;
       if (offset_ == t->bytes.size()) {
         chunks_ = false;

@@ -70,9 +70,10 @@ std::string BlobStore::BlobNameOf(const Tensor& t) const {
 BlobStore::BlobInfo BlobStore::Summarize(const Tensor& t) const {
   BlobInfo info;
   info.chunk_bytes = options_.chunk_bytes;
-  ForEachChunk(
-      t.bytes.span(), options_.chunk_bytes,
-      [&](uint64_t, std::span<const std::byte> chunk) { info.sums.push_back(Checksum(chunk)); });
+  ForEachChunk(t.bytes.span(), options_.chunk_bytes,
+               [&](uint64_t offset, std::span<const std::byte> chunk) {
+                 info.sums.push_back(t.ChunkChecksum(offset, chunk.size()));
+               });
   return info;
 }
 
@@ -144,7 +145,7 @@ absl::Status BlobStore::Write(const std::string& name, const Tensor& t) {
         t.bytes.span(), options_.chunk_bytes,
         [&](uint64_t offset, std::span<const std::byte> chunk) {
           if (!s.ok()) return;
-          info.sums.push_back(Checksum(chunk));
+          info.sums.push_back(t.ChunkChecksum(offset, chunk.size()));  // kept, or hashed here
           s = FromIo(file->Append(
                          rocksdb::Slice(reinterpret_cast<const char*>(chunk.data()), chunk.size()),
                          kIo, nullptr),
@@ -329,7 +330,10 @@ absl::StatusOr<std::shared_ptr<const Tensor>> BlobStore::Mapped(std::shared_ptr<
     return absl::Status(mapped.status().code(),
                         absl::StrCat("blob ", dir_, "/", name, ": ", mapped.status().message()));
   }
-  auto kept = std::make_shared<const Tensor>(Tensor{t->spec, *std::move(mapped), t->checksum});
+  // The same bytes, so the same chunk sums (Check verifies the file's bytes
+  // against them before the value is served).
+  auto kept = std::make_shared<const Tensor>(
+      Tensor{t->spec, *std::move(mapped), t->checksum, t->chunk_checksums});
   absl::MutexLock lock(&mu_);
   TrackMapping(name, kept);
   return kept;

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -101,6 +102,56 @@ TEST(ChunkAssembler, FilledInPlace_CheckedOnTheCopy_ARefusedChunkLeavesNothing) 
 
 // A third-party sender may leave checksums out (0, protobuf's default): the
 // receiver computes them; any other value is still checked.
+// A forwarding daemon sends on the chunk sums it verified instead of hashing
+// the bytes again: kept only for even chunks that all came with a checksum,
+// and only for the same chunks (any other range is hashed).
+TEST(ChunkAssembler, VerifiedChunkSums_KeptForEvenChunks_SentOnForTheSameChunksOnly) {
+  Tensor src = Iota(640);  // 2,560 bytes: chunks of 1,024, 1,024 and 512
+  auto assemble = [&](std::vector<size_t> sizes, bool sums) {
+    auto a = ChunkAssembler::Start(src.spec, src.bytes.size(), src.checksum, UINT64_MAX);
+    EXPECT_OK(a);
+    uint64_t off = 0;
+    for (size_t n : sizes) {
+      auto piece = src.bytes.span().subspan(off, n);
+      EXPECT_OK(a->Add(off, piece, sums ? Checksum(piece) : kChecksumNotGiven));
+      off += n;
+    }
+    auto t = a->Finish();
+    EXPECT_OK(t);
+    return *std::move(t);
+  };
+  Tensor t = assemble({1024, 1024, 512}, true);
+  ASSERT_EQ(t.chunk_checksums.chunk_bytes, 1024u);
+  ASSERT_EQ(t.chunk_checksums.sums.size(), 3u);
+  for (uint64_t off : {0, 1024, 2048}) {
+    const size_t n = std::min<size_t>(1024, src.bytes.size() - off);
+    EXPECT_EQ(t.chunk_checksums.sums[off / 1024], Checksum(src.bytes.span().subspan(off, n)));
+  }
+
+  // The kept sum is what a sender of that chunk gets (a wrong one shows it
+  // was not hashed again; the next receiver would refuse it); any other
+  // range is hashed.
+  Tensor marked = std::move(t);
+  marked.chunk_checksums.sums[1] ^= 1;
+  const auto range = [&](uint64_t off, size_t n) {
+    return Checksum(src.bytes.span().subspan(off, n));
+  };
+  EXPECT_EQ(marked.ChunkChecksum(1024, 1024), range(1024, 1024) ^ 1);
+  EXPECT_EQ(marked.ChunkChecksum(2048, 512), range(2048, 512));
+  EXPECT_EQ(marked.ChunkChecksum(1024, 512), range(1024, 512));
+  EXPECT_EQ(marked.ChunkChecksum(512, 1024), range(512, 1024));
+  EXPECT_EQ(marked.ChunkChecksum(0, 2048), range(0, 2048));
+  marked.UpdateChecksum();  // the bytes were rewritten: the sums go
+  EXPECT_EQ(marked.ChunkChecksum(1024, 1024), range(1024, 1024));
+
+  // Not kept: a short chunk before the last, a larger one after the first,
+  // chunks without a checksum.
+  EXPECT_EQ(assemble({1024, 512, 1024}, true).chunk_checksums.chunk_bytes, 0u);
+  EXPECT_EQ(assemble({512, 1024, 1024}, true).chunk_checksums.chunk_bytes, 0u);
+  EXPECT_EQ(assemble({1024, 1024, 512}, false).chunk_checksums.chunk_bytes, 0u);
+  EXPECT_EQ(assemble({2560}, true).chunk_checksums.sums.size(), 1u);  // one chunk: kept
+}
+
 TEST(ChunkAssembler, ChecksumZero_IsNotGiven_TheReceiverComputesIt) {
   Tensor src = Iota(1000);
   auto bytes = src.bytes.span();
