@@ -92,19 +92,27 @@ class ReceivedChunk {
 // otherwise protobuf parses it into `message` and `chunk` points into that
 // (valid until the next read). Anything else is parsed into `message`, with
 // `chunk` reset. Returns false at the end of the stream; INVALID_ARGUMENT for
-// a message that does not parse.
+// a message that does not parse. ParseFrame does the same for a message
+// already read (an asynchronous reader's).
 template <typename Message>
-absl::StatusOr<bool> ReadFrame(grpc::internal::ReaderInterface<grpc::ByteBuffer>* reader,
-                               Message* message, std::optional<ReceivedChunk>* chunk) {
-  grpc::ByteBuffer buffer;
-  if (!reader->Read(&buffer)) return false;
+absl::Status ParseFrame(grpc::ByteBuffer& buffer, Message* message,
+                        std::optional<ReceivedChunk>* chunk) {
   *chunk = ReceivedChunk::Parse(buffer, Message::kChunkFieldNumber);
-  if (chunk->has_value()) return true;
+  if (chunk->has_value()) return absl::OkStatus();
   if (!grpc::SerializationTraits<Message>::Deserialize(&buffer, message).ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("a stream message that does not parse as ", message->GetTypeName()));
   }
   if (message->has_chunk()) *chunk = ReceivedChunk::Of(message->chunk());
+  return absl::OkStatus();
+}
+
+template <typename Message>
+absl::StatusOr<bool> ReadFrame(grpc::internal::ReaderInterface<grpc::ByteBuffer>* reader,
+                               Message* message, std::optional<ReceivedChunk>* chunk) {
+  grpc::ByteBuffer buffer;
+  if (!reader->Read(&buffer)) return false;
+  if (absl::Status s = ParseFrame(buffer, message, chunk); !s.ok()) return s;
   return true;
 }
 

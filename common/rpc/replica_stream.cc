@@ -2,6 +2,7 @@
 #include "common/rpc/replica_stream.h"
 
 #include "common/base/status_util.h"
+#include "common/rpc/chunk_frame.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/grpc_status.h"
@@ -18,6 +19,14 @@ absl::Status ReplicaReceiver::OnMessage(const v1::ReadVariableChunk& msg) {
   }
   if (msg.has_chunk() && assembler_) return AddChunk(*assembler_, msg.chunk());
   return absl::DataLossError("replica stream: a chunk before the header");
+}
+
+absl::Status ReplicaReceiver::OnFrame(grpc::ByteBuffer& frame) {
+  std::optional<ReceivedChunk> chunk;
+  REPVAR_RETURN_IF_ERROR(ParseFrame(frame, &parsed_, &chunk));
+  if (!chunk) return OnMessage(parsed_);
+  if (!assembler_) return absl::DataLossError("replica stream: a chunk before the header");
+  return AddChunk(*assembler_, *chunk);
 }
 
 absl::StatusOr<ReceivedReplica> ReplicaReceiver::Finish() {

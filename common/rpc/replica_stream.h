@@ -7,6 +7,7 @@
 #define REPVAR_COMMON_RPC_REPLICA_STREAM_H_
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/sync_stream.h>
 
 #include <cstdint>
@@ -29,6 +30,10 @@ class ReplicaReceiver {
   // Errors: INVALID_ARGUMENT (a bad header or chunk), DATA_LOSS (a chunk
   // before the header).
   absl::Status OnMessage(const v1::ReadVariableChunk& msg);
+  // The same for a message read as a byte buffer: a chunk is copied from
+  // gRPC's slices straight into place (ParseFrame); INVALID_ARGUMENT also
+  // for a message that does not parse.
+  absl::Status OnFrame(grpc::ByteBuffer& frame);
   // After the last message. Errors: DATA_LOSS (no header), INVALID_ARGUMENT
   // (bytes missing, checksum).
   absl::StatusOr<ReceivedReplica> Finish();
@@ -36,6 +41,7 @@ class ReplicaReceiver {
  private:
   std::optional<ChunkAssembler> assembler_;
   int64_t version_ = 0;
+  v1::ReadVariableChunk parsed_;  // OnFrame's message, when not a chunk frame
 };
 
 // Drains `reader`; cancels the call on the first bad message.

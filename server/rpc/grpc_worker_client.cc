@@ -159,8 +159,10 @@ class WriteCall final : public grpc::ClientWriteReactor<grpc::ByteBuffer> {
   size_t offset_ = 0;
 };
 
-// One ReadReplica stream, rebuilt message by message.
-class ReadCall final : public grpc::ClientReadReactor<v1::ReadVariableChunk> {
+// One ReadReplica stream, rebuilt message by message. It reads byte
+// buffers, so that each chunk is copied from gRPC's slices straight into the
+// value (ReplicaReceiver::OnFrame).
+class ReadCall final : public grpc::ClientReadReactor<grpc::ByteBuffer> {
  public:
   ReadCall(WorkerTarget target, absl::Time deadline, WorkerClient::ReadDone done,
            std::shared_ptr<GrpcWorkerClient::InFlight> in_flight)
@@ -173,15 +175,16 @@ class ReadCall final : public grpc::ClientReadReactor<v1::ReadVariableChunk> {
   }
   ~ReadCall() override { in_flight_->Remove(key_, ctx_.get()); }
 
-  void Start(v1::WorkerReplicas::Stub* stub, const v1::ReadReplicaRequest& req) {
+  void Start(const GrpcWorkerClient::Channel& channel, const v1::ReadReplicaRequest& req) {
     req_ = req;
-    stub->async()->ReadReplica(ctx_.get(), &req_, this);
+    grpc::internal::ClientCallbackReaderFactory<grpc::ByteBuffer>::Create(
+        channel.channel.get(), channel.read_replica, ctx_.get(), &req_, this);
     StartRead(&msg_);
     StartCall();
   }
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended: OnDone follows
-    if (error_.ok()) error_ = receiver_.OnMessage(msg_);
+    if (error_.ok()) error_ = receiver_.OnFrame(msg_);
     if (!error_.ok()) {
       ctx_->TryCancel();
       return;
@@ -212,7 +215,7 @@ class ReadCall final : public grpc::ClientReadReactor<v1::ReadVariableChunk> {
   const std::string key_;
   const std::shared_ptr<grpc::ClientContext> ctx_ = CallContext();
   v1::ReadReplicaRequest req_;
-  v1::ReadVariableChunk msg_;
+  grpc::ByteBuffer msg_;
   ReplicaReceiver receiver_;
   absl::Status error_;
 };
@@ -262,7 +265,9 @@ GrpcWorkerClient::Channel::Channel(std::shared_ptr<grpc::Channel> c)
     : channel(std::move(c)),
       stub(v1::WorkerReplicas::NewStub(channel)),
       write_replicas(FullMethodName(v1::WorkerReplicas::service_full_name(), "WriteReplicas"),
-                     grpc::internal::RpcMethod::CLIENT_STREAMING, channel) {}
+                     grpc::internal::RpcMethod::CLIENT_STREAMING, channel),
+      read_replica(FullMethodName(v1::WorkerReplicas::service_full_name(), "ReadReplica"),
+                   grpc::internal::RpcMethod::SERVER_STREAMING, channel) {}
 
 const GrpcWorkerClient::Channel& GrpcWorkerClient::ChannelTo(const std::string& address) {
   absl::MutexLock lock(&mu_);
@@ -316,7 +321,7 @@ void GrpcWorkerClient::ReadReplicaAsync(const WorkerTarget& target, uint64_t var
   req.set_chunk_bytes(static_cast<int64_t>(options_.chunk_bytes));
   auto* call =
       new ReadCall(target, absl::Now() + options_.base_deadline, std::move(done), in_flight_);
-  call->Start(StubFor(target.address), req);
+  call->Start(ChannelTo(target.address), req);
 }
 
 void GrpcWorkerClient::DropVariableAsync(const WorkerTarget& target, uint64_t variable_id,

@@ -65,13 +65,15 @@ class GrpcWorkerClient final : public WorkerClient {
                          ListDone done) override;
   void CancelCalls(const WorkerTarget& target) override;
 
-  // One worker address's channel, its stub, and WriteReplicas as a method
-  // of byte buffers (its chunks go out as ChunkFrames).
+  // One worker address's channel, its stub, and WriteReplicas and
+  // ReadReplica as methods of byte buffers (their chunks go out as
+  // ChunkFrames and are read in place).
   struct Channel {
     explicit Channel(std::shared_ptr<grpc::Channel> c);
     const std::shared_ptr<grpc::Channel> channel;
     const std::unique_ptr<v1::WorkerReplicas::Stub> stub;
     const grpc::internal::RpcMethod write_replicas;
+    const grpc::internal::RpcMethod read_replica;
   };
 
  private:
