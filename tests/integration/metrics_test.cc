@@ -183,6 +183,27 @@ TEST_F(MetricsTest, Workers_HeldBytesAndCalls_HealthzWhenReady) {
   EXPECT_EQ(coordinator.Get(received) - std::max(0.0, coordinator_before.Get(received)), 4096);
   EXPECT_EQ(coordinator.Get(sent) - std::max(0.0, coordinator_before.Get(sent)), 2 * 4096);
   EXPECT_EQ(w.Get(received) - std::max(0.0, w_before.Get(received)), 4096);
+  // The same for a value past the inline limit, sent and read in chunk
+  // frames: 2 MiB in, to both workers, and out again to a reader.
+  {
+    VariableSpec big{.name = "big", .dtype = DType::kFloat32, .shape = {1 << 19}};
+    big.replica_count = 2;
+    big.initializer = InitializerSpec::Ones();
+    ASSERT_OK(client_->CreateVariable(big));
+    ASSERT_OK(client_->Initialize({"big"}));
+    const double mib2 = 2 << 20;
+    const Scrape c0 = ScrapeOf("coordinator");
+    const Scrape w0 = ScrapeOf("tpu_worker-0");
+    std::vector<float> threes(1 << 19, 3.0f);
+    ASSERT_OK(client_->Assign("big", std::as_bytes(std::span(threes))));
+    const Scrape c1 = ScrapeOf("coordinator");
+    const Scrape w1 = ScrapeOf("tpu_worker-0");
+    EXPECT_EQ(c1.Get(received) - c0.Get(received), mib2);
+    EXPECT_EQ(c1.Get(sent) - c0.Get(sent), 2 * mib2);
+    EXPECT_EQ(w1.Get(received) - w0.Get(received), mib2);
+    ASSERT_OK(client_->Read("big"));
+    EXPECT_EQ(ScrapeOf("coordinator").Get(sent) - c1.Get(sent), mib2);
+  }
   bool counted = false;
   for (const auto& [series, value] : w.samples) {
     counted |=
