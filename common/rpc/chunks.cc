@@ -50,11 +50,6 @@ absl::StatusOr<ChunkAssembler> StartAssembly(const v1::TensorHeader& header,
   return a;
 }
 
-absl::Status AddChunk(ChunkAssembler& assembler, const v1::TensorChunk& chunk) {
-  CountReceivedTensorBytes(chunk.data().size());
-  return assembler.Add(chunk.offset(), BytesOf(chunk.data()), chunk.checksum());
-}
-
 absl::Status AddChunk(ChunkAssembler& assembler, const ReceivedChunk& chunk) {
   return assembler.Add(chunk.offset(), chunk.size(), chunk.checksum(),
                        [&](std::span<std::byte> out) { chunk.CopyTo(out); });

@@ -20,7 +20,8 @@ class ReceivedChunk;  // chunk_frame.h
 
 // repvar_tensor_bytes_total{direction=sent|received}: tensor bytes this
 // process put into messages or took from them (chunks and inline data).
-// ChunkToProto, AddChunk, StartAssembly, TensorToProto and TensorFromProto
+// ChunkToProto, the chunk frames (ChunkFrame, CopiedChunkFrame,
+// ReceivedChunk::CopyTo), StartAssembly, TensorToProto and TensorFromProto
 // count theirs; other senders and receivers of inline data call these.
 void CountSentTensorBytes(uint64_t n);
 void CountReceivedTensorBytes(uint64_t n);
@@ -42,10 +43,9 @@ bool SendChunks(std::span<const std::byte> bytes, size_t chunk_bytes, WriteFn&& 
   });
   return ok;
 }
-// Feeds a received chunk to `assembler` (see ChunkAssembler::Add).
-absl::Status AddChunk(ChunkAssembler& assembler, const v1::TensorChunk& chunk);
-// The same for a chunk whose data is still in gRPC's slices: copied once,
-// into the tensor.
+// Feeds a received chunk to `assembler` (see ChunkAssembler::Add): its data
+// is copied once, into the tensor, from gRPC's slices or from the message
+// protobuf parsed (ReceivedChunk::Of).
 absl::Status AddChunk(ChunkAssembler& assembler, const ReceivedChunk& chunk);
 // Starts assembling the tensor `header` announces; a small tensor may come
 // whole in `inline_data` (then it is added as the one chunk at 0).

@@ -9,24 +9,33 @@
 
 namespace repvar {
 
-absl::Status ReplicaReceiver::OnMessage(const v1::ReadVariableChunk& msg) {
-  if (msg.has_header()) {
-    REPVAR_ASSIGN_OR_RETURN(TensorHeader header, TensorHeaderFromProto(msg.header()));
-    REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, ChunkAssembler::Start(header, UINT64_MAX));
-    assembler_.emplace(std::move(a));
-    version_ = msg.version();
-    return absl::OkStatus();
-  }
-  if (msg.has_chunk() && assembler_) return AddChunk(*assembler_, msg.chunk());
+namespace {
+
+absl::Status ChunkBeforeHeader() {
   return absl::DataLossError("replica stream: a chunk before the header");
+}
+
+}  // namespace
+
+absl::Status ReplicaReceiver::OnMessage(const v1::ReadVariableChunk& msg) {
+  if (msg.has_chunk()) return OnChunk(ReceivedChunk::Of(msg.chunk()));
+  if (!msg.has_header()) return ChunkBeforeHeader();
+  REPVAR_ASSIGN_OR_RETURN(TensorHeader header, TensorHeaderFromProto(msg.header()));
+  REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, ChunkAssembler::Start(header, UINT64_MAX));
+  assembler_.emplace(std::move(a));
+  version_ = msg.version();
+  return absl::OkStatus();
 }
 
 absl::Status ReplicaReceiver::OnFrame(grpc::ByteBuffer& frame) {
   std::optional<ReceivedChunk> chunk;
   REPVAR_RETURN_IF_ERROR(ParseFrame(frame, &parsed_, &chunk));
-  if (!chunk) return OnMessage(parsed_);
-  if (!assembler_) return absl::DataLossError("replica stream: a chunk before the header");
-  return AddChunk(*assembler_, *chunk);
+  return chunk ? OnChunk(*chunk) : OnMessage(parsed_);
+}
+
+absl::Status ReplicaReceiver::OnChunk(const ReceivedChunk& chunk) {
+  if (!assembler_) return ChunkBeforeHeader();
+  return AddChunk(*assembler_, chunk);
 }
 
 absl::StatusOr<ReceivedReplica> ReplicaReceiver::Finish() {

@@ -19,6 +19,8 @@
 
 namespace repvar {
 
+class ReceivedChunk;  // chunk_frame.h
+
 struct ReceivedReplica {
   int64_t version = 0;
   Tensor value;  // checksums verified
@@ -41,6 +43,9 @@ class ReplicaReceiver {
  private:
   std::optional<ChunkAssembler> assembler_;
   int64_t version_ = 0;
+  // Every chunk, whichever way it was read.
+  absl::Status OnChunk(const ReceivedChunk& chunk);
+
   v1::ReadVariableChunk parsed_;  // OnFrame's message, when not a chunk frame
 };
 

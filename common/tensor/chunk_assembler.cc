@@ -81,11 +81,14 @@ absl::Status ChunkAssembler::Add(uint64_t offset, size_t size, uint64_t checksum
   received_ += size;
   // Kept only while the chunks are even: a chunk after a shorter one, a
   // larger one or one without a checksum ends it.
-  if (keep_sums_) {
-    if (sums_.chunk_bytes == 0) sums_.chunk_bytes = size;
-    keep_sums_ = checksum != kChecksumNotGiven && size <= sums_.chunk_bytes &&
-                 offset == sums_.sums.size() * sums_.chunk_bytes;
-    if (keep_sums_) sums_.sums.push_back(checksum);
+  if (sums_) {
+    if (sums_->chunk_bytes == 0) sums_->chunk_bytes = size;
+    if (checksum != kChecksumNotGiven && size <= sums_->chunk_bytes &&
+        offset == sums_->sums.size() * sums_->chunk_bytes) {
+      sums_->sums.push_back(checksum);
+    } else {
+      sums_.reset();
+    }
   }
   return absl::OkStatus();
 }
@@ -101,7 +104,7 @@ absl::StatusOr<Tensor> ChunkAssembler::Finish() {
                                                    expected_checksum_, ", bytes give ", sum));
   }
   tensor_.checksum = sum;
-  if (keep_sums_) tensor_.chunk_checksums = std::move(sums_);
+  if (sums_) tensor_.chunk_checksums = *std::move(sums_);
   return std::move(tensor_);
 }
 

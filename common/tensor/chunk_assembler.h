@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "absl/functional/function_ref.h"
@@ -77,9 +78,8 @@ class ChunkAssembler {
   uint64_t received_ = 0;
   MemoryCharge charge_;
   ChecksumStream hash_;
-  // The chunk sums verified so far, while they can still be kept.
-  bool keep_sums_ = true;
-  ChunkChecksums sums_;
+  // The chunk sums verified so far; nullopt once they cannot be kept.
+  std::optional<ChunkChecksums> sums_ = ChunkChecksums{};
 };
 
 }  // namespace repvar

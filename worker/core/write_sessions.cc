@@ -2,7 +2,6 @@
 #include "worker/core/write_sessions.h"
 
 #include <algorithm>
-#include <cstring>
 #include <thread>
 #include <utility>
 
@@ -147,13 +146,6 @@ absl::Status ReplicaWriteSession::OnHeader(ReplicaWriteHeader h,
   return absl::OkStatus();
 }
 
-absl::Status ReplicaWriteSession::OnChunk(uint64_t offset, std::span<const std::byte> data,
-                                          uint64_t checksum) {
-  return OnChunk(offset, data.size(), checksum, [&](std::span<std::byte> out) {
-    std::memcpy(out.data(), data.data(), data.size());
-  });
-}
-
 absl::Status ReplicaWriteSession::OnChunk(uint64_t offset, size_t size, uint64_t checksum,
                                           absl::FunctionRef<void(std::span<std::byte>)> fill) {
   if (!assembler_) return absl::InvalidArgumentError("chunk without a header that expects one");
@@ -276,13 +268,6 @@ absl::Status StepWriteSession::OnHeader(const StepWriteHeader& h,
   assembler_.emplace(std::move(a));
   header_ = h;
   return absl::OkStatus();
-}
-
-absl::Status StepWriteSession::OnChunk(uint64_t offset, std::span<const std::byte> data,
-                                       uint64_t checksum) {
-  return OnChunk(offset, data.size(), checksum, [&](std::span<std::byte> out) {
-    std::memcpy(out.data(), data.data(), data.size());
-  });
 }
 
 absl::Status StepWriteSession::OnChunk(uint64_t offset, size_t size, uint64_t checksum,

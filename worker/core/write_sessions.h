@@ -48,8 +48,7 @@ class ReplicaWriteSession {
   // chunk or checksum), FAILED_PRECONDITION (no data plane), UNAVAILABLE or
   // DATA_LOSS (the data plane failed). Nothing is applied after an error.
   absl::Status OnHeader(ReplicaWriteHeader h, std::span<const std::byte> inline_data);
-  absl::Status OnChunk(uint64_t offset, std::span<const std::byte> data, uint64_t checksum);
-  // The same for a chunk that `fill` copies into place (ChunkAssembler::Add).
+  // A chunk of `size` bytes that `fill` copies into place (ChunkAssembler::Add).
   absl::Status OnChunk(uint64_t offset, size_t size, uint64_t checksum,
                        absl::FunctionRef<void(std::span<std::byte>)> fill);
   // Applies every write of the stream; returns the checksum of the last one
@@ -93,8 +92,7 @@ class StepWriteSession {
   // Errors: INVALID_ARGUMENT (bad header, chunk or checksum, a second step
   // in one stream); the step table's refusals at Finish().
   absl::Status OnHeader(const StepWriteHeader& h, std::span<const std::byte> inline_data);
-  absl::Status OnChunk(uint64_t offset, std::span<const std::byte> data, uint64_t checksum);
-  // The same for a chunk that `fill` copies into place (ChunkAssembler::Add).
+  // A chunk of `size` bytes that `fill` copies into place (ChunkAssembler::Add).
   absl::Status OnChunk(uint64_t offset, size_t size, uint64_t checksum,
                        absl::FunctionRef<void(std::span<std::byte>)> fill);
   absl::Status Finish();

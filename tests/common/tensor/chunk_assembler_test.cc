@@ -141,6 +141,14 @@ TEST(ChunkAssembler, VerifiedChunkSums_KeptForEvenChunks_SentOnForTheSameChunksO
   EXPECT_EQ(marked.ChunkChecksum(1024, 512), range(1024, 512));
   EXPECT_EQ(marked.ChunkChecksum(512, 1024), range(512, 1024));
   EXPECT_EQ(marked.ChunkChecksum(0, 2048), range(0, 2048));
+  {  // ...and the next receiver refuses it: every hop checks every chunk.
+    auto next = ChunkAssembler::Start(src.spec, src.bytes.size(), src.checksum, UINT64_MAX);
+    ASSERT_OK(next);
+    const auto bytes = marked.bytes.span();
+    ASSERT_OK(next->Add(0, bytes.subspan(0, 1024), marked.ChunkChecksum(0, 1024)));
+    EXPECT_THAT(next->Add(1024, bytes.subspan(1024, 1024), marked.ChunkChecksum(1024, 1024)),
+                StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
+  }
   marked.UpdateChecksum();  // the bytes were rewritten: the sums go
   EXPECT_EQ(marked.ChunkChecksum(1024, 1024), range(1024, 1024));
 

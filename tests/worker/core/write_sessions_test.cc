@@ -24,6 +24,16 @@ std::vector<std::byte> Bytes(std::vector<float> v) {
   return b;
 }
 
+// Hands `session` a chunk as the RPC layer does: `fill` copies the bytes
+// into place.
+template <typename Session>
+absl::Status Chunk(Session& session, uint64_t offset, std::span<const std::byte> data,
+                   uint64_t checksum) {
+  return session.OnChunk(offset, data.size(), checksum, [&](std::span<std::byte> out) {
+    std::memcpy(out.data(), data.data(), data.size());
+  });
+}
+
 ReplicaWriteHeader Header(uint64_t id, const std::vector<std::byte>& bytes,
                           uint64_t incarnation = kInc) {
   ReplicaWriteHeader h;
@@ -72,14 +82,14 @@ TEST(ReplicaWriteSession, AllWritesApplyTogetherAtTheEnd_ABadOneAppliesNone) {
     ReplicaWriteSession session(kInc, &store, nullptr);
     ASSERT_OK(session.OnHeader(Header(1, a), a));  // inline
     ASSERT_OK(session.OnHeader(Header(2, b), {}));
-    EXPECT_THAT(session.OnChunk(0, b, Checksum(b) + 1),
+    EXPECT_THAT(Chunk(session, 0, b, Checksum(b) + 1),
                 StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
   }
   EXPECT_TRUE(store.List().empty());
   ReplicaWriteSession session(kInc, &store, nullptr);
   ASSERT_OK(session.OnHeader(Header(1, a), a));
   ASSERT_OK(session.OnHeader(Header(2, b), {}));
-  ASSERT_OK(session.OnChunk(0, b, Checksum(b)));
+  ASSERT_OK(Chunk(session, 0, b, Checksum(b)));
   EXPECT_TRUE(store.List().empty()) << "nothing before Finish";
   EXPECT_EQ(*session.Finish(), Checksum(b));
   EXPECT_EQ(store.List().size(), 4u);
@@ -92,7 +102,7 @@ TEST(ReplicaWriteSession, Refusals) {
   ReplicaWriteSession session(kInc, &store, nullptr);
   EXPECT_THAT(session.OnHeader(Header(1, a, kInc + 1), a),
               StatusIs(absl::StatusCode::kAborted, "meant for incarnation 8"));
-  EXPECT_THAT(session.OnChunk(0, a, Checksum(a)),
+  EXPECT_THAT(Chunk(session, 0, a, Checksum(a)),
               StatusIs(absl::StatusCode::kInvalidArgument, "without a header"));
   ReplicaWriteHeader bad = Header(1, a);
   bad.write.version = 0;
@@ -261,7 +271,7 @@ TEST(ReplicaWriteSession, DataPlaneRoot_SendsAsChunksArrive_AStreamEndingEarlyAb
   {
     ReplicaWriteSession session(kInc, &store, &plane);
     ASSERT_OK(session.OnHeader(h, {}));
-    ASSERT_OK(session.OnChunk(0, first, Checksum(first)));
+    ASSERT_OK(Chunk(session, 0, first, Checksum(first)));
     EXPECT_THAT(session.Finish(), StatusIs(absl::StatusCode::kInvalidArgument, "truncated"));
   }
   EXPECT_THAT(plane.root_waited, StatusIs(absl::StatusCode::kAborted, "ended before"));
@@ -270,8 +280,8 @@ TEST(ReplicaWriteSession, DataPlaneRoot_SendsAsChunksArrive_AStreamEndingEarlyAb
 
   ReplicaWriteSession session(kInc, &store, &plane);
   ASSERT_OK(session.OnHeader(h, {}));
-  ASSERT_OK(session.OnChunk(0, first, Checksum(first)));
-  ASSERT_OK(session.OnChunk(first.size(), second, Checksum(second)));
+  ASSERT_OK(Chunk(session, 0, first, Checksum(first)));
+  ASSERT_OK(Chunk(session, first.size(), second, Checksum(second)));
   ASSERT_OK(session.Finish());
   EXPECT_OK(plane.root_waited);
   EXPECT_TRUE(plane.sent == a);
