@@ -177,9 +177,10 @@ void Broadcasts(int workers, const std::vector<int>& mibs, int iters) {
 }
 
 // Point to point: `mib` MiB assigned to a variable with one replica on one
-// worker, then read back whole (trainer -> coordinator -> worker and back);
-// the peer is the same bytes over one loopback TCP connection and back
-// (bench/peers/tcp_stream.cc).
+// worker, then read back whole, by Read (into a fresh vector) and by
+// ReadInto (a buffer kept from round to round, which the total counts); the
+// peer is the same bytes over one loopback TCP connection and back between
+// resident buffers (bench/peers/tcp_stream.cc).
 void PointToPoint(int mib, int iters) {
   repvar::testing::TestCluster cluster(OneTpuPerWorker(1));
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
@@ -190,25 +191,54 @@ void PointToPoint(int mib, int iters) {
       {.name = name, .dtype = repvar::DType::kFloat32, .shape = {n}, .replica_count = 1});
   if (!v.ok()) Die("create", v.status());
   std::vector<float> data(n, 1.25f);
-  std::vector<double> assign, read, total;
+  std::vector<float> into(n);  // ReadInto's buffer, the same every round
+  std::vector<double> assign, read, read_into, total;
   const int warmup = std::max(1, absl::GetFlag(FLAGS_bcast_warmup));
   for (int i = 0; i < warmup + iters; ++i) {
     const double assign_ms = TimedAssign(*c, name, data, i);
-    auto t1 = Clock::now();
-    auto back = c->Read(name);
-    auto t2 = Clock::now();
-    if (!back.ok()) Die("read", back.status());
-    if (back->bytes.size() != data.size() * sizeof(float) ||
-        std::memcmp(back->bytes.data(), data.data(), back->bytes.size()) != 0) {
-      Die("read", absl::DataLossError("the value read back differs from the value assigned"));
+    // Read (a fresh vector) and ReadInto (the same buffer every round), in
+    // turns first, so that neither always finds the other's warm caches.
+    auto timed_read = [&] {
+      auto t0 = Clock::now();
+      auto back = c->Read(name);
+      const double ms = Ms(t0, Clock::now());
+      if (!back.ok()) Die("read", back.status());
+      if (back->bytes.size() != data.size() * sizeof(float) ||
+          std::memcmp(back->bytes.data(), data.data(), back->bytes.size()) != 0) {
+        Die("read", absl::DataLossError("the value read back differs from the value assigned"));
+      }
+      return ms;
+    };
+    auto timed_read_into = [&] {
+      auto t0 = Clock::now();
+      auto info = c->ReadInto(name, std::as_writable_bytes(std::span<float>(into)));
+      const double ms = Ms(t0, Clock::now());
+      if (!info.ok()) Die("read into", info.status());
+      if (std::memcmp(into.data(), data.data(), into.size() * sizeof(float)) != 0) {
+        Die("read into",
+            absl::DataLossError("the value read back differs from the value assigned"));
+      }
+      return ms;
+    };
+    double read_ms = 0, read_into_ms = 0;
+    if (i % 2 == 0) {
+      read_ms = timed_read();
+      read_into_ms = timed_read_into();
+    } else {
+      read_into_ms = timed_read_into();
+      read_ms = timed_read();
     }
     if (i < warmup) continue;
     assign.push_back(assign_ms);
-    read.push_back(Ms(t1, t2));
-    total.push_back(assign_ms + Ms(t1, t2));
+    read.push_back(read_ms);
+    read_into.push_back(read_into_ms);
+    // The peer moves the bytes between resident buffers it keeps: the like
+    // of it here is ReadInto a kept buffer.
+    total.push_back(assign_ms + read_into_ms);
   }
-  std::printf("repvar_p2p mib=%d assign_ms=%.2f read_ms=%.2f total_ms=%.2f\n", mib,
-              Percentile(assign, 0.5), Percentile(read, 0.5), Percentile(total, 0.5));
+  std::printf("repvar_p2p mib=%d assign_ms=%.2f read_ms=%.2f read_into_ms=%.2f total_ms=%.2f\n",
+              mib, Percentile(assign, 0.5), Percentile(read, 0.5), Percentile(read_into, 0.5),
+              Percentile(total, 0.5));
   std::fflush(stdout);
 }
 

@@ -4,6 +4,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -469,6 +471,112 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
     return absl::OkStatus();
   }));
   return value;
+}
+
+namespace {
+
+absl::Status WrongSize(const std::string& name, uint64_t value_bytes, size_t out_bytes) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      name, " holds ", value_bytes, " bytes; the buffer to read it into has ", out_bytes));
+}
+
+// One ReadVariable stream, its messages read as byte buffers, into `out`:
+// the header first (the value's size must be out's), then the chunks in
+// order, each copied from gRPC's slices into its place and checked there
+// against its checksum while in cache, and once the call has ended well,
+// the whole value against the header's checksum.
+class StreamIntoBuffer {
+ public:
+  StreamIntoBuffer(const std::string& name, std::span<std::byte> out, ReadInfo* info)
+      : name_(name), out_(out), info_(info) {}
+
+  // Reads the stream to its end. An error stops it at the message at fault
+  // (the caller cancels the call).
+  absl::Status ReadAll(grpc::internal::ReaderInterface<grpc::ByteBuffer>* reader) {
+    v1::ReadVariableResponse msg;
+    std::optional<ReceivedChunk> chunk;
+    for (;;) {
+      absl::StatusOr<bool> more = ReadFrame(reader, &msg, &chunk);
+      if (!more.ok()) return Damaged(more.status().message());
+      if (!*more) return absl::OkStatus();
+      REPVAR_RETURN_IF_ERROR(chunk.has_value() ? Take(*chunk) : TakeHeader(msg));
+    }
+  }
+  // After the call ended OK: whether the whole value came as announced.
+  absl::Status Complete() const {
+    if (!have_header_ || received_ != out_.size() || hash_.Digest() != info_->checksum) {
+      return Damaged("the value ended early or fails its checksum");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status TakeHeader(const v1::ReadVariableResponse& msg) {
+    if (!msg.has_header() || have_header_) return Damaged("a message that is not the next part");
+    const v1::TensorHeader& t = msg.header().tensor();
+    if (t.byte_size() != out_.size()) return WrongSize(name_, t.byte_size(), out_.size());
+    info_->dtype = static_cast<DType>(t.spec().dtype());
+    info_->shape.assign(t.spec().dims().begin(), t.spec().dims().end());
+    info_->version = msg.header().version();
+    info_->checksum = t.checksum();
+    have_header_ = true;
+    return absl::OkStatus();
+  }
+  absl::Status Take(const ReceivedChunk& c) {
+    if (!have_header_ || c.offset() != received_ || c.size() > out_.size() - received_) {
+      return Damaged("a chunk out of place at ", c.offset());
+    }
+    const std::span<std::byte> piece = out_.subspan(received_, c.size());
+    c.CopyTo(piece);
+    if (Checksum(piece) != c.checksum()) return Damaged("corrupt chunk at ", c.offset());
+    hash_.Update(piece);
+    received_ += c.size();
+    return absl::OkStatus();
+  }
+  template <typename... Parts>
+  absl::Status Damaged(const Parts&... what) const {
+    return absl::DataLossError(absl::StrCat("reading ", name_, ": ", what...));
+  }
+
+  const std::string& name_;
+  const std::span<std::byte> out_;
+  ReadInfo* const info_;
+  bool have_header_ = false;
+  uint64_t received_ = 0;
+  ChecksumStream hash_;
+};
+
+}  // namespace
+
+absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std::byte> out) {
+  // A variable known to be small is read in one unary call, as Read does.
+  if (auto spec = impl_->Spec(name)) {
+    auto bytes = spec->ByteSize();
+    if (bytes.ok() && *bytes <= kSmallReadBytes) {
+      REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ReadBatch({name}));
+      TensorValue& v = one.front();
+      if (v.bytes.size() != out.size()) return WrongSize(name, v.bytes.size(), out.size());
+      if (!out.empty()) std::memcpy(out.data(), v.bytes.data(), out.size());
+      return ReadInfo{v.dtype, std::move(v.shape), v.version, v.checksum};
+    }
+  }
+  ReadInfo info;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
+    grpc::ClientContext ctx;
+    v1::ReadVariableRequest req;
+    req.set_name(name);
+    req.set_chunk_bytes(static_cast<int64_t>(impl_->options().chunk_bytes));
+    impl_->SetDeadline(&ctx, out.size());
+    auto reader = impl_->ReadVariableFrames(&ctx, req);
+    StreamIntoBuffer stream(name, out, &info);
+    absl::Status read = stream.ReadAll(reader.get());
+    if (!read.ok()) ctx.TryCancel();
+    absl::Status call = FromGrpcStatus(reader->Finish());
+    if (!read.ok()) return read;
+    if (!call.ok()) return call;  // e.g. NOT_FOUND, before any message
+    return stream.Complete();
+  }));
+  return info;
 }
 
 absl::StatusOr<std::vector<TensorValue>> Client::ReadBatch(const std::vector<std::string>& names) {

@@ -45,6 +45,9 @@ class Client::Impl {
     assign_variable_ = std::make_unique<grpc::internal::RpcMethod>(
         FullMethodName(v1::CoordinatorTrainers::service_full_name(), "AssignVariable"),
         grpc::internal::RpcMethod::CLIENT_STREAMING, channel_);
+    read_variable_ = std::make_unique<grpc::internal::RpcMethod>(
+        FullMethodName(v1::CoordinatorTrainers::service_full_name(), "ReadVariable"),
+        grpc::internal::RpcMethod::SERVER_STREAMING, channel_);
   }
 
   const ClientOptions& options() const { return options_; }
@@ -57,6 +60,14 @@ class Client::Impl {
     return std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>>(
         grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
             channel_.get(), *assign_variable_, ctx, resp));
+  }
+  // ReadVariable answered as byte buffers: its chunks are read where they
+  // lie in gRPC's slices (ReadFrame) and copied once, into place.
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> ReadVariableFrames(
+      grpc::ClientContext* ctx, const v1::ReadVariableRequest& req) {
+    return std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>>(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(),
+                                                                      *read_variable_, ctx, req));
   }
   // Workers' buffers mapped by StepScope::Map, kept between leases.
   MappingCache& mappings() { return mappings_; }
@@ -161,6 +172,7 @@ class Client::Impl {
   const client_internal::RetryPolicy retry_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::internal::RpcMethod> assign_variable_;
+  std::unique_ptr<grpc::internal::RpcMethod> read_variable_;
   std::unique_ptr<v1::CoordinatorTrainers::Stub> trainers_;
   std::unique_ptr<v1::CoordinatorAdmin::Stub> admin_;
   MappingCache mappings_;

@@ -4,12 +4,18 @@
 // the trainer- and admin-facing calls, and statuses as the API documents them.
 #include "repvar/client.h"
 
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/tensor/tensor.h"
 #include "repvar/step.h"
+#include "repvar/v1/coordinator.grpc.pb.h"
 #include "tests/testing/in_process_coordinator.h"
 #include "tests/testing/status_matchers.h"
 
@@ -121,6 +127,149 @@ TEST_F(ClientTest, SmallAndLargeWrites_UnaryAndStream_AnswerAlike) {
     EXPECT_EQ(back->as<float>()[static_cast<size_t>(n - 1)], 14.0f) << n;
     EXPECT_EQ(client_->GetVariable(name)->checksum, added->checksum) << n;
   }
+}
+
+// ReadInto (C1): the value a Read gives, written into the caller's buffer,
+// whether it comes in one unary call (small, its spec known) or a stream of
+// chunks (large, or a client that has not seen the variable).
+TEST_F(ClientTest, C1_ReadInto_TheValueReadGives_InTheCallersBuffer) {
+  auto fresh = Client::Connect({.coordinator_address = coordinator_.address(),
+                                .chunk_bytes = 64 << 10});  // knows no spec: streams
+  ASSERT_OK(fresh);
+  for (int64_t n : {int64_t{3}, int64_t{(1 << 20) / 4 + 5}}) {
+    const std::string name = absl::StrCat("w", n);
+    ASSERT_OK(client_->CreateVariable(
+        {.name = name, .dtype = DType::kFloat32, .shape = {n}, .replica_count = 4}));
+    std::vector<float> v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.25f;
+    ASSERT_OK(client_->Assign<float>(name, v));
+    auto read = client_->Read(name);
+    ASSERT_OK(read);
+    for (Client* c : {client_.get(), fresh->get()}) {
+      std::vector<float> out(v.size(), -1);
+      auto info = c->ReadInto(name, std::as_writable_bytes(std::span<float>(out)));
+      ASSERT_OK(info);
+      EXPECT_EQ(out, v) << n;
+      EXPECT_EQ(info->dtype, DType::kFloat32);
+      EXPECT_EQ(info->shape, std::vector<int64_t>{n});
+      EXPECT_EQ(info->version, read->version);
+      EXPECT_EQ(info->checksum, read->checksum);
+    }
+  }
+  std::vector<float> out(3);
+  EXPECT_THAT(client_->ReadInto("nope", std::as_writable_bytes(std::span<float>(out))),
+              StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(client_->CreateVariable(
+      {.name = "unset", .dtype = DType::kFloat32, .shape = {3}, .replica_count = 4}));
+  EXPECT_THAT((*fresh)->ReadInto("unset", std::as_writable_bytes(std::span<float>(out))),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+// A buffer of another size than the value is refused before a byte of it is
+// written, on either path.
+TEST_F(ClientTest, ReadInto_BufferOfAnotherSize_InvalidArgument_Untouched) {
+  auto fresh = Client::Connect({.coordinator_address = coordinator_.address()});
+  ASSERT_OK(fresh);
+  for (int64_t n : {int64_t{3}, int64_t{(1 << 20) / 4 + 5}}) {
+    const std::string name = absl::StrCat("w", n);
+    ASSERT_OK(client_->CreateVariable(
+        {.name = name, .dtype = DType::kFloat32, .shape = {n}, .replica_count = 4}));
+    ASSERT_OK(client_->Assign<float>(name, std::vector<float>(static_cast<size_t>(n), 2)));
+    for (Client* c : {client_.get(), fresh->get()}) {
+      for (int64_t size : {n - 1, n + 1}) {
+        std::vector<float> out(static_cast<size_t>(size), -1);
+        EXPECT_THAT(c->ReadInto(name, std::as_writable_bytes(std::span<float>(out))),
+                    StatusIs(absl::StatusCode::kInvalidArgument, "bytes"))
+            << n << " into " << size;
+        EXPECT_EQ(out, std::vector<float>(static_cast<size_t>(size), -1)) << n << " into " << size;
+      }
+    }
+  }
+}
+
+// A coordinator whose ReadVariable answers are scripted per name, to damage
+// them the ways a reader must catch.
+class ScriptedReads final : public v1::CoordinatorTrainers::Service {
+ public:
+  explicit ScriptedReads(std::map<std::string, std::vector<v1::ReadVariableResponse>> script)
+      : script_(std::move(script)) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~ScriptedReads() override { server_->Shutdown(); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  grpc::Status ReadVariable(grpc::ServerContext*, const v1::ReadVariableRequest* req,
+                            grpc::ServerWriter<v1::ReadVariableResponse>* writer) override {
+    auto it = script_.find(req->name());
+    if (it == script_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, req->name());
+    for (const auto& m : it->second) writer->Write(m);
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::map<std::string, std::vector<v1::ReadVariableResponse>> script_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+v1::ReadVariableResponse Header(const std::string& bytes, uint64_t checksum) {
+  v1::ReadVariableResponse m;
+  m.mutable_header()->set_version(7);
+  v1::TensorHeader* t = m.mutable_header()->mutable_tensor();
+  t->mutable_spec()->set_dtype(static_cast<v1::DType>(DType::kFloat32));
+  t->mutable_spec()->add_dims(static_cast<int64_t>(bytes.size() / 4));
+  t->set_byte_size(bytes.size());
+  t->set_checksum(checksum);
+  return m;
+}
+
+v1::ReadVariableResponse Chunk(const std::string& bytes, uint64_t offset, size_t size,
+                               uint64_t checksum_xor = 0) {
+  v1::ReadVariableResponse m;
+  std::string data = bytes.substr(offset, size);
+  m.mutable_chunk()->set_offset(offset);
+  m.mutable_chunk()->set_checksum(
+      Checksum(std::as_bytes(std::span<const char>(data.data(), data.size()))) ^ checksum_xor);
+  m.mutable_chunk()->set_data(std::move(data));
+  return m;
+}
+
+// Read and ReadInto check what a stream delivers: a damaged chunk, a chunk
+// out of place or before the header, a value cut short and one whose whole
+// checksum fails are each DATA_LOSS; the undamaged stream beside them reads.
+TEST(ClientReads, DamagedStream_DataLoss_TheSameStreamUndamagedReads) {
+  std::string bytes(32, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + 1);
+  const uint64_t sum = Checksum(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
+  const auto header = Header(bytes, sum);
+  ScriptedReads coordinator({
+      {"good", {header, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
+      {"flipped", {header, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16, /*checksum_xor=*/1)}},
+      {"gap", {header, Chunk(bytes, 0, 8), Chunk(bytes, 16, 16)}},
+      {"overlap", {header, Chunk(bytes, 0, 16), Chunk(bytes, 8, 24)}},
+      {"headless", {Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
+      {"short", {header, Chunk(bytes, 0, 16)}},
+      {"whole", {Header(bytes, sum ^ 1), Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
+  });
+  auto c = Client::Connect({.coordinator_address = coordinator.address(), .max_attempts = 1});
+  ASSERT_OK(c);
+  std::vector<std::byte> out(bytes.size());
+  auto good = (*c)->ReadInto("good", out);
+  ASSERT_OK(good);
+  EXPECT_EQ(std::memcmp(out.data(), bytes.data(), bytes.size()), 0);
+  EXPECT_EQ(good->version, 7);
+  EXPECT_EQ(good->checksum, sum);
+  auto read = (*c)->Read("good");
+  ASSERT_OK(read);
+  EXPECT_EQ(read->checksum, sum);
+  for (const char* name : {"flipped", "gap", "overlap", "headless", "short", "whole"}) {
+    EXPECT_THAT((*c)->ReadInto(name, out), StatusIs(absl::StatusCode::kDataLoss, name)) << name;
+    EXPECT_THAT((*c)->Read(name), StatusIs(absl::StatusCode::kDataLoss)) << name;
+  }
+  EXPECT_THAT((*c)->ReadInto("absent", out), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(ClientTest, Admin_DeleteAndClusterStatus) {

@@ -248,6 +248,14 @@ struct TensorValue {
   }
 };
 
+// What ReadInto wrote into the caller's buffer: the value's metadata.
+struct ReadInfo {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  int64_t version = 0;
+  uint64_t checksum = 0;  // XXH3-64 of the bytes written, checked end to end
+};
+
 struct WriteAck {
   int64_t version = 0;
   uint64_t checksum = 0;
@@ -389,6 +397,14 @@ class Client {
 
   // The last committed value. Errors: NOT_FOUND, FAILED_PRECONDITION.
   absl::StatusOr<TensorValue> Read(const std::string& name);
+  // The same value written straight into `out`, which must be exactly its
+  // size: each byte is copied once, from the network into `out` (checked
+  // there against its chunk's checksum and the value's), and nothing of the
+  // value's size is allocated, so a loop that reads into the same buffer
+  // (a framework's parameter storage) touches no fresh memory. Errors: as
+  // Read, and INVALID_ARGUMENT (`out` is not the value's size; `out` is
+  // untouched). After any other error `out`'s contents are unspecified.
+  absl::StatusOr<ReadInfo> ReadInto(const std::string& name, std::span<std::byte> out);
   absl::StatusOr<std::vector<TensorValue>> ReadBatch(const std::vector<std::string>& names);
 
   // ---- Curves people watch ----
