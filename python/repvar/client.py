@@ -277,12 +277,33 @@ class Client:
 
         return self.stub.AssignVariable(stream(), timeout=self.timeout + h.byte_size / 50e6)
 
-    def read(self, name: str, chunk_bytes: int = 1 << 20) -> Tuple[np.ndarray, int]:
-        """Returns (numpy array, version) of the last committed value."""
+    def read(self, name: str, chunk_bytes: int = 1 << 20,
+             out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
+        """Returns (numpy array, version) of the last committed value, every
+        chunk and the whole value checked against their checksums (DataLoss).
+        With `out`, a writable C-contiguous array of the value's size in bytes
+        (any dtype and shape: a framework's parameter storage, say), the value
+        is written into it and `out` is returned: nothing of the value's size
+        is allocated. InvalidArgument, with `out` untouched, for another size."""
+        if out is not None and not (isinstance(out, np.ndarray) and out.flags.c_contiguous
+                                    and out.flags.writeable):
+            raise errors.InvalidArgument("out must be a writable C-contiguous numpy array")
         responses = self.stub.ReadVariable(cpb.ReadVariableRequest(name=name, chunk_bytes=chunk_bytes),
                                            timeout=self.timeout + 60)
         first = next(responses)
-        arr = tensors.from_chunks(first.header.tensor, (r.chunk for r in responses))
+        if first.WhichOneof("part") != "header":
+            responses.cancel()
+            raise errors.DataLoss(f"reading {name}: the stream did not begin with its header")
+        h = first.header.tensor
+        if out is not None and out.nbytes != h.byte_size:
+            responses.cancel()
+            raise errors.InvalidArgument(
+                f"{name} holds {h.byte_size} bytes; the array to read it into has {out.nbytes}")
+        try:
+            arr = tensors.from_chunks(h, (r.chunk for r in responses), out=out)
+        except ValueError as e:
+            responses.cancel()
+            raise errors.DataLoss(f"reading {name}: {e}") from e
         return arr, first.header.version
 
     def read_many(self, names: Sequence[str]) -> List[Tuple[np.ndarray, int]]:

@@ -74,10 +74,17 @@ def to_chunks(array, dtype_name: str, chunk_bytes: int = 1 << 20):
         yield types_pb2.TensorChunk(offset=off, data=bytes(piece), checksum=checksum(piece))
 
 
-def from_chunks(h: types_pb2.TensorHeader, chunks) -> np.ndarray:
-    """Rebuilds an array from a header and in-order chunks; verifies checksums."""
+def from_chunks(h: types_pb2.TensorHeader, chunks, out=None) -> np.ndarray:
+    """Rebuilds an array from a header and in-order chunks; verifies checksums.
+    With `out` (a writable C-contiguous array of exactly h.byte_size bytes)
+    the bytes go into it and it is returned as it is."""
     name, npd = _BY_ENUM[h.spec.dtype]
-    out = bytearray(h.byte_size)
+    if out is None:
+        dest = bytearray(h.byte_size)
+    else:
+        if out.nbytes != h.byte_size:
+            raise ValueError(f"{h.byte_size} bytes do not fit an array of {out.nbytes}")
+        dest = memoryview(out.reshape(-1).view(np.uint8))
     received = 0
     state = checksum_state()
     for c in chunks:
@@ -85,13 +92,15 @@ def from_chunks(h: types_pb2.TensorHeader, chunks) -> np.ndarray:
             raise ValueError(f"chunk out of order at {c.offset}, expected {received}")
         if checksum(c.data) != c.checksum:
             raise ValueError(f"chunk checksum mismatch at {c.offset}")
-        out[received:received + len(c.data)] = c.data
+        dest[received:received + len(c.data)] = c.data
         state.update(c.data)
         received += len(c.data)
     if received != h.byte_size or state.intdigest() != h.checksum:
         raise ValueError("tensor truncated or whole-tensor checksum mismatch")
+    if out is not None:
+        return out
     # A writable array over the received bytes themselves (no copy).
-    return np.frombuffer(out, dtype=npd).reshape(tuple(h.spec.dims))
+    return np.frombuffer(dest, dtype=npd).reshape(tuple(h.spec.dims))
 
 
 def to_tensor(array, dtype_name: str) -> types_pb2.Tensor:

@@ -138,6 +138,58 @@ def test_large_chunked_value(client):
     assert back.tobytes() == value.tobytes()
 
 
+def test_read_into_out_writes_the_value_in_place_and_refuses_another_size(client):
+    """read(out=...) (C1): the value lands in the caller's array, which comes
+    back as it is; an array of another size is refused untouched, one that
+    is not writable and contiguous before the call."""
+    client.create("into", "float32", (3, 1 << 18), replica_count=2)
+    value = np.random.default_rng(2).random((3, 1 << 18), dtype=np.float32)
+    client.assign("into", value)
+    out = np.zeros((3, 1 << 18), np.float32)
+    back, version = client.read("into", chunk_bytes=1 << 18, out=out)
+    assert back is out and version == 1
+    assert out.tobytes() == value.tobytes()
+    flat = np.zeros(4 * 3 << 18, np.uint8)  # any dtype and shape of the same size
+    client.read("into", out=flat)
+    assert flat.tobytes() == value.tobytes()
+    small = np.zeros(5, np.float32)
+    with pytest.raises(repvar.InvalidArgument, match="bytes"):
+        client.read("into", out=small)
+    assert not small.any()
+    with pytest.raises(repvar.InvalidArgument, match="contiguous"):
+        client.read("into", out=np.zeros((3, 1 << 19), np.float32)[:, ::2])
+    frozen = np.zeros((3, 1 << 18), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(repvar.InvalidArgument, match="writable"):
+        client.read("into", out=frozen)
+
+
+def test_from_chunks_refuses_a_damaged_stream():
+    """What read() turns into DataLoss: a chunk that fails its checksum or
+    is out of place, a value cut short, and a whole value that fails its
+    checksum are ValueErrors; the undamaged chunks beside them rebuild it."""
+    value = np.arange(8, dtype=np.float32)
+    h, *chunks = repvar.tensors.to_chunks(value, "float32", chunk_bytes=16)
+    np.testing.assert_array_equal(repvar.tensors.from_chunks(h, chunks), value)
+    out = np.zeros(8, np.float32)
+    assert repvar.tensors.from_chunks(h, chunks, out=out) is out
+    np.testing.assert_array_equal(out, value)
+    flipped = tpb.TensorChunk(offset=16, data=chunks[1].data, checksum=chunks[1].checksum ^ 1)
+    with pytest.raises(ValueError, match="checksum mismatch at 16"):
+        repvar.tensors.from_chunks(h, [chunks[0], flipped])
+    with pytest.raises(ValueError, match="out of order at 16"):
+        repvar.tensors.from_chunks(h, [chunks[1]])
+    with pytest.raises(ValueError, match="truncated"):
+        repvar.tensors.from_chunks(h, chunks[:1])
+    bad = tpb.TensorHeader()
+    bad.CopyFrom(h)
+    bad.checksum ^= 1
+    with pytest.raises(ValueError, match="whole-tensor checksum"):
+        repvar.tensors.from_chunks(bad, chunks)
+    with pytest.raises(ValueError, match="do not fit"):
+        repvar.tensors.from_chunks(h, chunks, out=np.zeros(7, np.float32))
+
+
 def test_bad_inputs_get_clear_statuses(client):
     client.create("guarded", "float32", (2,), replica_count=2)
     client.assign("guarded", np.array([1, 2], np.float32))
