@@ -281,10 +281,11 @@ class Client:
              out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
         """Returns (numpy array, version) of the last committed value, every
         chunk and the whole value checked against their checksums (DataLoss).
-        With `out`, a writable C-contiguous array of the value's size in bytes
-        (any dtype and shape: a framework's parameter storage, say), the value
-        is written into it and `out` is returned: nothing of the value's size
-        is allocated. InvalidArgument, with `out` untouched, for another size."""
+        With `out`, a writable C-contiguous array of the value's dtype (or
+        uint8, for its raw bytes) and size, any shape (a framework's parameter
+        storage, say), the value is written into it and `out` is returned:
+        nothing of the value's size is allocated. InvalidArgument, with `out`
+        untouched, for another dtype or size."""
         if out is not None and not (isinstance(out, np.ndarray) and out.flags.c_contiguous
                                     and out.flags.writeable):
             raise errors.InvalidArgument("out must be a writable C-contiguous numpy array")
@@ -295,12 +296,11 @@ class Client:
             responses.cancel()
             raise errors.DataLoss(f"reading {name}: the stream did not begin with its header")
         h = first.header.tensor
-        if out is not None and out.nbytes != h.byte_size:
-            responses.cancel()
-            raise errors.InvalidArgument(
-                f"{name} holds {h.byte_size} bytes; the array to read it into has {out.nbytes}")
         try:
             arr = tensors.from_chunks(h, (r.chunk for r in responses), out=out)
+        except tensors.OutMismatch as e:  # before any chunk
+            responses.cancel()
+            raise errors.InvalidArgument(f"{name}: {e}") from None
         except ValueError as e:
             responses.cancel()
             raise errors.DataLoss(f"reading {name}: {e}") from e

@@ -34,6 +34,10 @@ def _bytes(wire: np.ndarray) -> memoryview:
     return memoryview(wire.reshape(-1).view(np.uint8))
 
 
+class OutMismatch(ValueError):
+    """The array given to take a value is not of its dtype (or uint8) and size."""
+
+
 def numpy_dtype(dtype_name: str) -> np.dtype:
     if dtype_name not in DTYPES:
         raise ValueError(f"unsupported dtype {dtype_name!r}; supported: {sorted(DTYPES)}")
@@ -75,15 +79,21 @@ def to_chunks(array, dtype_name: str, chunk_bytes: int = 1 << 20):
 
 
 def from_chunks(h: types_pb2.TensorHeader, chunks, out=None) -> np.ndarray:
-    """Rebuilds an array from a header and in-order chunks; verifies checksums.
-    With `out` (a writable C-contiguous array of exactly h.byte_size bytes)
-    the bytes go into it and it is returned as it is."""
+    """Rebuilds an array from a header and in-order chunks; verifies checksums
+    (ValueError). With `out`, a writable C-contiguous array of the value's
+    dtype (or uint8) and exactly h.byte_size bytes, the bytes go into it and
+    it is returned as it is; OutMismatch, before any chunk is read, when it
+    is not."""
+    if h.spec.dtype not in _BY_ENUM:
+        raise ValueError(f"a dtype this client does not read ({h.spec.dtype})")
     name, npd = _BY_ENUM[h.spec.dtype]
     if out is None:
         dest = bytearray(h.byte_size)
     else:
+        if out.dtype != np.uint8 and out.dtype != npd:
+            raise OutMismatch(f"{name} values do not go into an array of {out.dtype}")
         if out.nbytes != h.byte_size:
-            raise ValueError(f"{h.byte_size} bytes do not fit an array of {out.nbytes}")
+            raise OutMismatch(f"{h.byte_size} bytes do not fit an array of {out.nbytes}")
         dest = memoryview(out.reshape(-1).view(np.uint8))
     received = 0
     state = checksum_state()

@@ -103,9 +103,11 @@ class ReplicatedModule:
 
     def load(self, names: Optional[List[str]] = None) -> int:
         """Makes the committed values the module's (of `names`, default all);
-        returns their version. Each tensor takes the bytes as read
-        (torch.from_numpy: no copy) and stays the same Parameter object, so
-        optimizers keep working."""
+        returns their version. Each tensor stays the same Parameter object, so
+        optimizers keep working: a large one on the CPU takes the bytes into
+        its own memory as they arrive (read(out=...)), the others the arrays
+        read (torch.from_numpy: no copy). A load that raises may leave a
+        large tensor partly written: load again."""
         version = 0
         wanted = self.tensors if names is None else {n: self.tensors[n] for n in names}
         # Small tensors in batched calls (one round trip for many), large
@@ -128,6 +130,11 @@ class ReplicatedModule:
                 values[name] = (value, v)
         with torch.no_grad():
             for name, t in wanted.items():
+                if name not in values and t.device.type == "cpu" and t.is_contiguous():
+                    # Streamed into the tensor's own (warm) memory: a fresh
+                    # array's first touch costs more than the copy.
+                    _, version = self.client.read(name, out=t.detach().numpy())
+                    continue
                 value, version = values[name] if name in values else self.client.read(name)
                 t.data = torch.from_numpy(value.reshape(tuple(t.shape)))
         return version

@@ -140,8 +140,8 @@ def test_large_chunked_value(client):
 
 def test_read_into_out_writes_the_value_in_place_and_refuses_another_size(client):
     """read(out=...) (C1): the value lands in the caller's array, which comes
-    back as it is; an array of another size is refused untouched, one that
-    is not writable and contiguous before the call."""
+    back as it is; an array of another size or dtype is refused untouched,
+    one that is not writable and contiguous before the call."""
     client.create("into", "float32", (3, 1 << 18), replica_count=2)
     value = np.random.default_rng(2).random((3, 1 << 18), dtype=np.float32)
     client.assign("into", value)
@@ -153,9 +153,13 @@ def test_read_into_out_writes_the_value_in_place_and_refuses_another_size(client
     client.read("into", out=flat)
     assert flat.tobytes() == value.tobytes()
     small = np.zeros(5, np.float32)
-    with pytest.raises(repvar.InvalidArgument, match="bytes"):
+    with pytest.raises(repvar.InvalidArgument, match="bytes do not fit"):
         client.read("into", out=small)
     assert not small.any()
+    ints = np.zeros((3, 1 << 18), np.int32)  # the size, not the dtype
+    with pytest.raises(repvar.InvalidArgument, match="float32"):
+        client.read("into", out=ints)
+    assert not ints.any()
     with pytest.raises(repvar.InvalidArgument, match="contiguous"):
         client.read("into", out=np.zeros((3, 1 << 19), np.float32)[:, ::2])
     frozen = np.zeros((3, 1 << 18), np.float32)
@@ -186,8 +190,10 @@ def test_from_chunks_refuses_a_damaged_stream():
     bad.checksum ^= 1
     with pytest.raises(ValueError, match="whole-tensor checksum"):
         repvar.tensors.from_chunks(bad, chunks)
-    with pytest.raises(ValueError, match="do not fit"):
+    with pytest.raises(repvar.tensors.OutMismatch, match="do not fit"):
         repvar.tensors.from_chunks(h, chunks, out=np.zeros(7, np.float32))
+    with pytest.raises(repvar.tensors.OutMismatch, match="float32 values"):
+        repvar.tensors.from_chunks(h, chunks, out=np.zeros(8, np.int32))
 
 
 def test_bad_inputs_get_clear_statuses(client):

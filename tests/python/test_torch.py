@@ -78,3 +78,22 @@ def test_data_parallel_mlp_replicas_identical_and_matching_single_process(
     for pname, p in model.named_parameters():
         np.testing.assert_allclose(np.asarray(results[0]["params"][pname], np.float32),
                                    p.detach().numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_load_streams_a_large_tensor_into_the_parameters_own_memory(client):
+    """ReplicatedModule.load: a tensor past the batched reads' 8 MiB is
+    streamed into the parameter's own memory (read(out=...)), so the same
+    Parameter keeps the same storage and holds the chief's value; the small
+    bias comes in a batched read."""
+    import repvar.torch as rt
+    torch.manual_seed(0)
+    chief = torch.nn.Linear(2304, 1024)  # a 9 MiB weight
+    rt.ReplicatedModule(client, chief, "loadbig", worker="tpu_worker:0", is_chief=True)
+    torch.manual_seed(1)
+    other = torch.nn.Linear(2304, 1024)
+    weight, storage = other.weight, other.weight.data_ptr()
+    assert not torch.equal(other.weight, chief.weight)
+    rt.ReplicatedModule(client, other, "loadbig", worker="tpu_worker:1", is_chief=False)
+    assert other.weight is weight and other.weight.data_ptr() == storage
+    assert torch.equal(other.weight, chief.weight)
+    assert torch.equal(other.bias, chief.bias)
