@@ -3,6 +3,7 @@
 
 import collections
 import contextlib
+import ctypes
 import mmap
 import os
 import threading
@@ -117,6 +118,22 @@ def _credentials(tls_ca, tls_cert, tls_key, token_file):
     return creds
 
 
+_M_TRIM_THRESHOLD = -1  # glibc's malloc.h
+_M_MMAP_THRESHOLD = -3
+
+
+def tune_malloc_for_bulk_transfers() -> bool:
+    """Large blocks from the heap rather than fresh mappings, and freed
+    memory kept there (glibc only: False elsewhere, nothing changed)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # the largest glibc accepts
+                and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
 def connect(address: Optional[str] = None, *, tls_ca: Optional[str] = None,
             tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
             token_file: Optional[str] = None, timeout: float = 30.0) -> "Client":
@@ -145,7 +162,7 @@ class Client:
 
     def __init__(self, address: str = None, timeout: float = 30.0, *, tls_ca: str = None,
                  tls_cert: str = None, tls_key: str = None, token_file: str = None,
-                 mapping_cache_bytes: int = 1 << 30):
+                 mapping_cache_bytes: int = 1 << 30, tune_malloc: bool = True):
         """Arguments left out come from the environment: REPVAR_COORDINATOR_ADDRESS,
         REPVAR_TLS_CA (a PEM CA file: every call is TLS), REPVAR_TLS_CERT and
         REPVAR_TLS_KEY (an optional client certificate), REPVAR_TOKEN_FILE (its
@@ -155,10 +172,19 @@ class Client:
         after a lease, up to this many bytes, and maps the same buffer again
         for free (the worker lends the same few buffers step after step; a
         fresh mapping's first touch of each page costs more than the copy). 0:
-        map and unmap every lease."""
+        map and unmap every lease.
+
+        tune_malloc: keep the large blocks a tensor's chunks pass through in
+        the heap, and freed memory there (glibc's mallopt, as the C++ client's
+        ClientOptions::tune_malloc): each 1 MiB chunk of a read or a write was
+        a fresh mapping whose pages faulted in one by one, which cost more than
+        copying the bytes. It changes the process's malloc settings; pass
+        False if that matters."""
         address = address or os.environ.get("REPVAR_COORDINATOR_ADDRESS")
         if not address:
             raise ValueError("no coordinator address: pass one or set REPVAR_COORDINATOR_ADDRESS")
+        if tune_malloc:
+            tune_malloc_for_bulk_transfers()
         self._credentials = _credentials(
             tls_ca or os.environ.get("REPVAR_TLS_CA"),
             tls_cert or os.environ.get("REPVAR_TLS_CERT"),

@@ -88,13 +88,14 @@ def from_chunks(h: types_pb2.TensorHeader, chunks, out=None) -> np.ndarray:
         raise ValueError(f"a dtype this client does not read ({h.spec.dtype})")
     name, npd = _BY_ENUM[h.spec.dtype]
     if out is None:
-        dest = bytearray(h.byte_size)
+        # Written once, as the chunks arrive (not zeroed first).
+        out = np.empty(h.byte_size, np.uint8).view(npd).reshape(tuple(h.spec.dims))
     else:
         if out.dtype != np.uint8 and out.dtype != npd:
             raise OutMismatch(f"{name} values do not go into an array of {out.dtype}")
         if out.nbytes != h.byte_size:
             raise OutMismatch(f"{h.byte_size} bytes do not fit an array of {out.nbytes}")
-        dest = memoryview(out.reshape(-1).view(np.uint8))
+    dest = memoryview(out.reshape(-1).view(np.uint8))
     received = 0
     state = checksum_state()
     for c in chunks:
@@ -107,10 +108,7 @@ def from_chunks(h: types_pb2.TensorHeader, chunks, out=None) -> np.ndarray:
         received += len(c.data)
     if received != h.byte_size or state.intdigest() != h.checksum:
         raise ValueError("tensor truncated or whole-tensor checksum mismatch")
-    if out is not None:
-        return out
-    # A writable array over the received bytes themselves (no copy).
-    return np.frombuffer(dest, dtype=npd).reshape(tuple(h.spec.dims))
+    return out
 
 
 def to_tensor(array, dtype_name: str) -> types_pb2.Tensor:

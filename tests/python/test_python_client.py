@@ -2,7 +2,10 @@
 """Drives a real cluster through the generated stubs and the numpy helper."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import grpc
 import numpy as np
@@ -67,6 +70,36 @@ def test_every_dtype_round_trips_at_zero_size_and_as_a_scalar(client, dtype, sha
     back, version = client.read(name)
     assert version == 1
     assert back.shape == shape and back.tobytes() == array.tobytes()
+
+
+_MALLOC_PROBE = """
+import ctypes, sys
+import repvar.client
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                "usmblks", "fsmblks", "uordblks", "fordblks",
+                                                "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+if sys.argv[1] == "tuned":
+    repvar.Client("127.0.0.1:1").close()  # tune_malloc by default; connects lazily
+before = libc.mallinfo2().hblks
+block = bytearray(16 << 20)  # a value's chunk passes through blocks like it
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+def test_tune_malloc_keeps_large_blocks_in_the_heap():
+    """A Client tunes glibc's malloc as the C++ client does (tune_malloc):
+    a large block then comes from the heap, where it stays resident for the
+    next chunk, not from a fresh mapping; without a Client it is mapped."""
+    def mapped_blocks(mode):
+        run = subprocess.run([sys.executable, "-c", _MALLOC_PROBE, mode], capture_output=True,
+                             text=True, timeout=60, env=dict(os.environ))
+        assert run.returncode == 0, run.stderr
+        return int(run.stdout)
+    assert mapped_blocks("tuned") == 0
+    assert mapped_blocks("default") == 1
 
 
 def test_connect_reads_the_environment_and_fails_fast_with_unavailable(cluster, monkeypatch):
