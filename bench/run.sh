@@ -119,6 +119,8 @@ else
 fi
 echo "== PyTorch: repvar.torch next to DistributedDataParallel (gloo), same model and processes"
 /usr/bin/python3 bench/torch_step.py "$build" --steps="$torch_steps" | tee -a "$results"
+echo "== Python: 64 MiB assigned and read back (fresh array, read(out=)), malloc tuned and not"
+/usr/bin/python3 bench/python_bulk.py "$build" | tee -a "$results"
 if [ -n "$baseline" ]; then
   echo "== baseline repvar ($baseline)"
   # Flags an older build knows (no --p2p_mib: its default, 256, where it has the figure).
