@@ -399,80 +399,6 @@ absl::StatusOr<std::vector<WriteAck>> Client::AssignBatch(const std::vector<Assi
   return out;
 }
 
-absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
-  // A variable known to be small is read in one unary call, which costs a
-  // fraction of a stream's set-up.
-  if (auto spec = impl_->Spec(name)) {
-    auto bytes = spec->ByteSize();
-    if (bytes.ok() && *bytes <= kSmallReadBytes) {
-      REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ReadBatch({name}));
-      return std::move(one.front());
-    }
-  }
-  TensorValue value;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
-    grpc::ClientContext ctx;
-    v1::ReadVariableRequest req;
-    req.set_name(name);
-    req.set_chunk_bytes(static_cast<int64_t>(impl_->options().chunk_bytes));
-    auto spec = impl_->Spec(name);
-    uint64_t hint = 0;
-    if (spec) {
-      auto b = spec->ByteSize();
-      if (b.ok()) hint = static_cast<uint64_t>(*b);
-    }
-    impl_->SetDeadline(&ctx, hint);
-    auto reader = impl_->stub()->ReadVariable(&ctx, req);
-    v1::ReadVariableResponse msg;
-    bool have_header = false;
-    uint64_t received = 0;
-    uint64_t expected = 0;  // bytes the header announced
-    uint64_t expected_sum = 0;
-    ChecksumStream hash;
-    absl::Status bad;
-    while (reader->Read(&msg)) {
-      if (msg.has_header()) {
-        const auto& t = msg.header().tensor();
-        value.dtype = static_cast<DType>(t.spec().dtype());
-        value.shape.assign(t.spec().dims().begin(), t.spec().dims().end());
-        value.version = msg.header().version();
-        // Room for the value, filled chunk by chunk below: each byte is
-        // written once (no zeroing pass before the copy).
-        value.bytes.clear();
-        ReserveForBulk(value.bytes, t.byte_size());
-        expected = t.byte_size();
-        expected_sum = t.checksum();
-        have_header = true;
-        continue;
-      }
-      const auto& c = msg.chunk();
-      const std::string& data = c.data();
-      auto piece = std::as_bytes(std::span<const char>(data.data(), data.size()));
-      if (!have_header || c.offset() != received || data.size() > expected - received ||
-          Checksum(piece) != c.checksum()) {
-        bad = absl::DataLossError(absl::StrCat("corrupt chunk at ", c.offset(), " reading ", name));
-        ctx.TryCancel();
-        break;
-      }
-      MakeRoomResident(value.bytes, received + piece.size());
-      value.bytes.insert(value.bytes.end(), piece.begin(), piece.end());
-      hash.Update(piece);
-      received += data.size();
-    }
-    uint64_t sum = hash.Digest();
-    absl::Status s = FromGrpcStatus(reader->Finish());
-    if (!bad.ok()) return bad;
-    if (!s.ok()) return s;
-    if (!have_header || received != expected || sum != expected_sum) {
-      return absl::DataLossError(
-          absl::StrCat("read of ", name, " ended early or fails its checksum"));
-    }
-    value.checksum = sum;
-    return absl::OkStatus();
-  }));
-  return value;
-}
-
 namespace {
 
 absl::Status WrongSize(const std::string& name, uint64_t value_bytes, size_t out_bytes) {
@@ -480,15 +406,19 @@ absl::Status WrongSize(const std::string& name, uint64_t value_bytes, size_t out
       name, " holds ", value_bytes, " bytes; the buffer to read it into has ", out_bytes));
 }
 
-// One ReadVariable stream, its messages read as byte buffers, into `out`:
-// the header first (the value's size must be out's), then the chunks in
-// order, each copied from gRPC's slices into its place and checked there
-// against its checksum while in cache, and once the call has ended well,
-// the whole value against the header's checksum.
+// One ReadVariable stream, its messages read as byte buffers: the header
+// first, then the chunks in order, each copied once from gRPC's slices into
+// its place and checked there against its checksum while in cache, and once
+// the call has ended well, the whole value against the header's checksum.
 class StreamIntoBuffer {
  public:
+  // Into the caller's buffer, which must be the value's size.
   StreamIntoBuffer(const std::string& name, std::span<std::byte> out, ReadInfo* info)
       : name_(name), out_(out), info_(info) {}
+  // Into `grow`, room reserved as the header announces and filled (made
+  // resident and sized) chunk by chunk as they arrive.
+  StreamIntoBuffer(const std::string& name, std::vector<std::byte>* grow, ReadInfo* info)
+      : name_(name), grow_(grow), info_(info) {}
 
   // Reads the stream to its end. An error stops it at the message at fault
   // (the caller cancels the call).
@@ -504,7 +434,7 @@ class StreamIntoBuffer {
   }
   // After the call ended OK: whether the whole value came as announced.
   absl::Status Complete() const {
-    if (!have_header_ || received_ != out_.size() || hash_.Digest() != info_->checksum) {
+    if (!have_header_ || received_ != size_ || hash_.Digest() != info_->checksum) {
       return Damaged("the value ended early or fails its checksum");
     }
     return absl::OkStatus();
@@ -514,7 +444,13 @@ class StreamIntoBuffer {
   absl::Status TakeHeader(const v1::ReadVariableResponse& msg) {
     if (!msg.has_header() || have_header_) return Damaged("a message that is not the next part");
     const v1::TensorHeader& t = msg.header().tensor();
-    if (t.byte_size() != out_.size()) return WrongSize(name_, t.byte_size(), out_.size());
+    if (grow_ != nullptr) {
+      grow_->clear();
+      ReserveForBulk(*grow_, t.byte_size());
+    } else if (t.byte_size() != out_.size()) {
+      return WrongSize(name_, t.byte_size(), out_.size());
+    }
+    size_ = t.byte_size();
     info_->dtype = static_cast<DType>(t.spec().dtype());
     info_->shape.assign(t.spec().dims().begin(), t.spec().dims().end());
     info_->version = msg.header().version();
@@ -523,10 +459,19 @@ class StreamIntoBuffer {
     return absl::OkStatus();
   }
   absl::Status Take(const ReceivedChunk& c) {
-    if (!have_header_ || c.offset() != received_ || c.size() > out_.size() - received_) {
+    if (!have_header_ || c.offset() != received_ || c.size() > size_ - received_) {
       return Damaged("a chunk out of place at ", c.offset());
     }
-    const std::span<std::byte> piece = out_.subspan(received_, c.size());
+    std::span<std::byte> piece;
+    if (grow_ != nullptr) {
+      // Sized a chunk at a time: the zeros resize writes are in cache when
+      // the copy overwrites them.
+      MakeRoomResident(*grow_, received_ + c.size());
+      grow_->resize(received_ + c.size());
+      piece = std::span(*grow_).subspan(received_);
+    } else {
+      piece = out_.subspan(received_, c.size());
+    }
     c.CopyTo(piece);
     if (Checksum(piece) != c.checksum()) return Damaged("corrupt chunk at ", c.offset());
     hash_.Update(piece);
@@ -540,11 +485,31 @@ class StreamIntoBuffer {
 
   const std::string& name_;
   const std::span<std::byte> out_;
+  std::vector<std::byte>* const grow_ = nullptr;
   ReadInfo* const info_;
   bool have_header_ = false;
+  uint64_t size_ = 0;  // as the header announced
   uint64_t received_ = 0;
   ChecksumStream hash_;
 };
+
+// One attempt at `name`'s ReadVariable stream into `stream`, with a deadline
+// that allows for `bytes_hint` bytes.
+absl::Status ReadStream(ClientAccess::Impl& impl, const std::string& name, uint64_t bytes_hint,
+                        StreamIntoBuffer stream) {
+  grpc::ClientContext ctx;
+  v1::ReadVariableRequest req;
+  req.set_name(name);
+  req.set_chunk_bytes(static_cast<int64_t>(impl.options().chunk_bytes));
+  impl.SetDeadline(&ctx, bytes_hint);
+  auto reader = impl.ReadVariableFrames(&ctx, req);
+  absl::Status read = stream.ReadAll(reader.get());
+  if (!read.ok()) ctx.TryCancel();
+  absl::Status call = FromGrpcStatus(reader->Finish());
+  if (!read.ok()) return read;
+  if (!call.ok()) return call;  // e.g. NOT_FOUND, before any message
+  return stream.Complete();
+}
 
 }  // namespace
 
@@ -561,22 +526,32 @@ absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std
     }
   }
   ReadInfo info;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
-    grpc::ClientContext ctx;
-    v1::ReadVariableRequest req;
-    req.set_name(name);
-    req.set_chunk_bytes(static_cast<int64_t>(impl_->options().chunk_bytes));
-    impl_->SetDeadline(&ctx, out.size());
-    auto reader = impl_->ReadVariableFrames(&ctx, req);
-    StreamIntoBuffer stream(name, out, &info);
-    absl::Status read = stream.ReadAll(reader.get());
-    if (!read.ok()) ctx.TryCancel();
-    absl::Status call = FromGrpcStatus(reader->Finish());
-    if (!read.ok()) return read;
-    if (!call.ok()) return call;  // e.g. NOT_FOUND, before any message
-    return stream.Complete();
-  }));
+  REPVAR_RETURN_IF_ERROR(impl_->Retry(
+      [&] { return ReadStream(*impl_, name, out.size(), StreamIntoBuffer(name, out, &info)); }));
   return info;
+}
+
+absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
+  // A variable known to be small is read in one unary call, which costs a
+  // fraction of a stream's set-up.
+  uint64_t hint = 0;
+  if (auto spec = impl_->Spec(name)) {
+    auto bytes = spec->ByteSize();
+    if (bytes.ok() && *bytes <= kSmallReadBytes) {
+      REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ReadBatch({name}));
+      return std::move(one.front());
+    }
+    if (bytes.ok()) hint = static_cast<uint64_t>(*bytes);
+  }
+  TensorValue value;
+  ReadInfo info;
+  REPVAR_RETURN_IF_ERROR(impl_->Retry(
+      [&] { return ReadStream(*impl_, name, hint, StreamIntoBuffer(name, &value.bytes, &info)); }));
+  value.dtype = info.dtype;
+  value.shape = std::move(info.shape);
+  value.version = info.version;
+  value.checksum = info.checksum;
+  return value;
 }
 
 absl::StatusOr<std::vector<TensorValue>> Client::ReadBatch(const std::vector<std::string>& names) {

@@ -399,9 +399,10 @@ class Client {
   absl::StatusOr<TensorValue> Read(const std::string& name);
   // The same value written straight into `out`, which must be exactly its
   // size: each byte is copied once, from the network into `out` (checked
-  // there against its chunk's checksum and the value's), and nothing of the
-  // value's size is allocated, so a loop that reads into the same buffer
-  // (a framework's parameter storage) touches no fresh memory. Errors: as
+  // there against its chunk's checksum and the value's), as Read copies it
+  // into a fresh vector, but nothing of the value's size is allocated, so a
+  // loop that reads into the same buffer (a framework's parameter storage)
+  // touches no fresh memory. Errors: as
   // Read, and INVALID_ARGUMENT (`out` is not the value's size; `out` is
   // untouched). After any other error `out`'s contents are unspecified.
   absl::StatusOr<ReadInfo> ReadInto(const std::string& name, std::span<std::byte> out);
