@@ -317,8 +317,8 @@ class Client:
             raise errors.InvalidArgument("out must be a writable C-contiguous numpy array")
         responses = self.stub.ReadVariable(cpb.ReadVariableRequest(name=name, chunk_bytes=chunk_bytes),
                                            timeout=self.timeout + 60)
-        first = next(responses)
-        if first.WhichOneof("part") != "header":
+        first = next(responses, None)
+        if first is None or first.WhichOneof("part") != "header":
             responses.cancel()
             raise errors.DataLoss(f"reading {name}: the stream did not begin with its header")
         h = first.header.tensor

@@ -229,6 +229,45 @@ def test_from_chunks_refuses_a_damaged_stream():
         repvar.tensors.from_chunks(h, chunks, out=np.zeros(8, np.int32))
 
 
+def test_read_of_a_damaged_stream_is_data_loss():
+    """read() against a scripted coordinator: a stream that does not begin
+    with its header (or is empty), a chunk that fails its checksum and a
+    value cut short raise DataLoss, into a fresh array or `out`; the
+    undamaged stream beside them reads."""
+    from concurrent import futures
+    from repvar.v1 import coordinator_pb2_grpc as cgrpc
+    value = np.arange(8, dtype=np.float32)
+    h, *chunks = repvar.tensors.to_chunks(value, "float32", chunk_bytes=16)
+    head = cpb.ReadVariableResponse(header=cpb.ReadHeader(version=3, tensor=h))
+    parts = [cpb.ReadVariableResponse(chunk=c) for c in chunks]
+    flipped = cpb.ReadVariableResponse(chunk=tpb.TensorChunk(
+        offset=16, data=chunks[1].data, checksum=chunks[1].checksum ^ 1))
+    script = {"good": [head] + parts, "headless": parts, "empty": [],
+              "flipped": [head, parts[0], flipped], "short": [head, parts[0]]}
+
+    class Scripted(cgrpc.CoordinatorTrainersServicer):
+        def ReadVariable(self, request, context):
+            yield from script[request.name]
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    cgrpc.add_CoordinatorTrainersServicer_to_server(Scripted(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        c = repvar.Client(f"127.0.0.1:{port}")
+        back, version = c.read("good")
+        np.testing.assert_array_equal(back, value)
+        assert version == 3
+        for name in ("headless", "empty", "flipped", "short"):
+            with pytest.raises(repvar.DataLoss):
+                c.read(name)
+            with pytest.raises(repvar.DataLoss):
+                c.read(name, out=np.zeros(8, np.float32))
+        c.close()
+    finally:
+        server.stop(None)
+
+
 def test_bad_inputs_get_clear_statuses(client):
     client.create("guarded", "float32", (2,), replica_count=2)
     client.assign("guarded", np.array([1, 2], np.float32))
