@@ -129,9 +129,10 @@ TEST_F(ClientTest, SmallAndLargeWrites_UnaryAndStream_AnswerAlike) {
   }
 }
 
-// ReadInto (C1): the value a Read gives, written into the caller's buffer,
-// whether it comes in one unary call (small, its spec known) or a stream of
-// chunks (large, or a client that has not seen the variable).
+// Read and ReadInto (C1): the value as written, in a fresh vector or the
+// caller's buffer, whether it comes in one unary call (small, its spec
+// known) or a stream of chunks (large, or a client that has not seen the
+// variable).
 TEST_F(ClientTest, C1_ReadInto_TheValueReadGives_InTheCallersBuffer) {
   auto fresh = Client::Connect({.coordinator_address = coordinator_.address(),
                                 .chunk_bytes = 64 << 10});  // knows no spec: streams
@@ -143,9 +144,11 @@ TEST_F(ClientTest, C1_ReadInto_TheValueReadGives_InTheCallersBuffer) {
     std::vector<float> v(static_cast<size_t>(n));
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.25f;
     ASSERT_OK(client_->Assign<float>(name, v));
-    auto read = client_->Read(name);
-    ASSERT_OK(read);
     for (Client* c : {client_.get(), fresh->get()}) {
+      auto read = c->Read(name);
+      ASSERT_OK(read);
+      EXPECT_EQ(std::vector<float>(read->as<float>().begin(), read->as<float>().end()), v) << n;
+      EXPECT_EQ(read->shape, std::vector<int64_t>{n});
       std::vector<float> out(v.size(), -1);
       auto info = c->ReadInto(name, std::as_writable_bytes(std::span<float>(out)));
       ASSERT_OK(info);
