@@ -118,6 +118,26 @@ def _credentials(tls_ca, tls_cert, tls_key, token_file):
     return creds
 
 
+def _take_value(responses, name, header_of, out=None):
+    """(array, version) of the value a stream of a header and chunks carries
+    (read, Step.read): `header_of(first message)` is its (TensorHeader,
+    version). DataLoss for a stream without its header or damaged;
+    InvalidArgument for an `out` not of the value's dtype and size."""
+    first = next(responses, None)
+    if first is None or first.WhichOneof("part") != "header":
+        responses.cancel()
+        raise errors.DataLoss(f"reading {name}: the stream did not begin with its header")
+    header, version = header_of(first)
+    try:
+        return tensors.from_chunks(header, (r.chunk for r in responses), out=out), version
+    except tensors.OutMismatch as e:  # before any chunk
+        responses.cancel()
+        raise errors.InvalidArgument(f"{name}: {e}") from None
+    except ValueError as e:
+        responses.cancel()
+        raise errors.DataLoss(f"reading {name}: {e}") from e
+
+
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
 
@@ -317,20 +337,7 @@ class Client:
             raise errors.InvalidArgument("out must be a writable C-contiguous numpy array")
         responses = self.stub.ReadVariable(cpb.ReadVariableRequest(name=name, chunk_bytes=chunk_bytes),
                                            timeout=self.timeout + 60)
-        first = next(responses, None)
-        if first is None or first.WhichOneof("part") != "header":
-            responses.cancel()
-            raise errors.DataLoss(f"reading {name}: the stream did not begin with its header")
-        h = first.header.tensor
-        try:
-            arr = tensors.from_chunks(h, (r.chunk for r in responses), out=out)
-        except tensors.OutMismatch as e:  # before any chunk
-            responses.cancel()
-            raise errors.InvalidArgument(f"{name}: {e}") from None
-        except ValueError as e:
-            responses.cancel()
-            raise errors.DataLoss(f"reading {name}: {e}") from e
-        return arr, first.header.version
+        return _take_value(responses, name, lambda m: (m.header.tensor, m.header.version), out)
 
     def read_many(self, names: Sequence[str]) -> List[Tuple[np.ndarray, int]]:
         """(numpy array, version) of each variable's last committed value, in
@@ -433,8 +440,7 @@ class Step:
         responses = self.worker.StepRead(self._wpb.StepReadRequest(
             step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica),
             timeout=self.client.timeout)
-        first = next(responses)
-        return tensors.from_chunks(first.header, (r.chunk for r in responses))
+        return _take_value(responses, name, lambda m: (m.header, m.version))[0]
 
     def write(self, name, replica, array):
         """Writes the replica's step-local copy: large tensors through a mapping of
