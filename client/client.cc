@@ -444,6 +444,15 @@ class StreamIntoBuffer {
   absl::Status TakeHeader(const v1::ReadVariableResponse& msg) {
     if (!msg.has_header() || have_header_) return Damaged("a message that is not the next part");
     const v1::TensorHeader& t = msg.header().tensor();
+    // The header is not covered by a checksum: its size must be its spec's
+    // before any room is reserved for it. (The spec this client may have
+    // seen is not checked: the variable may have been deleted and created
+    // again since.)
+    absl::StatusOr<TensorSpec> spec = SpecFromProto(t.spec());
+    if (!spec.ok()) return Damaged("a header of no valid spec (", spec.status().message(), ")");
+    if (static_cast<uint64_t>(*spec->ByteSize()) != t.byte_size()) {
+      return Damaged("a header announcing ", t.byte_size(), " bytes for ", spec->ToString());
+    }
     if (grow_ != nullptr) {
       grow_->clear();
       ReserveForBulk(*grow_, t.byte_size());
@@ -451,8 +460,8 @@ class StreamIntoBuffer {
       return WrongSize(name_, t.byte_size(), out_.size());
     }
     size_ = t.byte_size();
-    info_->dtype = static_cast<DType>(t.spec().dtype());
-    info_->shape.assign(t.spec().dims().begin(), t.spec().dims().end());
+    info_->dtype = spec->dtype;
+    info_->shape = std::move(spec->dims);
     info_->version = msg.header().version();
     info_->checksum = t.checksum();
     have_header_ = true;

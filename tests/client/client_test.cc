@@ -241,13 +241,18 @@ v1::ReadVariableResponse Chunk(const std::string& bytes, uint64_t offset, size_t
 }
 
 // Read and ReadInto check what a stream delivers: a damaged chunk, a chunk
-// out of place or before the header, a value cut short and one whose whole
-// checksum fails are each DATA_LOSS; the undamaged stream beside them reads.
+// out of place or before the header, a value cut short, one whose whole
+// checksum fails and a header whose size is not its shape's (or that has no
+// valid dtype) are each DATA_LOSS; the undamaged stream beside them reads.
 TEST(ClientReads, DamagedStream_DataLoss_TheSameStreamUndamagedReads) {
   std::string bytes(32, '\0');
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + 1);
   const uint64_t sum = Checksum(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
   const auto header = Header(bytes, sum);
+  auto oversized = header;  // a size its shape does not have, never reserved
+  oversized.mutable_header()->mutable_tensor()->set_byte_size(uint64_t{1} << 60);
+  auto unspecified = header;
+  unspecified.mutable_header()->mutable_tensor()->mutable_spec()->set_dtype(v1::DTYPE_UNSPECIFIED);
   ScriptedReads coordinator({
       {"good", {header, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
       {"flipped", {header, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16, /*checksum_xor=*/1)}},
@@ -256,6 +261,8 @@ TEST(ClientReads, DamagedStream_DataLoss_TheSameStreamUndamagedReads) {
       {"headless", {Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
       {"short", {header, Chunk(bytes, 0, 16)}},
       {"whole", {Header(bytes, sum ^ 1), Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
+      {"oversized", {oversized, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
+      {"unspecified", {unspecified, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
   });
   auto c = Client::Connect({.coordinator_address = coordinator.address(), .max_attempts = 1});
   ASSERT_OK(c);
@@ -268,7 +275,8 @@ TEST(ClientReads, DamagedStream_DataLoss_TheSameStreamUndamagedReads) {
   auto read = (*c)->Read("good");
   ASSERT_OK(read);
   EXPECT_EQ(read->checksum, sum);
-  for (const char* name : {"flipped", "gap", "overlap", "headless", "short", "whole"}) {
+  for (const char* name :
+       {"flipped", "gap", "overlap", "headless", "short", "whole", "oversized", "unspecified"}) {
     EXPECT_THAT((*c)->ReadInto(name, out), StatusIs(absl::StatusCode::kDataLoss, name)) << name;
     EXPECT_THAT((*c)->Read(name), StatusIs(absl::StatusCode::kDataLoss)) << name;
   }
