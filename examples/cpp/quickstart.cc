@@ -37,7 +37,11 @@ int main() {
   if (!added.ok()) return Fail(added.status());
   auto value = c.Read("model/w");  // the last committed value and its version
   if (!value.ok()) return Fail(value.status());
-  std::printf("model/w: %d replicas, version %lld, w[0] = %f\n", replicas,
-              static_cast<long long>(value->version), value->as<float>()[0]);
+  std::vector<float> weights(256 * 256);  // or a framework's own parameter memory
+  auto into = c.ReadInto("model/w", std::as_writable_bytes(std::span<float>(weights)));
+  if (!into.ok()) return Fail(into.status());
+  std::printf("model/w: %d replicas, version %lld, w[0] = %f (read into: version %lld, %f)\n",
+              replicas, static_cast<long long>(value->version), value->as<float>()[0],
+              static_cast<long long>(into->version), weights[0]);
   return 0;
 }

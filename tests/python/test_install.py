@@ -89,7 +89,9 @@ def test_find_package_builds_the_quickstart_and_it_runs(prefix, cluster, tmp_pat
                     "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}"], check=True, capture_output=True)
     subprocess.run(["cmake", "--build", build], check=True, capture_output=True)
     first = run(os.path.join(build, "quickstart"), cluster)
-    assert re.search(r"model/w: 6 replicas, version 2, w\[0\] = ", first), first
+    # Read and ReadInto (into the program's own vector) give the same value.
+    assert re.search(r"model/w: 6 replicas, version 2, w\[0\] = (\S+) "
+                     r"\(read into: version 2, \1\)", first), first
     # Again: the variable exists and is initialized; the add makes version 3.
     assert "version 3," in run(os.path.join(build, "quickstart"), cluster)
     # A step with a trainer thread per TPU host: every replica ends the same.
