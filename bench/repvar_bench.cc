@@ -198,26 +198,26 @@ void PointToPoint(int mib, int iters) {
     const double assign_ms = TimedAssign(*c, name, data, i);
     // Read (a fresh vector) and ReadInto (the same buffer every round), in
     // turns first, so that neither always finds the other's warm caches.
+    auto check = [&](const char* what, const absl::Status& s, std::span<const std::byte> back) {
+      if (!s.ok()) Die(what, s);
+      if (back.size() != data.size() * sizeof(float) ||
+          std::memcmp(back.data(), data.data(), back.size()) != 0) {
+        Die(what, absl::DataLossError("the value read back differs from the value assigned"));
+      }
+    };
     auto timed_read = [&] {
       auto t0 = Clock::now();
       auto back = c->Read(name);
       const double ms = Ms(t0, Clock::now());
-      if (!back.ok()) Die("read", back.status());
-      if (back->bytes.size() != data.size() * sizeof(float) ||
-          std::memcmp(back->bytes.data(), data.data(), back->bytes.size()) != 0) {
-        Die("read", absl::DataLossError("the value read back differs from the value assigned"));
-      }
+      check("read", back.status(), back.ok() ? std::span(back->bytes) : std::span<std::byte>());
       return ms;
     };
     auto timed_read_into = [&] {
+      const auto out = std::as_writable_bytes(std::span<float>(into));
       auto t0 = Clock::now();
-      auto info = c->ReadInto(name, std::as_writable_bytes(std::span<float>(into)));
+      auto info = c->ReadInto(name, out);
       const double ms = Ms(t0, Clock::now());
-      if (!info.ok()) Die("read into", info.status());
-      if (std::memcmp(into.data(), data.data(), into.size() * sizeof(float)) != 0) {
-        Die("read into",
-            absl::DataLossError("the value read back differs from the value assigned"));
-      }
+      check("read into", info.status(), out);
       return ms;
     };
     double read_ms = 0, read_into_ms = 0;

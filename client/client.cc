@@ -443,27 +443,24 @@ class StreamIntoBuffer {
  private:
   absl::Status TakeHeader(const v1::ReadVariableResponse& msg) {
     if (!msg.has_header() || have_header_) return Damaged("a message that is not the next part");
-    const v1::TensorHeader& t = msg.header().tensor();
-    // The header is not covered by a checksum: its size must be its spec's
-    // before any room is reserved for it. (The spec this client may have
-    // seen is not checked: the variable may have been deleted and created
+    // Checked before any room is reserved for it. (Not against the spec this
+    // client may have seen: the variable may have been deleted and created
     // again since.)
-    absl::StatusOr<TensorSpec> spec = SpecFromProto(t.spec());
-    if (!spec.ok()) return Damaged("a header of no valid spec (", spec.status().message(), ")");
-    if (static_cast<uint64_t>(*spec->ByteSize()) != t.byte_size()) {
-      return Damaged("a header announcing ", t.byte_size(), " bytes for ", spec->ToString());
+    absl::StatusOr<TensorHeader> h = TensorHeaderFromProto(msg.header().tensor());
+    if (absl::Status s = h.ok() ? CheckByteSize(h->spec, h->byte_size) : h.status(); !s.ok()) {
+      return Damaged("a bad header (", s.message(), ")");
     }
     if (grow_ != nullptr) {
       grow_->clear();
-      ReserveForBulk(*grow_, t.byte_size());
-    } else if (t.byte_size() != out_.size()) {
-      return WrongSize(name_, t.byte_size(), out_.size());
+      ReserveForBulk(*grow_, h->byte_size);
+    } else if (h->byte_size != out_.size()) {
+      return WrongSize(name_, h->byte_size, out_.size());
     }
-    size_ = t.byte_size();
-    info_->dtype = spec->dtype;
-    info_->shape = std::move(spec->dims);
+    size_ = h->byte_size;
+    info_->dtype = h->spec.dtype;
+    info_->shape = std::move(h->spec.dims);
     info_->version = msg.header().version();
-    info_->checksum = t.checksum();
+    info_->checksum = h->checksum;
     have_header_ = true;
     return absl::OkStatus();
   }
@@ -502,6 +499,17 @@ class StreamIntoBuffer {
   ChecksumStream hash_;
 };
 
+// The byte size of `name` as this client last saw its spec, if it did. A
+// variable known to be small is read in one unary call, which costs a
+// fraction of a stream's set-up.
+std::optional<uint64_t> KnownBytes(ClientAccess::Impl& impl, const std::string& name) {
+  std::optional<TensorSpec> spec = impl.Spec(name);
+  if (!spec) return std::nullopt;
+  absl::StatusOr<int64_t> bytes = spec->ByteSize();
+  if (!bytes.ok()) return std::nullopt;
+  return static_cast<uint64_t>(*bytes);
+}
+
 // One attempt at `name`'s ReadVariable stream into `stream`, with a deadline
 // that allows for `bytes_hint` bytes.
 absl::Status ReadStream(ClientAccess::Impl& impl, const std::string& name, uint64_t bytes_hint,
@@ -523,16 +531,13 @@ absl::Status ReadStream(ClientAccess::Impl& impl, const std::string& name, uint6
 }  // namespace
 
 absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std::byte> out) {
-  // A variable known to be small is read in one unary call, as Read does.
-  if (auto spec = impl_->Spec(name)) {
-    auto bytes = spec->ByteSize();
-    if (bytes.ok() && *bytes <= kSmallReadBytes) {
-      REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ReadBatch({name}));
-      TensorValue& v = one.front();
-      if (v.bytes.size() != out.size()) return WrongSize(name, v.bytes.size(), out.size());
-      if (!out.empty()) std::memcpy(out.data(), v.bytes.data(), out.size());
-      return ReadInfo{v.dtype, std::move(v.shape), v.version, v.checksum};
-    }
+  if (std::optional<uint64_t> known = KnownBytes(*impl_, name);
+      known && *known <= kSmallReadBytes) {
+    REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ReadBatch({name}));
+    TensorValue& v = one.front();
+    if (v.bytes.size() != out.size()) return WrongSize(name, v.bytes.size(), out.size());
+    if (!out.empty()) std::memcpy(out.data(), v.bytes.data(), out.size());
+    return ReadInfo{v.dtype, std::move(v.shape), v.version, v.checksum};
   }
   ReadInfo info;
   REPVAR_RETURN_IF_ERROR(impl_->Retry(
@@ -541,21 +546,16 @@ absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std
 }
 
 absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
-  // A variable known to be small is read in one unary call, which costs a
-  // fraction of a stream's set-up.
-  uint64_t hint = 0;
-  if (auto spec = impl_->Spec(name)) {
-    auto bytes = spec->ByteSize();
-    if (bytes.ok() && *bytes <= kSmallReadBytes) {
-      REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ReadBatch({name}));
-      return std::move(one.front());
-    }
-    if (bytes.ok()) hint = static_cast<uint64_t>(*bytes);
+  const std::optional<uint64_t> known = KnownBytes(*impl_, name);
+  if (known && *known <= kSmallReadBytes) {
+    REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ReadBatch({name}));
+    return std::move(one.front());
   }
   TensorValue value;
   ReadInfo info;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry(
-      [&] { return ReadStream(*impl_, name, hint, StreamIntoBuffer(name, &value.bytes, &info)); }));
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
+    return ReadStream(*impl_, name, known.value_or(0), StreamIntoBuffer(name, &value.bytes, &info));
+  }));
   value.dtype = info.dtype;
   value.shape = std::move(info.shape);
   value.version = info.version;

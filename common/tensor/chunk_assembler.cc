@@ -12,12 +12,7 @@ namespace repvar {
 absl::StatusOr<ChunkAssembler> ChunkAssembler::Start(const TensorSpec& spec, uint64_t byte_size,
                                                      uint64_t checksum, uint64_t max_bytes,
                                                      MemoryBudget* budget) {
-  auto size = spec.ByteSize();
-  if (!size.ok()) return size.status();
-  if (static_cast<uint64_t>(*size) != byte_size) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor header says ", byte_size, " bytes but ",
-                                                   spec.ToString(), " needs ", *size));
-  }
+  REPVAR_RETURN_IF_ERROR(CheckByteSize(spec, byte_size));
   if (byte_size > max_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("tensor of ", byte_size, " bytes exceeds the limit of ", max_bytes));

@@ -60,6 +60,16 @@ std::string TensorSpec::ToString() const {
   return absl::StrCat(DTypeName(dtype), "[", absl::StrJoin(dims, ","), "]");
 }
 
+absl::Status CheckByteSize(const TensorSpec& spec, uint64_t byte_size) {
+  auto size = spec.ByteSize();
+  if (!size.ok()) return size.status();
+  if (static_cast<uint64_t>(*size) != byte_size) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor header says ", byte_size, " bytes but ",
+                                                   spec.ToString(), " needs ", *size));
+  }
+  return absl::OkStatus();
+}
+
 uint64_t Checksum(std::span<const std::byte> bytes) { return Xxh3(bytes.data(), bytes.size()); }
 
 ChecksumStream::ChecksumStream() : state_(XXH3_createState(), &XXH3_freeState) {

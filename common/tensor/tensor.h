@@ -45,6 +45,11 @@ struct TensorHeader {
   uint64_t checksum = 0;  // of all byte_size bytes
 };
 
+// Whether `byte_size` is what `spec` takes: a header's size is not covered
+// by any checksum, so a receiver checks it before making room for it.
+// Errors: INVALID_ARGUMENT (a bad spec, or another size).
+absl::Status CheckByteSize(const TensorSpec& spec, uint64_t byte_size);
+
 // XXH3-64 (seed 0) of `bytes`: the checksum of chunks and whole tensors.
 // Through libxxhash's runtime dispatch, which picks the widest vector unit
 // the CPU has (AVX-512 on this project's machines: 64 MiB in 4.1 ms against
