@@ -13,6 +13,7 @@
 #include "client/client_impl.h"
 #include "client/convert.h"
 #include "common/base/arena_message.h"
+#include "common/base/memory_budget.h"
 #include "common/base/random.h"
 #include "common/base/status_util.h"
 #include "common/rpc/chunk_frame.h"
@@ -21,6 +22,7 @@
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/to_proto.h"
 #include "common/tensor/buffer.h"
+#include "common/tensor/chunk_assembler.h"
 #include "common/tensor/tensor.h"
 
 namespace repvar {
@@ -407,16 +409,17 @@ absl::Status WrongSize(const std::string& name, uint64_t value_bytes, size_t out
 }
 
 // One ReadVariable stream, its messages read as byte buffers: the header
-// first, then the chunks in order, each copied once from gRPC's slices into
-// its place and checked there against its checksum while in cache, and once
-// the call has ended well, the whole value against the header's checksum.
+// first, checked before any room is made for it, then the chunks, each
+// copied once from gRPC's slices into its place and checked there
+// (ChunkAssembler::StartInto), and once the call has ended well, the whole
+// value against the header's checksum. Every fault of the stream is
+// DATA_LOSS.
 class StreamIntoBuffer {
  public:
   // Into the caller's buffer, which must be the value's size.
   StreamIntoBuffer(const std::string& name, std::span<std::byte> out, ReadInfo* info)
       : name_(name), out_(out), info_(info) {}
-  // Into `grow`, room reserved as the header announces and filled (made
-  // resident and sized) chunk by chunk as they arrive.
+  // Into `grow`, sized chunk by chunk as they arrive.
   StreamIntoBuffer(const std::string& name, std::vector<std::byte>* grow, ReadInfo* info)
       : name_(name), grow_(grow), info_(info) {}
 
@@ -427,76 +430,65 @@ class StreamIntoBuffer {
     std::optional<ReceivedChunk> chunk;
     for (;;) {
       absl::StatusOr<bool> more = ReadFrame(reader, &msg, &chunk);
-      if (!more.ok()) return Damaged(more.status().message());
+      if (!more.ok()) return Damaged(more.status());
       if (!*more) return absl::OkStatus();
-      REPVAR_RETURN_IF_ERROR(chunk.has_value() ? Take(*chunk) : TakeHeader(msg));
+      if (!chunk.has_value()) {
+        REPVAR_RETURN_IF_ERROR(TakeHeader(msg));
+      } else if (!assembler_) {
+        return Damaged(absl::DataLossError("a chunk before the header"));
+      } else if (absl::Status s = AddChunk(*assembler_, *chunk); !s.ok()) {
+        return Damaged(s);
+      }
     }
   }
   // After the call ended OK: whether the whole value came as announced.
-  absl::Status Complete() const {
-    if (!have_header_ || received_ != size_ || hash_.Digest() != info_->checksum) {
-      return Damaged("the value ended early or fails its checksum");
-    }
+  absl::Status Complete() {
+    if (!assembler_) return Damaged(absl::DataLossError("no header"));
+    absl::StatusOr<uint64_t> sum = assembler_->FinishInPlace();
+    if (!sum.ok()) return Damaged(sum.status());
+    info_->checksum = *sum;
     return absl::OkStatus();
   }
 
  private:
   absl::Status TakeHeader(const v1::ReadVariableResponse& msg) {
-    if (!msg.has_header() || have_header_) return Damaged("a message that is not the next part");
-    // Checked before any room is reserved for it. (Not against the spec this
-    // client may have seen: the variable may have been deleted and created
-    // again since.)
+    if (!msg.has_header() || assembler_) {
+      return Damaged(absl::DataLossError("a message that is not the next part"));
+    }
+    // Not checked against the spec this client may have seen: the variable
+    // may have been deleted and created again since.
     absl::StatusOr<TensorHeader> h = TensorHeaderFromProto(msg.header().tensor());
     if (absl::Status s = h.ok() ? CheckByteSize(h->spec, h->byte_size) : h.status(); !s.ok()) {
-      return Damaged("a bad header (", s.message(), ")");
+      return Damaged(s);
     }
-    if (grow_ != nullptr) {
-      grow_->clear();
-      ReserveForBulk(*grow_, h->byte_size);
-    } else if (h->byte_size != out_.size()) {
+    if (grow_ == nullptr && h->byte_size != out_.size()) {
       return WrongSize(name_, h->byte_size, out_.size());
     }
-    size_ = h->byte_size;
+    // A vector holds at most what this process may use.
+    absl::StatusOr<ChunkAssembler> a =
+        grow_ != nullptr ? ChunkAssembler::StartInto(*h, grow_, MemoryBudget::MemoryLimit())
+                         : ChunkAssembler::StartInto(*h, out_);
+    if (!a.ok()) {
+      return a.status().code() == absl::StatusCode::kResourceExhausted
+                 ? absl::ResourceExhaustedError(
+                       absl::StrCat("reading ", name_, ": ", a.status().message()))
+                 : Damaged(a.status());
+    }
+    assembler_.emplace(*std::move(a));
     info_->dtype = h->spec.dtype;
     info_->shape = std::move(h->spec.dims);
     info_->version = msg.header().version();
-    info_->checksum = h->checksum;
-    have_header_ = true;
     return absl::OkStatus();
   }
-  absl::Status Take(const ReceivedChunk& c) {
-    if (!have_header_ || c.offset() != received_ || c.size() > size_ - received_) {
-      return Damaged("a chunk out of place at ", c.offset());
-    }
-    std::span<std::byte> piece;
-    if (grow_ != nullptr) {
-      // Sized a chunk at a time: the zeros resize writes are in cache when
-      // the copy overwrites them.
-      MakeRoomResident(*grow_, received_ + c.size());
-      grow_->resize(received_ + c.size());
-      piece = std::span(*grow_).subspan(received_);
-    } else {
-      piece = out_.subspan(received_, c.size());
-    }
-    c.CopyTo(piece);
-    if (Checksum(piece) != c.checksum()) return Damaged("corrupt chunk at ", c.offset());
-    hash_.Update(piece);
-    received_ += c.size();
-    return absl::OkStatus();
-  }
-  template <typename... Parts>
-  absl::Status Damaged(const Parts&... what) const {
-    return absl::DataLossError(absl::StrCat("reading ", name_, ": ", what...));
+  absl::Status Damaged(const absl::Status& why) const {
+    return absl::DataLossError(absl::StrCat("reading ", name_, ": ", why.message()));
   }
 
   const std::string& name_;
   const std::span<std::byte> out_;
   std::vector<std::byte>* const grow_ = nullptr;
   ReadInfo* const info_;
-  bool have_header_ = false;
-  uint64_t size_ = 0;  // as the header announced
-  uint64_t received_ = 0;
-  ChecksumStream hash_;
+  std::optional<ChunkAssembler> assembler_;
 };
 
 // The byte size of `name` as this client last saw its spec, if it did. A

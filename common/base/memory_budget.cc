@@ -52,7 +52,7 @@ std::optional<uint64_t> MemoryBudget::ParseCgroupMemoryLimit(absl::string_view t
   return limit;
 }
 
-uint64_t MemoryBudget::HalfOfMemoryLimit() {
+uint64_t MemoryBudget::MemoryLimit() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);
   uint64_t memory = pages > 0 && page > 0
@@ -67,7 +67,7 @@ uint64_t MemoryBudget::HalfOfMemoryLimit() {
       memory = std::min(memory, *limit);
     }
   }
-  return memory / 2;
+  return memory;
 }
 
 }  // namespace repvar

@@ -44,9 +44,11 @@ class MemoryBudget {
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
   uint64_t capacity() const { return capacity_; }
 
-  // Half the memory this process may use: the machine's physical memory, or
-  // its cgroup's limit when lower (a container): a daemon's default capacity.
-  static uint64_t HalfOfMemoryLimit();
+  // The memory this process may use: the machine's physical memory, or its
+  // cgroup's limit when lower (a container). Nothing larger can be received.
+  static uint64_t MemoryLimit();
+  // Half of it: a daemon's default capacity.
+  static uint64_t HalfOfMemoryLimit() { return MemoryLimit() / 2; }
   // A cgroup's memory limit from the text of cgroup v2's memory.max or v1's
   // memory.limit_in_bytes: nullopt for "max", v1's "no limit" (>= 2^62),
   // or text that is not a number.

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
@@ -31,6 +32,15 @@ namespace repvar {
 // are made resident a little ahead of the chunks as they arrive, charged to
 // the budget (if any) until Finish() hands the tensor over or the assembler
 // is dropped. A header announcing 1 GiB followed by nothing costs nothing.
+//
+// Where the bytes go (one copy each, from wherever `fill` finds them):
+//   Start      a buffer of the assembler's own, handed over by Finish();
+//   StartInto  memory the caller owns, of exactly the announced size (a
+//              framework's parameter storage), or a vector the caller owns,
+//              sized chunk by chunk as the bytes arrive (a read's answer);
+//              FinishInPlace() checks the whole. The caller keeps it alive,
+//              and leaves it alone, while the assembler lives.
+// The checks are the same for every destination.
 inline constexpr uint64_t kChecksumNotGiven = 0;
 
 class ChunkAssembler {
@@ -44,6 +54,16 @@ class ChunkAssembler {
                                               MemoryBudget* budget = nullptr) {
     return Start(header.spec, header.byte_size, header.checksum, max_bytes, budget);
   }
+  // Into `out`. Errors: as Start's, and INVALID_ARGUMENT when `out` is not
+  // the header's byte size (nothing written).
+  static absl::StatusOr<ChunkAssembler> StartInto(const TensorHeader& header,
+                                                  std::span<std::byte> out);
+  // Into `*grow`, emptied, with room reserved for the announced size: mapped
+  // by the allocator, made resident only as the bytes arrive (a chunk
+  // ahead). Errors: as Start's (RESOURCE_EXHAUSTED above `max_bytes`, or
+  // when the room cannot be reserved).
+  static absl::StatusOr<ChunkAssembler> StartInto(const TensorHeader& header,
+                                                  std::vector<std::byte>* grow, uint64_t max_bytes);
   ChunkAssembler(ChunkAssembler&&) = default;
   ChunkAssembler& operator=(ChunkAssembler&&) = default;
   ~ChunkAssembler();
@@ -59,13 +79,17 @@ class ChunkAssembler {
   absl::Status Add(uint64_t offset, size_t size, uint64_t checksum,
                    absl::FunctionRef<void(std::span<std::byte>)> fill);
   // Errors: INVALID_ARGUMENT when bytes are missing or the whole-tensor
-  // checksum differs.
+  // checksum differs; FAILED_PRECONDITION after StartInto (the bytes are the
+  // caller's: FinishInPlace).
   absl::StatusOr<Tensor> Finish();
-  // The buffer being filled, and how many bytes from its start are in place:
+  // After StartInto: the same checks; returns the value's checksum (computed
+  // here when the header gave none). FAILED_PRECONDITION after Start.
+  absl::StatusOr<uint64_t> FinishInPlace();
+  // The memory being filled, and how many bytes from its start are in place:
   // a reader of bytes()[0, received()) may run beside the next Add when
   // something orders the two (the buffer stays where it is through Finish
   // and in the tensor Finish returns).
-  std::span<std::byte> bytes() { return tensor_.bytes.span(); }
+  std::span<std::byte> bytes();
   uint64_t received() const { return received_; }
   // The memory charged for the tensor, for the caller to hold while it holds
   // the tensor (else it is released when the assembler goes).
@@ -73,7 +97,16 @@ class ChunkAssembler {
 
  private:
   ChunkAssembler() = default;
-  Tensor tensor_;
+  // Where the next `size` bytes go, made resident (and charged) ahead of them.
+  absl::StatusOr<std::span<std::byte>> Room(uint64_t size);
+  // The whole value's checks; its checksum.
+  absl::StatusOr<uint64_t> CheckWhole() const;
+
+  Tensor tensor_;          // the spec, and with Start the bytes
+  uint64_t size_ = 0;      // the announced byte size
+  bool in_place_ = false;  // StartInto: `into_` or `grow_`
+  std::span<std::byte> into_;
+  std::vector<std::byte>* grow_ = nullptr;
   uint64_t expected_checksum_ = 0;
   uint64_t received_ = 0;
   MemoryCharge charge_;

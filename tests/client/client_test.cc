@@ -283,6 +283,31 @@ TEST(ClientReads, DamagedStream_DataLoss_TheSameStreamUndamagedReads) {
   EXPECT_THAT((*c)->ReadInto("absent", out), StatusIs(absl::StatusCode::kNotFound));
 }
 
+// A header consistent with itself but announcing more than this process may
+// hold (2^62 bytes: its shape's size) is refused before any room is
+// reserved for it; the same stream at its true size reads.
+TEST(ClientReads, HeaderAnnouncingMoreThanTheProcessMayHold_ResourceExhausted) {
+  std::string bytes(32, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 5 + 3);
+  const uint64_t sum = Checksum(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
+  auto huge = Header(bytes, sum);
+  v1::TensorHeader* t = huge.mutable_header()->mutable_tensor();
+  t->mutable_spec()->set_dims(0, int64_t{1} << 60);
+  t->set_byte_size(uint64_t{1} << 62);
+  ScriptedReads coordinator({
+      {"true", {Header(bytes, sum), Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
+      {"huge", {huge, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
+  });
+  auto c = Client::Connect({.coordinator_address = coordinator.address(), .max_attempts = 1});
+  ASSERT_OK(c);
+  auto read = (*c)->Read("true");
+  ASSERT_OK(read);
+  EXPECT_EQ(read->bytes.size(), bytes.size());
+  EXPECT_THAT((*c)->Read("huge"), StatusIs(absl::StatusCode::kResourceExhausted, "huge"));
+  std::vector<std::byte> out(bytes.size());
+  EXPECT_THAT((*c)->ReadInto("huge", out), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST_F(ClientTest, Admin_DeleteAndClusterStatus) {
   ASSERT_OK(client_->CreateVariable(
       {.name = "w", .dtype = DType::kFloat32, .shape = {2}, .replica_count = 2}));

@@ -230,5 +230,91 @@ TEST(ChunkAssembler, SmallTensors_ChargedWhole_ReleasedWithTheCharge) {
               StatusIs(absl::StatusCode::kResourceExhausted));
 }
 
+// StartInto(span): the bytes land in the caller's memory, each chunk checked
+// there, and nothing of the value's size is allocated; the checks are
+// Start's.
+TEST(ChunkAssembler, IntoCallersMemory_TheSameChecks_ARefusedChunkLeavesNothing) {
+  Tensor src = Iota(1000);
+  const TensorHeader header{src.spec, src.bytes.size(), src.checksum};
+  std::vector<std::byte> out(src.bytes.size());
+  {
+    auto a = ChunkAssembler::StartInto(header, std::span(out));
+    ASSERT_OK(a);
+    ForEachChunk(src.bytes.span(), 1000, [&](uint64_t off, std::span<const std::byte> p) {
+      ASSERT_OK(a->Add(off, p, Checksum(p)));
+    });
+    EXPECT_THAT(a->Finish(), StatusIs(absl::StatusCode::kFailedPrecondition));
+    auto sum = a->FinishInPlace();
+    ASSERT_OK(sum);
+    EXPECT_EQ(*sum, src.checksum);
+    EXPECT_EQ(std::memcmp(out.data(), src.bytes.data(), out.size()), 0);
+  }
+  // A buffer of another size: refused before anything is written.
+  std::vector<std::byte> small(src.bytes.size() - 4, std::byte{7});
+  EXPECT_THAT(ChunkAssembler::StartInto(header, std::span(small)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "cannot fill a buffer"));
+  EXPECT_EQ(small, std::vector<std::byte>(small.size(), std::byte{7}));
+  // A bad chunk is refused and counts for nothing; a gap and a short value
+  // are refused as with Start.
+  auto bytes = src.bytes.span();
+  auto a = ChunkAssembler::StartInto(header, std::span(out));
+  ASSERT_OK(a);
+  EXPECT_THAT(a->Add(0, bytes.subspan(0, 100), 1234),
+              StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
+  EXPECT_EQ(a->received(), 0u);
+  EXPECT_THAT(a->Add(100, bytes.subspan(100, 100), Checksum(bytes.subspan(100, 100))),
+              StatusIs(absl::StatusCode::kInvalidArgument, "out of order"));
+  ASSERT_OK(a->Add(0, bytes.subspan(0, 100), Checksum(bytes.subspan(0, 100))));
+  EXPECT_THAT(a->FinishInPlace(), StatusIs(absl::StatusCode::kInvalidArgument, "truncated"));
+  // The whole value's checksum is checked at the end.
+  auto wrong =
+      ChunkAssembler::StartInto({src.spec, src.bytes.size(), src.checksum + 1}, std::span(out));
+  ASSERT_OK(wrong);
+  ASSERT_OK(wrong->Add(0, bytes, 0));
+  EXPECT_THAT(wrong->FinishInPlace(), StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
+  // Start's tensor is not in place.
+  auto own = ChunkAssembler::Start(header, UINT64_MAX);
+  ASSERT_OK(own);
+  ASSERT_OK(own->Add(0, bytes, Checksum(bytes)));
+  EXPECT_THAT(own->FinishInPlace(), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+// StartInto(vector): the vector is sized as the bytes arrive (a refused
+// chunk takes its room back), within `max_bytes`; a header announcing more
+// is refused before anything is reserved.
+TEST(ChunkAssembler, IntoAGrowingVector_SizedAsBytesArrive_WithinTheLimit) {
+  Tensor src = Iota(3000);
+  const TensorHeader header{src.spec, src.bytes.size(), src.checksum};
+  auto bytes = src.bytes.span();
+  std::vector<std::byte> grow(5, std::byte{1});  // emptied first
+  auto a = ChunkAssembler::StartInto(header, &grow, src.bytes.size());
+  ASSERT_OK(a);
+  EXPECT_TRUE(grow.empty());
+  ASSERT_OK(a->Add(0, bytes.subspan(0, 4096), Checksum(bytes.subspan(0, 4096))));
+  EXPECT_EQ(grow.size(), 4096u);
+  EXPECT_THAT(a->Add(4096, bytes.subspan(4096, 4096), 1234),
+              StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
+  EXPECT_EQ(grow.size(), 4096u) << "a refused chunk leaves nothing";
+  ASSERT_OK(a->Add(4096, bytes.subspan(4096), Checksum(bytes.subspan(4096))));
+  auto sum = a->FinishInPlace();
+  ASSERT_OK(sum);
+  EXPECT_EQ(*sum, src.checksum);
+  EXPECT_EQ(grow, std::vector<std::byte>(bytes.begin(), bytes.end()));
+  // Over the limit: RESOURCE_EXHAUSTED, the vector untouched. A self-
+  // consistent header of 2^62 bytes is the case a limit exists for.
+  std::vector<std::byte> kept(3, std::byte{9});
+  const int64_t huge = int64_t{1} << 60;
+  EXPECT_THAT(ChunkAssembler::StartInto(
+                  TensorHeader{TensorSpec{DType::kFloat32, {huge}}, uint64_t(huge) * 4, 0}, &kept,
+                  uint64_t{1} << 40),
+              StatusIs(absl::StatusCode::kResourceExhausted, "exceeds the limit"));
+  EXPECT_THAT(ChunkAssembler::StartInto(header, &kept, src.bytes.size() - 1),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(kept, std::vector<std::byte>(3, std::byte{9}));
+  // A header whose size is not its shape's, as with Start.
+  EXPECT_THAT(ChunkAssembler::StartInto({src.spec, src.bytes.size() + 4, 0}, &kept, UINT64_MAX),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 }  // namespace
 }  // namespace repvar
