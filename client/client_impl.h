@@ -144,26 +144,45 @@ class Client::Impl {
     step_layout_ = std::move(layout);
   }
 
-  // The trainer-facing service of the worker at `address` (channels are
-  // kept and reused). A new channel connects before its first call, within
-  // the client's deadline: step calls are not retried, and a first connect
-  // lost on a loaded host should not fail a step.
-  v1::WorkerSteps::Stub* WorkerStub(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_) {
+  // The trainer-facing service of the worker at `address`: its stub, and
+  // StepRead answered as byte buffers (its chunks copied once, into place:
+  // ReceiveReplicaFrames).
+  struct WorkerLink {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::WorkerSteps::Stub> stub;
+    std::unique_ptr<grpc::internal::RpcMethod> step_read;
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> StepReadFrames(
+        grpc::ClientContext* ctx, const v1::StepReadRequest& req) {
+      return std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>>(
+          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), *step_read,
+                                                                        ctx, req));
+    }
+  };
+  // The link to the worker at `address` (channels are kept and reused). A
+  // new channel connects before its first call, within the client's
+  // deadline: step calls are not retried, and a first connect lost on a
+  // loaded host should not fail a step.
+  WorkerLink* Worker(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_) {
     std::shared_ptr<grpc::Channel> fresh;
-    v1::WorkerSteps::Stub* stub = nullptr;
+    WorkerLink* link = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      auto& slot = workers_[address];
+      std::unique_ptr<WorkerLink>& slot = workers_[address];
       if (slot == nullptr) {
         fresh = OpenChannel(address, security_);
-        slot = v1::WorkerSteps::NewStub(fresh);
+        slot = std::make_unique<WorkerLink>();
+        slot->channel = fresh;
+        slot->stub = v1::WorkerSteps::NewStub(fresh);
+        slot->step_read = std::make_unique<grpc::internal::RpcMethod>(
+            FullMethodName(v1::WorkerSteps::service_full_name(), "StepRead"),
+            grpc::internal::RpcMethod::SERVER_STREAMING, fresh);
       }
-      stub = slot.get();
+      link = slot.get();
     }
     if (fresh != nullptr) {
       (void)fresh->WaitForConnected(absl::ToChronoTime(absl::Now() + options_.deadline));
     }
-    return stub;
+    return link;
   }
 
  private:
@@ -180,7 +199,7 @@ class Client::Impl {
   // State below is protected by mu_.
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, TensorSpec> specs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<v1::WorkerSteps::Stub>> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<WorkerLink>> workers_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const StepLayout> step_layout_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -145,7 +145,8 @@ absl::StatusOr<std::unique_ptr<StepScope>> StepScope::Begin(Client& client, int6
   if (address.empty()) {
     return absl::NotFoundError(absl::StrCat("worker ", options.worker, " is not live"));
   }
-  impl->worker = impl->client->WorkerStub(address);
+  impl->link = impl->client->Worker(address);
+  impl->worker = impl->link->stub.get();
   return std::unique_ptr<StepScope>(new StepScope(std::move(impl)));
 }
 
@@ -169,6 +170,32 @@ absl::StatusOr<std::vector<int32_t>> StepScope::LocalReplicas(const std::string&
   return out;
 }
 
+absl::StatusOr<ReceivedInPlace> StepScope::Impl::ReadThroughSocket(const StepVariable& var,
+                                                                   int32_t replica,
+                                                                   ReplicaReceiver& receiver) {
+  v1::StepReadRequest req;
+  req.set_step(header.step);
+  req.set_epoch(header.epoch);
+  req.set_variable_id(var.id);
+  req.set_replica(replica);
+  req.set_chunk_bytes(static_cast<int64_t>(client->options().chunk_bytes));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, static_cast<uint64_t>(var.spec.ByteSize().value_or(0)));
+  auto reader = link->StepReadFrames(&ctx, req);
+  REPVAR_RETURN_IF_ERROR(ReceiveReplicaFrames(ctx, *reader, receiver));
+  absl::StatusOr<ReceivedInPlace> got = receiver.FinishInPlace();
+  if (!got.ok()) {
+    return absl::DataLossError(absl::StrCat("reading ", var.name, "/", replica,
+                                            " from the worker: ", got.status().message()));
+  }
+  if (!(got->header.spec == var.spec)) {
+    return absl::DataLossError(absl::StrCat("reading ", var.name, "/", replica, ": the worker sent ",
+                                            got->header.spec.ToString(), ", not ",
+                                            var.spec.ToString()));
+  }
+  return got;
+}
+
 absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t replica) {
   REPVAR_ASSIGN_OR_RETURN(const StepVariable* var, impl_->Var(name));
   const TensorSpec& spec = var->spec;
@@ -186,21 +213,40 @@ absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t rep
     }
     if (!impl_->map_failed) return m.status();
   }
-  v1::StepReadRequest req;
-  req.set_step(impl_->header.step);
-  req.set_epoch(impl_->header.epoch);
-  req.set_variable_id(var->id);
-  req.set_replica(replica);
-  req.set_chunk_bytes(static_cast<int64_t>(impl_->client->options().chunk_bytes));
-  grpc::ClientContext ctx;
-  impl_->SetDeadline(&ctx, size);
-  auto reader = impl_->worker->StepRead(&ctx, req);
-  REPVAR_ASSIGN_OR_RETURN(ReceivedReplica got, ReceiveReplica(ctx, *reader));
-  if (!(got.value.spec == spec)) return absl::DataLossError("the worker sent another shape");
+  // The step's layout bounds what the worker may send: the variable's size.
+  ReplicaReceiver receiver(&out.bytes, size);
+  REPVAR_ASSIGN_OR_RETURN(ReceivedInPlace got, impl_->ReadThroughSocket(*var, replica, receiver));
   out.version = got.version;
-  out.checksum = got.value.checksum;
-  AssignBulk(out.bytes, got.value.bytes.span());
+  out.checksum = got.header.checksum;
   return out;
+}
+
+absl::StatusOr<ReadInfo> StepScope::ReadInto(const std::string& name, int32_t replica,
+                                             std::span<std::byte> out) {
+  REPVAR_ASSIGN_OR_RETURN(const StepVariable* var, impl_->Var(name));
+  const TensorSpec& spec = var->spec;
+  const uint64_t size = static_cast<uint64_t>(spec.ByteSize().value_or(0));
+  if (out.size() != size) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " holds ", size,
+                                                   " bytes; the buffer to read it into has ",
+                                                   out.size()));
+  }
+  ReadInfo info{spec.dtype, spec.dims, 0, 0};
+  if (size >= kMapBytes && !impl_->map_failed) {
+    auto m = Map(name, replica, MapMode::kRead);
+    if (m.ok()) {
+      std::memcpy(out.data(), (*m)->bytes().data(), size);
+      info.checksum = (*m)->checksum();
+      info.version = (*m)->version();
+      return info;
+    }
+    if (!impl_->map_failed) return m.status();
+  }
+  ReplicaReceiver receiver(out);
+  REPVAR_ASSIGN_OR_RETURN(ReceivedInPlace got, impl_->ReadThroughSocket(*var, replica, receiver));
+  info.version = got.version;
+  info.checksum = got.header.checksum;
+  return info;
 }
 
 absl::Status StepScope::Write(const std::string& name, int32_t replica,

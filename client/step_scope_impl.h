@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "client/client_impl.h"
 #include "common/model/step.h"
+#include "common/rpc/replica_stream.h"
 #include "repvar/step.h"
 #include "repvar/v1/worker.grpc.pb.h"
 
@@ -26,7 +27,8 @@ class StepScope::Impl {
   int32_t me = -1;  // participant index
   StepInfo header;  // this step as BeginStep answered (its layout is in `layout`)
   std::shared_ptr<const ClientAccess::Impl::StepLayout> layout;
-  v1::WorkerSteps::Stub* worker = nullptr;
+  ClientAccess::Impl::WorkerLink* link = nullptr;  // this host's worker
+  v1::WorkerSteps::Stub* worker = nullptr;         // link's stub
   bool closed = false;
   bool map_failed = false;  // the worker's memory cannot be mapped from here
 
@@ -38,6 +40,12 @@ class StepScope::Impl {
   void SetDeadline(grpc::ClientContext* ctx, uint64_t bytes = 0) const {
     client->SetDeadline(ctx, bytes);
   }
+  // The step's view of `var`/`replica` through the worker's socket, into
+  // `receiver`: one copy of each byte, from gRPC's slices into its place.
+  // Errors: the call's; DATA_LOSS (a damaged stream, or a value of another
+  // spec than the step's).
+  absl::StatusOr<ReceivedInPlace> ReadThroughSocket(const StepVariable& var, int32_t replica,
+                                                    ReplicaReceiver& receiver);
 };
 
 class LocalMapping::Impl {

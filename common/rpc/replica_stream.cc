@@ -20,8 +20,12 @@ absl::Status ChunkBeforeHeader() {
 absl::Status ReplicaReceiver::OnMessage(const v1::ReadVariableChunk& msg) {
   if (msg.has_chunk()) return OnChunk(ReceivedChunk::Of(msg.chunk()));
   if (!msg.has_header()) return ChunkBeforeHeader();
-  REPVAR_ASSIGN_OR_RETURN(TensorHeader header, TensorHeaderFromProto(msg.header()));
-  REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, ChunkAssembler::Start(header, UINT64_MAX));
+  if (assembler_) return absl::DataLossError("replica stream: a second header");
+  REPVAR_ASSIGN_OR_RETURN(header_, TensorHeaderFromProto(msg.header()));
+  REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a,
+                          grow_ != nullptr ? ChunkAssembler::StartInto(header_, grow_, max_bytes_)
+                          : in_place_      ? ChunkAssembler::StartInto(header_, into_)
+                                           : ChunkAssembler::Start(header_, UINT64_MAX));
   assembler_.emplace(std::move(a));
   version_ = msg.version();
   return absl::OkStatus();
@@ -46,19 +50,26 @@ absl::StatusOr<ReceivedReplica> ReplicaReceiver::Finish() {
   return out;
 }
 
-absl::StatusOr<ReceivedReplica> ReceiveReplica(
-    grpc::ClientContext& ctx, grpc::ClientReaderInterface<v1::ReadVariableChunk>& reader) {
-  ReplicaReceiver receiver;
-  v1::ReadVariableChunk msg;
+absl::StatusOr<ReceivedInPlace> ReplicaReceiver::FinishInPlace() {
+  if (!assembler_) return absl::DataLossError("replica stream ended without a header");
+  ReceivedInPlace out{version_, header_};
+  REPVAR_ASSIGN_OR_RETURN(out.header.checksum, assembler_->FinishInPlace());
+  return out;
+}
+
+absl::Status ReceiveReplicaFrames(grpc::ClientContext& ctx,
+                                  grpc::ClientReaderInterface<grpc::ByteBuffer>& reader,
+                                  ReplicaReceiver& receiver) {
+  grpc::ByteBuffer frame;
   absl::Status s;
-  while (s.ok() && reader.Read(&msg)) s = receiver.OnMessage(msg);
+  while (s.ok() && reader.Read(&frame)) s = receiver.OnFrame(frame);
   if (!s.ok()) {
     ctx.TryCancel();
     (void)reader.Finish();
+    if (s.code() == absl::StatusCode::kInvalidArgument) return absl::DataLossError(s.message());
     return s;
   }
-  REPVAR_RETURN_IF_ERROR(FromGrpcStatus(reader.Finish()));
-  return receiver.Finish();
+  return FromGrpcStatus(reader.Finish());
 }
 
 }  // namespace repvar

@@ -138,6 +138,13 @@ def _take_value(responses, name, header_of, out=None):
         raise errors.DataLoss(f"reading {name}: {e}") from e
 
 
+def _check_out_array(out):
+    """InvalidArgument unless `out` is None or a writable C-contiguous array."""
+    if out is not None and not (isinstance(out, np.ndarray) and out.flags.c_contiguous
+                                and out.flags.writeable):
+        raise errors.InvalidArgument("out must be a writable C-contiguous numpy array")
+
+
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
 
@@ -332,9 +339,7 @@ class Client:
         storage, say), the value is written into it and `out` is returned:
         nothing of the value's size is allocated. InvalidArgument, with `out`
         untouched, for another dtype or size."""
-        if out is not None and not (isinstance(out, np.ndarray) and out.flags.c_contiguous
-                                    and out.flags.writeable):
-            raise errors.InvalidArgument("out must be a writable C-contiguous numpy array")
+        _check_out_array(out)
         responses = self.stub.ReadVariable(cpb.ReadVariableRequest(name=name, chunk_bytes=chunk_bytes),
                                            timeout=self.timeout + 60)
         return _take_value(responses, name, lambda m: (m.header.tensor, m.header.version), out)
@@ -427,20 +432,33 @@ class Step:
         v = self._var(name)
         return [i for i, p in enumerate(v.replica_participant) if self._me >= 0 and p == self._me]
 
-    def read(self, name, replica):
+    def read(self, name, replica, out=None):
         """This step's view of a local replica: its own write, else the committed value.
-        Large tensors come through a mapping of the worker's buffer (one copy)."""
+        Large tensors come through a mapping of the worker's buffer (one copy),
+        others through its socket (checked against their checksums: DataLoss).
+        With `out`, as Client.read takes it (a writable C-contiguous array of
+        the value's dtype or uint8, and its size), the view is written into it
+        and `out` is returned; InvalidArgument, `out` untouched, otherwise."""
         v = self._var(name)
+        if out is not None:
+            _check_out_array(out)
+            try:
+                tensors.check_out(out, v.spec.dtype, self._byte_size(v))
+            except tensors.OutMismatch as e:
+                raise errors.InvalidArgument(f"{name}: {e}") from None
         if self._mappable(v):
             try:
                 with self.map(name, replica, "read") as m:
-                    return m.array.copy()
+                    if out is None:
+                        return m.array.copy()
+                    tensors._bytes(out)[:] = tensors._bytes(m.array)
+                    return out
             except OSError:
                 self._map_failed = True  # not on the worker's host: use its socket
         responses = self.worker.StepRead(self._wpb.StepReadRequest(
             step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica),
             timeout=self.client.timeout)
-        return _take_value(responses, name, lambda m: (m.header, m.version))[0]
+        return _take_value(responses, name, lambda m: (m.header, m.version), out)[0]
 
     def write(self, name, replica, array):
         """Writes the replica's step-local copy: large tensors through a mapping of
@@ -510,14 +528,17 @@ class Step:
 
     _MAP_BYTES = 1 << 20  # from this size on, read and write through a mapping
 
-    def _mappable(self, v):
-        if getattr(self, "_map_failed", False):
-            return False
+    @staticmethod
+    def _byte_size(v):
         n = 1
         for d in v.spec.dims:
             n *= d
-        itemsize = np.dtype(tensors._BY_ENUM[v.spec.dtype][1]).itemsize
-        return n * itemsize >= self._MAP_BYTES
+        return n * np.dtype(tensors._BY_ENUM[v.spec.dtype][1]).itemsize
+
+    def _mappable(self, v):
+        if getattr(self, "_map_failed", False):
+            return False
+        return self._byte_size(v) >= self._MAP_BYTES
 
     def map(self, name, replica, mode="read"):
         """Maps the worker's own buffer of a local replica into this process

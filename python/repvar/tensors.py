@@ -78,6 +78,16 @@ def to_chunks(array, dtype_name: str, chunk_bytes: int = 1 << 20):
         yield types_pb2.TensorChunk(offset=off, data=bytes(piece), checksum=checksum(piece))
 
 
+def check_out(out: np.ndarray, dtype_enum: int, byte_size: int) -> None:
+    """OutMismatch unless `out` can take a value of that dtype and size: an
+    array of its dtype (or uint8) of exactly byte_size bytes."""
+    name, npd = _BY_ENUM[dtype_enum]
+    if out.dtype != np.uint8 and out.dtype != npd:
+        raise OutMismatch(f"{name} values do not go into an array of {out.dtype}")
+    if out.nbytes != byte_size:
+        raise OutMismatch(f"{byte_size} bytes do not fit an array of {out.nbytes}")
+
+
 def from_chunks(h: types_pb2.TensorHeader, chunks, out=None) -> np.ndarray:
     """Rebuilds an array from a header and in-order chunks; verifies checksums
     (ValueError). With `out`, a writable C-contiguous array of the value's
@@ -91,10 +101,7 @@ def from_chunks(h: types_pb2.TensorHeader, chunks, out=None) -> np.ndarray:
         # Written once, as the chunks arrive (not zeroed first).
         out = np.empty(h.byte_size, np.uint8).view(npd).reshape(tuple(h.spec.dims))
     else:
-        if out.dtype != np.uint8 and out.dtype != npd:
-            raise OutMismatch(f"{name} values do not go into an array of {out.dtype}")
-        if out.nbytes != h.byte_size:
-            raise OutMismatch(f"{h.byte_size} bytes do not fit an array of {out.nbytes}")
+        check_out(out, h.spec.dtype, h.byte_size)
     dest = memoryview(out.reshape(-1).view(np.uint8))
     received = 0
     state = checksum_state()

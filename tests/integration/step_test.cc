@@ -61,8 +61,9 @@ class StepTest : public testing::StartedCluster {
     return StepOptions{.worker = Host(host), .barrier_timeout = Scaled(timeout)};
   }
 
-  // One trainer per host: begins `step`, lets `body` write, commits; all
-  // hosts commit concurrently. Returns each host's commit result.
+  // One trainer per host (through `stepping_` when set, else `client_`):
+  // begins `step`, lets `body` write, commits; all hosts commit
+  // concurrently. Returns each host's commit result.
   template <typename Body>
   std::vector<absl::StatusOr<StepResult>> RunStep(int64_t step, Body body,
                                                   absl::Duration timeout = absl::Seconds(20),
@@ -71,7 +72,8 @@ class StepTest : public testing::StartedCluster {
     std::vector<std::thread> threads;
     for (int h = 0; h < hosts; ++h) {
       threads.emplace_back([&, h] {
-        auto scope = StepScope::Begin(*client_, step, Options(h, timeout));
+        auto scope = StepScope::Begin(stepping_ != nullptr ? *stepping_ : *client_, step,
+                                      Options(h, timeout));
         if (!scope.ok()) {
           out[h] = scope.status();
           return;
@@ -130,6 +132,8 @@ class StepTest : public testing::StartedCluster {
     }
     FAIL() << "tpu_worker:" << host << " did not come back with " << var << " resynced";
   }
+
+  Client* stepping_ = nullptr;
 
   Vec ReadVec(const std::string& name) {
     auto v = client_->Read(name);
@@ -248,6 +252,60 @@ TEST_F(StepTest, S2_LargeWritesAndReadsGoThroughTheMapping_BytesAndChecksumsExac
   std::set<uint64_t> sums;
   for (const auto& [i, vc] : Replicas("big")) sums.insert(vc.second);
   EXPECT_EQ(sums, (std::set<uint64_t>{read->checksum}));  // replica 0's value everywhere
+}
+
+// StepScope::ReadInto gives the step's view, as Read does, in the caller's
+// buffer: through the worker's mapped buffer (2 MiB) and through its socket
+// (256 KiB, streamed; 16 bytes); the committed value before this step's
+// write, the write after it. A buffer of another size is refused untouched.
+TEST_F(StepTest, S2_ReadInto_TheStepsViewInTheCallersBuffer_MappedAndThroughTheSocket) {
+  const std::vector<std::pair<std::string, int64_t>> vars = {
+      {"mapped", 1 << 19}, {"streamed", 1 << 16}, {"small", 4}};
+  for (const auto& [name, n] : vars) CreateZeros(name, DType::kFloat32, n, Aggregation::kMean);
+  // Chunks of 16 KiB: the 256 KiB value comes in 16 of them.
+  ClientOptions options = ClientOptionsFor("admin.token");
+  options.chunk_bytes = 16 << 10;
+  auto small_chunks = Client::Connect(options);
+  ASSERT_OK(small_chunks);
+  stepping_ = small_chunks->get();
+  auto results = RunStep(1, [&](int h, StepScope& s) -> absl::Status {
+    if (h != 0) return absl::OkStatus();
+    for (const auto& [name, n] : vars) {
+      std::vector<float> out(n, -1.0f);
+      auto before = s.ReadInto(name, 0, std::as_writable_bytes(std::span(out)));
+      if (!before.ok()) return before.status();
+      if (out != std::vector<float>(n, 0.0f) || before->version != 1 ||
+          before->shape != std::vector<int64_t>{n} ||
+          before->checksum != Checksum(std::as_bytes(std::span(out)))) {
+        return absl::DataLossError(absl::StrCat(name, ": not the committed zeros"));
+      }
+      std::vector<float> value(n);
+      for (int64_t i = 0; i < n; ++i) value[i] = static_cast<float>(i % 977) + 0.25f;
+      if (absl::Status st = s.Write<float>(name, 0, std::span<const float>(value)); !st.ok()) {
+        return st;
+      }
+      auto after = s.ReadInto(name, 0, std::as_writable_bytes(std::span(out)));
+      if (!after.ok()) return after.status();
+      auto read = s.Read(name, 0);
+      if (!read.ok()) return read.status();
+      if (out != value || after->checksum != Checksum(std::as_bytes(std::span(value))) ||
+          after->checksum != read->checksum || read->bytes.size() != out.size() * 4 ||
+          std::memcmp(read->bytes.data(), out.data(), read->bytes.size()) != 0) {
+        return absl::DataLossError(absl::StrCat(name, ": not this step's write"));
+      }
+      std::vector<float> wrong(n + 1, -2.0f);
+      EXPECT_THAT(s.ReadInto(name, 0, std::as_writable_bytes(std::span(wrong))),
+                  StatusIs(absl::StatusCode::kInvalidArgument, "buffer"))
+          << name;
+      EXPECT_EQ(wrong, std::vector<float>(n + 1, -2.0f)) << name;
+    }
+    EXPECT_THAT(s.ReadInto("absent", 0, {}), StatusIs(absl::StatusCode::kFailedPrecondition));
+    std::vector<float> out(4);
+    EXPECT_THAT(s.ReadInto("small", 2, std::as_writable_bytes(std::span(out))),
+                StatusIs(absl::StatusCode::kNotFound));
+    return absl::OkStatus();
+  });
+  for (auto& r : results) ASSERT_OK(r);
 }
 
 // The client keeps its mappings of the worker's buffers between leases

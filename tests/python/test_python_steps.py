@@ -267,6 +267,40 @@ def test_large_write_and_read_go_through_the_mapping(client):
     assert len({rep.checksum for rep in client.variable("pybig/v").replicas}) == 1
 
 
+def test_read_out_writes_the_steps_view_in_place_mapped_and_through_the_socket(client):
+    # 2 MiB goes through the mapping, 256 KiB and 16 bytes through the
+    # worker's socket; another dtype or size is InvalidArgument, untouched.
+    sizes = {"mapped": 1 << 19, "streamed": 1 << 16, "small": 4}
+    with repvar.replicated_scope(6, "pyout"):
+        for name, n in sizes.items():
+            client.create(name, "float32", (n,), aggregation="ONLY_FIRST_REPLICA",
+                          initializer=repvar.zeros())
+    client.initialize([f"pyout/{name}" for name in sizes])
+
+    def body(h, s):
+        if h != 0:
+            return
+        for name, n in sizes.items():
+            full = f"pyout/{name}"
+            out = np.full(n, -1, np.float32)
+            assert s.read(full, 0, out=out) is out
+            np.testing.assert_array_equal(out, np.zeros(n, np.float32))
+            value = (np.arange(n, dtype=np.float32) % 977) + np.float32(0.25)
+            s.write(full, 0, value)
+            raw = np.zeros(n * 4, np.uint8)  # the raw bytes, into uint8
+            assert s.read(full, 0, out=raw) is raw
+            np.testing.assert_array_equal(raw.view(np.float32), value)
+            for wrong in (np.full(n + 1, -2, np.float32), np.full(n, -2, np.float64)):
+                with pytest.raises(repvar.InvalidArgument):
+                    s.read(full, 0, out=wrong)
+                assert (wrong == -2).all()
+        assert not getattr(s, "_map_failed", False)
+
+    results = _run_step(client, client.last_committed_step() + 1, body)
+    for r in results:
+        assert not isinstance(r, Exception), r
+
+
 def test_mapped_writes_step_after_step_keep_their_mappings_and_bytes(client):
     # The client keeps its mappings of the worker's buffers between leases
     # (_MappingCache) and the worker lends the same buffers again: every step

@@ -145,6 +145,15 @@ class StepScope {
   // S2: this step's view of a local replica: its own writes, else the
   // committed value.
   absl::StatusOr<TensorValue> Read(const std::string& name, int32_t replica);
+  // The same view written straight into `out`, which must be exactly its
+  // size: one copy of each byte (from the worker's mapped buffer, or from
+  // its socket, checked against the chunk sums and the value's checksum),
+  // and nothing of the value's size allocated (Client::ReadInto's in-step
+  // twin). Errors: as Read's, and INVALID_ARGUMENT (`out` is not the value's
+  // size; untouched). After any other error `out`'s contents are
+  // unspecified.
+  absl::StatusOr<ReadInfo> ReadInto(const std::string& name, int32_t replica,
+                                    std::span<std::byte> out);
   // S2: writes a step-local copy (the committed replica is untouched until
   // the step commits). Errors: FAILED_PRECONDITION (not in the step, or the
   // step is no longer open), NOT_FOUND (not a local replica),

@@ -120,5 +120,106 @@ TEST_F(ReplicaReceiverTest, OtherLayoutTaken_BadChecksum_ChunkBeforeHeader_Unpar
   }
 }
 
+// A receiver into the caller's memory takes the same frames: into a buffer
+// of the value's size, or a vector sized as they arrive, each chunk checked
+// there. A header of another size than the buffer, one above the vector's
+// limit and a second header are refused.
+TEST_F(ReplicaReceiverTest, IntoCallersMemory_TheSameValue_OtherSizesAndSecondHeadersRefused) {
+  std::vector<std::byte> out(value_->bytes.size());
+  ReplicaReceiver into(out);
+  std::vector<std::byte> grow;
+  ReplicaReceiver grown(&grow, value_->bytes.size());
+  for (grpc::ByteBuffer& frame : Frames(5)) {
+    grpc::ByteBuffer copy(frame);
+    ASSERT_OK(into.OnFrame(frame));
+    ASSERT_OK(grown.OnFrame(copy));
+  }
+  EXPECT_THAT(into.Finish(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  for (ReplicaReceiver* r : {&into, &grown}) {
+    auto got = r->FinishInPlace();
+    ASSERT_OK(got);
+    EXPECT_EQ(got->version, 5);
+    EXPECT_EQ(got->header.checksum, value_->checksum);
+    EXPECT_EQ(got->header.spec, value_->spec);
+  }
+  const std::vector<std::byte> want(value_->bytes.span().begin(), value_->bytes.span().end());
+  EXPECT_EQ(out, want);
+  EXPECT_EQ(grow, want);
+  {
+    std::vector<std::byte> smaller(value_->bytes.size() - 4);
+    ReplicaReceiver r(smaller);
+    EXPECT_THAT(r.OnFrame(Frames(5)[0]), StatusIs(absl::StatusCode::kInvalidArgument));
+  }
+  {
+    std::vector<std::byte> g;
+    ReplicaReceiver r(&g, value_->bytes.size() - 1);
+    EXPECT_THAT(r.OnFrame(Frames(5)[0]), StatusIs(absl::StatusCode::kResourceExhausted));
+  }
+  {
+    ReplicaReceiver r;
+    ASSERT_OK(r.OnFrame(Frames(5)[0]));
+    EXPECT_THAT(r.OnFrame(Frames(5)[0]), StatusIs(absl::StatusCode::kDataLoss, "second header"));
+  }
+}
+
+// A stream scripted frame by frame, for ReceiveReplicaFrames.
+class ScriptedReader final : public grpc::ClientReaderInterface<grpc::ByteBuffer> {
+ public:
+  ScriptedReader(std::vector<grpc::ByteBuffer> frames, grpc::Status end)
+      : frames_(std::move(frames)), end_(std::move(end)) {}
+  bool Read(grpc::ByteBuffer* msg) override {
+    if (next_ >= frames_.size()) return false;
+    *msg = frames_[next_++];
+    return true;
+  }
+  grpc::Status Finish() override { return end_; }
+  bool NextMessageSize(uint32_t* size) override {
+    *size = 1 << 20;
+    return true;
+  }
+  void WaitForInitialMetadata() override {}
+  size_t read() const { return next_; }
+
+ private:
+  std::vector<grpc::ByteBuffer> frames_;
+  grpc::Status end_;
+  size_t next_ = 0;
+};
+
+// ReceiveReplicaFrames: a whole stream is received; a damaged one stops at
+// the frame at fault and is DATA_LOSS (the receiver's INVALID_ARGUMENT is
+// the stream's damage, not the caller's mistake); the call's own error
+// (a worker's NOT_FOUND) comes back as it is.
+TEST_F(ReplicaReceiverTest, ReceiveReplicaFrames_DamageIsDataLoss_TheCallsOwnErrorsPassThrough) {
+  {
+    ScriptedReader reader(Frames(2), grpc::Status::OK);
+    grpc::ClientContext ctx;
+    ReplicaReceiver r;
+    ASSERT_OK(ReceiveReplicaFrames(ctx, reader, r));
+    auto got = r.Finish();
+    ASSERT_OK(got);
+    EXPECT_EQ(got->value.checksum, value_->checksum);
+  }
+  {
+    std::vector<grpc::ByteBuffer> frames = Frames(2);
+    const auto piece = value_->bytes.span().subspan(0, 4096);
+    frames[1] =
+        ChunkFrame(v1::ReadVariableChunk::kChunkFieldNumber, 0, piece, Checksum(piece) ^ 1, value_);
+    ScriptedReader reader(frames, grpc::Status::OK);
+    grpc::ClientContext ctx;
+    ReplicaReceiver r;
+    EXPECT_THAT(ReceiveReplicaFrames(ctx, reader, r),
+                StatusIs(absl::StatusCode::kDataLoss, "checksum"));
+    EXPECT_EQ(reader.read(), 2u) << "stopped at the damaged frame";
+  }
+  {
+    ScriptedReader reader({}, grpc::Status(grpc::StatusCode::NOT_FOUND, "no replica 9"));
+    grpc::ClientContext ctx;
+    ReplicaReceiver r;
+    EXPECT_THAT(ReceiveReplicaFrames(ctx, reader, r),
+                StatusIs(absl::StatusCode::kNotFound, "no replica 9"));
+  }
+}
+
 }  // namespace
 }  // namespace repvar
