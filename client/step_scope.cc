@@ -189,9 +189,9 @@ absl::StatusOr<ReceivedInPlace> StepScope::Impl::ReadThroughSocket(const StepVar
                                             " from the worker: ", got.status().message()));
   }
   if (!(got->header.spec == var.spec)) {
-    return absl::DataLossError(absl::StrCat("reading ", var.name, "/", replica, ": the worker sent ",
-                                            got->header.spec.ToString(), ", not ",
-                                            var.spec.ToString()));
+    return absl::DataLossError(absl::StrCat("reading ", var.name, "/", replica,
+                                            ": the worker sent ", got->header.spec.ToString(),
+                                            ", not ", var.spec.ToString()));
   }
   return got;
 }
@@ -227,9 +227,8 @@ absl::StatusOr<ReadInfo> StepScope::ReadInto(const std::string& name, int32_t re
   const TensorSpec& spec = var->spec;
   const uint64_t size = static_cast<uint64_t>(spec.ByteSize().value_or(0));
   if (out.size() != size) {
-    return absl::InvalidArgumentError(absl::StrCat(name, " holds ", size,
-                                                   " bytes; the buffer to read it into has ",
-                                                   out.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " holds ", size, " bytes; the buffer to read it into has ", out.size()));
   }
   ReadInfo info{spec.dtype, spec.dims, 0, 0};
   if (size >= kMapBytes && !impl_->map_failed) {
