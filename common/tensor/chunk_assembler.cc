@@ -33,6 +33,16 @@ absl::StatusOr<ChunkAssembler> ChunkAssembler::Start(const TensorSpec& spec, uin
   return a;
 }
 
+ChunkAssembler ChunkAssembler::InPlace(const TensorHeader& header) {
+  ChunkAssembler a;
+  a.tensor_.spec = header.spec;
+  a.size_ = header.byte_size;
+  a.expected_checksum_ = header.checksum;
+  a.in_place_ = true;
+  a.sums_.reset();  // kept for a tensor sent on, which this is not
+  return a;
+}
+
 absl::StatusOr<ChunkAssembler> ChunkAssembler::StartInto(const TensorHeader& header,
                                                          std::span<std::byte> out) {
   REPVAR_RETURN_IF_ERROR(CheckByteSize(header.spec, header.byte_size));
@@ -40,13 +50,8 @@ absl::StatusOr<ChunkAssembler> ChunkAssembler::StartInto(const TensorHeader& hea
     return absl::InvalidArgumentError(absl::StrCat("a value of ", header.byte_size,
                                                    " bytes cannot fill a buffer of ", out.size()));
   }
-  ChunkAssembler a;
-  a.tensor_.spec = header.spec;
-  a.size_ = header.byte_size;
-  a.expected_checksum_ = header.checksum;
-  a.in_place_ = true;
+  ChunkAssembler a = InPlace(header);
   a.into_ = out;
-  a.sums_.reset();
   return a;
 }
 
@@ -65,13 +70,8 @@ absl::StatusOr<ChunkAssembler> ChunkAssembler::StartInto(const TensorHeader& hea
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot reserve room for a value of ", header.byte_size, " bytes"));
   }
-  ChunkAssembler a;
-  a.tensor_.spec = header.spec;
-  a.size_ = header.byte_size;
-  a.expected_checksum_ = header.checksum;
-  a.in_place_ = true;
+  ChunkAssembler a = InPlace(header);
   a.grow_ = grow;
-  a.sums_.reset();
   return a;
 }
 

@@ -97,6 +97,8 @@ class ChunkAssembler {
 
  private:
   ChunkAssembler() = default;
+  // StartInto's assembler of `header`'s value, before its destination is set.
+  static ChunkAssembler InPlace(const TensorHeader& header);
   // Where the next `size` bytes go, made resident (and charged) ahead of them.
   absl::StatusOr<std::span<std::byte>> Room(uint64_t size);
   // The whole value's checks; its checksum.
