@@ -472,7 +472,9 @@ void MeanStep(int mib, int workers, int iters) {
 // copy the bytes in, publish; read back: the same read right after the
 // publish, which waits for the worker's hash of it), and through
 // StepScope's Write, Read (into a fresh vector) and ReadInto (into a buffer
-// kept across steps), which take the same mapping at this size.
+// kept across steps), which take the same mapping at this size; and Read and
+// ReadInto of a 768 KiB variable, below the mapping's threshold, through
+// the worker's socket.
 void LocalAccess(int mib, int iters) {
   repvar::testing::TestCluster cluster(OneTpuPerWorker(1));
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
@@ -483,9 +485,16 @@ void LocalAccess(int mib, int iters) {
   spec.aggregation = repvar::Aggregation::kMean;
   spec.initializer = repvar::InitializerSpec::Ones();
   if (auto v = c->CreateVariable(spec); !v.ok()) Die("create", v.status());
-  if (auto v = c->Initialize({"local"}); !v.ok()) Die("initialize", v.status());
-  std::vector<float> src(n, 2.0f), dst(n);
-  std::vector<double> copy, map_reads, map_writes, readbacks, reads, read_intos, writes;
+  // Below the mapping's threshold: read through the worker's socket.
+  constexpr int64_t kSocketKib = 768;
+  repvar::VariableSpec near = spec;
+  near.name = "near";
+  near.shape = {kSocketKib << 8};
+  if (auto v = c->CreateVariable(near); !v.ok()) Die("create", v.status());
+  if (auto v = c->Initialize({"local", "near"}); !v.ok()) Die("initialize", v.status());
+  std::vector<float> src(n, 2.0f), dst(n), near_dst(kSocketKib << 8);
+  std::vector<double> copy, map_reads, map_writes, readbacks, reads, read_intos, writes,
+      socket_reads, socket_read_intos;
   const size_t bytes = n * sizeof(float);
   for (int i = 0; i < iters + 1; ++i) {
     auto t0 = Clock::now();
@@ -527,6 +536,12 @@ void LocalAccess(int mib, int iters) {
       Die("read into", v.status());
     }
     auto t7 = Clock::now();
+    if (auto v = s.Read("near", 0); !v.ok()) Die("socket read", v.status());
+    auto t8 = Clock::now();
+    if (auto v = s.ReadInto("near", 0, std::as_writable_bytes(std::span(near_dst))); !v.ok()) {
+      Die("socket read into", v.status());
+    }
+    auto t9 = Clock::now();
     if (auto res = s.Commit(); !res.ok()) Die("commit", res.status());
     if (i > 0) {  // the first round fills the pools
       map_reads.push_back(Ms(t0r, t1));
@@ -535,14 +550,18 @@ void LocalAccess(int mib, int iters) {
       writes.push_back(Ms(t4, t5));
       reads.push_back(Ms(t5, t6));
       read_intos.push_back(Ms(t6, t7));
+      socket_reads.push_back(Ms(t7, t8));
+      socket_read_intos.push_back(Ms(t8, t9));
     }
   }
   std::printf(
       "repvar_local mib=%d mapped_write_ms=%.2f mapped_read_ms=%.2f mapped_readback_ms=%.2f "
-      "write_ms=%.2f read_ms=%.2f read_into_ms=%.2f memcpy_ms=%.2f\n",
+      "write_ms=%.2f read_ms=%.2f read_into_ms=%.2f memcpy_ms=%.2f socket_kib=%lld "
+      "socket_read_ms=%.3f socket_read_into_ms=%.3f\n",
       mib, Percentile(map_writes, 0.5), Percentile(map_reads, 0.5), Percentile(readbacks, 0.5),
       Percentile(writes, 0.5), Percentile(reads, 0.5), Percentile(read_intos, 0.5),
-      Percentile(copy, 0.5));
+      Percentile(copy, 0.5), static_cast<long long>(kSocketKib), Percentile(socket_reads, 0.5),
+      Percentile(socket_read_intos, 0.5));
   std::fflush(stdout);
 }
 
