@@ -101,7 +101,7 @@ absl::Status ChunkAssembler::Add(uint64_t offset, size_t size, uint64_t checksum
   REPVAR_ASSIGN_OR_RETURN(const std::span<std::byte> out, Room(size));
   // Past `received_` until checked: a refused chunk is not part of the tensor.
   fill(out);
-  if (checksum != kChecksumNotGiven && Checksum(out) != checksum) {
+  if ((checksum != kChecksumNotGiven || in_place_) && Checksum(out) != checksum) {
     if (grow_ != nullptr) grow_->resize(received_);
     return absl::InvalidArgumentError(absl::StrCat("checksum mismatch in chunk at ", offset));
   }
@@ -156,7 +156,7 @@ absl::StatusOr<uint64_t> ChunkAssembler::CheckWhole() const {
         absl::StrCat("tensor truncated: got ", received_, " of ", size_, " bytes"));
   }
   uint64_t sum = hash_.Digest();
-  if (expected_checksum_ != kChecksumNotGiven && sum != expected_checksum_) {
+  if ((expected_checksum_ != kChecksumNotGiven || in_place_) && sum != expected_checksum_) {
     return absl::InvalidArgumentError(absl::StrCat("tensor checksum mismatch: header says ",
                                                    expected_checksum_, ", bytes give ", sum));
   }

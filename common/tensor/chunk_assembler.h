@@ -40,7 +40,9 @@ namespace repvar {
 //              sized chunk by chunk as the bytes arrive (a read's answer);
 //              FinishInPlace() checks the whole. The caller keeps it alive,
 //              and leaves it alone, while the assembler lives.
-// The checks are the same for every destination.
+// The checks are the same for every destination, but for one: StartInto
+// is for reads, whose senders (repvar's daemons) give every checksum, so a
+// 0 there is checked like any other value, not taken as "not given".
 inline constexpr uint64_t kChecksumNotGiven = 0;
 
 class ChunkAssembler {

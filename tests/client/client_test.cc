@@ -242,8 +242,10 @@ v1::ReadVariableResponse Chunk(const std::string& bytes, uint64_t offset, size_t
 
 // Read and ReadInto check what a stream delivers: a damaged chunk, a chunk
 // out of place or before the header, a value cut short, one whose whole
-// checksum fails and a header whose size is not its shape's (or that has no
-// valid dtype) are each DATA_LOSS; the undamaged stream beside them reads.
+// checksum fails, a header whose size is not its shape's (or that has no
+// valid dtype) and one without the value's checksum (repvar sends every
+// checksum: 0 is not "not given" to a reader) are each DATA_LOSS; the
+// undamaged stream beside them reads.
 TEST(ClientReads, DamagedStream_DataLoss_TheSameStreamUndamagedReads) {
   std::string bytes(32, '\0');
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + 1);
@@ -263,6 +265,7 @@ TEST(ClientReads, DamagedStream_DataLoss_TheSameStreamUndamagedReads) {
       {"whole", {Header(bytes, sum ^ 1), Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
       {"oversized", {oversized, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
       {"unspecified", {unspecified, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
+      {"unsummed", {Header(bytes, 0), Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
   });
   auto c = Client::Connect({.coordinator_address = coordinator.address(), .max_attempts = 1});
   ASSERT_OK(c);
@@ -275,8 +278,8 @@ TEST(ClientReads, DamagedStream_DataLoss_TheSameStreamUndamagedReads) {
   auto read = (*c)->Read("good");
   ASSERT_OK(read);
   EXPECT_EQ(read->checksum, sum);
-  for (const char* name :
-       {"flipped", "gap", "overlap", "headless", "short", "whole", "oversized", "unspecified"}) {
+  for (const char* name : {"flipped", "gap", "overlap", "headless", "short", "whole", "oversized",
+                           "unspecified", "unsummed"}) {
     EXPECT_THAT((*c)->ReadInto(name, out), StatusIs(absl::StatusCode::kDataLoss, name)) << name;
     EXPECT_THAT((*c)->Read(name), StatusIs(absl::StatusCode::kDataLoss)) << name;
   }

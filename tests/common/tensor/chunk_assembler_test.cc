@@ -270,8 +270,19 @@ TEST(ChunkAssembler, IntoCallersMemory_TheSameChecks_ARefusedChunkLeavesNothing)
   auto wrong =
       ChunkAssembler::StartInto({src.spec, src.bytes.size(), src.checksum + 1}, std::span(out));
   ASSERT_OK(wrong);
-  ASSERT_OK(wrong->Add(0, bytes, 0));
+  ASSERT_OK(wrong->Add(0, bytes, src.checksum));
   EXPECT_THAT(wrong->FinishInPlace(), StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
+  // A read's sender gives every checksum: 0 is not "not given" here, for a
+  // chunk or for the whole (Start takes it so: ChecksumZero_* above).
+  auto unsummed = ChunkAssembler::StartInto(header, std::span(out));
+  ASSERT_OK(unsummed);
+  EXPECT_THAT(unsummed->Add(0, bytes, kChecksumNotGiven),
+              StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
+  auto unsummed_whole = ChunkAssembler::StartInto({src.spec, src.bytes.size(), 0}, std::span(out));
+  ASSERT_OK(unsummed_whole);
+  ASSERT_OK(unsummed_whole->Add(0, bytes, src.checksum));
+  EXPECT_THAT(unsummed_whole->FinishInPlace(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
   // Start's tensor is not in place.
   auto own = ChunkAssembler::Start(header, UINT64_MAX);
   ASSERT_OK(own);
