@@ -88,6 +88,16 @@ def check_out(out: np.ndarray, dtype_enum: int, byte_size: int) -> None:
         raise OutMismatch(f"{byte_size} bytes do not fit an array of {out.nbytes}")
 
 
+def copy_into(out: np.ndarray, value: np.ndarray) -> None:
+    """Copies `value`'s bytes into `out`, an array of its dtype (or uint8)
+    and size; OutMismatch, `out` untouched, otherwise."""
+    if out.dtype != np.uint8 and out.dtype != value.dtype:
+        raise OutMismatch(f"{value.dtype} values do not go into an array of {out.dtype}")
+    if out.nbytes != value.nbytes:
+        raise OutMismatch(f"{value.nbytes} bytes do not fit an array of {out.nbytes}")
+    _bytes(out)[:] = _bytes(np.ascontiguousarray(value))
+
+
 def from_chunks(h: types_pb2.TensorHeader, chunks, out=None) -> np.ndarray:
     """Rebuilds an array from a header and in-order chunks; verifies checksums
     (ValueError). With `out`, a writable C-contiguous array of the value's

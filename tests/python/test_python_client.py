@@ -201,6 +201,49 @@ def test_read_into_out_writes_the_value_in_place_and_refuses_another_size(client
         client.read("into", out=frozen)
 
 
+def test_a_value_known_to_be_small_is_read_in_one_unary_call(cluster):
+    """A value the client knows to be small (created or read here before) is
+    read with one ReadVariables call, not a stream; out= takes it the same
+    way. One created again larger than a unary answer holds is streamed."""
+    c = repvar.Client(cluster)
+    calls = []
+    for method in ("ReadVariable", "ReadVariables"):
+        real = getattr(c.stub, method)
+        setattr(c.stub, method, lambda *a, _real=real, _m=method, **k: (calls.append(_m),
+                                                                       _real(*a, **k))[1])
+    c.create("unary/s", "float32", (16,), replica_count=2)
+    c.assign("unary/s", np.arange(16, dtype=np.float32))
+    value, version = c.read("unary/s")
+    np.testing.assert_array_equal(value, np.arange(16, dtype=np.float32))
+    assert version == 1 and calls == ["ReadVariables"]
+    out = np.zeros(16, np.float32)
+    assert c.read("unary/s", out=out)[0] is out
+    np.testing.assert_array_equal(out, np.arange(16, dtype=np.float32))
+    for wrong in (np.full(15, -1, np.float32), np.full(16, -1, np.int32)):
+        with pytest.raises(repvar.InvalidArgument):
+            c.read("unary/s", out=wrong)
+        assert (wrong == -1).all()
+    # Another client's variable: unknown here, streamed once, then known.
+    calls.clear()
+    other = repvar.Client(cluster)
+    other.create("unary/t", "int32", (3,), replica_count=2, initializer=repvar.zeros())
+    other.initialize(["unary/t"])
+    c.read("unary/t")
+    c.read("unary/t")
+    assert calls == ["ReadVariable", "ReadVariables"]
+    # Deleted and created again (by another client) past what one unary
+    # answer holds (32 MiB): the unary call is refused and the value streamed.
+    calls.clear()
+    other.delete("unary/t")
+    other.create("unary/t", "float32", (9 << 20,), replica_count=2, initializer=repvar.zeros())
+    other.initialize(["unary/t"])
+    big, _ = c.read("unary/t")
+    assert big.shape == (9 << 20,) and not big.any()
+    assert calls == ["ReadVariables", "ReadVariable"]
+    other.close()
+    c.close()
+
+
 def test_from_chunks_refuses_a_damaged_stream():
     """What read() turns into DataLoss: a chunk that fails its checksum or
     is out of place, a value cut short, and a whole value that fails its
