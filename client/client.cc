@@ -520,34 +520,46 @@ absl::Status ReadStream(ClientAccess::Impl& impl, const std::string& name, uint6
   return stream.Complete();
 }
 
+// A variable this client knows to be small, read in one unary call; nullopt
+// when it is not known to be small, or has been created again too large for
+// a unary answer since this client saw it (then it is streamed).
+absl::StatusOr<std::optional<TensorValue>> ReadKnownSmall(Client& client, ClientAccess::Impl& impl,
+                                                          const std::string& name) {
+  if (std::optional<uint64_t> known = KnownBytes(impl, name); !known || *known > kSmallReadBytes) {
+    return std::nullopt;
+  }
+  absl::StatusOr<std::vector<TensorValue>> one = client.ReadBatch({name});
+  if (absl::IsResourceExhausted(one.status())) return std::nullopt;
+  REPVAR_RETURN_IF_ERROR(one.status());
+  return std::move(one->front());
+}
+
 }  // namespace
 
 absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std::byte> out) {
-  if (std::optional<uint64_t> known = KnownBytes(*impl_, name);
-      known && *known <= kSmallReadBytes) {
-    REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ReadBatch({name}));
-    TensorValue& v = one.front();
-    if (v.bytes.size() != out.size()) return WrongSize(name, v.bytes.size(), out.size());
-    if (!out.empty()) std::memcpy(out.data(), v.bytes.data(), out.size());
-    return ReadInfo{v.dtype, std::move(v.shape), v.version, v.checksum};
+  REPVAR_ASSIGN_OR_RETURN(std::optional<TensorValue> small, ReadKnownSmall(*this, *impl_, name));
+  if (small) {
+    if (small->bytes.size() != out.size()) return WrongSize(name, small->bytes.size(), out.size());
+    if (!out.empty()) std::memcpy(out.data(), small->bytes.data(), out.size());
+    return ReadInfo{small->dtype, std::move(small->shape), small->version, small->checksum};
   }
   ReadInfo info;
   REPVAR_RETURN_IF_ERROR(impl_->Retry(
       [&] { return ReadStream(*impl_, name, out.size(), StreamIntoBuffer(name, out, &info)); }));
+  impl_->Remember(name, TensorSpec{info.dtype, info.shape});
   return info;
 }
 
 absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
-  const std::optional<uint64_t> known = KnownBytes(*impl_, name);
-  if (known && *known <= kSmallReadBytes) {
-    REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ReadBatch({name}));
-    return std::move(one.front());
-  }
+  REPVAR_ASSIGN_OR_RETURN(std::optional<TensorValue> small, ReadKnownSmall(*this, *impl_, name));
+  if (small) return *std::move(small);
   TensorValue value;
   ReadInfo info;
   REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    return ReadStream(*impl_, name, known.value_or(0), StreamIntoBuffer(name, &value.bytes, &info));
+    return ReadStream(*impl_, name, KnownBytes(*impl_, name).value_or(0),
+                      StreamIntoBuffer(name, &value.bytes, &info));
   }));
+  impl_->Remember(name, TensorSpec{info.dtype, info.shape});
   value.dtype = info.dtype;
   value.shape = std::move(info.shape);
   value.version = info.version;

@@ -121,8 +121,11 @@ class Client::Impl {
     return it->second;
   }
   void Remember(const VariableInfo& v) ABSL_LOCKS_EXCLUDED(mu_) {
+    Remember(v.spec.name, TensorSpec{v.spec.dtype, v.spec.shape});
+  }
+  void Remember(const std::string& name, TensorSpec spec) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    specs_[v.spec.name] = TensorSpec{v.spec.dtype, v.spec.shape};
+    specs_[name] = std::move(spec);
   }
   void Forget(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -144,7 +145,15 @@ TEST_F(ClientTest, C1_ReadInto_TheValueReadGives_InTheCallersBuffer) {
     std::vector<float> v(static_cast<size_t>(n));
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.25f;
     ASSERT_OK(client_->Assign<float>(name, v));
-    for (Client* c : {client_.get(), fresh->get()}) {
+    // A client that knows no spec streams its first read, whichever it is.
+    auto into_first =
+        Client::Connect({.coordinator_address = coordinator_.address(), .chunk_bytes = 64 << 10});
+    ASSERT_OK(into_first);
+    std::vector<float> first(v.size(), -1);
+    auto streamed = (*into_first)->ReadInto(name, std::as_writable_bytes(std::span<float>(first)));
+    ASSERT_OK(streamed);
+    EXPECT_EQ(first, v) << n;
+    for (Client* c : {client_.get(), fresh->get(), into_first->get()}) {
       auto read = c->Read(name);
       ASSERT_OK(read);
       EXPECT_EQ(std::vector<float>(read->as<float>().begin(), read->as<float>().end()), v) << n;
@@ -206,13 +215,32 @@ class ScriptedReads final : public v1::CoordinatorTrainers::Service {
 
   grpc::Status ReadVariable(grpc::ServerContext*, const v1::ReadVariableRequest* req,
                             grpc::ServerWriter<v1::ReadVariableResponse>* writer) override {
+    calls_.push_back("stream " + req->name());
     auto it = script_.find(req->name());
     if (it == script_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, req->name());
     for (const auto& m : it->second) writer->Write(m);
     return grpc::Status::OK;
   }
+  // The unary read of values a client knows to be small: `unary` answers
+  // by name (one name a call), else RESOURCE_EXHAUSTED, as for a value
+  // too large for one answer.
+  grpc::Status ReadVariables(grpc::ServerContext*, const v1::ReadVariablesRequest* req,
+                             v1::ReadVariablesResponse* resp) override {
+    const std::string name = req->names_size() == 1 ? req->names(0) : "";
+    calls_.push_back("unary " + name);
+    auto it = unary_.find(name);
+    if (it == unary_.end()) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "too large for one answer");
+    }
+    *resp->add_results() = it->second;
+    return grpc::Status::OK;
+  }
+  void SetUnary(const std::string& name, v1::ReadResult result) { unary_[name] = result; }
+  std::vector<std::string> TakeCalls() { return std::exchange(calls_, {}); }
 
  private:
+  std::map<std::string, v1::ReadResult> unary_;
+  std::vector<std::string> calls_;  // one client thread calls at a time
   std::map<std::string, std::vector<v1::ReadVariableResponse>> script_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
@@ -275,7 +303,12 @@ TEST(ClientReads, DamagedStream_DataLoss_TheSameStreamUndamagedReads) {
   EXPECT_EQ(std::memcmp(out.data(), bytes.data(), bytes.size()), 0);
   EXPECT_EQ(good->version, 7);
   EXPECT_EQ(good->checksum, sum);
-  auto read = (*c)->Read("good");
+  // A client that has read "good" knows it is small and would ask for it
+  // in one unary call, which this coordinator does not script: read it
+  // with one that has not.
+  auto other = Client::Connect({.coordinator_address = coordinator.address(), .max_attempts = 1});
+  ASSERT_OK(other);
+  auto read = (*other)->Read("good");
   ASSERT_OK(read);
   EXPECT_EQ(read->checksum, sum);
   for (const char* name : {"flipped", "gap", "overlap", "headless", "short", "whole", "oversized",
@@ -284,6 +317,42 @@ TEST(ClientReads, DamagedStream_DataLoss_TheSameStreamUndamagedReads) {
     EXPECT_THAT((*c)->Read(name), StatusIs(absl::StatusCode::kDataLoss)) << name;
   }
   EXPECT_THAT((*c)->ReadInto("absent", out), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// A value read through a stream is known to this client from then on: if
+// small, it is next read in one unary call. One created again too large for
+// a unary answer since (RESOURCE_EXHAUSTED) is streamed instead.
+TEST(ClientReads, AStreamedSmallValueIsNextReadInOneUnaryCall_OneTooLargeIsStreamed) {
+  std::string bytes(32, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 3 + 2);
+  const uint64_t sum = Checksum(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
+  const auto header = Header(bytes, sum);
+  ScriptedReads coordinator({
+      {"small", {header, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
+      {"regrown", {header, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
+  });
+  v1::ReadResult small;
+  *small.mutable_value()->mutable_header() = header.header().tensor();
+  small.mutable_value()->set_data(bytes);
+  small.set_version(7);
+  coordinator.SetUnary("small", small);
+  auto c = Client::Connect({.coordinator_address = coordinator.address(), .max_attempts = 1});
+  ASSERT_OK(c);
+  std::vector<std::byte> out(bytes.size());
+  for (const char* name : {"small", "regrown"}) {
+    ASSERT_OK((*c)->ReadInto(name, out));
+    auto read = (*c)->Read(name);
+    ASSERT_OK(read) << name;
+    EXPECT_EQ(read->checksum, sum);
+    EXPECT_EQ(read->version, 7);
+    auto into = (*c)->ReadInto(name, out);
+    ASSERT_OK(into) << name;
+    EXPECT_EQ(std::memcmp(out.data(), bytes.data(), bytes.size()), 0);
+  }
+  EXPECT_EQ(coordinator.TakeCalls(),
+            (std::vector<std::string>{"stream small", "unary small", "unary small",
+                                      "stream regrown", "unary regrown", "stream regrown",
+                                      "unary regrown", "stream regrown"}));
 }
 
 // A header consistent with itself but announcing more than this process may

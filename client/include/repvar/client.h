@@ -395,7 +395,9 @@ class Client {
   // Many small writes in one call (<= 32 MiB in all); validated together.
   absl::StatusOr<std::vector<WriteAck>> AssignBatch(const std::vector<AssignItem>& items);
 
-  // The last committed value. Errors: NOT_FOUND, FAILED_PRECONDITION.
+  // The last committed value. One this client knows to be small (1 MiB at
+  // most: created, looked up or read through it before) comes in one unary
+  // call, any other as a stream. Errors: NOT_FOUND, FAILED_PRECONDITION.
   absl::StatusOr<TensorValue> Read(const std::string& name);
   // The same value written straight into `out`, which must be exactly its
   // size: each byte is copied once, from the network into `out` (checked
