@@ -520,14 +520,12 @@ absl::Status ReadStream(ClientAccess::Impl& impl, const std::string& name, uint6
   return stream.Complete();
 }
 
-// A variable this client knows to be small, read in one unary call; nullopt
-// when it is not known to be small, or has been created again too large for
+// A variable this client knows (`known`: KnownBytes) to be small, read in
+// one unary call; nullopt when it is not known to be small, or has been created again too large for
 // a unary answer since this client saw it (then it is streamed).
-absl::StatusOr<std::optional<TensorValue>> ReadKnownSmall(Client& client, ClientAccess::Impl& impl,
-                                                          const std::string& name) {
-  if (std::optional<uint64_t> known = KnownBytes(impl, name); !known || *known > kSmallReadBytes) {
-    return std::nullopt;
-  }
+absl::StatusOr<std::optional<TensorValue>> ReadKnownSmall(Client& client, const std::string& name,
+                                                          std::optional<uint64_t> known) {
+  if (!known || *known > kSmallReadBytes) return std::nullopt;
   absl::StatusOr<std::vector<TensorValue>> one = client.ReadBatch({name});
   if (absl::IsResourceExhausted(one.status())) return std::nullopt;
   REPVAR_RETURN_IF_ERROR(one.status());
@@ -537,7 +535,8 @@ absl::StatusOr<std::optional<TensorValue>> ReadKnownSmall(Client& client, Client
 }  // namespace
 
 absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std::byte> out) {
-  REPVAR_ASSIGN_OR_RETURN(std::optional<TensorValue> small, ReadKnownSmall(*this, *impl_, name));
+  REPVAR_ASSIGN_OR_RETURN(std::optional<TensorValue> small,
+                          ReadKnownSmall(*this, name, KnownBytes(*impl_, name)));
   if (small) {
     if (small->bytes.size() != out.size()) return WrongSize(name, small->bytes.size(), out.size());
     if (!out.empty()) std::memcpy(out.data(), small->bytes.data(), out.size());
@@ -551,13 +550,13 @@ absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std
 }
 
 absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
-  REPVAR_ASSIGN_OR_RETURN(std::optional<TensorValue> small, ReadKnownSmall(*this, *impl_, name));
+  const std::optional<uint64_t> known = KnownBytes(*impl_, name);
+  REPVAR_ASSIGN_OR_RETURN(std::optional<TensorValue> small, ReadKnownSmall(*this, name, known));
   if (small) return *std::move(small);
   TensorValue value;
   ReadInfo info;
   REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    return ReadStream(*impl_, name, KnownBytes(*impl_, name).value_or(0),
-                      StreamIntoBuffer(name, &value.bytes, &info));
+    return ReadStream(*impl_, name, known.value_or(0), StreamIntoBuffer(name, &value.bytes, &info));
   }));
   impl_->Remember(name, TensorSpec{info.dtype, info.shape});
   value.dtype = info.dtype;

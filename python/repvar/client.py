@@ -278,10 +278,8 @@ class Client:
         return info
 
     def _remember(self, info: tpb.VariableInfo) -> None:
-        t = info.spec.tensor
-        if t.dtype in tensors._BY_ENUM:
-            self._sizes[info.spec.name] = (int(np.prod(t.dims, dtype=np.int64)) *
-                                           np.dtype(tensors._BY_ENUM[t.dtype][1]).itemsize)
+        if info.spec.tensor.dtype in tensors._BY_ENUM:
+            self._sizes[info.spec.name] = tensors.byte_size(info.spec.tensor)
 
     def list(self, collection: str = "", replicas: bool = True) -> List[tpb.VariableInfo]:
         """The variables in `collection` (all when empty), by name;
@@ -480,7 +478,7 @@ class Step:
         if out is not None:
             _check_out_array(out)
             try:
-                tensors.check_out(out, v.spec.dtype, self._byte_size(v))
+                tensors.check_out(out, v.spec.dtype, tensors.byte_size(v.spec))
             except tensors.OutMismatch as e:
                 raise errors.InvalidArgument(f"{name}: {e}") from None
         if self._mappable(v):
@@ -565,17 +563,10 @@ class Step:
 
     _MAP_BYTES = 1 << 20  # from this size on, read and write through a mapping
 
-    @staticmethod
-    def _byte_size(v):
-        n = 1
-        for d in v.spec.dims:
-            n *= d
-        return n * np.dtype(tensors._BY_ENUM[v.spec.dtype][1]).itemsize
-
     def _mappable(self, v):
         if getattr(self, "_map_failed", False):
             return False
-        return self._byte_size(v) >= self._MAP_BYTES
+        return tensors.byte_size(v.spec) >= self._MAP_BYTES
 
     def map(self, name, replica, mode="read"):
         """Maps the worker's own buffer of a local replica into this process

@@ -78,23 +78,29 @@ def to_chunks(array, dtype_name: str, chunk_bytes: int = 1 << 20):
         yield types_pb2.TensorChunk(offset=off, data=bytes(piece), checksum=checksum(piece))
 
 
+def byte_size(spec: types_pb2.TensorSpec) -> int:
+    """The bytes a value of `spec` takes (a dtype this client reads)."""
+    return int(np.prod(spec.dims, dtype=np.int64)) * np.dtype(_BY_ENUM[spec.dtype][1]).itemsize
+
+
+def _check_fits(out: np.ndarray, npd, label: str, size: int) -> None:
+    if out.dtype != np.uint8 and out.dtype != npd:
+        raise OutMismatch(f"{label} values do not go into an array of {out.dtype}")
+    if out.nbytes != size:
+        raise OutMismatch(f"{size} bytes do not fit an array of {out.nbytes}")
+
+
 def check_out(out: np.ndarray, dtype_enum: int, byte_size: int) -> None:
     """OutMismatch unless `out` can take a value of that dtype and size: an
     array of its dtype (or uint8) of exactly byte_size bytes."""
     name, npd = _BY_ENUM[dtype_enum]
-    if out.dtype != np.uint8 and out.dtype != npd:
-        raise OutMismatch(f"{name} values do not go into an array of {out.dtype}")
-    if out.nbytes != byte_size:
-        raise OutMismatch(f"{byte_size} bytes do not fit an array of {out.nbytes}")
+    _check_fits(out, npd, name, byte_size)
 
 
 def copy_into(out: np.ndarray, value: np.ndarray) -> None:
     """Copies `value`'s bytes into `out`, an array of its dtype (or uint8)
     and size; OutMismatch, `out` untouched, otherwise."""
-    if out.dtype != np.uint8 and out.dtype != value.dtype:
-        raise OutMismatch(f"{value.dtype} values do not go into an array of {out.dtype}")
-    if out.nbytes != value.nbytes:
-        raise OutMismatch(f"{value.nbytes} bytes do not fit an array of {out.nbytes}")
+    _check_fits(out, value.dtype, str(value.dtype), value.nbytes)
     _bytes(out)[:] = _bytes(np.ascontiguousarray(value))
 
 
