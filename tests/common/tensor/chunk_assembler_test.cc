@@ -327,5 +327,24 @@ TEST(ChunkAssembler, IntoAGrowingVector_SizedAsBytesArrive_WithinTheLimit) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// X3 for a read's vector: a header announcing 1 GiB reserves room but makes
+// none of it resident; memory follows the chunks as they arrive.
+TEST(ChunkAssembler, IntoAGrowingVector_AnnouncedBytes_NoMemoryUntilTheyArrive) {
+  const int64_t n = int64_t{1} << 28;  // 1 GiB of float32
+  std::vector<std::byte> grow;
+  const uint64_t before = RssBytes();
+  auto a = ChunkAssembler::StartInto(
+      TensorHeader{TensorSpec{DType::kFloat32, {n}}, uint64_t(n) * 4, 0}, &grow, UINT64_MAX);
+  ASSERT_OK(a);
+  EXPECT_LT(RssBytes() - before, uint64_t{16} << 20);
+  std::vector<std::byte> chunk(kMaxChunkBytes, std::byte{1});
+  const uint64_t sum = Checksum(chunk);
+  for (uint64_t offset = 0; offset < uint64_t{8} * chunk.size(); offset += chunk.size()) {
+    ASSERT_OK(a->Add(offset, chunk, sum));
+  }
+  EXPECT_EQ(grow.size(), 8 * chunk.size());
+  EXPECT_LT(RssBytes() - before, uint64_t{8} * chunk.size() + (uint64_t{48} << 20));
+}
+
 }  // namespace
 }  // namespace repvar
