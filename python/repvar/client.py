@@ -7,11 +7,13 @@ import ctypes
 import mmap
 import os
 import threading
+import types
 import uuid
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
+from google.protobuf import message
 
 from repvar import errors, tensors
 from repvar.errors import StepFailed
@@ -118,23 +120,62 @@ def _credentials(tls_ca, tls_cert, tls_key, token_file):
     return creds
 
 
-def _take_value(responses, name, header_of, out=None):
+def _frame_stub(channel, service, *methods):
+    """An errors.Stub for server-streaming `methods` of `service` (a
+    ServiceDescriptor) whose answers come as the bytes on the wire, unparsed:
+    _take_value finds each chunk's data in them (tensors.parse_chunk_frame)
+    and copies it once, into the array. Protobuf's parse copied it out of the
+    message, and each read of the parsed `data` field copied it again."""
+    calls = types.SimpleNamespace(**{
+        m: channel.unary_stream(f"/{service.full_name}/{m}",
+                                request_serializer=_serialize, response_deserializer=None)
+        for m in methods})
+    return errors.Stub(calls)
+
+
+def _serialize(message) -> bytes:
+    return message.SerializeToString()
+
+
+_CHUNK_FIELD = 2  # TensorChunk's field in ReadVariableResponse and ReadVariableChunk
+
+
+def _take_value(frames, name, message_type, header_of, out=None):
     """(array, version) of the value a stream of a header and chunks carries
-    (read, Step.read): `header_of(first message)` is its (TensorHeader,
-    version). DataLoss for a stream without its header or damaged;
-    InvalidArgument for an `out` not of the value's dtype and size."""
-    first = next(responses, None)
-    if first is None or first.WhichOneof("part") != "header":
-        responses.cancel()
-        raise errors.DataLoss(f"reading {name}: the stream did not begin with its header")
-    header, version = header_of(first)
+    (read, Step.read), its messages as the bytes on the wire (_frame_stub):
+    the first is parsed as a `message_type`, and `header_of` it is its
+    (TensorHeader, version). DataLoss for a stream without its header or
+    damaged; InvalidArgument for an `out` not of the value's dtype and size."""
+
+    def parse(frame):
+        try:
+            return message_type.FromString(frame)
+        except message.DecodeError:
+            raise ValueError(f"a stream message that does not parse as "
+                             f"{message_type.DESCRIPTOR.full_name}") from None
+
+    def chunks():
+        for frame in frames:
+            piece = tensors.parse_chunk_frame(frame, _CHUNK_FIELD)
+            if piece is None:  # laid out otherwise: protobuf's meaning
+                m = parse(frame)
+                if m.WhichOneof("part") != "chunk":
+                    raise ValueError("a message that is not the next chunk")
+                piece = (m.chunk.offset, m.chunk.data, m.chunk.checksum)
+            yield piece
+
     try:
-        return tensors.from_chunks(header, (r.chunk for r in responses), out=out), version
+        first = next(frames, None)
+        head = parse(first) if first is not None else None
+        if head is None or head.WhichOneof("part") != "header":
+            raise ValueError("the stream did not begin with its header")
+        header, version = header_of(head)
+        return tensors.assemble(header, chunks(), out=out), version
     except tensors.OutMismatch as e:  # before any chunk
-        responses.cancel()
+        frames.cancel()
         raise errors.InvalidArgument(f"{name}: {e}") from None
     except ValueError as e:
-        responses.cancel()
+        frames.cancel()
         raise errors.DataLoss(f"reading {name}: {e}") from e
 
 
@@ -222,6 +263,8 @@ class Client:
         # Their calls raise repvar.Error (errors.py), not grpc.RpcError.
         self.stub = errors.Stub(cgrpc.CoordinatorTrainersStub(self.channel))
         self.admin = errors.Stub(cgrpc.CoordinatorAdminStub(self.channel))
+        self._frames = _frame_stub(
+            self.channel, cpb.DESCRIPTOR.services_by_name["CoordinatorTrainers"], "ReadVariable")
         self.timeout = timeout
         self._dtypes = {}
         # The byte size of each variable as this client last saw it: one
@@ -367,9 +410,9 @@ class Client:
                 except tensors.OutMismatch as e:
                     raise errors.InvalidArgument(f"{name}: {e}") from None
                 return out, version
-        responses = self.stub.ReadVariable(cpb.ReadVariableRequest(name=name, chunk_bytes=chunk_bytes),
-                                           timeout=self.timeout + 60)
-        value, version = _take_value(responses, name,
+        frames = self._frames.ReadVariable(
+            cpb.ReadVariableRequest(name=name, chunk_bytes=chunk_bytes), timeout=self.timeout + 60)
+        value, version = _take_value(frames, name, cpb.ReadVariableResponse,
                                      lambda m: (m.header.tensor, m.header.version), out)
         self._sizes[name] = value.nbytes
         return value, version
@@ -450,7 +493,10 @@ class Step:
                     address = t.address
         if address is None:
             raise ValueError(f"worker {worker} is not live")
-        self.worker = errors.Stub(wgrpc.WorkerStepsStub(client._worker_channel(address)))
+        channel = client._worker_channel(address)
+        self.worker = errors.Stub(wgrpc.WorkerStepsStub(channel))
+        self._frames = _frame_stub(channel, wpb.DESCRIPTOR.services_by_name["WorkerSteps"],
+                                   "StepRead")
         self.closed = False
 
     @property
@@ -490,10 +536,11 @@ class Step:
                     return out
             except OSError:
                 self._map_failed = True  # not on the worker's host: use its socket
-        responses = self.worker.StepRead(self._wpb.StepReadRequest(
+        frames = self._frames.StepRead(self._wpb.StepReadRequest(
             step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica),
             timeout=self.client.timeout)
-        return _take_value(responses, name, lambda m: (m.header, m.version), out)[0]
+        return _take_value(frames, name, self._wpb.ReadVariableChunk,
+                           lambda m: (m.header, m.version), out)[0]
 
     def write(self, name, replica, array):
         """Writes the replica's step-local copy: large tensors through a mapping of

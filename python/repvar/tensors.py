@@ -105,11 +105,18 @@ def copy_into(out: np.ndarray, value: np.ndarray) -> None:
 
 
 def from_chunks(h: types_pb2.TensorHeader, chunks, out=None) -> np.ndarray:
-    """Rebuilds an array from a header and in-order chunks; verifies checksums
-    (ValueError). With `out`, a writable C-contiguous array of the value's
-    dtype (or uint8) and exactly h.byte_size bytes, the bytes go into it and
-    it is returned as it is; OutMismatch, before any chunk is read, when it
-    is not."""
+    """Rebuilds an array from a header and in-order chunks (TensorChunk
+    messages); verifies checksums (ValueError). With `out`, a writable
+    C-contiguous array of the value's dtype (or uint8) and exactly
+    h.byte_size bytes, the bytes go into it and it is returned as it is;
+    OutMismatch, before any chunk is read, when it is not."""
+    return assemble(h, ((c.offset, c.data, c.checksum) for c in chunks), out)
+
+
+def assemble(h: types_pb2.TensorHeader, pieces, out=None) -> np.ndarray:
+    """from_chunks for (offset, data, checksum) pieces, `data` any buffer
+    (parse_chunk_frame's view into a message's bytes): each byte is copied
+    once, into the array."""
     if h.spec.dtype not in _BY_ENUM:
         raise ValueError(f"a dtype this client does not read ({h.spec.dtype})")
     name, npd = _BY_ENUM[h.spec.dtype]
@@ -121,17 +128,72 @@ def from_chunks(h: types_pb2.TensorHeader, chunks, out=None) -> np.ndarray:
     dest = memoryview(out.reshape(-1).view(np.uint8))
     received = 0
     state = checksum_state()
-    for c in chunks:
-        if c.offset != received or len(c.data) > h.byte_size - received:
-            raise ValueError(f"chunk out of order at {c.offset}, expected {received}")
-        if checksum(c.data) != c.checksum:
-            raise ValueError(f"chunk checksum mismatch at {c.offset}")
-        dest[received:received + len(c.data)] = c.data
-        state.update(c.data)
-        received += len(c.data)
+    for offset, data, sum_ in pieces:
+        size = len(data)
+        if offset != received or size > h.byte_size - received:
+            raise ValueError(f"chunk out of order at {offset}, expected {received}")
+        if checksum(data) != sum_:
+            raise ValueError(f"chunk checksum mismatch at {offset}")
+        dest[received:received + size] = data
+        state.update(data)
+        received += size
     if received != h.byte_size or state.intdigest() != h.checksum:
         raise ValueError("tensor truncated or whole-tensor checksum mismatch")
     return out
+
+
+_LEN, _VARINT = 2, 0  # protobuf wire types
+_U64 = (1 << 64) - 1
+
+
+def _varint(frame, at: int):
+    """(value, next position) of the varint at frame[at]; (None, at) when it
+    runs past the end or over 10 bytes."""
+    value = 0
+    for shift in range(0, 64, 7):
+        if at >= len(frame):
+            return None, at
+        b = frame[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value & _U64, at
+    return None, at
+
+
+def parse_chunk_frame(frame: bytes, field: int):
+    """(offset, data, checksum) of a stream message (the bytes gRPC hands
+    over) whose field `field` (below 16) is a TensorChunk laid out as
+    protobuf writes one, as repvar's daemons send it: the field's tag and
+    length, then offset (left out when 0), data, checksum (left out when 0),
+    and nothing else. `data` is a memoryview into `frame`: no parse copies
+    the bytes. None for anything else, well-formed or not: the caller parses
+    it with protobuf, whose meaning is the reference (the C++ client's
+    ReceivedChunk::Parse, common/rpc/chunk_frame.h)."""
+    if not 0 < field < 16 or not frame or frame[0] != (field << 3 | _LEN):
+        return None
+    length, at = _varint(frame, 1)
+    if length is None or length != len(frame) - at:
+        return None
+    offset = checksum_ = 0
+    if at < len(frame) and frame[at] == (1 << 3 | _VARINT):
+        offset, at = _varint(frame, at + 1)
+        if offset is None:
+            return None
+    if at >= len(frame) or frame[at] != (2 << 3 | _LEN):
+        return None
+    size, at = _varint(frame, at + 1)
+    if size is None or size > len(frame) - at:
+        return None
+    data = memoryview(frame)[at:at + size]
+    at += size
+    if at < len(frame):
+        if frame[at] != (3 << 3 | _VARINT):
+            return None
+        checksum_, at = _varint(frame, at + 1)
+        if checksum_ is None or at != len(frame):
+            return None
+    return offset, data, checksum_
 
 
 def to_tensor(array, dtype_name: str) -> types_pb2.Tensor:

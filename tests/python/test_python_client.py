@@ -207,10 +207,10 @@ def test_a_value_known_to_be_small_is_read_in_one_unary_call(cluster):
     way. One created again larger than a unary answer holds is streamed."""
     c = repvar.Client(cluster)
     calls = []
-    for method in ("ReadVariable", "ReadVariables"):
-        real = getattr(c.stub, method)
-        setattr(c.stub, method, lambda *a, _real=real, _m=method, **k: (calls.append(_m),
-                                                                       _real(*a, **k))[1])
+    for stub, method in ((c._frames, "ReadVariable"), (c.stub, "ReadVariables")):
+        real = getattr(stub, method)
+        setattr(stub, method, lambda *a, _real=real, _m=method, **k: (calls.append(_m),
+                                                                     _real(*a, **k))[1])
     c.create("unary/s", "float32", (16,), replica_count=2)
     c.assign("unary/s", np.arange(16, dtype=np.float32))
     value, version = c.read("unary/s")
@@ -272,36 +272,63 @@ def test_from_chunks_refuses_a_damaged_stream():
         repvar.tensors.from_chunks(h, chunks, out=np.zeros(8, np.int32))
 
 
-def test_read_of_a_damaged_stream_is_data_loss():
-    """read() against a scripted coordinator: a stream that does not begin
-    with its header (or is empty), a chunk that fails its checksum and a
-    value cut short raise DataLoss, into a fresh array or `out`; the
-    undamaged stream beside them reads."""
+def _serve_read_variable_frames(script):
+    """A coordinator whose ReadVariable answers a name with the byte strings
+    `script[name]`, as they are, each one message. Returns (server, port)."""
     from concurrent import futures
-    from repvar.v1 import coordinator_pb2_grpc as cgrpc
-    value = np.arange(8, dtype=np.float32)
-    h, *chunks = repvar.tensors.to_chunks(value, "float32", chunk_bytes=16)
-    head = cpb.ReadVariableResponse(header=cpb.ReadHeader(version=3, tensor=h))
-    parts = [cpb.ReadVariableResponse(chunk=c) for c in chunks]
-    flipped = cpb.ReadVariableResponse(chunk=tpb.TensorChunk(
-        offset=16, data=chunks[1].data, checksum=chunks[1].checksum ^ 1))
-    script = {"good": [head] + parts, "headless": parts, "empty": [],
-              "flipped": [head, parts[0], flipped], "short": [head, parts[0]]}
-
-    class Scripted(cgrpc.CoordinatorTrainersServicer):
-        def ReadVariable(self, request, context):
-            yield from script[request.name]
-
+    handler = grpc.method_handlers_generic_handler("repvar.v1.CoordinatorTrainers", {
+        "ReadVariable": grpc.unary_stream_rpc_method_handler(
+            lambda request, context: iter(script[request.name]),
+            request_deserializer=cpb.ReadVariableRequest.FromString,
+            response_serializer=None)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    cgrpc.add_CoordinatorTrainersServicer_to_server(Scripted(), server)
+    server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
+    return server, port
+
+
+def _varint(v):
+    out = bytearray()
+    while True:
+        out.append(v & 0x7F | (0x80 if v > 0x7F else 0))
+        v >>= 7
+        if not v:
+            return bytes(out)
+
+
+def test_read_of_a_damaged_stream_is_data_loss():
+    """read() against a scripted coordinator: a stream that does not begin
+    with its header (or is empty), a chunk that fails its checksum, a value
+    cut short, a second header, a message that does not parse and a chunk
+    frame cut inside its data raise DataLoss, into a fresh array or `out`;
+    the undamaged stream beside them reads, and so does one whose chunks
+    another writer laid out (checksum before data: protobuf parses those)."""
+    value = np.arange(8, dtype=np.float32)
+    h, *chunks = repvar.tensors.to_chunks(value, "float32", chunk_bytes=16)
+    head = cpb.ReadVariableResponse(header=cpb.ReadHeader(version=3, tensor=h)).SerializeToString()
+    parts = [cpb.ReadVariableResponse(chunk=c).SerializeToString() for c in chunks]
+    flipped = cpb.ReadVariableResponse(chunk=tpb.TensorChunk(
+        offset=16, data=chunks[1].data, checksum=chunks[1].checksum ^ 1)).SerializeToString()
+    # Chunk 1 with its fields in another order: checksum, data, offset.
+    body = (b"\x18" + _varint(chunks[1].checksum) + b"\x12" + _varint(16) + chunks[1].data +
+            b"\x08" + _varint(16))
+    reordered = b"\x12" + _varint(len(body)) + body
+    assert cpb.ReadVariableResponse.FromString(reordered).chunk == chunks[1]
+    assert repvar.tensors.parse_chunk_frame(reordered, 2) is None
+    script = {"good": [head] + parts, "reordered": [head, parts[0], reordered],
+              "headless": parts, "empty": [], "flipped": [head, parts[0], flipped],
+              "short": [head, parts[0]], "two_headers": [head, parts[0], head, parts[1]],
+              "garbage": [head, parts[0], b"\xff\xff\xff"],
+              "cut": [head, parts[0], parts[1][:10]]}
+    server, port = _serve_read_variable_frames(script)
     try:
         c = repvar.Client(f"127.0.0.1:{port}")
-        back, version = c.read("good")
-        np.testing.assert_array_equal(back, value)
-        assert version == 3
-        for name in ("headless", "empty", "flipped", "short"):
+        for name in ("good", "reordered"):
+            back, version = c.read(name)
+            np.testing.assert_array_equal(back, value)
+            assert version == 3
+        for name in ("headless", "empty", "flipped", "short", "two_headers", "garbage", "cut"):
             with pytest.raises(repvar.DataLoss):
                 c.read(name)
             with pytest.raises(repvar.DataLoss):
@@ -309,6 +336,38 @@ def test_read_of_a_damaged_stream_is_data_loss():
         c.close()
     finally:
         server.stop(None)
+
+
+def test_a_chunk_frame_parses_as_protobuf_reads_it_without_copying_its_data():
+    """parse_chunk_frame against protobuf's own parse, field 2 of a stream
+    message: every chunk protobuf writes with data (offset and checksum 0
+    or not, ten-byte varints) gives protobuf's (offset, data, checksum), the
+    data a view into the frame; anything else (a header, another field,
+    trailing or missing bytes, a varint past ten bytes, a chunk without
+    data, whose field protobuf leaves out) is None, for protobuf to parse."""
+    from repvar.v1 import worker_pb2 as wpb
+    cases = [tpb.TensorChunk(offset=o, data=d, checksum=k)
+             for o in (0, 1, 300, (1 << 64) - 1) for d in (b"x", bytes(range(200)))
+             for k in (0, 5, (1 << 64) - 1)]
+    for chunk in cases:
+        for wire_type in (cpb.ReadVariableResponse, wpb.ReadVariableChunk):
+            frame = wire_type(chunk=chunk).SerializeToString()
+            offset, data, checksum = repvar.tensors.parse_chunk_frame(frame, 2)
+            assert (offset, bytes(data), checksum) == (chunk.offset, chunk.data, chunk.checksum)
+            assert isinstance(data, memoryview) and data.obj is frame
+            assert repvar.tensors.parse_chunk_frame(frame, 1) is None
+            assert repvar.tensors.parse_chunk_frame(frame + b"\x00", 2) is None
+            assert repvar.tensors.parse_chunk_frame(frame[:-1], 2) is None
+    h, *_ = repvar.tensors.to_chunks(np.zeros(4, np.float32), "float32")
+    header = cpb.ReadVariableResponse(header=cpb.ReadHeader(version=1, tensor=h))
+    with_version = wpb.ReadVariableChunk(chunk=cases[4], version=7)
+    empty = cpb.ReadVariableResponse(chunk=tpb.TensorChunk(offset=4, checksum=9))
+    for other in (header.SerializeToString(), with_version.SerializeToString(), b"",
+                  empty.SerializeToString(),
+                  b"\x12\x07\x08\x01\x12\x01x\x20\x01",  # another field after the data
+                  b"\x12\x02\x08\x01",                            # offset, no data
+                  b"\x12\x0d\x08" + b"\xff" * 11 + b"\x01"):        # an 11-byte varint
+        assert repvar.tensors.parse_chunk_frame(other, 2) is None
 
 
 def test_bad_inputs_get_clear_statuses(client):
