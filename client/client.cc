@@ -20,9 +20,9 @@
 #include "common/rpc/chunks.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/replica_stream.h"
 #include "common/rpc/to_proto.h"
 #include "common/tensor/buffer.h"
-#include "common/tensor/chunk_assembler.h"
 #include "common/tensor/tensor.h"
 
 namespace repvar {
@@ -408,89 +408,6 @@ absl::Status WrongSize(const std::string& name, uint64_t value_bytes, size_t out
       name, " holds ", value_bytes, " bytes; the buffer to read it into has ", out_bytes));
 }
 
-// One ReadVariable stream, its messages read as byte buffers: the header
-// first, checked before any room is made for it, then the chunks, each
-// copied once from gRPC's slices into its place and checked there
-// (ChunkAssembler::StartInto), and once the call has ended well, the whole
-// value against the header's checksum. Every fault of the stream is
-// DATA_LOSS.
-class StreamIntoBuffer {
- public:
-  // Into the caller's buffer, which must be the value's size.
-  StreamIntoBuffer(const std::string& name, std::span<std::byte> out, ReadInfo* info)
-      : name_(name), out_(out), info_(info) {}
-  // Into `grow`, sized chunk by chunk as they arrive.
-  StreamIntoBuffer(const std::string& name, std::vector<std::byte>* grow, ReadInfo* info)
-      : name_(name), grow_(grow), info_(info) {}
-
-  // Reads the stream to its end. An error stops it at the message at fault
-  // (the caller cancels the call).
-  absl::Status ReadAll(grpc::internal::ReaderInterface<grpc::ByteBuffer>* reader) {
-    v1::ReadVariableResponse msg;
-    std::optional<ReceivedChunk> chunk;
-    for (;;) {
-      absl::StatusOr<bool> more = ReadFrame(reader, &msg, &chunk);
-      if (!more.ok()) return Damaged(more.status());
-      if (!*more) return absl::OkStatus();
-      if (!chunk.has_value()) {
-        REPVAR_RETURN_IF_ERROR(TakeHeader(msg));
-      } else if (!assembler_) {
-        return Damaged(absl::DataLossError("a chunk before the header"));
-      } else if (absl::Status s = AddChunk(*assembler_, *chunk); !s.ok()) {
-        return Damaged(s);
-      }
-    }
-  }
-  // After the call ended OK: whether the whole value came as announced.
-  absl::Status Complete() {
-    if (!assembler_) return Damaged(absl::DataLossError("no header"));
-    absl::StatusOr<uint64_t> sum = assembler_->FinishInPlace();
-    if (!sum.ok()) return Damaged(sum.status());
-    info_->checksum = *sum;
-    return absl::OkStatus();
-  }
-
- private:
-  absl::Status TakeHeader(const v1::ReadVariableResponse& msg) {
-    if (!msg.has_header() || assembler_) {
-      return Damaged(absl::DataLossError("a message that is not the next part"));
-    }
-    // Not checked against the spec this client may have seen: the variable
-    // may have been deleted and created again since.
-    absl::StatusOr<TensorHeader> h = TensorHeaderFromProto(msg.header().tensor());
-    if (absl::Status s = h.ok() ? CheckByteSize(h->spec, h->byte_size) : h.status(); !s.ok()) {
-      return Damaged(s);
-    }
-    if (grow_ == nullptr && h->byte_size != out_.size()) {
-      return WrongSize(name_, h->byte_size, out_.size());
-    }
-    // A vector holds at most what this process may use.
-    absl::StatusOr<ChunkAssembler> a =
-        grow_ != nullptr ? ChunkAssembler::StartInto(*h, grow_, MemoryBudget::MemoryLimit())
-                         : ChunkAssembler::StartInto(*h, out_);
-    if (!a.ok()) {
-      return a.status().code() == absl::StatusCode::kResourceExhausted
-                 ? absl::ResourceExhaustedError(
-                       absl::StrCat("reading ", name_, ": ", a.status().message()))
-                 : Damaged(a.status());
-    }
-    assembler_.emplace(*std::move(a));
-    info_->dtype = h->spec.dtype;
-    info_->shape = std::move(h->spec.dims);
-    info_->version = msg.header().version();
-    return absl::OkStatus();
-  }
-  absl::Status Damaged(const absl::Status& why) const {
-    return absl::DataLossError(absl::StrCat("reading ", name_, ": ", why.message()));
-  }
-
-  const std::string& name_;
-  const std::span<std::byte> out_;
-  std::vector<std::byte>* const grow_ = nullptr;
-  ReadInfo* const info_;
-  std::optional<ChunkAssembler> assembler_;
-};
-
 // The byte size of `name` as this client last saw its spec, if it did. A
 // variable known to be small is read in one unary call, which costs a
 // fraction of a stream's set-up.
@@ -502,22 +419,41 @@ std::optional<uint64_t> KnownBytes(ClientAccess::Impl& impl, const std::string& 
   return static_cast<uint64_t>(*bytes);
 }
 
-// One attempt at `name`'s ReadVariable stream into `stream`, with a deadline
-// that allows for `bytes_hint` bytes.
-absl::Status ReadStream(ClientAccess::Impl& impl, const std::string& name, uint64_t bytes_hint,
-                        StreamIntoBuffer stream) {
+// One attempt at `name`'s ReadVariable stream into `receiver` (ReadReceiver:
+// each chunk copied once from gRPC's slices into its place and checked
+// there), with a deadline that allows for `bytes_hint` bytes. Every fault of
+// the stream is DATA_LOSS; a header above what the receiver may hold,
+// RESOURCE_EXHAUSTED; one of another size than the caller's buffer
+// `out_bytes` (when given), INVALID_ARGUMENT.
+absl::StatusOr<ReceivedInPlace> ReadStream(ClientAccess::Impl& impl, const std::string& name,
+                                           uint64_t bytes_hint, std::optional<size_t> out_bytes,
+                                           ReadReceiver receiver) {
   grpc::ClientContext ctx;
   v1::ReadVariableRequest req;
   req.set_name(name);
   req.set_chunk_bytes(static_cast<int64_t>(impl.options().chunk_bytes));
   impl.SetDeadline(&ctx, bytes_hint);
   auto reader = impl.ReadVariableFrames(&ctx, req);
-  absl::Status read = stream.ReadAll(reader.get());
-  if (!read.ok()) ctx.TryCancel();
-  absl::Status call = FromGrpcStatus(reader->Finish());
-  if (!read.ok()) return read;
-  if (!call.ok()) return call;  // e.g. NOT_FOUND, before any message
-  return stream.Complete();
+  absl::Status s = ReceiveFrames(ctx, *reader, receiver);
+  const std::optional<uint64_t> announced = receiver.announced_bytes();
+  if (!s.ok() && out_bytes && announced && *announced != *out_bytes) {
+    return WrongSize(name, *announced, *out_bytes);
+  }
+  if (absl::IsDataLoss(s) || absl::IsResourceExhausted(s)) {
+    return absl::Status(s.code(), absl::StrCat("reading ", name, ": ", s.message()));
+  }
+  REPVAR_RETURN_IF_ERROR(s);  // the call's own error, e.g. NOT_FOUND before any message
+  absl::StatusOr<ReceivedInPlace> got = receiver.FinishInPlace();
+  if (!got.ok()) {
+    return absl::DataLossError(absl::StrCat("reading ", name, ": ", got.status().message()));
+  }
+  return got;
+}
+
+// What a read tells its caller of the value it read.
+ReadInfo InfoOf(ReceivedInPlace got) {
+  return ReadInfo{got.header.spec.dtype, std::move(got.header.spec.dims), got.version,
+                  got.header.checksum};
 }
 
 // A variable this client knows (`known`: KnownBytes) to be small, read in
@@ -543,8 +479,12 @@ absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std
     return ReadInfo{small->dtype, std::move(small->shape), small->version, small->checksum};
   }
   ReadInfo info;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry(
-      [&] { return ReadStream(*impl_, name, out.size(), StreamIntoBuffer(name, out, &info)); }));
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
+    REPVAR_ASSIGN_OR_RETURN(ReceivedInPlace got,
+                            ReadStream(*impl_, name, out.size(), out.size(), ReadReceiver(out)));
+    info = InfoOf(std::move(got));
+    return absl::OkStatus();
+  }));
   impl_->Remember(name, TensorSpec{info.dtype, info.shape});
   return info;
 }
@@ -555,8 +495,13 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
   if (small) return *std::move(small);
   TensorValue value;
   ReadInfo info;
-  REPVAR_RETURN_IF_ERROR(impl_->Retry([&] {
-    return ReadStream(*impl_, name, known.value_or(0), StreamIntoBuffer(name, &value.bytes, &info));
+  REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
+    // A vector holds at most what this process may use.
+    REPVAR_ASSIGN_OR_RETURN(ReceivedInPlace got,
+                            ReadStream(*impl_, name, known.value_or(0), std::nullopt,
+                                       ReadReceiver(&value.bytes, MemoryBudget::MemoryLimit())));
+    info = InfoOf(std::move(got));
+    return absl::OkStatus();
   }));
   impl_->Remember(name, TensorSpec{info.dtype, info.shape});
   value.dtype = info.dtype;

@@ -149,7 +149,7 @@ class Client::Impl {
 
   // The trainer-facing service of the worker at `address`: its stub, and
   // StepRead answered as byte buffers (its chunks copied once, into place:
-  // ReceiveReplicaFrames).
+  // ReceiveFrames).
   struct WorkerLink {
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::WorkerSteps::Stub> stub;

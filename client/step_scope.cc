@@ -182,7 +182,7 @@ absl::StatusOr<ReceivedInPlace> StepScope::Impl::ReadThroughSocket(const StepVar
   grpc::ClientContext ctx;
   SetDeadline(&ctx, static_cast<uint64_t>(var.spec.ByteSize().value_or(0)));
   auto reader = link->StepReadFrames(&ctx, req);
-  REPVAR_RETURN_IF_ERROR(ReceiveReplicaFrames(ctx, *reader, receiver));
+  REPVAR_RETURN_IF_ERROR(ReceiveFrames(ctx, *reader, receiver));
   absl::StatusOr<ReceivedInPlace> got = receiver.FinishInPlace();
   if (!got.ok()) {
     return absl::DataLossError(absl::StrCat("reading ", var.name, "/", replica,
@@ -196,37 +196,13 @@ absl::StatusOr<ReceivedInPlace> StepScope::Impl::ReadThroughSocket(const StepVar
   return got;
 }
 
-absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t replica) {
+absl::StatusOr<ReadInfo> StepScope::ReadView(const std::string& name, int32_t replica,
+                                             std::span<std::byte> out,
+                                             std::vector<std::byte>* grow) {
   REPVAR_ASSIGN_OR_RETURN(const StepVariable* var, impl_->Var(name));
   const TensorSpec& spec = var->spec;
   const uint64_t size = static_cast<uint64_t>(spec.ByteSize().value_or(0));
-  TensorValue out;
-  out.dtype = spec.dtype;
-  out.shape = spec.dims;
-  if (size >= kMapBytes && !impl_->map_failed) {
-    auto m = Map(name, replica, MapMode::kRead);
-    if (m.ok()) {
-      AssignBulk(out.bytes, (*m)->bytes());
-      out.checksum = (*m)->checksum();
-      out.version = (*m)->version();
-      return out;
-    }
-    if (!impl_->map_failed) return m.status();
-  }
-  // The step's layout bounds what the worker may send: the variable's size.
-  ReplicaReceiver receiver(&out.bytes, size);
-  REPVAR_ASSIGN_OR_RETURN(ReceivedInPlace got, impl_->ReadThroughSocket(*var, replica, receiver));
-  out.version = got.version;
-  out.checksum = got.header.checksum;
-  return out;
-}
-
-absl::StatusOr<ReadInfo> StepScope::ReadInto(const std::string& name, int32_t replica,
-                                             std::span<std::byte> out) {
-  REPVAR_ASSIGN_OR_RETURN(const StepVariable* var, impl_->Var(name));
-  const TensorSpec& spec = var->spec;
-  const uint64_t size = static_cast<uint64_t>(spec.ByteSize().value_or(0));
-  if (out.size() != size) {
+  if (grow == nullptr && out.size() != size) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, " holds ", size, " bytes; the buffer to read it into has ", out.size()));
   }
@@ -234,18 +210,38 @@ absl::StatusOr<ReadInfo> StepScope::ReadInto(const std::string& name, int32_t re
   if (size >= kMapBytes && !impl_->map_failed) {
     auto m = Map(name, replica, MapMode::kRead);
     if (m.ok()) {
-      std::memcpy(out.data(), (*m)->bytes().data(), size);
+      if (grow != nullptr) {
+        AssignBulk(*grow, (*m)->bytes());
+      } else {
+        std::memcpy(out.data(), (*m)->bytes().data(), size);
+      }
       info.checksum = (*m)->checksum();
       info.version = (*m)->version();
       return info;
     }
     if (!impl_->map_failed) return m.status();
   }
-  ReplicaReceiver receiver(out);
+  // The step's layout bounds what the worker may send: the variable's size.
+  ReplicaReceiver receiver = grow != nullptr ? ReplicaReceiver(grow, size) : ReplicaReceiver(out);
   REPVAR_ASSIGN_OR_RETURN(ReceivedInPlace got, impl_->ReadThroughSocket(*var, replica, receiver));
   info.version = got.version;
   info.checksum = got.header.checksum;
   return info;
+}
+
+absl::StatusOr<TensorValue> StepScope::Read(const std::string& name, int32_t replica) {
+  TensorValue out;
+  REPVAR_ASSIGN_OR_RETURN(ReadInfo info, ReadView(name, replica, {}, &out.bytes));
+  out.dtype = info.dtype;
+  out.shape = std::move(info.shape);
+  out.version = info.version;
+  out.checksum = info.checksum;
+  return out;
+}
+
+absl::StatusOr<ReadInfo> StepScope::ReadInto(const std::string& name, int32_t replica,
+                                             std::span<std::byte> out) {
+  return ReadView(name, replica, out, nullptr);
 }
 
 absl::Status StepScope::Write(const std::string& name, int32_t replica,

@@ -12,54 +12,79 @@ namespace repvar {
 namespace {
 
 absl::Status ChunkBeforeHeader() {
-  return absl::DataLossError("replica stream: a chunk before the header");
+  return absl::DataLossError("value stream: a chunk before the header");
 }
+
+// Where each stream message keeps its header and version.
+const v1::TensorHeader& HeaderOf(const v1::ReadVariableChunk& msg) { return msg.header(); }
+int64_t VersionOf(const v1::ReadVariableChunk& msg) { return msg.version(); }
+const v1::TensorHeader& HeaderOf(const v1::ReadVariableResponse& msg) {
+  return msg.header().tensor();
+}
+int64_t VersionOf(const v1::ReadVariableResponse& msg) { return msg.header().version(); }
 
 }  // namespace
 
-absl::Status ReplicaReceiver::OnMessage(const v1::ReadVariableChunk& msg) {
+template <typename Message>
+absl::Status ValueReceiver<Message>::OnMessage(const Message& msg) {
   if (msg.has_chunk()) return OnChunk(ReceivedChunk::Of(msg.chunk()));
-  if (!msg.has_header()) return ChunkBeforeHeader();
-  if (assembler_) return absl::DataLossError("replica stream: a second header");
-  REPVAR_ASSIGN_OR_RETURN(header_, TensorHeaderFromProto(msg.header()));
+  if (!msg.has_header()) {
+    return assembler_ ? absl::DataLossError("value stream: a message with no part")
+                      : ChunkBeforeHeader();
+  }
+  return OnHeader(HeaderOf(msg), VersionOf(msg));
+}
+
+template <typename Message>
+absl::Status ValueReceiver<Message>::OnHeader(const v1::TensorHeader& proto, int64_t version) {
+  if (header_seen_) return absl::DataLossError("value stream: a second header");
+  REPVAR_ASSIGN_OR_RETURN(TensorHeader header, TensorHeaderFromProto(proto));
+  REPVAR_RETURN_IF_ERROR(CheckByteSize(header.spec, header.byte_size));
+  header_ = std::move(header);
+  header_seen_ = true;
   REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a,
                           grow_ != nullptr ? ChunkAssembler::StartInto(header_, grow_, max_bytes_)
                           : in_place_      ? ChunkAssembler::StartInto(header_, into_)
                                            : ChunkAssembler::Start(header_, UINT64_MAX));
   assembler_.emplace(std::move(a));
-  version_ = msg.version();
+  version_ = version;
   return absl::OkStatus();
 }
 
-absl::Status ReplicaReceiver::OnFrame(grpc::ByteBuffer& frame) {
+template <typename Message>
+absl::Status ValueReceiver<Message>::OnFrame(grpc::ByteBuffer& frame) {
   std::optional<ReceivedChunk> chunk;
   REPVAR_RETURN_IF_ERROR(ParseFrame(frame, &parsed_, &chunk));
   return chunk ? OnChunk(*chunk) : OnMessage(parsed_);
 }
 
-absl::Status ReplicaReceiver::OnChunk(const ReceivedChunk& chunk) {
+template <typename Message>
+absl::Status ValueReceiver<Message>::OnChunk(const ReceivedChunk& chunk) {
   if (!assembler_) return ChunkBeforeHeader();
   return AddChunk(*assembler_, chunk);
 }
 
-absl::StatusOr<ReceivedReplica> ReplicaReceiver::Finish() {
-  if (!assembler_) return absl::DataLossError("replica stream ended without a header");
+template <typename Message>
+absl::StatusOr<ReceivedReplica> ValueReceiver<Message>::Finish() {
+  if (!assembler_) return absl::DataLossError("value stream ended without a header");
   ReceivedReplica out;
   out.version = version_;
   REPVAR_ASSIGN_OR_RETURN(out.value, assembler_->Finish());
   return out;
 }
 
-absl::StatusOr<ReceivedInPlace> ReplicaReceiver::FinishInPlace() {
-  if (!assembler_) return absl::DataLossError("replica stream ended without a header");
+template <typename Message>
+absl::StatusOr<ReceivedInPlace> ValueReceiver<Message>::FinishInPlace() {
+  if (!assembler_) return absl::DataLossError("value stream ended without a header");
   ReceivedInPlace out{version_, header_};
   REPVAR_ASSIGN_OR_RETURN(out.header.checksum, assembler_->FinishInPlace());
   return out;
 }
 
-absl::Status ReceiveReplicaFrames(grpc::ClientContext& ctx,
-                                  grpc::ClientReaderInterface<grpc::ByteBuffer>& reader,
-                                  ReplicaReceiver& receiver) {
+template <typename Message>
+absl::Status ReceiveFrames(grpc::ClientContext& ctx,
+                           grpc::ClientReaderInterface<grpc::ByteBuffer>& reader,
+                           ValueReceiver<Message>& receiver) {
   grpc::ByteBuffer frame;
   absl::Status s;
   while (s.ok() && reader.Read(&frame)) s = receiver.OnFrame(frame);
@@ -71,5 +96,13 @@ absl::Status ReceiveReplicaFrames(grpc::ClientContext& ctx,
   }
   return FromGrpcStatus(reader.Finish());
 }
+
+template class ValueReceiver<v1::ReadVariableChunk>;
+template class ValueReceiver<v1::ReadVariableResponse>;
+template absl::Status ReceiveFrames(grpc::ClientContext&,
+                                    grpc::ClientReaderInterface<grpc::ByteBuffer>&,
+                                    ReplicaReceiver&);
+template absl::Status ReceiveFrames(grpc::ClientContext&,
+                                    grpc::ClientReaderInterface<grpc::ByteBuffer>&, ReadReceiver&);
 
 }  // namespace repvar

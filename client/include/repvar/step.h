@@ -196,6 +196,10 @@ class StepScope {
   explicit StepScope(std::unique_ptr<Impl> impl);
   absl::Status PublishMapping(std::unique_ptr<LocalMapping> mapping,
                               std::optional<uint64_t> checksum);
+  // Read's and ReadInto's one path: the step's view into `out` (the value's
+  // size), or into `*grow` when given.
+  absl::StatusOr<ReadInfo> ReadView(const std::string& name, int32_t replica,
+                                    std::span<std::byte> out, std::vector<std::byte>* grow);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// A replica read as byte buffers (the coordinator's ReadReplica calls) is
-// rebuilt from what a worker sends (SendTensorFrames) exactly as from the
-// protobuf messages: the same value, every chunk checked, a bad stream
-// refused.
+// A value read as byte buffers (the coordinator's ReadReplica calls, a
+// step's StepRead, the client's ReadVariable) is rebuilt from what a daemon
+// sends (SendTensorFrames) exactly as from the protobuf messages: the same
+// value, every chunk checked, a bad stream refused.
 #include "common/rpc/replica_stream.h"
 
 #include <grpcpp/grpcpp.h>
@@ -162,7 +162,56 @@ TEST_F(ReplicaReceiverTest, IntoCallersMemory_TheSameValue_OtherSizesAndSecondHe
   }
 }
 
-// A stream scripted frame by frame, for ReceiveReplicaFrames.
+// The coordinator's ReadVariable stream (its header inside a ReadHeader)
+// goes through the same receiver: the same value and version into the
+// caller's buffer, the header's size told to a caller whose buffer is of
+// another size, a bad chunk and a second header refused.
+TEST_F(ReplicaReceiverTest, TheCoordinatorsReadStream_TheSameReceiver_TheSameChecks) {
+  auto frames = [&] {
+    v1::ReadVariableResponse head;
+    HeaderToProto(*value_, head.mutable_header()->mutable_tensor());
+    head.mutable_header()->set_version(11);
+    std::vector<grpc::ByteBuffer> out;
+    EXPECT_TRUE(SendTensorFrames(head, v1::ReadVariableResponse::kChunkFieldNumber, value_, 4096,
+                                 [&](const grpc::ByteBuffer& m) {
+                                   out.push_back(m);
+                                   return true;
+                                 }));
+    return out;
+  };
+  std::vector<std::byte> out(value_->bytes.size());
+  ReadReceiver into(out);
+  EXPECT_EQ(into.announced_bytes(), std::nullopt);
+  for (grpc::ByteBuffer& frame : frames()) ASSERT_OK(into.OnFrame(frame));
+  auto got = into.FinishInPlace();
+  ASSERT_OK(got);
+  EXPECT_EQ(got->version, 11);
+  EXPECT_EQ(got->header.checksum, value_->checksum);
+  EXPECT_EQ(into.announced_bytes(), value_->bytes.size());
+  EXPECT_EQ(out, std::vector<std::byte>(value_->bytes.span().begin(), value_->bytes.span().end()));
+  {
+    std::vector<std::byte> larger(value_->bytes.size() + 4);
+    ReadReceiver r(larger);
+    EXPECT_THAT(r.OnFrame(frames()[0]), StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_EQ(r.announced_bytes(), value_->bytes.size());
+  }
+  {
+    ReadReceiver r;
+    std::vector<grpc::ByteBuffer> f = frames();
+    ASSERT_OK(r.OnFrame(f[0]));
+    const auto piece = value_->bytes.span().subspan(0, 4096);
+    grpc::ByteBuffer bad = ChunkFrame(v1::ReadVariableResponse::kChunkFieldNumber, 0, piece,
+                                      Checksum(piece) ^ 1, value_);
+    EXPECT_THAT(r.OnFrame(bad), StatusIs(absl::StatusCode::kInvalidArgument, "checksum"));
+  }
+  {
+    ReadReceiver r;
+    ASSERT_OK(r.OnFrame(frames()[0]));
+    EXPECT_THAT(r.OnFrame(frames()[0]), StatusIs(absl::StatusCode::kDataLoss, "second header"));
+  }
+}
+
+// A stream scripted frame by frame, for ReceiveFrames.
 class ScriptedReader final : public grpc::ClientReaderInterface<grpc::ByteBuffer> {
  public:
   ScriptedReader(std::vector<grpc::ByteBuffer> frames, grpc::Status end)
@@ -186,16 +235,16 @@ class ScriptedReader final : public grpc::ClientReaderInterface<grpc::ByteBuffer
   size_t next_ = 0;
 };
 
-// ReceiveReplicaFrames: a whole stream is received; a damaged one stops at
+// ReceiveFrames: a whole stream is received; a damaged one stops at
 // the frame at fault and is DATA_LOSS (the receiver's INVALID_ARGUMENT is
 // the stream's damage, not the caller's mistake); the call's own error
 // (a worker's NOT_FOUND) comes back as it is.
-TEST_F(ReplicaReceiverTest, ReceiveReplicaFrames_DamageIsDataLoss_TheCallsOwnErrorsPassThrough) {
+TEST_F(ReplicaReceiverTest, ReceiveFrames_DamageIsDataLoss_TheCallsOwnErrorsPassThrough) {
   {
     ScriptedReader reader(Frames(2), grpc::Status::OK);
     grpc::ClientContext ctx;
     ReplicaReceiver r;
-    ASSERT_OK(ReceiveReplicaFrames(ctx, reader, r));
+    ASSERT_OK(ReceiveFrames(ctx, reader, r));
     auto got = r.Finish();
     ASSERT_OK(got);
     EXPECT_EQ(got->value.checksum, value_->checksum);
@@ -208,15 +257,14 @@ TEST_F(ReplicaReceiverTest, ReceiveReplicaFrames_DamageIsDataLoss_TheCallsOwnErr
     ScriptedReader reader(frames, grpc::Status::OK);
     grpc::ClientContext ctx;
     ReplicaReceiver r;
-    EXPECT_THAT(ReceiveReplicaFrames(ctx, reader, r),
-                StatusIs(absl::StatusCode::kDataLoss, "checksum"));
+    EXPECT_THAT(ReceiveFrames(ctx, reader, r), StatusIs(absl::StatusCode::kDataLoss, "checksum"));
     EXPECT_EQ(reader.read(), 2u) << "stopped at the damaged frame";
   }
   {
     ScriptedReader reader({}, grpc::Status(grpc::StatusCode::NOT_FOUND, "no replica 9"));
     grpc::ClientContext ctx;
     ReplicaReceiver r;
-    EXPECT_THAT(ReceiveReplicaFrames(ctx, reader, r),
+    EXPECT_THAT(ReceiveFrames(ctx, reader, r),
                 StatusIs(absl::StatusCode::kNotFound, "no replica 9"));
   }
 }
