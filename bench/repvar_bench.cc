@@ -472,9 +472,10 @@ void MeanStep(int mib, int workers, int iters) {
 // copy the bytes in, publish; read back: the same read right after the
 // publish, which waits for the worker's hash of it), and through
 // StepScope's Write, Read (into a fresh vector) and ReadInto (into a buffer
-// kept across steps), which take the same mapping at this size; and Read and
+// kept across steps), which take the same mapping at this size; Read and
 // ReadInto of a 768 KiB variable, below the mapping's threshold, through
-// the worker's socket.
+// the worker's socket; and 100 small variables read one by one (Read: a
+// stream each) and in one ReadBatch.
 void LocalAccess(int mib, int iters) {
   repvar::testing::TestCluster cluster(OneTpuPerWorker(1));
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
@@ -491,10 +492,23 @@ void LocalAccess(int mib, int iters) {
   near.name = "near";
   near.shape = {kSocketKib << 8};
   if (auto v = c->CreateVariable(near); !v.ok()) Die("create", v.status());
-  if (auto v = c->Initialize({"local", "near"}); !v.ok()) Die("initialize", v.status());
+  // Small variables (16 floats), read one by one (a StepRead stream each)
+  // and in one ReadBatch (one StepReadSmall call).
+  constexpr int kSmallVars = 100;
+  std::vector<std::string> names = {"local", "near"};
+  std::vector<repvar::StepScope::LocalRead> small_reads;
+  for (int k = 0; k < kSmallVars; ++k) {
+    repvar::VariableSpec small = spec;
+    small.name = absl::StrCat("small", k);
+    small.shape = {16};
+    if (auto v = c->CreateVariable(small); !v.ok()) Die("create", v.status());
+    names.push_back(small.name);
+    small_reads.push_back({small.name, 0});
+  }
+  if (auto v = c->Initialize(names); !v.ok()) Die("initialize", v.status());
   std::vector<float> src(n, 2.0f), dst(n), near_dst(kSocketKib << 8);
   std::vector<double> copy, map_reads, map_writes, readbacks, reads, read_intos, writes,
-      socket_reads, socket_read_intos;
+      socket_reads, socket_read_intos, small_each, small_batch;
   const size_t bytes = n * sizeof(float);
   for (int i = 0; i < iters + 1; ++i) {
     auto t0 = Clock::now();
@@ -542,6 +556,12 @@ void LocalAccess(int mib, int iters) {
       Die("socket read into", v.status());
     }
     auto t9 = Clock::now();
+    for (const auto& r : small_reads) {
+      if (auto v = s.Read(r.name, 0); !v.ok()) Die("small read", v.status());
+    }
+    auto t10 = Clock::now();
+    if (auto v = s.ReadBatch(small_reads); !v.ok()) Die("small read batch", v.status());
+    auto t11 = Clock::now();
     if (auto res = s.Commit(); !res.ok()) Die("commit", res.status());
     if (i > 0) {  // the first round fills the pools
       map_reads.push_back(Ms(t0r, t1));
@@ -552,16 +572,20 @@ void LocalAccess(int mib, int iters) {
       read_intos.push_back(Ms(t6, t7));
       socket_reads.push_back(Ms(t7, t8));
       socket_read_intos.push_back(Ms(t8, t9));
+      small_each.push_back(Ms(t9, t10));
+      small_batch.push_back(Ms(t10, t11));
     }
   }
   std::printf(
       "repvar_local mib=%d mapped_write_ms=%.2f mapped_read_ms=%.2f mapped_readback_ms=%.2f "
       "write_ms=%.2f read_ms=%.2f read_into_ms=%.2f memcpy_ms=%.2f socket_kib=%lld "
-      "socket_read_ms=%.3f socket_read_into_ms=%.3f\n",
+      "socket_read_ms=%.3f socket_read_into_ms=%.3f small_reads=%d small_read_each_ms=%.3f "
+      "small_read_batch_ms=%.3f\n",
       mib, Percentile(map_writes, 0.5), Percentile(map_reads, 0.5), Percentile(readbacks, 0.5),
       Percentile(writes, 0.5), Percentile(reads, 0.5), Percentile(read_intos, 0.5),
       Percentile(copy, 0.5), static_cast<long long>(kSocketKib), Percentile(socket_reads, 0.5),
-      Percentile(socket_read_intos, 0.5));
+      Percentile(socket_read_intos, 0.5), kSmallVars, Percentile(small_each, 0.5),
+      Percentile(small_batch, 0.5));
   std::fflush(stdout);
 }
 

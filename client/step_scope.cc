@@ -10,6 +10,7 @@
 #include "client/convert.h"
 #include "client/step_scope_impl.h"
 #include "client/step_status.h"
+#include "common/base/arena_message.h"
 #include "common/base/status_util.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/from_proto.h"
@@ -302,6 +303,79 @@ absl::Status StepScope::WriteBatch(const std::vector<LocalWrite>& writes) {
   impl_->SetDeadline(&ctx, total);
   v1::StepWriteResponse resp;
   return FromGrpcStatus(impl_->worker->StepWriteSmall(&ctx, req, &resp));
+}
+
+namespace {
+
+// A batch of small in-step reads: at most this many values' bytes (each
+// counted with `kSmallReadOverheadBytes` for its header and framing), and
+// this many reads, well inside what the worker answers in one call
+// (StepsService::kMaxSmallReadAnswerBytes, kMaxSmallReads).
+constexpr uint64_t kSmallReadBatchBytes = 2 << 20;
+constexpr uint64_t kSmallReadOverheadBytes = 128;
+constexpr size_t kSmallReadBatchCount = 4096;
+
+}  // namespace
+
+absl::Status StepScope::Impl::ReadSmall(
+    const std::vector<LocalRead>& reads,
+    const std::vector<std::pair<size_t, const StepVariable*>>& batch,
+    std::vector<TensorValue>& out) {
+  v1::StepReadSmallRequest req;
+  uint64_t bytes = 0;
+  for (const auto& [i, var] : batch) {
+    v1::StepReadRequest* r = req.add_reads();
+    r->set_step(header.step);
+    r->set_epoch(header.epoch);
+    r->set_variable_id(var->id);
+    r->set_replica(reads[i].replica);
+    bytes += static_cast<uint64_t>(var->spec.ByteSize().value_or(0));
+  }
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, bytes);
+  ArenaMessage<v1::StepReadSmallResponse> resp;
+  REPVAR_RETURN_IF_ERROR(FromGrpcStatus(worker->StepReadSmall(&ctx, req, resp.get())));
+  if (static_cast<size_t>(resp->values_size()) != batch.size()) {
+    return absl::DataLossError(absl::StrCat("the worker answered ", resp->values_size(),
+                                            " values for ", batch.size(), " reads"));
+  }
+  for (size_t k = 0; k < batch.size(); ++k) {
+    const auto& [i, var] = batch[k];
+    const v1::StepReadValue& got = resp->values(static_cast<int>(k));
+    absl::StatusOr<TensorValue> v =
+        client_internal::TensorValueFromProto(got.value(), got.version());
+    if (!v.ok() || v->dtype != var->spec.dtype || v->shape != var->spec.dims) {
+      return absl::DataLossError(absl::StrCat(
+          "reading ", var->name, "/", reads[i].replica, " from the worker: ",
+          v.ok() ? "a value of another spec than the step's" : "it fails its checksum"));
+    }
+    out[i] = *std::move(v);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TensorValue>> StepScope::ReadBatch(const std::vector<LocalRead>& reads) {
+  std::vector<TensorValue> out(reads.size());
+  std::vector<std::pair<size_t, const StepVariable*>> batch;
+  uint64_t batch_bytes = 0;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    REPVAR_ASSIGN_OR_RETURN(const StepVariable* var, impl_->Var(reads[i].name));
+    const uint64_t size = static_cast<uint64_t>(var->spec.ByteSize().value_or(0));
+    if (size > kInlineBytes) {
+      REPVAR_ASSIGN_OR_RETURN(out[i], Read(reads[i].name, reads[i].replica));
+      continue;
+    }
+    const uint64_t counted = size + kSmallReadOverheadBytes;
+    if (batch_bytes + counted > kSmallReadBatchBytes || batch.size() == kSmallReadBatchCount) {
+      REPVAR_RETURN_IF_ERROR(impl_->ReadSmall(reads, batch, out));
+      batch.clear();
+      batch_bytes = 0;
+    }
+    batch.emplace_back(i, var);
+    batch_bytes += counted;
+  }
+  if (!batch.empty()) REPVAR_RETURN_IF_ERROR(impl_->ReadSmall(reads, batch, out));
+  return out;
 }
 
 absl::StatusOr<StepResult> StepScope::Commit() {

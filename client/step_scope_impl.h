@@ -46,6 +46,13 @@ class StepScope::Impl {
   // spec than the step's).
   absl::StatusOr<ReceivedInPlace> ReadThroughSocket(const StepVariable& var, int32_t replica,
                                                     ReplicaReceiver& receiver);
+  // ReadBatch's small reads `batch` (indices into `reads`, with their
+  // variables) in one StepReadSmall call, each checked and put in `out` at
+  // its index. Errors: the call's; DATA_LOSS (a value that fails its
+  // checksum or is of another spec than the step's).
+  absl::Status ReadSmall(const std::vector<LocalRead>& reads,
+                         const std::vector<std::pair<size_t, const StepVariable*>>& batch,
+                         std::vector<TensorValue>& out);
 };
 
 class LocalMapping::Impl {

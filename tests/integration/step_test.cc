@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/status_util.h"
 #include "common/tensor/tensor.h"
 #include "repvar/client.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
@@ -252,6 +253,50 @@ TEST_F(StepTest, S2_LargeWritesAndReadsGoThroughTheMapping_BytesAndChecksumsExac
   std::set<uint64_t> sums;
   for (const auto& [i, vc] : Replicas("big")) sums.insert(vc.second);
   EXPECT_EQ(sums, (std::set<uint64_t>{read->checksum}));  // replica 0's value everywhere
+}
+
+// StepScope::ReadBatch gives each value as Read does, in the order asked:
+// the small ones from the worker in StepReadSmall calls (5,000 reads of
+// 16 bytes and 64 KiB: more than one call holds), the larger ones mapped
+// (2 MiB) or streamed (256 KiB); this step's writes and the committed
+// zeros alike. An unknown variable and a replica not on this host are
+// refused as Read refuses them.
+TEST_F(StepTest, S2_ReadBatch_EachAsReadGivesIt_TheSmallOnesInBatches) {
+  const std::vector<std::pair<std::string, int64_t>> vars = {
+      {"mapped", 1 << 19}, {"streamed", 1 << 16}, {"inline", 1 << 14}, {"small", 4}, {"other", 4}};
+  for (const auto& [name, n] : vars) CreateZeros(name, DType::kFloat32, n, Aggregation::kMean);
+  auto results = RunStep(1, [&](int h, StepScope& s) -> absl::Status {
+    if (h != 0) return absl::OkStatus();
+    for (const char* name : {"streamed", "small"}) {
+      std::vector<float> value(name == std::string("small") ? 4 : 1 << 16);
+      for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<float>(i % 31) + 0.5f;
+      REPVAR_RETURN_IF_ERROR(s.Write<float>(name, 0, std::span<const float>(value)));
+    }
+    std::vector<StepScope::LocalRead> reads;
+    for (const auto& [name, n] : vars) reads.push_back({name, 0});
+    for (int i = 0; i < 5000; ++i) reads.push_back({i % 2 ? "small" : "other", 0});
+    reads.push_back({"inline", 0});
+    auto batch = s.ReadBatch(reads);
+    if (!batch.ok()) return batch.status();
+    EXPECT_EQ(batch->size(), reads.size());
+    for (size_t i = 0; i < reads.size() && i < batch->size(); ++i) {
+      auto one = s.Read(reads[i].name, 0);
+      if (!one.ok()) return one.status();
+      const TensorValue& got = (*batch)[i];
+      if (got.bytes != one->bytes || got.version != one->version || got.checksum != one->checksum ||
+          got.dtype != one->dtype || got.shape != one->shape) {
+        return absl::DataLossError(absl::StrCat("read ", i, " (", reads[i].name, ") differs"));
+      }
+    }
+    EXPECT_NE((*batch)[3].bytes, (*batch)[4].bytes) << "this step's write, the committed zeros";
+    auto none = s.ReadBatch({});
+    EXPECT_TRUE(none.ok() && none->empty());
+    EXPECT_THAT(s.ReadBatch({{"small", 0}, {"absent", 0}}),
+                StatusIs(absl::StatusCode::kFailedPrecondition));
+    EXPECT_THAT(s.ReadBatch({{"small", 0}, {"small", 2}}), StatusIs(absl::StatusCode::kNotFound));
+    return absl::OkStatus();
+  });
+  for (auto& r : results) ASSERT_OK(r);
 }
 
 // StepScope::ReadInto gives the step's view, as Read does, in the caller's

@@ -301,6 +301,52 @@ def test_read_out_writes_the_steps_view_in_place_mapped_and_through_the_socket(c
         assert not isinstance(r, Exception), r
 
 
+def test_read_many_gives_each_view_as_read_does_the_small_ones_batched(client):
+    # 2 MiB mapped, 256 KiB streamed, 64 KiB and 16 bytes from StepReadSmall
+    # (5,000 small reads: more than one call); this step's writes and the
+    # committed zeros alike, each as read() gives it. The worker's calls are
+    # counted: the small reads take two StepReadSmall calls and no stream.
+    sizes = {"mapped": 1 << 19, "streamed": 1 << 16, "inline": 1 << 14, "small": 4, "other": 4}
+    with repvar.replicated_scope(6, "pymany"):
+        for name, n in sizes.items():
+            client.create(name, "float32", (n,), aggregation="ONLY_FIRST_REPLICA",
+                          initializer=repvar.zeros())
+    client.initialize([f"pymany/{name}" for name in sizes])
+
+    def body(h, s):
+        if h != 0:
+            return
+        for name in ("streamed", "small"):
+            s.write(f"pymany/{name}", 0, (np.arange(sizes[name], dtype=np.float32) % 31) + 0.5)
+        calls = []
+        for method in ("StepRead", "StepReadSmall"):
+            stub = s._frames if method == "StepRead" else s.worker
+            real = getattr(stub, method)
+            setattr(stub, method, lambda *a, _real=real, _m=method, **k: (calls.append(_m),
+                                                                         _real(*a, **k))[1])
+        small = [("pymany/small" if i % 2 else "pymany/other", 0) for i in range(5000)]
+        reads = [(f"pymany/{name}", 0) for name in sizes] + small
+        got = s.read_many(reads)
+        assert calls == ["StepRead", "StepReadSmall", "StepReadSmall"], calls
+        assert len(got) == len(reads)
+        for (name, replica), value in zip(reads, got):
+            one = s.read(name, replica)
+            assert value.dtype == one.dtype and value.shape == one.shape
+            np.testing.assert_array_equal(value, one)
+            assert value.flags.writeable
+        assert got[3].any() and not got[4].any()  # this step's write; the committed zeros
+        assert s.read_many([]) == []
+        with pytest.raises(KeyError):
+            s.read_many([("pymany/small", 0), ("pymany/absent", 0)])
+        elsewhere = next(r for r in range(6) if r not in s.local_replicas("pymany/small"))
+        with pytest.raises(repvar.NotFound):
+            s.read_many([("pymany/small", 0), ("pymany/small", elsewhere)])
+
+    results = _run_step(client, client.last_committed_step() + 1, body)
+    for r in results:
+        assert not isinstance(r, Exception), r
+
+
 def test_mapped_writes_step_after_step_keep_their_mappings_and_bytes(client):
     # The client keeps its mappings of the worker's buffers between leases
     # (_MappingCache) and the worker lends the same buffers again: every step

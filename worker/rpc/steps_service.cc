@@ -25,6 +25,35 @@ grpc::Status StepsService::StepReadFrames(grpc::ServerContext* ctx, const v1::St
   return SendReplica(ctx, *r, req.chunk_bytes(), writer);
 }
 
+grpc::Status StepsService::StepReadSmall(grpc::ServerContext* ctx,
+                                         const v1::StepReadSmallRequest* req,
+                                         v1::StepReadSmallResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
+  if (static_cast<uint64_t>(req->reads_size()) > kMaxSmallReads) {
+    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+        "StepReadSmall: ", req->reads_size(), " reads; at most ", kMaxSmallReads, " a call")));
+  }
+  auto too_large = [](const v1::StepReadRequest& read, uint64_t size, absl::string_view past) {
+    return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+        "StepReadSmall: variable id ", read.variable_id(), " replica ", read.replica(), " (", size,
+        " bytes) takes the answer past ", past, "; read it with StepRead")));
+  };
+  uint64_t total = 0;
+  resp->mutable_values()->Reserve(req->reads_size());
+  for (const v1::StepReadRequest& read : req->reads()) {
+    auto r = steps_->Read(read.epoch(), read.variable_id(), read.replica());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    const uint64_t size = r->value->bytes.size();
+    if (size > kMaxSmallReadBytes) return too_large(read, size, "1 MiB a value");
+    v1::StepReadValue* v = resp->add_values();
+    v->set_version(r->version);
+    TensorToProto(*r->value, v->mutable_value());
+    total += v->ByteSizeLong() + kFieldFramingBytes;
+    if (total > kMaxSmallReadAnswerBytes) return too_large(read, size, "3 MiB in all");
+  }
+  return grpc::Status::OK;
+}
+
 std::shared_ptr<MemoryBudget> StepsService::Share(const grpc::ServerContext* ctx) {
   return budget_ == nullptr ? nullptr : connections_.For(ctx->peer());
 }

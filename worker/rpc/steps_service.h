@@ -44,8 +44,18 @@ class StepsService final : public StepsServiceBase {
   grpc::Status StepWriteFrames(grpc::ServerContext*, FrameReader*, v1::StepWriteResponse*);
   grpc::Status StepReadFrames(grpc::ServerContext*, const v1::StepReadRequest&,
                               FrameWriter<v1::StepReadRequest>*);
+  grpc::Status StepReadSmall(grpc::ServerContext*, const v1::StepReadSmallRequest*,
+                             v1::StepReadSmallResponse*) override;
   grpc::Status StepWriteSmall(grpc::ServerContext*, const v1::StepWriteSmallRequest*,
                               v1::StepWriteResponse*) override;
+
+  // StepReadSmall's bounds: reads a call, a value's bytes, and an answer
+  // (under gRPC's default 4 MiB receive limit; each value's message and
+  // its field's tag and length, at most `kFieldFramingBytes`).
+  static constexpr uint64_t kMaxSmallReads = 16384;
+  static constexpr uint64_t kMaxSmallReadBytes = 1 << 20;
+  static constexpr uint64_t kMaxSmallReadAnswerBytes = 3 << 20;
+  static constexpr uint64_t kFieldFramingBytes = 6;
   grpc::ServerUnaryReactor* CommitStep(grpc::CallbackServerContext*, const v1::CommitStepRequest*,
                                        v1::StepResolution*) override;
   grpc::Status DiscardStep(grpc::ServerContext*, const v1::DiscardStepRequest*,

@@ -183,6 +183,17 @@ class StepScope {
   };
   absl::Status WriteBatch(const std::vector<LocalWrite>& writes);
 
+  // S2 for many local replicas: each value as Read gives it, in the order
+  // asked. The small ones (64 KiB at most) come from the worker in one call
+  // for up to 2 MiB of them (StepReadSmall), where Read opens a stream each;
+  // larger ones are read as Read reads them. Errors: Read's, for the first
+  // read refused; nothing is returned then.
+  struct LocalRead {
+    std::string name;
+    int32_t replica = 0;
+  };
+  absl::StatusOr<std::vector<TensorValue>> ReadBatch(const std::vector<LocalRead>& reads);
+
   // S3/S4: commits this trainer's devices and waits for the resolution. A
   // failed step is returned as its error (ABORTED, DEADLINE_EXCEEDED naming
   // the missing workers, UNAVAILABLE naming a dead worker, INVALID_ARGUMENT

@@ -287,5 +287,65 @@ TEST_F(WorkerServicesTest, Steps_WriteReadCommit_Converted_BadHeaderRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, "GPU:7"));
 }
 
+// StepReadSmall answers each read as StepRead gives the value (the step's
+// own write, the committed value at epoch 0), whole and checked, in order;
+// a refused read, a value over 1 MiB, answers over 3 MiB in all or too many
+// reads fail the whole call, and the reads within the bounds beside them
+// are answered.
+TEST_F(WorkerServicesTest, Steps_ReadSmall_EachAsStepReadGivesIt_OverTheBoundsRefusedWhole) {
+  const std::string data = FloatBytes({5, 6});
+  v1::StepWriteSmallRequest write;
+  ASSERT_NO_FATAL_FAILURE(StepThreeWritesReplicaZero(data, &write));
+  v1::StepWriteResponse written;
+  ASSERT_OK(FromGrpcStatus(steps_stub_->StepWriteSmall(Ctx().get(), write, &written)));
+  for (auto [id, floats] : {std::pair<uint64_t, int64_t>{2, 300 << 10}, {3, 225 << 10}}) {
+    ASSERT_OK(store_.Apply({ReplicaWrite{
+        id,
+        absl::StrCat("v", id),
+        1,
+        {0},
+        std::make_shared<const Tensor>(*Tensor::Zeros(TensorSpec{DType::kFloat32, {floats}}))}}));
+  }
+  auto read = [](uint64_t epoch, uint64_t id, int32_t replica = 0) {
+    v1::StepReadRequest r;
+    r.set_step(epoch == 0 ? 0 : 3);
+    r.set_epoch(epoch);
+    r.set_variable_id(id);
+    r.set_replica(replica);
+    return r;
+  };
+  auto call = [&](std::vector<v1::StepReadRequest> reads, v1::StepReadSmallResponse* resp) {
+    v1::StepReadSmallRequest req;
+    for (auto& r : reads) *req.add_reads() = std::move(r);
+    return FromGrpcStatus(steps_stub_->StepReadSmall(Ctx().get(), req, resp));
+  };
+  v1::StepReadSmallResponse resp;
+  ASSERT_OK(call({read(11, 1), read(0, 1), read(11, 1)}, &resp));
+  ASSERT_EQ(resp.values_size(), 3);
+  const std::string zeros(8, '\0');
+  for (int i : {0, 1, 2}) {
+    const v1::Tensor& t = resp.values(i).value();
+    EXPECT_EQ(t.data(), i == 1 ? zeros : data) << i;
+    EXPECT_EQ(t.header().checksum(), Sum(t.data())) << i;
+    EXPECT_EQ(t.header().byte_size(), 8u) << i;
+    EXPECT_EQ(resp.values(i).version(), 1) << i;
+  }
+  // 3 x 900 KiB fit in the 3 MiB; a fourth does not; 1.2 MiB is over 1 MiB.
+  resp.Clear();
+  ASSERT_OK(call({read(0, 3), read(0, 3), read(0, 3), read(11, 1)}, &resp));
+  EXPECT_EQ(resp.values_size(), 4);
+  EXPECT_THAT(call({read(0, 3), read(0, 3), read(0, 3), read(0, 3)}, &resp),
+              StatusIs(absl::StatusCode::kResourceExhausted, "3 MiB in all"));
+  EXPECT_THAT(call({read(11, 1), read(0, 2)}, &resp),
+              StatusIs(absl::StatusCode::kResourceExhausted, "1 MiB a value"));
+  EXPECT_THAT(call({read(11, 1), read(11, 1, 5)}, &resp), StatusIs(absl::StatusCode::kNotFound));
+  std::vector<v1::StepReadRequest> many(StepsService::kMaxSmallReads + 1, read(0, 1));
+  EXPECT_THAT(call(many, &resp), StatusIs(absl::StatusCode::kResourceExhausted, "reads"));
+  many.pop_back();
+  resp.Clear();
+  ASSERT_OK(call(many, &resp));
+  EXPECT_EQ(static_cast<uint64_t>(resp.values_size()), StepsService::kMaxSmallReads);
+}
+
 }  // namespace
 }  // namespace repvar::worker
