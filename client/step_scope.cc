@@ -222,6 +222,19 @@ absl::StatusOr<ReadInfo> StepScope::ReadView(const std::string& name, int32_t re
     }
     if (!impl_->map_failed) return m.status();
   }
+  if (size <= kInlineBytes) {  // one unary call costs less than a stream's set-up
+    REPVAR_RETURN_IF_ERROR(
+        impl_->ReadSmall({{var, replica}}, [&](size_t, const Impl::ViewRead& view) {
+          if (grow != nullptr) {
+            AssignBulk(*grow, view.bytes);
+          } else if (size > 0) {
+            std::memcpy(out.data(), view.bytes.data(), size);
+          }
+          info.version = view.version;
+          info.checksum = view.checksum;
+        }));
+    return info;
+  }
   // The step's layout bounds what the worker may send: the variable's size.
   ReplicaReceiver receiver = grow != nullptr ? ReplicaReceiver(grow, size) : ReplicaReceiver(out);
   REPVAR_ASSIGN_OR_RETURN(ReceivedInPlace got, impl_->ReadThroughSocket(*var, replica, receiver));
@@ -317,19 +330,17 @@ constexpr size_t kSmallReadBatchCount = 4096;
 
 }  // namespace
 
-absl::Status StepScope::Impl::ReadSmall(
-    const std::vector<LocalRead>& reads,
-    const std::vector<std::pair<size_t, const StepVariable*>>& batch,
-    std::vector<TensorValue>& out) {
+absl::Status StepScope::Impl::ReadSmall(const std::vector<SmallRead>& batch,
+                                        absl::FunctionRef<void(size_t, const ViewRead&)> take) {
   v1::StepReadSmallRequest req;
   uint64_t bytes = 0;
-  for (const auto& [i, var] : batch) {
+  for (const SmallRead& read : batch) {
     v1::StepReadRequest* r = req.add_reads();
     r->set_step(header.step);
     r->set_epoch(header.epoch);
-    r->set_variable_id(var->id);
-    r->set_replica(reads[i].replica);
-    bytes += static_cast<uint64_t>(var->spec.ByteSize().value_or(0));
+    r->set_variable_id(read.var->id);
+    r->set_replica(read.replica);
+    bytes += static_cast<uint64_t>(read.var->spec.ByteSize().value_or(0));
   }
   grpc::ClientContext ctx;
   SetDeadline(&ctx, bytes);
@@ -340,24 +351,44 @@ absl::Status StepScope::Impl::ReadSmall(
                                             " values for ", batch.size(), " reads"));
   }
   for (size_t k = 0; k < batch.size(); ++k) {
-    const auto& [i, var] = batch[k];
-    const v1::StepReadValue& got = resp->values(static_cast<int>(k));
-    absl::StatusOr<TensorValue> v =
-        client_internal::TensorValueFromProto(got.value(), got.version());
-    if (!v.ok() || v->dtype != var->spec.dtype || v->shape != var->spec.dims) {
-      return absl::DataLossError(absl::StrCat(
-          "reading ", var->name, "/", reads[i].replica, " from the worker: ",
-          v.ok() ? "a value of another spec than the step's" : "it fails its checksum"));
+    const SmallRead& read = batch[k];
+    const v1::Tensor& t = resp->values(static_cast<int>(k)).value();
+    const auto data = std::as_bytes(std::span<const char>(t.data().data(), t.data().size()));
+    absl::StatusOr<TensorSpec> spec = SpecFromProto(t.header().spec());
+    const char* fault = !spec.ok() || !(*spec == read.var->spec) ? "a value of another spec"
+                        : data.size() != t.header().byte_size()  ? "a value cut short"
+                        : Checksum(data) != t.header().checksum()
+                            ? "a value that fails its checksum"
+                            : nullptr;
+    if (fault != nullptr) {
+      return absl::DataLossError(
+          absl::StrCat("reading ", read.var->name, "/", read.replica, " from the worker: ", fault));
     }
-    out[i] = *std::move(v);
+    CountReceivedTensorBytes(data.size());
+    take(k, ViewRead{resp->values(static_cast<int>(k)).version(), t.header().checksum(), data});
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<TensorValue>> StepScope::ReadBatch(const std::vector<LocalRead>& reads) {
   std::vector<TensorValue> out(reads.size());
-  std::vector<std::pair<size_t, const StepVariable*>> batch;
+  std::vector<Impl::SmallRead> batch;
+  std::vector<size_t> index;  // of each of `batch` in `reads`
   uint64_t batch_bytes = 0;
+  auto read_batch = [&]() -> absl::Status {
+    REPVAR_RETURN_IF_ERROR(impl_->ReadSmall(batch, [&](size_t k, const Impl::ViewRead& view) {
+      TensorValue& v = out[index[k]];
+      v.dtype = batch[k].var->spec.dtype;
+      v.shape = batch[k].var->spec.dims;
+      AssignBulk(v.bytes, view.bytes);
+      v.version = view.version;
+      v.checksum = view.checksum;
+    }));
+    batch.clear();
+    index.clear();
+    batch_bytes = 0;
+    return absl::OkStatus();
+  };
   for (size_t i = 0; i < reads.size(); ++i) {
     REPVAR_ASSIGN_OR_RETURN(const StepVariable* var, impl_->Var(reads[i].name));
     const uint64_t size = static_cast<uint64_t>(var->spec.ByteSize().value_or(0));
@@ -367,14 +398,13 @@ absl::StatusOr<std::vector<TensorValue>> StepScope::ReadBatch(const std::vector<
     }
     const uint64_t counted = size + kSmallReadOverheadBytes;
     if (batch_bytes + counted > kSmallReadBatchBytes || batch.size() == kSmallReadBatchCount) {
-      REPVAR_RETURN_IF_ERROR(impl_->ReadSmall(reads, batch, out));
-      batch.clear();
-      batch_bytes = 0;
+      REPVAR_RETURN_IF_ERROR(read_batch());
     }
-    batch.emplace_back(i, var);
+    batch.push_back({var, reads[i].replica});
+    index.push_back(i);
     batch_bytes += counted;
   }
-  if (!batch.empty()) REPVAR_RETURN_IF_ERROR(impl_->ReadSmall(reads, batch, out));
+  if (!batch.empty()) REPVAR_RETURN_IF_ERROR(read_batch());
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "client/client_impl.h"
 #include "common/model/step.h"
@@ -46,13 +47,22 @@ class StepScope::Impl {
   // spec than the step's).
   absl::StatusOr<ReceivedInPlace> ReadThroughSocket(const StepVariable& var, int32_t replica,
                                                     ReplicaReceiver& receiver);
-  // ReadBatch's small reads `batch` (indices into `reads`, with their
-  // variables) in one StepReadSmall call, each checked and put in `out` at
-  // its index. Errors: the call's; DATA_LOSS (a value that fails its
-  // checksum or is of another spec than the step's).
-  absl::Status ReadSmall(const std::vector<LocalRead>& reads,
-                         const std::vector<std::pair<size_t, const StepVariable*>>& batch,
-                         std::vector<TensorValue>& out);
+  // The step's views of `batch` (local replicas of the step's variables,
+  // 64 KiB at most each) in one StepReadSmall call: `take(k, view)` gets
+  // the k-th, checked against its checksum and the step's spec, its bytes
+  // valid during the call. Errors: the call's; DATA_LOSS (a value that fails
+  // those checks, or an answer of another count).
+  struct SmallRead {
+    const StepVariable* var;
+    int32_t replica;
+  };
+  struct ViewRead {
+    int64_t version;
+    uint64_t checksum;
+    std::span<const std::byte> bytes;
+  };
+  absl::Status ReadSmall(const std::vector<SmallRead>& batch,
+                         absl::FunctionRef<void(size_t, const ViewRead&)> take);
 };
 
 class LocalMapping::Impl {

@@ -516,7 +516,8 @@ class Step:
     def read(self, name, replica, out=None):
         """This step's view of a local replica: its own write, else the committed value.
         Large tensors come through a mapping of the worker's buffer (one copy),
-        others through its socket (checked against their checksums: DataLoss).
+        others through its socket (checked against their checksums: DataLoss),
+        small ones (64 KiB at most) in one unary call, larger ones streamed.
         With `out`, as Client.read takes it (a writable C-contiguous array of
         the value's dtype or uint8, and its size), the view is written into it
         and `out` is returned; InvalidArgument, `out` untouched, otherwise."""
@@ -536,6 +537,13 @@ class Step:
                     return out
             except OSError:
                 self._map_failed = True  # not on the worker's host: use its socket
+        if tensors.byte_size(v.spec) <= self._INLINE_BYTES:
+            # One unary call costs less than a stream's set-up.
+            [value] = self.read_many([(name, replica)])
+            if out is None:
+                return value
+            tensors._bytes(out)[:] = tensors._bytes(value)
+            return out
         frames = self._frames.StepRead(self._wpb.StepReadRequest(
             step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica),
             timeout=self.client.timeout)

@@ -305,7 +305,8 @@ def test_read_many_gives_each_view_as_read_does_the_small_ones_batched(client):
     # 2 MiB mapped, 256 KiB streamed, 64 KiB and 16 bytes from StepReadSmall
     # (5,000 small reads: more than one call); this step's writes and the
     # committed zeros alike, each as read() gives it. The worker's calls are
-    # counted: the small reads take two StepReadSmall calls and no stream.
+    # counted: the small reads take two StepReadSmall calls and no stream,
+    # and so does read() of a small one.
     sizes = {"mapped": 1 << 19, "streamed": 1 << 16, "inline": 1 << 14, "small": 4, "other": 4}
     with repvar.replicated_scope(6, "pymany"):
         for name, n in sizes.items():
@@ -336,6 +337,9 @@ def test_read_many_gives_each_view_as_read_does_the_small_ones_batched(client):
             assert value.flags.writeable
         assert got[3].any() and not got[4].any()  # this step's write; the committed zeros
         assert s.read_many([]) == []
+        calls.clear()  # a small read alone: one unary call too, not a stream
+        np.testing.assert_array_equal(s.read("pymany/small", 0), got[3])
+        assert calls == ["StepReadSmall"], calls
         with pytest.raises(KeyError):
             s.read_many([("pymany/small", 0), ("pymany/absent", 0)])
         elsewhere = next(r for r in range(6) if r not in s.local_replicas("pymany/small"))
