@@ -38,8 +38,13 @@ class ReplicaReceiverTest : public ::testing::Test {
     v1::ReadVariableChunk head;
     HeaderToProto(*value_, head.mutable_header());
     head.set_version(version);
+    return FramesAfter(head);
+  }
+  // `head`, then the value in chunks of 4,096 bytes, as `Message`s.
+  template <typename Message>
+  std::vector<grpc::ByteBuffer> FramesAfter(const Message& head) const {
     std::vector<grpc::ByteBuffer> out;
-    EXPECT_TRUE(SendTensorFrames(head, v1::ReadVariableChunk::kChunkFieldNumber, value_, 4096,
+    EXPECT_TRUE(SendTensorFrames(head, Message::kChunkFieldNumber, value_, 4096,
                                  [&](const grpc::ByteBuffer& m) {
                                    out.push_back(m);
                                    return true;
@@ -171,13 +176,7 @@ TEST_F(ReplicaReceiverTest, TheCoordinatorsReadStream_TheSameReceiver_TheSameChe
     v1::ReadVariableResponse head;
     HeaderToProto(*value_, head.mutable_header()->mutable_tensor());
     head.mutable_header()->set_version(11);
-    std::vector<grpc::ByteBuffer> out;
-    EXPECT_TRUE(SendTensorFrames(head, v1::ReadVariableResponse::kChunkFieldNumber, value_, 4096,
-                                 [&](const grpc::ByteBuffer& m) {
-                                   out.push_back(m);
-                                   return true;
-                                 }));
-    return out;
+    return FramesAfter(head);
   };
   std::vector<std::byte> out(value_->bytes.size());
   ReadReceiver into(out);
