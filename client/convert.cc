@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rpc/chunks.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/to_proto.h"
 #include "common/tensor/buffer.h"
@@ -78,6 +79,24 @@ absl::StatusOr<TensorValue> TensorValueFromProto(const v1::Tensor& t, int64_t ve
   }
   v.version = version;
   return v;
+}
+
+absl::StatusOr<std::span<const std::byte>> CheckedStepValue(const v1::Tensor& t,
+                                                            const TensorSpec& spec) {
+  const auto data = std::as_bytes(std::span<const char>(t.data().data(), t.data().size()));
+  absl::StatusOr<TensorSpec> got = SpecFromProto(t.header().spec());
+  // The step's layout says the size; the header and the bytes must agree.
+  const uint64_t size = static_cast<uint64_t>(spec.ByteSize().value_or(0));
+  if (!got.ok() || !(*got == spec)) return absl::DataLossError("a value of another spec");
+  if (data.size() != size || t.header().byte_size() != size) {
+    return absl::DataLossError(absl::StrCat("a value of ", data.size(), " bytes (its header: ",
+                                            t.header().byte_size(), "), not ", size));
+  }
+  if (Checksum(data) != t.header().checksum()) {
+    return absl::DataLossError("a value that fails its checksum");
+  }
+  CountReceivedTensorBytes(data.size());
+  return data;
 }
 
 absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColumns& p,

@@ -30,6 +30,11 @@ absl::StatusOr<TensorValue> TensorValueFromProto(const v1::Tensor& t, int64_t ve
 absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColumns& p,
                                                               size_t count);
 StepEventInfo StepEventFromProto(const v1::StepEvent& e);
+// The bytes of `t`, a worker's answer for a replica of a variable of
+// `spec` (StepReadSmall), once its spec, size and checksum agree: a view
+// into `t`. Errors: DATA_LOSS naming the fault.
+absl::StatusOr<std::span<const std::byte>> CheckedStepValue(const v1::Tensor& t,
+                                                            const TensorSpec& spec);
 
 // The header announcing `bytes` as a tensor of (dtype, shape).
 void HeaderToProto(DType dtype, const std::vector<int64_t>& shape, std::span<const std::byte> bytes,

@@ -353,19 +353,13 @@ absl::Status StepScope::Impl::ReadSmall(const std::vector<SmallRead>& batch,
   for (size_t k = 0; k < batch.size(); ++k) {
     const SmallRead& read = batch[k];
     const v1::Tensor& t = resp->values(static_cast<int>(k)).value();
-    const auto data = std::as_bytes(std::span<const char>(t.data().data(), t.data().size()));
-    absl::StatusOr<TensorSpec> spec = SpecFromProto(t.header().spec());
-    const char* fault = !spec.ok() || !(*spec == read.var->spec) ? "a value of another spec"
-                        : data.size() != t.header().byte_size()  ? "a value cut short"
-                        : Checksum(data) != t.header().checksum()
-                            ? "a value that fails its checksum"
-                            : nullptr;
-    if (fault != nullptr) {
-      return absl::DataLossError(
-          absl::StrCat("reading ", read.var->name, "/", read.replica, " from the worker: ", fault));
+    absl::StatusOr<std::span<const std::byte>> data =
+        client_internal::CheckedStepValue(t, read.var->spec);
+    if (!data.ok()) {
+      return absl::DataLossError(absl::StrCat("reading ", read.var->name, "/", read.replica,
+                                              " from the worker: ", data.status().message()));
     }
-    CountReceivedTensorBytes(data.size());
-    take(k, ViewRead{resp->values(static_cast<int>(k)).version(), t.header().checksum(), data});
+    take(k, ViewRead{resp->values(static_cast<int>(k)).version(), t.header().checksum(), *data});
   }
   return absl::OkStatus();
 }

@@ -46,6 +46,42 @@ TEST(ClientConvert, TensorValue_ChecksumVerified) {
   EXPECT_THAT(TensorValueFromProto(t, 4), StatusIs(absl::StatusCode::kDataLoss));
 }
 
+// A worker's StepReadSmall answer for a variable of the step (S2): taken
+// when its spec, its header's size, its bytes and its checksum all agree
+// with the step's spec; each fault is DATA_LOSS naming it, the bytes are
+// never read past their end.
+TEST(ClientConvert, StepValue_SpecSizeAndChecksumChecked_DataLossNamingTheFault) {
+  const TensorSpec spec{DType::kInt32, {2}};
+  auto answer = [](const std::string& data, int dim, uint64_t byte_size, uint64_t sum) {
+    v1::Tensor t;
+    t.mutable_header()->mutable_spec()->set_dtype(v1::DTYPE_INT32);
+    t.mutable_header()->mutable_spec()->add_dims(dim);
+    t.mutable_header()->set_byte_size(byte_size);
+    t.mutable_header()->set_checksum(sum);
+    t.set_data(data);
+    return t;
+  };
+  const std::string data(8, '\3');
+  const uint64_t sum = Checksum(std::as_bytes(std::span(data.data(), 8)));
+  const v1::Tensor good = answer(data, 2, 8, sum);
+  auto view = CheckedStepValue(good, spec);
+  ASSERT_OK(view);
+  EXPECT_EQ(view->data(), reinterpret_cast<const std::byte*>(good.data().data())) << "a view";
+  EXPECT_EQ(view->size(), 8u);
+  EXPECT_THAT(CheckedStepValue(answer(data, 3, 8, sum), spec),
+              StatusIs(absl::StatusCode::kDataLoss, "another spec"));
+  EXPECT_THAT(CheckedStepValue(answer(data.substr(0, 4), 2, 4, sum), spec),
+              StatusIs(absl::StatusCode::kDataLoss, "not 8"));
+  EXPECT_THAT(CheckedStepValue(answer(data.substr(0, 4), 2, 8, sum), spec),
+              StatusIs(absl::StatusCode::kDataLoss, "not 8"));
+  EXPECT_THAT(CheckedStepValue(answer(data, 2, 4, sum), spec),
+              StatusIs(absl::StatusCode::kDataLoss, "its header: 4"));
+  EXPECT_THAT(CheckedStepValue(answer(data, 2, 8, sum ^ 1), spec),
+              StatusIs(absl::StatusCode::kDataLoss, "checksum"));
+  EXPECT_THAT(CheckedStepValue(answer(data, 2, 8, 0), spec),
+              StatusIs(absl::StatusCode::kDataLoss, "checksum"));
+}
+
 // A batched read's answer by column (V6, C1): what the coordinator builds
 // from its values is what the client takes, in the order of the names.
 ReadResult Read(DType dtype, std::vector<int64_t> dims, uint8_t fill, int64_t version) {
