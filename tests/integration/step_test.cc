@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 
 #include <array>
@@ -16,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/status_util.h"
@@ -38,6 +40,38 @@ std::string Host(int h) { return absl::StrCat("tpu_worker:", h); }
 
 class StepTest : public testing::StartedCluster {
  protected:
+  StepTest()
+      : StartedCluster([] {
+          testing::ClusterOptions o;
+          o.metrics = true;  // WorkerCalls
+          return o;
+        }()) {}
+
+  // How many calls of `method` ("StepRead") of WorkerSteps tpu_worker:`host`
+  // has answered OK, from its /metrics (0 before the first).
+  double WorkerCalls(int host, const std::string& method) {
+    const std::string daemon = absl::StrCat("tpu_worker-", host);
+    int port = 0;
+    for (absl::Time until = absl::Now() + Scaled(absl::Seconds(10));
+         (port = cluster_.metrics_port(daemon)) == 0 && absl::Now() < until;) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    httplib::Client http("127.0.0.1", port);
+    auto res = http.Get("/metrics");
+    EXPECT_TRUE(res && res->status == 200) << daemon;
+    if (!res) return -1;
+    const std::string series = absl::StrCat(
+        R"(repvar_rpc_requests_total{method="/repvar.v1.WorkerSteps/)", method, R"(",code="OK"} )");
+    const size_t at = res->body.find(series);
+    double n = 0;
+    if (at != std::string::npos) {
+      const size_t end = res->body.find('\n', at);
+      EXPECT_TRUE(
+          absl::SimpleAtod(res->body.substr(at + series.size(), end - at - series.size()), &n));
+    }
+    return n;
+  }
+
   // A float32[4] variable with 6 replicas, initialized to `init`.
   void Create(const std::string& name, Aggregation agg, Vec init = {1, 2, 3, 4}) {
     VariableSpec s{.name = name, .dtype = DType::kFloat32, .shape = {4}};
@@ -259,8 +293,9 @@ TEST_F(StepTest, S2_LargeWritesAndReadsGoThroughTheMapping_BytesAndChecksumsExac
 // the small ones from the worker in StepReadSmall calls (5,000 reads of
 // 16 bytes and 64 KiB: more than one call holds), the larger ones mapped
 // (2 MiB) or streamed (256 KiB); this step's writes and the committed
-// zeros alike. An unknown variable and a replica not on this host are
-// refused as Read refuses them.
+// zeros alike. The worker's own count of its calls shows the batches and
+// the stream (and a small Read alone as one call). An unknown variable and
+// a replica not on this host are refused as Read refuses them.
 TEST_F(StepTest, S2_ReadBatch_EachAsReadGivesIt_TheSmallOnesInBatches) {
   const std::vector<std::pair<std::string, int64_t>> vars = {
       {"mapped", 1 << 19}, {"streamed", 1 << 16}, {"inline", 1 << 14}, {"small", 4}, {"other", 4}};
@@ -276,8 +311,16 @@ TEST_F(StepTest, S2_ReadBatch_EachAsReadGivesIt_TheSmallOnesInBatches) {
     for (const auto& [name, n] : vars) reads.push_back({name, 0});
     for (int i = 0; i < 5000; ++i) reads.push_back({i % 2 ? "small" : "other", 0});
     reads.push_back({"inline", 0});
+    const double streams = WorkerCalls(0, "StepRead"), smalls = WorkerCalls(0, "StepReadSmall");
     auto batch = s.ReadBatch(reads);
     if (!batch.ok()) return batch.status();
+    // The 256 KiB one streamed; the 5,002 small ones in two calls.
+    EXPECT_EQ(WorkerCalls(0, "StepRead") - streams, 1);
+    EXPECT_EQ(WorkerCalls(0, "StepReadSmall") - smalls, 2);
+    // A small one read alone: one call, not a stream.
+    REPVAR_RETURN_IF_ERROR(s.Read("small", 0).status());
+    EXPECT_EQ(WorkerCalls(0, "StepRead") - streams, 1);
+    EXPECT_EQ(WorkerCalls(0, "StepReadSmall") - smalls, 3);
     EXPECT_EQ(batch->size(), reads.size());
     for (size_t i = 0; i < reads.size() && i < batch->size(); ++i) {
       auto one = s.Read(reads[i].name, 0);
