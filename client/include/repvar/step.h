@@ -143,7 +143,9 @@ class StepScope {
   absl::StatusOr<std::vector<int32_t>> LocalReplicas(const std::string& name) const;
 
   // S2: this step's view of a local replica: its own writes, else the
-  // committed value.
+  // committed value. From 1 MiB through a mapping of the worker's buffer
+  // (where it can be mapped), up to 64 KiB in one unary call, and through
+  // a stream between.
   absl::StatusOr<TensorValue> Read(const std::string& name, int32_t replica);
   // The same view written straight into `out`, which must be exactly its
   // size: one copy of each byte (from the worker's mapped buffer, or from
@@ -184,10 +186,10 @@ class StepScope {
   absl::Status WriteBatch(const std::vector<LocalWrite>& writes);
 
   // S2 for many local replicas: each value as Read gives it, in the order
-  // asked. The small ones (64 KiB at most) come from the worker in one call
-  // for up to 2 MiB of them (StepReadSmall), where Read opens a stream each;
-  // larger ones are read as Read reads them. Errors: Read's, for the first
-  // read refused; nothing is returned then.
+  // asked. The small ones (64 KiB at most) come from the worker together,
+  // in one call for up to 2 MiB of them (StepReadSmall), where Read makes a
+  // call each; larger ones are read as Read reads them. Errors: Read's, for
+  // the first read refused; nothing is returned then.
   struct LocalRead {
     std::string name;
     int32_t replica = 0;
