@@ -133,11 +133,23 @@ def _frame_stub(channel, service, *methods):
     return errors.Stub(calls)
 
 
+def _frame_writer(channel, service, method, response):
+    """An errors.Stub whose client-streaming `method` of `service` sends
+    the bytes it is given as they are (a serialized header, then
+    tensors.chunk_frame's frames: each chunk's bytes copied once) and
+    parses its one answer as a `response`."""
+    call = channel.stream_unary(f"/{service.full_name}/{method}", request_serializer=None,
+                                response_deserializer=response.FromString)
+    return errors.Stub(types.SimpleNamespace(**{method: call}))
+
+
 def _serialize(message) -> bytes:
     return message.SerializeToString()
 
 
-_CHUNK_FIELD = 2  # TensorChunk's field in ReadVariableResponse and ReadVariableChunk
+# TensorChunk's field in ReadVariableResponse, ReadVariableChunk,
+# AssignVariableRequest and StepWriteRequest.
+_CHUNK_FIELD = 2
 
 
 def _take_value(frames, name, message_type, header_of, out=None):
@@ -263,8 +275,10 @@ class Client:
         # Their calls raise repvar.Error (errors.py), not grpc.RpcError.
         self.stub = errors.Stub(cgrpc.CoordinatorTrainersStub(self.channel))
         self.admin = errors.Stub(cgrpc.CoordinatorAdminStub(self.channel))
-        self._frames = _frame_stub(
-            self.channel, cpb.DESCRIPTOR.services_by_name["CoordinatorTrainers"], "ReadVariable")
+        trainers = cpb.DESCRIPTOR.services_by_name["CoordinatorTrainers"]
+        self._frames = _frame_stub(self.channel, trainers, "ReadVariable")
+        self._writes = _frame_writer(self.channel, trainers, "AssignVariable",
+                                     cpb.AssignVariableResponse)
         self.timeout = timeout
         self._dtypes = {}
         # The byte size of each variable as this client last saw it: one
@@ -373,17 +387,18 @@ class Client:
                chunk_bytes: int = 1 << 20, request_id: Optional[str] = None):
         """Cross-replica write; returns the AssignVariableResponse (version, checksum)."""
         dtype = self._dtype_of(name)
-        pieces = tensors.to_chunks(array, dtype, chunk_bytes)
-        h = next(pieces)
+        wire = tensors._as_wire(array, dtype)
+        h = tensors.header(wire, dtype)
+        frames = tensors.chunk_frames(wire, _CHUNK_FIELD, chunk_bytes)  # ValueError now
         rid = request_id or uuid.uuid4().hex
 
         def stream():
             yield cpb.AssignVariableRequest(header=cpb.AssignHeader(
-                request_id=rid, name=name, op=OPS[op], tensor=h, read_value=read_value))
-            for c in pieces:
-                yield cpb.AssignVariableRequest(chunk=c)
+                request_id=rid, name=name, op=OPS[op], tensor=h,
+                read_value=read_value)).SerializeToString()
+            yield from frames
 
-        return self.stub.AssignVariable(stream(), timeout=self.timeout + h.byte_size / 50e6)
+        return self._writes.AssignVariable(stream(), timeout=self.timeout + h.byte_size / 50e6)
 
     def read(self, name: str, chunk_bytes: int = 1 << 20,
              out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
@@ -495,8 +510,9 @@ class Step:
             raise ValueError(f"worker {worker} is not live")
         channel = client._worker_channel(address)
         self.worker = errors.Stub(wgrpc.WorkerStepsStub(channel))
-        self._frames = _frame_stub(channel, wpb.DESCRIPTOR.services_by_name["WorkerSteps"],
-                                   "StepRead")
+        steps = wpb.DESCRIPTOR.services_by_name["WorkerSteps"]
+        self._frames = _frame_stub(channel, steps, "StepRead")
+        self._writes = _frame_writer(channel, steps, "StepWrite", wpb.StepWriteResponse)
         self.closed = False
 
     @property
@@ -623,17 +639,17 @@ class Step:
                     state.update(dst[off:off + self._COPY_BLOCK])
                 m.release(publish=True, checksum=state.intdigest())
                 return
-        pieces = tensors.to_chunks(array, dtype)
-        h = next(pieces)
+        wire = tensors._as_wire(array, dtype)
+        h = tensors.header(wire, dtype)
         hdr = dict(step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica,
                    tensor=h, stream_writes=1)
 
         def stream():
-            yield self._wpb.StepWriteRequest(header=self._wpb.StepWriteHeader(**hdr))
-            for c in pieces:
-                yield self._wpb.StepWriteRequest(chunk=c)
+            yield self._wpb.StepWriteRequest(
+                header=self._wpb.StepWriteHeader(**hdr)).SerializeToString()
+            yield from tensors.chunk_frames(wire, _CHUNK_FIELD)
 
-        self.worker.StepWrite(stream(), timeout=self.client.timeout + h.byte_size / 50e6)
+        self._writes.StepWrite(stream(), timeout=self.client.timeout + h.byte_size / 50e6)
 
     _INLINE_BYTES = 64 << 10  # up to this size a write may travel inline, batched
     _COPY_BLOCK = 256 << 10  # a mapped write copies and hashes this much at a time

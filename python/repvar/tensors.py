@@ -18,6 +18,8 @@ DTYPES = {
 _BY_ENUM = {enum: (name, npd) for name, (enum, npd) in DTYPES.items()}
 
 MAX_CHUNK_BYTES = 4 << 20
+_LEN, _VARINT = 2, 0  # protobuf wire types
+_U64 = (1 << 64) - 1
 
 
 def checksum(data) -> int:
@@ -76,6 +78,41 @@ def to_chunks(array, dtype_name: str, chunk_bytes: int = 1 << 20):
     for off in range(0, wire.nbytes, chunk_bytes):
         piece = view[off:off + chunk_bytes]
         yield types_pb2.TensorChunk(offset=off, data=bytes(piece), checksum=checksum(piece))
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def chunk_frame(field: int, offset: int, piece) -> bytes:
+    """The bytes protobuf writes for a stream message whose field `field` is
+    the TensorChunk {offset, data: piece, checksum of piece}, laid out as
+    the daemons take a chunk without a copy of their own (parse_chunk_frame's
+    layout). `piece` (any buffer) is copied once, into the frame; building
+    the message with protobuf copied it into the message, then again into
+    its serialization."""
+    sum_ = checksum(piece)
+    size = len(piece)
+    head = (b"\x08" + _varint_bytes(offset) if offset else b"") + b"\x12" + _varint_bytes(size)
+    tail = b"\x18" + _varint_bytes(sum_) if sum_ else b""
+    length = len(head) + size + len(tail)
+    return b"".join((bytes((field << 3 | _LEN,)), _varint_bytes(length), head, piece, tail))
+
+
+def chunk_frames(wire: np.ndarray, field: int, chunk_bytes: int = 1 << 20):
+    """An iterator of `wire`'s bytes (a C-contiguous array) as chunk frames
+    of field `field`, `chunk_bytes` at a time, each made as it is taken.
+    ValueError at once for a `chunk_bytes` outside (0, 4 MiB]."""
+    if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
+        raise ValueError("chunk_bytes must be in (0, 4 MiB]")
+    view = _bytes(wire)
+    return (chunk_frame(field, off, view[off:off + chunk_bytes])
+            for off in range(0, wire.nbytes, chunk_bytes))
 
 
 def byte_size(spec: types_pb2.TensorSpec) -> int:
@@ -140,10 +177,6 @@ def assemble(h: types_pb2.TensorHeader, pieces, out=None) -> np.ndarray:
     if received != h.byte_size or state.intdigest() != h.checksum:
         raise ValueError("tensor truncated or whole-tensor checksum mismatch")
     return out
-
-
-_LEN, _VARINT = 2, 0  # protobuf wire types
-_U64 = (1 << 64) - 1
 
 
 def _varint(frame, at: int):

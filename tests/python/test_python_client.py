@@ -338,6 +338,34 @@ def test_read_of_a_damaged_stream_is_data_loss():
         server.stop(None)
 
 
+def test_a_chunk_frame_made_by_hand_is_the_bytes_protobuf_writes():
+    """chunk_frame (what assign and Step.write send) against protobuf's own
+    serialization of the same message, field 2 of AssignVariableRequest and
+    StepWriteRequest: offsets 0 and past a varint byte, data of 1 byte to
+    1 MiB (lengths of one to three varint bytes); parse_chunk_frame reads each
+    back. chunk_frames cuts a value in order and refuses a bad chunk_bytes
+    before any frame."""
+    from repvar.v1 import worker_pb2 as wpb
+    rng = np.random.default_rng(3)
+    for size in (1, 127, 128, 16383, 16384, 1 << 20):
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        for offset in (0, 1, 300, 1 << 40):
+            chunk = tpb.TensorChunk(offset=offset, data=data,
+                                    checksum=repvar.tensors.checksum(data))
+            frame = repvar.tensors.chunk_frame(2, offset, memoryview(data))
+            for wire_type in (cpb.AssignVariableRequest, wpb.StepWriteRequest):
+                assert frame == wire_type(chunk=chunk).SerializeToString(), (size, offset)
+            assert repvar.tensors.parse_chunk_frame(frame, 2)[::2] == (offset, chunk.checksum)
+    value = np.arange(10, dtype=np.float32)
+    frames = list(repvar.tensors.chunk_frames(value, 2, chunk_bytes=16))
+    chunks = [cpb.AssignVariableRequest.FromString(f).chunk for f in frames]
+    assert [c.offset for c in chunks] == [0, 16, 32]
+    assert b"".join(c.data for c in chunks) == value.tobytes()
+    for bad in (0, (4 << 20) + 1):
+        with pytest.raises(ValueError):
+            repvar.tensors.chunk_frames(value, 2, chunk_bytes=bad)
+
+
 def test_a_chunk_frame_parses_as_protobuf_reads_it_without_copying_its_data():
     """parse_chunk_frame against protobuf's own parse, field 2 of a stream
     message: every chunk protobuf writes with data (offset and checksum 0
