@@ -436,7 +436,8 @@ absl::StatusOr<ReceivedInPlace> ReadStream(ClientAccess::Impl& impl, const std::
   auto reader = impl.ReadVariableFrames(&ctx, req);
   absl::Status s = ReceiveFrames(ctx, *reader, receiver);
   const std::optional<uint64_t> announced = receiver.announced_bytes();
-  if (!s.ok() && out_bytes && announced && *announced != *out_bytes) {
+  // A header of another size than the buffer is refused by the receiver.
+  if (out_bytes && announced && *announced != *out_bytes) {
     return WrongSize(name, *announced, *out_bytes);
   }
   if (absl::IsDataLoss(s) || absl::IsResourceExhausted(s)) {

@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/rpc/chunks.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/to_proto.h"
 #include "common/tensor/buffer.h"
@@ -95,7 +94,6 @@ absl::StatusOr<std::span<const std::byte>> CheckedStepValue(const v1::Tensor& t,
   if (Checksum(data) != t.header().checksum()) {
     return absl::DataLossError("a value that fails its checksum");
   }
-  CountReceivedTensorBytes(data.size());
   return data;
 }
 

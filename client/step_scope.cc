@@ -208,14 +208,18 @@ absl::StatusOr<ReadInfo> StepScope::ReadView(const std::string& name, int32_t re
         absl::StrCat(name, " holds ", size, " bytes; the buffer to read it into has ", out.size()));
   }
   ReadInfo info{spec.dtype, spec.dims, 0, 0};
+  // The bytes, once, where the caller wants them.
+  auto put = [&](std::span<const std::byte> bytes) {
+    if (grow != nullptr) {
+      AssignBulk(*grow, bytes);
+    } else if (size > 0) {
+      std::memcpy(out.data(), bytes.data(), size);
+    }
+  };
   if (size >= kMapBytes && !impl_->map_failed) {
     auto m = Map(name, replica, MapMode::kRead);
     if (m.ok()) {
-      if (grow != nullptr) {
-        AssignBulk(*grow, (*m)->bytes());
-      } else {
-        std::memcpy(out.data(), (*m)->bytes().data(), size);
-      }
+      put((*m)->bytes());
       info.checksum = (*m)->checksum();
       info.version = (*m)->version();
       return info;
@@ -225,11 +229,7 @@ absl::StatusOr<ReadInfo> StepScope::ReadView(const std::string& name, int32_t re
   if (size <= kInlineBytes) {  // one unary call costs less than a stream's set-up
     REPVAR_RETURN_IF_ERROR(
         impl_->ReadSmall({{var, replica}}, [&](size_t, const Impl::ViewRead& view) {
-          if (grow != nullptr) {
-            AssignBulk(*grow, view.bytes);
-          } else if (size > 0) {
-            std::memcpy(out.data(), view.bytes.data(), size);
-          }
+          put(view.bytes);
           info.version = view.version;
           info.checksum = view.checksum;
         }));
@@ -359,6 +359,7 @@ absl::Status StepScope::Impl::ReadSmall(const std::vector<SmallRead>& batch,
       return absl::DataLossError(absl::StrCat("reading ", read.var->name, "/", read.replica,
                                               " from the worker: ", data.status().message()));
     }
+    CountReceivedTensorBytes(data->size());
     take(k, ViewRead{resp->values(static_cast<int>(k)).version(), t.header().checksum(), *data});
   }
   return absl::OkStatus();
@@ -367,11 +368,10 @@ absl::Status StepScope::Impl::ReadSmall(const std::vector<SmallRead>& batch,
 absl::StatusOr<std::vector<TensorValue>> StepScope::ReadBatch(const std::vector<LocalRead>& reads) {
   std::vector<TensorValue> out(reads.size());
   std::vector<Impl::SmallRead> batch;
-  std::vector<size_t> index;  // of each of `batch` in `reads`
   uint64_t batch_bytes = 0;
   auto read_batch = [&]() -> absl::Status {
     REPVAR_RETURN_IF_ERROR(impl_->ReadSmall(batch, [&](size_t k, const Impl::ViewRead& view) {
-      TensorValue& v = out[index[k]];
+      TensorValue& v = out[batch[k].slot];
       v.dtype = batch[k].var->spec.dtype;
       v.shape = batch[k].var->spec.dims;
       AssignBulk(v.bytes, view.bytes);
@@ -379,7 +379,6 @@ absl::StatusOr<std::vector<TensorValue>> StepScope::ReadBatch(const std::vector<
       v.checksum = view.checksum;
     }));
     batch.clear();
-    index.clear();
     batch_bytes = 0;
     return absl::OkStatus();
   };
@@ -394,8 +393,7 @@ absl::StatusOr<std::vector<TensorValue>> StepScope::ReadBatch(const std::vector<
     if (batch_bytes + counted > kSmallReadBatchBytes || batch.size() == kSmallReadBatchCount) {
       REPVAR_RETURN_IF_ERROR(read_batch());
     }
-    batch.push_back({var, reads[i].replica});
-    index.push_back(i);
+    batch.push_back({var, reads[i].replica, i});
     batch_bytes += counted;
   }
   if (!batch.empty()) REPVAR_RETURN_IF_ERROR(read_batch());

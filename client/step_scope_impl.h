@@ -55,6 +55,7 @@ class StepScope::Impl {
   struct SmallRead {
     const StepVariable* var;
     int32_t replica;
+    size_t slot = 0;  // the caller's: where the value goes
   };
   struct ViewRead {
     int64_t version;
