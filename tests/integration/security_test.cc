@@ -349,6 +349,31 @@ TEST_F(SecurityTest, X1_WorkerServices_NeedTheirCertificateAndToken) {
       WorkersStubAs("tpu_worker-0", "worker.token")->Heartbeat(WithDeadline(&c4), hb, &resp).ok());
 }
 
+// A worker's trainer-facing service, its batched read included, answers a
+// trainer's token (with or without a certificate) and an admin's, and
+// refuses a call without a token, or with the workers' (a worker's or the
+// coordinator's certificate).
+TEST_F(SecurityTest, X1_WorkerSteps_TrainersAndAdmins_StepReadSmallIncluded) {
+  auto read = [&](const std::string& cert, const std::string& token) {
+    auto stub = v1::WorkerSteps::NewStub(ChannelAs(cluster_.worker_address(0), cert, token));
+    v1::StepReadSmallRequest req;  // no reads: answered empty when let in
+    v1::StepReadSmallResponse resp;
+    grpc::ClientContext ctx;
+    return stub->StepReadSmall(WithDeadline(&ctx), req, &resp).error_code();
+  };
+  EXPECT_EQ(read("", ""), grpc::StatusCode::UNAUTHENTICATED);
+  for (auto [cert, token] :
+       {std::pair{"tpu_worker-1", "worker.token"}, std::pair{"coordinator", "worker.token"}}) {
+    const grpc::StatusCode code = read(cert, token);
+    EXPECT_TRUE(code == grpc::StatusCode::PERMISSION_DENIED ||
+                code == grpc::StatusCode::UNAUTHENTICATED)
+        << cert << " " << token << ": " << code;
+  }
+  EXPECT_EQ(read("", "trainer.token"), grpc::StatusCode::OK);
+  EXPECT_EQ(read("trainer", "trainer.token"), grpc::StatusCode::OK);
+  EXPECT_EQ(read("", "admin.token"), grpc::StatusCode::OK);
+}
+
 TEST_F(SecurityTest, X1_Sighup_ReloadsTheTokenFiles_ABadFileKeepsTheOld) {
   const std::string old_token = [&] {
     std::ifstream in(cluster_.cert("trainer.token"));
