@@ -120,17 +120,15 @@ def _credentials(tls_ca, tls_cert, tls_key, token_file):
     return creds
 
 
-def _frame_stub(channel, service, *methods):
-    """An errors.Stub for server-streaming `methods` of `service` (a
-    ServiceDescriptor) whose answers come as the bytes on the wire, unparsed:
+def _frame_reader(channel, service, method):
+    """An errors.Stub whose server-streaming `method` of `service` (a
+    ServiceDescriptor) answers with the bytes on the wire, unparsed:
     _take_value finds each chunk's data in them (tensors.parse_chunk_frame)
     and copies it once, into the array. Protobuf's parse copied it out of the
     message, and each read of the parsed `data` field copied it again."""
-    calls = types.SimpleNamespace(**{
-        m: channel.unary_stream(f"/{service.full_name}/{m}",
+    call = channel.unary_stream(f"/{service.full_name}/{method}",
                                 request_serializer=_serialize, response_deserializer=None)
-        for m in methods})
-    return errors.Stub(calls)
+    return errors.Stub(types.SimpleNamespace(**{method: call}))
 
 
 def _frame_writer(channel, service, method, response):
@@ -154,7 +152,7 @@ _CHUNK_FIELD = 2
 
 def _take_value(frames, name, message_type, header_of, out=None):
     """(array, version) of the value a stream of a header and chunks carries
-    (read, Step.read), its messages as the bytes on the wire (_frame_stub):
+    (read, Step.read), its messages as the bytes on the wire (_frame_reader):
     the first is parsed as a `message_type`, and `header_of` it is its
     (TensorHeader, version). DataLoss for a stream without its header or
     damaged; InvalidArgument for an `out` not of the value's dtype and size."""
@@ -276,7 +274,7 @@ class Client:
         self.stub = errors.Stub(cgrpc.CoordinatorTrainersStub(self.channel))
         self.admin = errors.Stub(cgrpc.CoordinatorAdminStub(self.channel))
         trainers = cpb.DESCRIPTOR.services_by_name["CoordinatorTrainers"]
-        self._frames = _frame_stub(self.channel, trainers, "ReadVariable")
+        self._frames = _frame_reader(self.channel, trainers, "ReadVariable")
         self._writes = _frame_writer(self.channel, trainers, "AssignVariable",
                                      cpb.AssignVariableResponse)
         self.timeout = timeout
@@ -511,7 +509,7 @@ class Step:
         channel = client._worker_channel(address)
         self.worker = errors.Stub(wgrpc.WorkerStepsStub(channel))
         steps = wpb.DESCRIPTOR.services_by_name["WorkerSteps"]
-        self._frames = _frame_stub(channel, steps, "StepRead")
+        self._frames = _frame_reader(channel, steps, "StepRead")
         self._writes = _frame_writer(channel, steps, "StepWrite", wpb.StepWriteResponse)
         self.closed = False
 

@@ -67,16 +67,21 @@ def header(array, dtype_name: str) -> types_pb2.TensorHeader:
     return h
 
 
-def to_chunks(array, dtype_name: str, chunk_bytes: int = 1 << 20):
-    """Yields (header, [TensorChunk...]) pieces: first the header, then chunks."""
+def _pieces(wire: np.ndarray, chunk_bytes: int):
+    """An iterator of (offset, view) over `wire`'s bytes, `chunk_bytes` at a
+    time; ValueError at once for a `chunk_bytes` outside (0, 4 MiB]."""
     if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
         raise ValueError("chunk_bytes must be in (0, 4 MiB]")
-    wire = _as_wire(array, dtype_name)
-    h = header(wire, dtype_name)
-    yield h
     view = _bytes(wire)
-    for off in range(0, wire.nbytes, chunk_bytes):
-        piece = view[off:off + chunk_bytes]
+    return ((off, view[off:off + chunk_bytes]) for off in range(0, wire.nbytes, chunk_bytes))
+
+
+def to_chunks(array, dtype_name: str, chunk_bytes: int = 1 << 20):
+    """Yields (header, [TensorChunk...]) pieces: first the header, then chunks."""
+    wire = _as_wire(array, dtype_name)
+    pieces = _pieces(wire, chunk_bytes)
+    yield header(wire, dtype_name)
+    for off, piece in pieces:
         yield types_pb2.TensorChunk(offset=off, data=bytes(piece), checksum=checksum(piece))
 
 
@@ -108,11 +113,7 @@ def chunk_frames(wire: np.ndarray, field: int, chunk_bytes: int = 1 << 20):
     """An iterator of `wire`'s bytes (a C-contiguous array) as chunk frames
     of field `field`, `chunk_bytes` at a time, each made as it is taken.
     ValueError at once for a `chunk_bytes` outside (0, 4 MiB]."""
-    if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
-        raise ValueError("chunk_bytes must be in (0, 4 MiB]")
-    view = _bytes(wire)
-    return (chunk_frame(field, off, view[off:off + chunk_bytes])
-            for off in range(0, wire.nbytes, chunk_bytes))
+    return (chunk_frame(field, off, piece) for off, piece in _pieces(wire, chunk_bytes))
 
 
 def byte_size(spec: types_pb2.TensorSpec) -> int:
