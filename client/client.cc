@@ -457,9 +457,34 @@ ReadInfo InfoOf(ReceivedInPlace got) {
                   got.header.checksum};
 }
 
+// `names` read in one ReadVariables call.
+absl::Status CallReadVariables(ClientAccess::Impl& impl, const std::vector<std::string>& names,
+                               v1::ReadVariablesResponse* resp) {
+  ArenaMessage<v1::ReadVariablesRequest> req;
+  req->mutable_names()->Reserve(static_cast<int>(names.size()));
+  for (const auto& n : names) req->add_names(n);
+  req->set_columns(true);
+  return impl.Call(&v1::CoordinatorTrainers::Stub::ReadVariables, *req, resp);
+}
+
+// The `count` values of a ReadVariables answer, each in a vector of its own.
+absl::StatusOr<std::vector<TensorValue>> ValuesOf(const v1::ReadVariablesResponse& resp,
+                                                  size_t count) {
+  if (resp.results_size() == 0) return client_internal::ReadColumnsFromProto(resp.columns(), count);
+  // A coordinator from before the columns answers a result per variable.
+  std::vector<TensorValue> out;
+  out.reserve(resp.results_size());
+  for (const auto& r : resp.results()) {
+    REPVAR_ASSIGN_OR_RETURN(TensorValue v, TensorValueFromProto(r.value(), r.version()));
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
 // A variable this client knows (`known`: KnownBytes) to be small, read in
-// one unary call; nullopt when it is not known to be small, or has been created again too large for
-// a unary answer since this client saw it (then it is streamed).
+// one unary call; nullopt when it is not known to be small, or has been
+// created again too large for a unary answer since this client saw it (then
+// it is streamed).
 absl::StatusOr<std::optional<TensorValue>> ReadKnownSmall(Client& client, const std::string& name,
                                                           std::optional<uint64_t> known) {
   if (!known || *known > kSmallReadBytes) return std::nullopt;
@@ -469,16 +494,44 @@ absl::StatusOr<std::optional<TensorValue>> ReadKnownSmall(Client& client, const 
   return std::move(one->front());
 }
 
+// ReadKnownSmall into the caller's buffer: the value is copied once, from
+// the answer into `out`, and checked there.
+absl::StatusOr<std::optional<ReadInfo>> ReadKnownSmallInto(ClientAccess::Impl& impl,
+                                                           const std::string& name,
+                                                           std::optional<uint64_t> known,
+                                                           std::span<std::byte> out) {
+  if (!known || *known > kSmallReadBytes) return std::nullopt;
+  ArenaMessage<v1::ReadVariablesResponse> resp;
+  const absl::Status called = CallReadVariables(impl, {name}, resp.get());
+  if (absl::IsResourceExhausted(called)) return std::nullopt;
+  REPVAR_RETURN_IF_ERROR(called);
+  ReadInfo info;
+  auto put = [&](const TensorSpec& spec, int64_t version, uint64_t checksum,
+                 std::span<const std::byte> data) -> absl::Status {
+    if (data.size() != out.size()) return WrongSize(name, data.size(), out.size());
+    if (!out.empty()) std::memcpy(out.data(), data.data(), out.size());
+    info = ReadInfo{spec.dtype, spec.dims, version, Checksum(out)};
+    return info.checksum == checksum ? absl::OkStatus() : client_internal::ValueFailsItsChecksum(0);
+  };
+  if (resp->results_size() == 0) {
+    REPVAR_RETURN_IF_ERROR(client_internal::ForEachReadColumn(
+        resp->columns(), 1,
+        [&](size_t, const TensorSpec& spec, int64_t version, uint64_t checksum,
+            std::span<const std::byte> data) { return put(spec, version, checksum, data); }));
+    return info;
+  }
+  REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ValuesOf(*resp, 1));
+  REPVAR_RETURN_IF_ERROR(
+      put(TensorSpec{one[0].dtype, one[0].shape}, one[0].version, one[0].checksum, one[0].bytes));
+  return info;
+}
+
 }  // namespace
 
 absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std::byte> out) {
-  REPVAR_ASSIGN_OR_RETURN(std::optional<TensorValue> small,
-                          ReadKnownSmall(*this, name, KnownBytes(*impl_, name)));
-  if (small) {
-    if (small->bytes.size() != out.size()) return WrongSize(name, small->bytes.size(), out.size());
-    if (!out.empty()) std::memcpy(out.data(), small->bytes.data(), out.size());
-    return ReadInfo{small->dtype, std::move(small->shape), small->version, small->checksum};
-  }
+  REPVAR_ASSIGN_OR_RETURN(std::optional<ReadInfo> small,
+                          ReadKnownSmallInto(*impl_, name, KnownBytes(*impl_, name), out));
+  if (small) return *std::move(small);
   ReadInfo info;
   REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
     REPVAR_ASSIGN_OR_RETURN(ReceivedInPlace got,
@@ -513,24 +566,9 @@ absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
 }
 
 absl::StatusOr<std::vector<TensorValue>> Client::ReadBatch(const std::vector<std::string>& names) {
-  ArenaMessage<v1::ReadVariablesRequest> req;
-  req->mutable_names()->Reserve(static_cast<int>(names.size()));
-  for (const auto& n : names) req->add_names(n);
-  req->set_columns(true);
   ArenaMessage<v1::ReadVariablesResponse> resp;
-  REPVAR_RETURN_IF_ERROR(
-      impl_->Call(&v1::CoordinatorTrainers::Stub::ReadVariables, *req, resp.get()));
-  if (resp->results_size() == 0) {
-    return client_internal::ReadColumnsFromProto(resp->columns(), names.size());
-  }
-  // A coordinator from before the columns answers a result per variable.
-  std::vector<TensorValue> out;
-  out.reserve(resp->results_size());
-  for (const auto& r : resp->results()) {
-    REPVAR_ASSIGN_OR_RETURN(TensorValue v, TensorValueFromProto(r.value(), r.version()));
-    out.push_back(std::move(v));
-  }
-  return out;
+  REPVAR_RETURN_IF_ERROR(CallReadVariables(*impl_, names, resp.get()));
+  return ValuesOf(*resp, names.size());
 }
 
 }  // namespace repvar

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/status_util.h"
 #include "common/rpc/from_proto.h"
 #include "common/rpc/to_proto.h"
 #include "common/tensor/buffer.h"
@@ -97,8 +98,11 @@ absl::StatusOr<std::span<const std::byte>> CheckedStepValue(const v1::Tensor& t,
   return data;
 }
 
-absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColumns& p,
-                                                              size_t count) {
+absl::Status ForEachReadColumn(
+    const v1::ReadColumns& p, size_t count,
+    absl::FunctionRef<absl::Status(size_t i, const TensorSpec& spec, int64_t version,
+                                   uint64_t checksum, std::span<const std::byte> data)>
+        take) {
   auto malformed = [](auto&&... what) {
     return absl::DataLossError(absl::StrCat("the coordinator's read answer: ", what...));
   };
@@ -114,7 +118,8 @@ absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColu
   const std::vector<TensorSpec>& specs = column->specs;
   const std::vector<uint64_t>& sizes = column->bytes;
   const auto data = std::as_bytes(std::span<const char>(p.data().data(), p.data().size()));
-  std::vector<TensorValue> out(count);
+  // The whole layout first: nothing is taken from an answer that is not
+  // what it says.
   size_t offset = 0;
   for (size_t i = 0; i < count; ++i) {
     const int32_t s = p.spec_index(static_cast<int>(i));
@@ -125,19 +130,37 @@ absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColu
       return malformed("value ", i, " is ", sizes[s], " bytes; ", data.size() - offset,
                        " are left");
     }
-    TensorValue& v = out[i];
-    v.dtype = specs[s].dtype;
-    v.shape = specs[s].dims;
-    const bool good =
-        TakeChecked(data.subspan(offset, sizes[s]), p.checksums(static_cast<int>(i)), v);
     offset += sizes[s];
-    if (!good) {
-      return absl::DataLossError(
-          absl::StrCat("value ", i, " received from the coordinator fails its checksum"));
-    }
-    v.version = p.versions(static_cast<int>(i));
   }
   if (offset != data.size()) return malformed(data.size() - offset, " bytes of data left over");
+  offset = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t s = p.spec_index(static_cast<int>(i));
+    REPVAR_RETURN_IF_ERROR(take(i, specs[s], p.versions(static_cast<int>(i)),
+                                p.checksums(static_cast<int>(i)), data.subspan(offset, sizes[s])));
+    offset += sizes[s];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValueFailsItsChecksum(size_t i) {
+  return absl::DataLossError(
+      absl::StrCat("value ", i, " received from the coordinator fails its checksum"));
+}
+
+absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColumns& p,
+                                                              size_t count) {
+  std::vector<TensorValue> out(count);
+  REPVAR_RETURN_IF_ERROR(ForEachReadColumn(
+      p, count,
+      [&](size_t i, const TensorSpec& spec, int64_t version, uint64_t checksum,
+          std::span<const std::byte> data) -> absl::Status {
+        TensorValue& v = out[i];
+        v.dtype = spec.dtype;
+        v.shape = spec.dims;
+        v.version = version;
+        return TakeChecked(data, checksum, v) ? absl::OkStatus() : ValueFailsItsChecksum(i);
+      }));
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/model/initializer.h"
 #include "common/model/step.h"
@@ -24,9 +25,22 @@ VariableInfo VariableFromProto(const v1::VariableInfo& p);
 Topology TopologyFromProto(const v1::Topology& p);
 // Checks the checksum. Errors: DATA_LOSS.
 absl::StatusOr<TensorValue> TensorValueFromProto(const v1::Tensor& t, int64_t version);
-// The `count` values of a batched read's answer by column, each checked
-// against its checksum. Errors: DATA_LOSS (columns that do not match
-// `count` or each other, a spec this build does not read, a checksum).
+// Each of the `count` values of a batched read's answer by column, in
+// order, handed to `take` with its spec, version, checksum and bytes (a view
+// into `p`), once the whole answer's layout is what its columns say; `take`
+// puts the bytes where they go and checks the checksum there. Errors:
+// DATA_LOSS (columns that do not match `count` or each other, a spec this
+// build does not read, bytes short or left over), or take's first.
+absl::Status ForEachReadColumn(
+    const v1::ReadColumns& p, size_t count,
+    absl::FunctionRef<absl::Status(size_t i, const TensorSpec& spec, int64_t version,
+                                   uint64_t checksum, std::span<const std::byte> data)>
+        take);
+// DATA_LOSS: value `i` of a batched read's answer fails its checksum.
+absl::Status ValueFailsItsChecksum(size_t i);
+// The `count` values of a batched read's answer by column, each copied into
+// its own vector and checked there. Errors: ForEachReadColumn's, DATA_LOSS
+// for a checksum.
 absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColumns& p,
                                                               size_t count);
 StepEventInfo StepEventFromProto(const v1::StepEvent& e);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/to_proto.h"
 #include "common/tensor/tensor.h"
 #include "repvar/step.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
@@ -232,14 +233,20 @@ class ScriptedReads final : public v1::CoordinatorTrainers::Service {
     if (it == unary_.end()) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "too large for one answer");
     }
-    *resp->add_results() = it->second;
+    *resp = it->second;
     return grpc::Status::OK;
   }
-  void SetUnary(const std::string& name, v1::ReadResult result) { unary_[name] = result; }
+  // As a coordinator from before the columns answered: a result per name.
+  void SetUnary(const std::string& name, v1::ReadResult result) {
+    *unary_[name].add_results() = std::move(result);
+  }
+  void SetUnaryColumns(const std::string& name, v1::ReadColumns columns) {
+    *unary_[name].mutable_columns() = std::move(columns);
+  }
   std::vector<std::string> TakeCalls() { return std::exchange(calls_, {}); }
 
  private:
-  std::map<std::string, v1::ReadResult> unary_;
+  std::map<std::string, v1::ReadVariablesResponse> unary_;
   std::vector<std::string> calls_;  // one client thread calls at a time
   std::map<std::string, std::vector<v1::ReadVariableResponse>> script_;
   int port_ = 0;
@@ -353,6 +360,65 @@ TEST(ClientReads, AStreamedSmallValueIsNextReadInOneUnaryCall_OneTooLargeIsStrea
             (std::vector<std::string>{"stream small", "unary small", "unary small",
                                       "stream regrown", "unary regrown", "stream regrown",
                                       "unary regrown", "stream regrown"}));
+}
+
+// A small value this client knows is read from its one unary answer straight
+// into the caller's buffer and checked there, whether the answer comes by
+// column or, from a coordinator before the columns, as a result. A value
+// that fails its checksum is DATA_LOSS; an answer whose columns do not add
+// up is DATA_LOSS before a byte of it is written.
+TEST(ClientReads, KnownSmallReadInto_FromTheAnswerIntoTheBuffer_CheckedThere) {
+  std::string bytes(32, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 5 + 3);
+  const auto span = std::as_bytes(std::span<const char>(bytes.data(), bytes.size()));
+  const uint64_t sum = Checksum(span);
+  const auto header = Header(bytes, sum);
+  const std::vector<v1::ReadVariableResponse> stream = {header, Chunk(bytes, 0, 16),
+                                                        Chunk(bytes, 16, 16)};
+  ScriptedReads coordinator(
+      {{"columns", stream}, {"result", stream}, {"flipped", stream}, {"spare", stream}});
+  auto tensor = Tensor::FromBytes(TensorSpec{DType::kFloat32, {8}}, span);
+  ASSERT_OK(tensor);
+  v1::ReadColumns columns;
+  ReadColumnsToProto({ReadResult{7, std::make_shared<const Tensor>(*std::move(tensor))}}, &columns);
+  coordinator.SetUnaryColumns("columns", columns);
+  v1::ReadColumns flipped = columns;
+  flipped.set_checksums(0, sum ^ 1);
+  coordinator.SetUnaryColumns("flipped", flipped);
+  v1::ReadColumns spare = columns;
+  spare.mutable_data()->push_back('x');
+  coordinator.SetUnaryColumns("spare", spare);
+  v1::ReadResult result;
+  *result.mutable_value()->mutable_header() = header.header().tensor();
+  result.mutable_value()->set_data(bytes);
+  result.set_version(7);
+  coordinator.SetUnary("result", result);
+
+  auto c = Client::Connect({.coordinator_address = coordinator.address(), .max_attempts = 1});
+  ASSERT_OK(c);
+  std::vector<std::byte> out(bytes.size());
+  for (const char* name : {"columns", "result", "flipped", "spare"}) {
+    ASSERT_OK((*c)->ReadInto(name, out)) << name;  // streamed: now known small
+  }
+  for (const char* name : {"columns", "result"}) {
+    std::fill(out.begin(), out.end(), std::byte{0xab});
+    auto info = (*c)->ReadInto(name, out);
+    ASSERT_OK(info) << name;
+    EXPECT_EQ(std::memcmp(out.data(), bytes.data(), bytes.size()), 0) << name;
+    EXPECT_EQ(info->version, 7);
+    EXPECT_EQ(info->checksum, sum);
+    EXPECT_EQ(info->dtype, DType::kFloat32);
+    EXPECT_EQ(info->shape, std::vector<int64_t>{8});
+  }
+  EXPECT_THAT((*c)->ReadInto("flipped", out),
+              StatusIs(absl::StatusCode::kDataLoss, "fails its checksum"));
+  std::fill(out.begin(), out.end(), std::byte{0xab});
+  EXPECT_THAT((*c)->ReadInto("spare", out), StatusIs(absl::StatusCode::kDataLoss, "left over"));
+  EXPECT_EQ(out, std::vector<std::byte>(bytes.size(), std::byte{0xab}));
+  EXPECT_EQ(
+      coordinator.TakeCalls(),
+      (std::vector<std::string>{"stream columns", "stream result", "stream flipped", "stream spare",
+                                "unary columns", "unary result", "unary flipped", "unary spare"}));
 }
 
 // A header consistent with itself but announcing more than this process may

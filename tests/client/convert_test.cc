@@ -130,10 +130,22 @@ TEST(ClientConvert, ReadColumns_MalformedOrDamaged_DataLossNamingIt) {
   p.mutable_data()->pop_back();
   EXPECT_THAT(ReadColumnsFromProto(p, 2),
               StatusIs(absl::StatusCode::kDataLoss, "value 1 is 8 bytes; 7 are left"));
+  // Nothing is taken from an answer whose layout does not add up, not even
+  // the values before the fault.
+  int taken = 0;
+  auto take = [&](size_t, const TensorSpec&, int64_t, uint64_t, std::span<const std::byte>) {
+    ++taken;
+    return absl::OkStatus();
+  };
+  EXPECT_THAT(ForEachReadColumn(p, 2, take), StatusIs(absl::StatusCode::kDataLoss, "7 are left"));
   p = good;
   p.mutable_data()->push_back('x');
   EXPECT_THAT(ReadColumnsFromProto(p, 2),
               StatusIs(absl::StatusCode::kDataLoss, "1 bytes of data left over"));
+  EXPECT_THAT(ForEachReadColumn(p, 2, take), StatusIs(absl::StatusCode::kDataLoss, "left over"));
+  EXPECT_EQ(taken, 0);
+  ASSERT_OK(ForEachReadColumn(good, 2, take));
+  EXPECT_EQ(taken, 2);
   p = good;
   (*p.mutable_data())[0] ^= 1;
   EXPECT_THAT(ReadColumnsFromProto(p, 2),
