@@ -275,6 +275,16 @@ v1::ReadVariableResponse Chunk(const std::string& bytes, uint64_t offset, size_t
   return m;
 }
 
+// The unary answer of a coordinator before the columns: `bytes` under
+// `header`'s tensor, at version 7.
+v1::ReadResult Result(const v1::ReadVariableResponse& header, const std::string& bytes) {
+  v1::ReadResult r;
+  *r.mutable_value()->mutable_header() = header.header().tensor();
+  r.mutable_value()->set_data(bytes);
+  r.set_version(7);
+  return r;
+}
+
 // Read and ReadInto check what a stream delivers: a damaged chunk, a chunk
 // out of place or before the header, a value cut short, one whose whole
 // checksum fails, a header whose size is not its shape's (or that has no
@@ -338,11 +348,7 @@ TEST(ClientReads, AStreamedSmallValueIsNextReadInOneUnaryCall_OneTooLargeIsStrea
       {"small", {header, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
       {"regrown", {header, Chunk(bytes, 0, 16), Chunk(bytes, 16, 16)}},
   });
-  v1::ReadResult small;
-  *small.mutable_value()->mutable_header() = header.header().tensor();
-  small.mutable_value()->set_data(bytes);
-  small.set_version(7);
-  coordinator.SetUnary("small", small);
+  coordinator.SetUnary("small", Result(header, bytes));
   auto c = Client::Connect({.coordinator_address = coordinator.address(), .max_attempts = 1});
   ASSERT_OK(c);
   std::vector<std::byte> out(bytes.size());
@@ -388,11 +394,7 @@ TEST(ClientReads, KnownSmallReadInto_FromTheAnswerIntoTheBuffer_CheckedThere) {
   v1::ReadColumns spare = columns;
   spare.mutable_data()->push_back('x');
   coordinator.SetUnaryColumns("spare", spare);
-  v1::ReadResult result;
-  *result.mutable_value()->mutable_header() = header.header().tensor();
-  result.mutable_value()->set_data(bytes);
-  result.set_version(7);
-  coordinator.SetUnary("result", result);
+  coordinator.SetUnary("result", Result(header, bytes));
 
   auto c = Client::Connect({.coordinator_address = coordinator.address(), .max_attempts = 1});
   ASSERT_OK(c);
