@@ -349,9 +349,11 @@ void SmallOps(int ops, int workers) {
   // The unit of each batch is timed as its batch is: a read of 1,000 in a
   // row as the 200 single reads are (each the first read of its variable,
   // right after the one before), and apart from it, right after its
-  // variable's initialize, as each round also reads its batch. A read right
-  // after a write finds the processes' caches cold: several times a read in
-  // a row on this VM, for the single read and the batch alike.
+  // variable's initialize, as each round also reads its batch. On this VM a
+  // call that follows calls of another kind (an initialize, an assign, even
+  // a read after those) takes 2-5 times one in a row of its own kind: its
+  // code and data are out of the caches. The single read and the batch
+  // alike.
   const std::vector<double> single_reads =
       TimeEach(200, "read", [&](int i) { return c->Read(absl::StrCat("single/", i)).status(); });
   std::vector<double> single_reads_after_init;
