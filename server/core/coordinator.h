@@ -154,9 +154,15 @@ class Coordinator {
   absl::StatusOr<ReadResult> Read(absl::string_view name) { return replication_.Read(name); }
   // Read of each of `names` from one look at the state
   // (Replication::ReadBatch); RESOURCE_EXHAUSTED beyond `max_bytes`.
-  absl::StatusOr<std::vector<ReadResult>> ReadBatch(const std::vector<std::string>& names,
+  absl::StatusOr<std::vector<ReadResult>> ReadBatch(absl::Span<const absl::string_view> names,
                                                     uint64_t max_bytes) {
     return replication_.ReadBatch(names, max_bytes);
+  }
+  // The same without waiting on a worker (Replication::ReadBatchHeld):
+  // nullopt when a value must be read from a replica.
+  absl::StatusOr<std::optional<std::vector<ReadResult>>> ReadBatchHeld(
+      absl::Span<const absl::string_view> names, uint64_t max_bytes) {
+    return replication_.ReadBatchHeld(names, max_bytes);
   }
 
   // ---- Consistent cuts (checkpoints) ----

@@ -28,9 +28,27 @@ absl::StatusOr<ReadResult> Replication::Read(absl::string_view name) {
 }
 
 absl::StatusOr<std::vector<ReadResult>> Replication::ReadBatch(
-    const std::vector<std::string>& names, uint64_t max_bytes) {
-  std::vector<ReadResult> out(names.size());
+    absl::Span<const absl::string_view> names, uint64_t max_bytes) {
+  std::vector<ReadResult> out;
+  REPVAR_RETURN_IF_ERROR(ReadBatchFrom(names, max_bytes, /*fetch=*/true, &out).status());
+  return out;  // with `fetch`, every value is read
+}
+
+absl::StatusOr<std::optional<std::vector<ReadResult>>> Replication::ReadBatchHeld(
+    absl::Span<const absl::string_view> names, uint64_t max_bytes) {
+  std::vector<ReadResult> out;
+  REPVAR_ASSIGN_OR_RETURN(bool whole, ReadBatchFrom(names, max_bytes, /*fetch=*/false, &out));
+  if (!whole) return std::nullopt;
+  return out;
+}
+
+absl::StatusOr<bool> Replication::ReadBatchFrom(absl::Span<const absl::string_view> names,
+                                                uint64_t max_bytes, bool fetch,
+                                                std::vector<ReadResult>* read) {
+  std::vector<ReadResult>& out = *read;
+  out.resize(names.size());
   std::vector<uint64_t> ids(names.size());
+  std::vector<int64_t> versions(names.size());
   REPVAR_RETURN_IF_ERROR(registry_->Read([&](const ClusterState& state) -> absl::Status {
     uint64_t total = 0;
     for (size_t i = 0; i < names.size(); ++i) {
@@ -45,6 +63,7 @@ absl::StatusOr<std::vector<ReadResult>> Replication::ReadBatch(
                          " takes it past); read large variables one at a time"));
       }
       ids[i] = v->id;
+      versions[i] = v->version;
       if (v->value != nullptr) out[i] = ReadResult{v->version, v->value};
     }
     return absl::OkStatus();
@@ -52,11 +71,24 @@ absl::StatusOr<std::vector<ReadResult>> Replication::ReadBatch(
   for (size_t i = 0; i < out.size(); ++i) {
     // A copy in a blob file is checked at its first use; a damaged one, and
     // a value a step left on the replicas, are read as Read reads them.
-    if (out[i].value == nullptr || !registry_->CheckValue(*out[i].value).ok()) {
-      REPVAR_ASSIGN_OR_RETURN(out[i], CommittedValue(ids[i]));
+    if (out[i].value != nullptr && registry_->CheckValue(*out[i].value).ok()) continue;
+    if (out[i].value == nullptr) {
+      if (std::optional<ReadResult> cached = Cached(ids[i], versions[i])) {
+        out[i] = *std::move(cached);
+        continue;
+      }
     }
+    if (!fetch) return false;
+    REPVAR_ASSIGN_OR_RETURN(out[i], CommittedValue(ids[i]));
   }
-  return out;
+  return true;
+}
+
+std::optional<ReadResult> Replication::Cached(uint64_t id, int64_t version) {
+  RankedLock lock(&mu_);
+  auto it = fetched_.find(id);
+  if (it == fetched_.end() || it->second.version != version) return std::nullopt;
+  return it->second;
 }
 
 absl::StatusOr<ReadResult> Replication::CommittedValue(uint64_t id) {
@@ -95,11 +127,7 @@ absl::StatusOr<ReadResult> Replication::CommittedValue(uint64_t id) {
         "from a replica",
         name, version, s.ToString());
   }
-  {
-    RankedLock lock(&mu_);
-    auto it = fetched_.find(id);
-    if (it != fetched_.end() && it->second.version == version) return it->second;
-  }
+  if (std::optional<ReadResult> cached = Cached(id, version)) return *std::move(cached);
   std::string last_error = "no up-to-date replica is live";
   for (const Source& source : sources) {
     absl::StatusOr<WorkerClient::ReplicaValue> got;

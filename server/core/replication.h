@@ -34,6 +34,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/base/clock.h"
 #include "common/base/memory_budget.h"
 #include "common/base/ranked_mutex.h"
@@ -97,8 +99,15 @@ class Replication {
   // replicas is read as Read reads it). Errors: as Read, for the first name
   // that fails; RESOURCE_EXHAUSTED when the values come to more than
   // `max_bytes` (nothing is read then).
-  absl::StatusOr<std::vector<ReadResult>> ReadBatch(const std::vector<std::string>& names,
+  absl::StatusOr<std::vector<ReadResult>> ReadBatch(absl::Span<const absl::string_view> names,
                                                     uint64_t max_bytes);
+  // ReadBatch from what the coordinator holds, without waiting on a worker:
+  // its copies, and the values a step left on the replicas that it has read
+  // back since (its cache). nullopt when a value must be read from a replica
+  // (not read back yet, or the coordinator's copy is damaged): ReadBatch
+  // reads it. Errors: as ReadBatch, those that need no worker.
+  absl::StatusOr<std::optional<std::vector<ReadResult>>> ReadBatchHeld(
+      absl::Span<const absl::string_view> names, uint64_t max_bytes);
   // Deletes a variable and drops its replicas. Errors: NOT_FOUND,
   // FAILED_PRECONDITION (it takes part in the open step).
   absl::Status Delete(const RequestKey& key, absl::string_view name);
@@ -165,6 +174,12 @@ class Replication {
                             const std::map<uint64_t, Initializer>& initializers,
                             std::optional<RequestRecorded> outcome);
   absl::StatusOr<ReadResult> CommittedValue(uint64_t id);
+  // ReadBatch into `out`, or ReadBatchHeld where `fetch` is false: false
+  // when a value must be read from a replica (`out` is then incomplete).
+  absl::StatusOr<bool> ReadBatchFrom(absl::Span<const absl::string_view> names, uint64_t max_bytes,
+                                     bool fetch, std::vector<ReadResult>* out);
+  // The value of `id` at `version` read back from a replica, if cached.
+  std::optional<ReadResult> Cached(uint64_t id, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
   // Keeps `value` as the cached committed value of `id` within the bound
   // (nullopt: forgets it).
   void Cache(uint64_t id, std::optional<ReadResult> value) ABSL_LOCKS_EXCLUDED(mu_);

@@ -261,25 +261,57 @@ grpc::Status TrainersService::ReadVariableFrames(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status TrainersService::ReadVariables(grpc::ServerContext* ctx,
-                                            const v1::ReadVariablesRequest* req,
-                                            v1::ReadVariablesResponse* resp) {
-  const ScopedRequestId request_id(RequestIdOf(*ctx));
-  const std::vector<std::string> names(req->names().begin(), req->names().end());
-  auto reads = core_->ReadBatch(names, kMaxInlineBytes);
+namespace {
+
+// ReadVariables' answer: the values by column (or a result each, for a
+// client from before the columns).
+grpc::Status AnswerReads(const absl::StatusOr<std::vector<ReadResult>>& reads,
+                         absl::Span<const absl::string_view> names, bool columns,
+                         v1::ReadVariablesResponse* resp) {
   if (!reads.ok()) return Fail("ReadVariables", reads.status());
-  if (req->columns()) {
+  if (columns) {
     ReadColumnsToProto(*reads, resp->mutable_columns());
     return grpc::Status::OK;
   }
   resp->mutable_results()->Reserve(static_cast<int>(names.size()));
   for (size_t i = 0; i < names.size(); ++i) {
     v1::ReadResult* p = resp->add_results();
-    p->set_name(names[i]);
+    p->set_name(names[i].data(), names[i].size());
     p->set_version((*reads)[i].version);
     TensorToProto(*(*reads)[i].value, p->mutable_value());
   }
   return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* TrainersService::ReadVariables(grpc::CallbackServerContext* ctx,
+                                                         const v1::ReadVariablesRequest* req,
+                                                         v1::ReadVariablesResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // Views into the request, which lives until the call is finished.
+  std::vector<absl::string_view> names(req->names().begin(), req->names().end());
+  std::string request_id = RequestIdOf(*ctx);
+  {
+    const ScopedRequestId scoped(request_id);
+    absl::StatusOr<std::optional<std::vector<ReadResult>>> held =
+        core_->ReadBatchHeld(names, kMaxInlineBytes);
+    if (!held.ok()) {
+      reactor->Finish(Fail("ReadVariables", held.status()));
+      return reactor;
+    }
+    if (*held) {
+      reactor->Finish(AnswerReads(*std::move(*held), names, req->columns(), resp));
+      return reactor;
+    }
+  }
+  replica_reads_.Schedule(
+      [this, reactor, req, resp, names = std::move(names), request_id = std::move(request_id)] {
+        const ScopedRequestId scoped(request_id);
+        reactor->Finish(
+            AnswerReads(core_->ReadBatch(names, kMaxInlineBytes), names, req->columns(), resp));
+      });
+  return reactor;
 }
 
 grpc::Status TrainersService::PublishScalars(grpc::ServerContext* ctx,

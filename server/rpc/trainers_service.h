@@ -6,6 +6,7 @@
 
 #include "common/base/memory_budget.h"
 #include "common/base/thread_pool.h"
+#include "common/rpc/arena_allocator.h"
 #include "common/rpc/chunk_frame.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "server/core/coordinator.h"
@@ -21,9 +22,13 @@ namespace repvar::server {
 // BeginStep uses the callback API: every trainer calls it at once each step,
 // and all but the first find the step open and are answered on the callback
 // thread; the one that opens it (a record, a sync) or has to wait (writes in
-// flight, a checkpoint's hold) runs on a thread of `begins_`. Thread-safe.
-using TrainersServiceBase =
-    v1::CoordinatorTrainers::WithCallbackMethod_BeginStep<v1::CoordinatorTrainers::Service>;
+// flight, a checkpoint's hold) runs on a thread of `begins_`.
+// ReadVariables (every small read, and batched reads) too: what the
+// coordinator holds is answered on the callback thread, with its messages
+// on an arena per call; a batch with a value only a replica holds is read
+// on a thread of `replica_reads_`, which waits for the worker. Thread-safe.
+using TrainersServiceBase = v1::CoordinatorTrainers::WithCallbackMethod_ReadVariables<
+    v1::CoordinatorTrainers::WithCallbackMethod_BeginStep<v1::CoordinatorTrainers::Service>>;
 
 class TrainersService final : public TrainersServiceBase {
  public:
@@ -37,6 +42,7 @@ class TrainersService final : public TrainersServiceBase {
         scalars_(scalars),
         connections_(core->budget(), per_connection_bytes > 0 ? per_connection_bytes
                                                               : core->budget()->capacity() / 2) {
+    SetMessageAllocatorFor_ReadVariables(&read_messages_);
     // AssignVariable takes chunks from gRPC's slices straight into the value
     // (ReadFrame), and ReadVariable answers in chunk frames: the value's
     // bytes are copied once coming in, and not at all going out.
@@ -72,8 +78,9 @@ class TrainersService final : public TrainersServiceBase {
                                     v1::AssignVariableResponse*);
   grpc::Status ReadVariableFrames(grpc::ServerContext*, const v1::ReadVariableRequest&,
                                   FrameWriter<v1::ReadVariableRequest>*);
-  grpc::Status ReadVariables(grpc::ServerContext*, const v1::ReadVariablesRequest*,
-                             v1::ReadVariablesResponse*) override;
+  grpc::ServerUnaryReactor* ReadVariables(grpc::CallbackServerContext*,
+                                          const v1::ReadVariablesRequest*,
+                                          v1::ReadVariablesResponse*) override;
 
   // Replicated steps (trainers_steps.cc).
   grpc::ServerUnaryReactor* BeginStep(grpc::CallbackServerContext*, const v1::BeginStepRequest*,
@@ -94,10 +101,15 @@ class TrainersService final : public TrainersServiceBase {
   ScalarBoard* const scalars_;
   ConnectionBudgets connections_;
   std::atomic<bool> shutting_down_{false};
-  // BeginStep calls that open a step or wait. Last: destroyed first, while
-  // what they use is still there.
+  ArenaMessageAllocator<v1::ReadVariablesRequest, v1::ReadVariablesResponse> read_messages_;
+  // Calls that wait, on threads of their own: BeginStep calls that open a
+  // step or wait, and batched reads of values only replicas hold (one more
+  // thread whenever all are waiting, as a synchronous method's would be).
+  // Last: destroyed first, while what they use is still there.
   ThreadPool begins_{kBeginThreads};
+  ThreadPool replica_reads_{1, kMaxReplicaReadThreads};
   static constexpr int kBeginThreads = 4;
+  static constexpr int kMaxReplicaReadThreads = 16;
 };
 
 }  // namespace repvar::server

@@ -507,6 +507,41 @@ TEST_F(StepCoreTest, C1_ReadBatch_KeptAndStepLeftValues_EachAsReadGivesIt) {
   (void)kept;
 }
 
+// What the coordinator holds is read without a worker (ReadBatchHeld: the
+// trainers' service answers it on gRPC's callback thread): its copies, and a
+// value a step left on the replicas once read back. A batch with a value
+// not read back yet is not held (nullopt, no worker asked); a refusal is the
+// same as ReadBatch's.
+TEST_F(StepCoreTest, C1_ReadBatchHeld_CopiesAndReadBackValues_NoWorkerAsked) {
+  Create("kept", Aggregation::kNone);
+  const uint64_t w = Create("w", Aggregation::kNone);
+  auto value = F32({7, 8});
+  StepInfo s;
+  CommitAgreedStep(w, 1, *value, &s);
+  for (int i = 0; i < 6; ++i) workers_.Install(absl::StrCat("tpu_worker:", i / 2), w, i, 2, *value);
+  const int reads_before = workers_.reads();
+  auto kept = core_.ReadBatchHeld({"kept"}, 1 << 20);
+  ASSERT_OK(kept);
+  ASSERT_TRUE(kept->has_value());
+  EXPECT_EQ((**kept)[0].value.get(), core_.Read("kept")->value.get()) << "the coordinator's copy";
+  auto not_yet = core_.ReadBatchHeld({"kept", "w"}, 1 << 20);
+  ASSERT_OK(not_yet);
+  EXPECT_FALSE(not_yet->has_value()) << "w lives on the replicas only";
+  EXPECT_EQ(workers_.reads(), reads_before) << "not held: no worker asked";
+  ASSERT_OK(core_.ReadBatch({"w"}, 1 << 20));  // reads it back, once
+  EXPECT_EQ(workers_.reads() - reads_before, 1);
+  auto held = core_.ReadBatchHeld({"w", "kept"}, 1 << 20);
+  ASSERT_OK(held);
+  ASSERT_TRUE(held->has_value());
+  EXPECT_EQ((**held)[0].version, 2);
+  EXPECT_EQ((**held)[0].value->checksum, value->checksum);
+  EXPECT_EQ(workers_.reads() - reads_before, 1) << "read back: from the cache";
+  EXPECT_THAT(core_.ReadBatchHeld({"w", "nope"}, 1 << 20),
+              StatusIs(absl::StatusCode::kNotFound, "nope"));
+  EXPECT_THAT(core_.ReadBatchHeld({"w", "kept"}, 8),
+              StatusIs(absl::StatusCode::kResourceExhausted, "more than 8 bytes"));
+}
+
 TEST_F(StepCoreTest, S4_NoneDivergence_TieGoesToPrimary_RepairPlanned) {
   uint64_t w = Create("w", Aggregation::kNone);
   auto s = core_.BeginStep(1, absl::Seconds(10));
