@@ -17,6 +17,10 @@ namespace {
 
 constexpr uint64_t kMaxInlineBytes = 32ull << 20;    // batched calls
 constexpr uint64_t kMaxReadValueBytes = 4ull << 20;  // read_value in a response
+// A batched read the callback thread answers itself, at most: a larger one
+// is copied into its answer (from blob files' pages, maybe not in memory)
+// on a pool thread.
+constexpr uint64_t kHeldAnswerBytes = 1ull << 20;
 
 grpc::Status Fail(const char* method, const absl::Status& s) {
   spdlog::debug("{} failed: {}", method, s.ToString());
@@ -295,16 +299,17 @@ grpc::ServerUnaryReactor* TrainersService::ReadVariables(grpc::CallbackServerCon
   {
     const ScopedRequestId scoped(request_id);
     absl::StatusOr<std::optional<std::vector<ReadResult>>> held =
-        core_->ReadBatchHeld(names, kMaxInlineBytes);
-    if (!held.ok()) {
+        core_->ReadBatchHeld(names, kHeldAnswerBytes);
+    if (!held.ok() && !absl::IsResourceExhausted(held.status())) {
       reactor->Finish(Fail("ReadVariables", held.status()));
       return reactor;
     }
-    if (*held) {
+    if (held.ok() && *held) {
       reactor->Finish(AnswerReads(*std::move(*held), names, req->columns(), resp));
       return reactor;
     }
   }
+  // A value only a replica holds, or more than kHeldAnswerBytes.
   replica_reads_.Schedule(
       [this, reactor, req, resp, names = std::move(names), request_id = std::move(request_id)] {
         const ScopedRequestId scoped(request_id);

@@ -228,6 +228,32 @@ TEST_F(ClusterTest, V6_BatchedCreateInitializeReadAssign_ThousandVariables) {
   EXPECT_EQ(client_->Read("b/5")->as<float>()[0], 6.0f);
 }
 
+// A batched read of more than the coordinator answers on gRPC's callback
+// thread (1 MiB) is read on a pool thread: the same values, in order, as
+// each single Read gives them, the small one beside the large ones.
+TEST_F(ClusterTest, V6_BatchedRead_LargerThanACallbackAnswer_EachAsReadGivesIt) {
+  std::vector<VariableSpec> specs = {Spec("small", 2, {16})};
+  for (int i = 0; i < 3; ++i) specs.push_back(Spec(absl::StrCat("large/", i), 2, {1 << 17}));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].initializer = InitializerSpec::Constant(static_cast<double>(i) + 0.5);
+  }
+  ASSERT_OK(client_->CreateVariables(specs, VariableDetail::kBasic));
+  const std::vector<std::string> names = {"large/0", "small", "large/1", "large/2"};
+  ASSERT_OK(client_->Initialize(names));
+  auto batch = client_->ReadBatch(names);  // 1.5 MiB
+  ASSERT_OK(batch);
+  ASSERT_EQ(batch->size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto single = client_->Read(names[i]);
+    ASSERT_OK(single);
+    EXPECT_EQ((*batch)[i].bytes, single->bytes) << names[i];
+    EXPECT_EQ((*batch)[i].version, single->version) << names[i];
+    EXPECT_EQ((*batch)[i].checksum, single->checksum) << names[i];
+  }
+  EXPECT_EQ((*batch)[2].as<float>()[(1 << 17) - 1], 2.5f);
+  EXPECT_EQ((*batch)[1].as<float>()[15], 0.5f);
+}
+
 }  // namespace
 }  // namespace repvar
 
