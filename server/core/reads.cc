@@ -49,7 +49,7 @@ absl::StatusOr<bool> Replication::ReadBatchFrom(absl::Span<const absl::string_vi
   out.resize(names.size());
   std::vector<uint64_t> ids(names.size());
   std::vector<int64_t> versions(names.size());
-  REPVAR_RETURN_IF_ERROR(registry_->Read([&](const ClusterState& state) -> absl::Status {
+  auto look = [&](const ClusterState& state) -> absl::Status {
     uint64_t total = 0;
     for (size_t i = 0; i < names.size(); ++i) {
       const VariableRecord* v = state.Find(names[i]);
@@ -67,7 +67,15 @@ absl::StatusOr<bool> Replication::ReadBatchFrom(absl::Span<const absl::string_vi
       if (v->value != nullptr) out[i] = ReadResult{v->version, v->value};
     }
     return absl::OkStatus();
-  }));
+  };
+  if (fetch) {
+    REPVAR_RETURN_IF_ERROR(registry_->Read(look));
+  } else {
+    // Not a state a sync has yet to make durable: that is a wait.
+    std::optional<absl::Status> looked = registry_->ReadIfDurable(look);
+    if (!looked) return false;
+    REPVAR_RETURN_IF_ERROR(*looked);
+  }
   for (size_t i = 0; i < out.size(); ++i) {
     // A copy in a blob file is checked at its first use; a damaged one, and
     // a value a step left on the replicas, are read as Read reads them.

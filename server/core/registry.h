@@ -97,6 +97,23 @@ class Registry {
     return read(static_cast<const ClusterState&>(state_));
   }
 
+  // Read for a caller that must not wait (gRPC's callback thread): runs
+  // `read` on the state under the lock and returns what it returns if the
+  // state it read is durable already; nullopt if it is not yet (Read would
+  // wait for a sync).
+  template <typename F>
+  auto ReadIfDurable(F&& read) const ABSL_LOCKS_EXCLUDED(mu_)
+      -> std::optional<decltype(read(std::declval<const ClusterState&>()))> {
+    uint64_t seen = 0;
+    auto result = [&] {
+      RankedLock lock(&mu_);
+      seen = required_;
+      return read(static_cast<const ClusterState&>(state_));
+    }();
+    if (seen != 0 && !log_->IsDurable(seen)) return std::nullopt;
+    return result;
+  }
+
   // Runs `read` on the state under the lock and returns at once, without
   // waiting for what it read to be durable: for a write's own decisions
   // (ids, versions, where replicas are), which the durability of the write's

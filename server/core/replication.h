@@ -101,11 +101,13 @@ class Replication {
   // `max_bytes` (nothing is read then).
   absl::StatusOr<std::vector<ReadResult>> ReadBatch(absl::Span<const absl::string_view> names,
                                                     uint64_t max_bytes);
-  // ReadBatch from what the coordinator holds, without waiting on a worker:
-  // its copies, and the values a step left on the replicas that it has read
-  // back since (its cache). nullopt when a value must be read from a replica
-  // (not read back yet, or the coordinator's copy is damaged): ReadBatch
-  // reads it. Errors: as ReadBatch, those that need no worker.
+  // ReadBatch from what the coordinator holds, without waiting on a worker
+  // or a sync: its copies, and the values a step left on the replicas that
+  // it has read back since (its cache). nullopt when a value must be read
+  // from a replica (not read back yet, or the coordinator's copy is
+  // damaged) or the state is not durable yet (a write's record waits for
+  // its sync): ReadBatch reads it, and waits. Errors: as ReadBatch, those
+  // that need no worker.
   absl::StatusOr<std::optional<std::vector<ReadResult>>> ReadBatchHeld(
       absl::Span<const absl::string_view> names, uint64_t max_bytes);
   // Deletes a variable and drops its replicas. Errors: NOT_FOUND,

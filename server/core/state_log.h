@@ -50,6 +50,14 @@ class StateLog {
     (void)position;
     return absl::OkStatus();
   }
+  // Whether Durable(position) would return at once, with every record up
+  // to `position` durable: for a caller that must not wait (one on gRPC's
+  // callback thread) and waits elsewhere otherwise. Thread-safe, never
+  // waits. A log that cannot tell says false.
+  virtual bool IsDurable(uint64_t position) {
+    (void)position;
+    return false;
+  }
   // Whether a record carrying `value_bytes` of tensor values would fit now.
   // A write asks before it sends anything to any worker, so that a full
   // disk refuses it (RESOURCE_EXHAUSTED) with nothing changed anywhere
@@ -93,6 +101,7 @@ class StateLog {
 class VolatileStateLog final : public StateLog {
  public:
   absl::StatusOr<uint64_t> Append(Record&) override { return ++records_; }
+  bool IsDurable(uint64_t) override { return true; }  // Durable never waits
   uint64_t records() const { return records_; }
 
  private:
@@ -118,6 +127,7 @@ class MemoryStateLog final : public StateLog {
     }
     return absl::OkStatus();
   }
+  bool IsDurable(uint64_t) override { return true; }  // Durable never waits
   absl::Status Recover(ClusterState& state) override {
     for (const Record& r : records_) state.Apply(r);
     return absl::OkStatus();

@@ -323,6 +323,12 @@ absl::Status RocksStateLog::Durable(uint64_t position) {
   return absl::OkStatus();
 }
 
+bool RocksStateLog::IsDurable(uint64_t position) {
+  absl::MutexLock lock(&sync_mu_);
+  // Without syncs Durable returns at once (after a failed sync, never).
+  return sync_failed_.ok() && (durable_ >= position || !options_.sync);
+}
+
 void RocksStateLog::MarkDurable(uint64_t position) {
   absl::MutexLock lock(&sync_mu_);
   appended_ = std::max(appended_, position);

@@ -94,6 +94,7 @@ class RocksStateLog final : public StateLog {
   // Values in blob files come back as mappings of them (BlobStore).
   absl::StatusOr<uint64_t> Append(Record& record) override;
   absl::Status Durable(uint64_t position) override;
+  bool IsDurable(uint64_t position) override;
   absl::Status Check(const Tensor& value) override { return blobs_.Check(value); }
   void Applied(const ClusterState& state) override;
   absl::Status Recover(ClusterState& state) override;

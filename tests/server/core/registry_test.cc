@@ -223,6 +223,10 @@ class GatedLog final : public StateLog {
     --waiting_;
     return absl::OkStatus();
   }
+  bool IsDurable(uint64_t position) override {
+    absl::MutexLock lock(&mu_);
+    return released_ >= position;
+  }
   void Release(uint64_t position) {
     absl::MutexLock lock(&mu_);
     released_ = position;
@@ -269,6 +273,23 @@ TEST(RegistryDurabilityTest, AnswersAndReadsWaitUntilWhatTheySawIsDurable) {
   reader.join();
   EXPECT_TRUE(registered && read);
   EXPECT_EQ(r.Snapshot().tasks.size(), 1u);  // durable now: answered at once
+}
+
+// A caller that must not wait (gRPC's callback thread) reads the state only
+// once what it read is durable: ReadIfDurable gives nullopt while a record it
+// would see waits for its sync, and the state once the sync is done.
+TEST(RegistryDurabilityTest, ReadIfDurable_NothingBeforeWhatItSawIsDurable) {
+  repvar::testing::FakeClock clock;
+  GatedLog log;
+  Registry r(RegistryOptions{}, &clock, &log);
+  auto workers = [](const ClusterState& s) { return s.workers().size(); };
+  EXPECT_EQ(r.ReadIfDurable(workers), std::optional<size_t>(0));  // nothing recorded
+  std::thread writer([&] { EXPECT_OK(r.Register(Tpu("tpu_worker", 0, 2))); });
+  log.AwaitWaiting(1);
+  EXPECT_EQ(r.ReadIfDurable(workers), std::nullopt) << "record 1 applied, not yet durable";
+  log.Release(1);
+  writer.join();
+  EXPECT_EQ(r.ReadIfDurable(workers), std::optional<size_t>(1));
 }
 
 // What a write decides on (Peek) and the fences it sends (NextFence, once

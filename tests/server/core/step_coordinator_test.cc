@@ -43,6 +43,7 @@ class StoppableLog final : public StateLog {
     return records_.Append(record);
   }
   absl::Status Recover(ClusterState& state) override { return records_.Recover(state); }
+  bool IsDurable(uint64_t) override { return true; }  // Durable never waits
   bool refuse_values = false;
 
  private:

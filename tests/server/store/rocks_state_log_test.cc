@@ -257,10 +257,37 @@ TEST_F(RocksStateLogTest, FailedSync_IsFatal) {
   fs_->FailSyncs(true);
   auto position = Append(*log, Record{{StepBegun{1, 1}}});
   ASSERT_OK(position);  // written, not yet synced
+  EXPECT_FALSE(log->IsDurable(*position));
   EXPECT_THAT(log->Durable(*position), StatusIs(absl::StatusCode::kInternal, "sync"));
   EXPECT_FALSE(fatal.ok());
   // It stays failed: nothing after it is ever reported durable.
   EXPECT_THAT(log->Durable(*position), StatusIs(absl::StatusCode::kInternal, "sync"));
+  EXPECT_FALSE(log->IsDurable(*position));
+}
+
+// IsDurable tells without waiting what Durable would wait for: a record
+// appended is not durable until a sync covers it; without syncs
+// (--ephemeral's log) Durable never waits and everything is.
+TEST_F(RocksStateLogTest, IsDurable_OnlyWhatASyncCovered_EverythingWithoutSyncs) {
+  for (bool sync : {true, false}) {
+    SCOPED_TRACE(sync);
+    auto o = Options();
+    o.sync = sync;
+    auto log = Open(o);
+    ClusterState state;
+    ASSERT_OK(log->Recover(state));
+    auto first = Append(*log, Record{{StepBegun{1, 1}}});
+    ASSERT_OK(first);
+    EXPECT_EQ(log->IsDurable(*first), !sync);
+    ASSERT_OK(log->Durable(*first));
+    EXPECT_TRUE(log->IsDurable(*first));
+    auto second = Append(*log, Record{{StepBegun{2, 2}}});
+    ASSERT_OK(second);
+    EXPECT_EQ(log->IsDurable(*second), !sync);
+    EXPECT_TRUE(log->IsDurable(*first));
+    log.reset();
+    std::filesystem::remove_all(dir_.path() + "/data");
+  }
 }
 
 // Group commit: while one sync is under way, the records appended meanwhile
