@@ -90,6 +90,18 @@ class StepCoreTest : public ::testing::Test {
     ASSERT_EQ(Resolution(s->epoch).state, StepState::kCommitted);
     *out = *s;
   }
+  // "kept", whose value the coordinator holds, and "w" (returned), which a
+  // step left at version 2 on its six replicas, each holding `value`: a
+  // read of w asks a worker.
+  uint64_t KeptAndStepLeft(const Tensor& value) {
+    Create("kept", Aggregation::kNone);
+    const uint64_t w = Create("w", Aggregation::kNone);
+    StepInfo s;
+    CommitAgreedStep(w, 1, value, &s);
+    for (int i = 0; i < 6; ++i)
+      workers_.Install(absl::StrCat("tpu_worker:", i / 2), w, i, 2, value);
+    return w;
+  }
   StepResolution Resolution(uint64_t epoch) {
     auto r = core_.WaitStepResolution(epoch, absl::InfinitePast());
     EXPECT_OK(r);
@@ -486,12 +498,8 @@ TEST_F(StepCoreTest, ReadCache_FetchedValuesStayWithinItsBound) {
 // reads a value a step left on the replicas as Read does: each comes back
 // as a single Read gives it, in the order asked.
 TEST_F(StepCoreTest, C1_ReadBatch_KeptAndStepLeftValues_EachAsReadGivesIt) {
-  const uint64_t kept = Create("kept", Aggregation::kNone);
-  const uint64_t w = Create("w", Aggregation::kNone);
   auto value = F32({7, 8});
-  StepInfo s;
-  CommitAgreedStep(w, 1, *value, &s);
-  for (int i = 0; i < 6; ++i) workers_.Install(absl::StrCat("tpu_worker:", i / 2), w, i, 2, *value);
+  KeptAndStepLeft(*value);
   const int reads_before = workers_.reads();
   auto batch = core_.ReadBatch({"w", "kept", "w"}, 1 << 20);
   ASSERT_OK(batch);
@@ -505,7 +513,6 @@ TEST_F(StepCoreTest, C1_ReadBatch_KeptAndStepLeftValues_EachAsReadGivesIt) {
   EXPECT_EQ((*batch)[1].version, single->version);
   EXPECT_EQ((*batch)[1].value.get(), single->value.get()) << "the coordinator's own copy";
   EXPECT_EQ(workers_.reads() - reads_before, 1) << "w fetched once, then from the cache";
-  (void)kept;
 }
 
 // What the coordinator holds is read without a worker (ReadBatchHeld: the
@@ -514,12 +521,8 @@ TEST_F(StepCoreTest, C1_ReadBatch_KeptAndStepLeftValues_EachAsReadGivesIt) {
 // not read back yet is not held (nullopt, no worker asked); a refusal is the
 // same as ReadBatch's.
 TEST_F(StepCoreTest, C1_ReadBatchHeld_CopiesAndReadBackValues_NoWorkerAsked) {
-  Create("kept", Aggregation::kNone);
-  const uint64_t w = Create("w", Aggregation::kNone);
   auto value = F32({7, 8});
-  StepInfo s;
-  CommitAgreedStep(w, 1, *value, &s);
-  for (int i = 0; i < 6; ++i) workers_.Install(absl::StrCat("tpu_worker:", i / 2), w, i, 2, *value);
+  KeptAndStepLeft(*value);
   const int reads_before = workers_.reads();
   auto kept = core_.ReadBatchHeld({"kept"}, 1 << 20);
   ASSERT_OK(kept);
