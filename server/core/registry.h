@@ -26,6 +26,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -101,16 +102,19 @@ class Registry {
   // `read` on the state under the lock and returns what it returns if the
   // state it read is durable already; nullopt if it is not yet (Read would
   // wait for a sync).
-  template <typename F>
-  auto ReadIfDurable(F&& read) const ABSL_LOCKS_EXCLUDED(mu_)
-      -> std::optional<decltype(read(std::declval<const ClusterState&>()))> {
+  template <typename F, typename R = std::invoke_result_t<F&, const ClusterState&>>
+  std::optional<R> ReadIfDurable(F&& read) const ABSL_LOCKS_EXCLUDED(mu_) {
     uint64_t seen = 0;
-    auto result = [&] {
+    StateLog* log = nullptr;
+    std::optional<R> result;
+    {
       RankedLock lock(&mu_);
       seen = required_;
-      return read(static_cast<const ClusterState&>(state_));
-    }();
-    if (seen != 0 && !log_->IsDurable(seen)) return std::nullopt;
+      log = log_;
+      result.emplace(read(static_cast<const ClusterState&>(state_)));
+    }
+    // IsDurable takes no lock of the registry's (as Durable in Leave).
+    if (seen != 0 && !log->IsDurable(seen)) return std::nullopt;
     return result;
   }
 
