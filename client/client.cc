@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -482,57 +483,53 @@ absl::StatusOr<std::vector<TensorValue>> ValuesOf(const v1::ReadVariablesRespons
 }
 
 // A variable this client knows (`known`: KnownBytes) to be small, read in
-// one unary call; nullopt when it is not known to be small, or has been
-// created again too large for a unary answer since this client saw it (then
-// it is streamed).
-absl::StatusOr<std::optional<TensorValue>> ReadKnownSmall(Client& client, const std::string& name,
-                                                          std::optional<uint64_t> known) {
-  if (!known || *known > kSmallReadBytes) return std::nullopt;
-  absl::StatusOr<std::vector<TensorValue>> one = client.ReadBatch({name});
-  if (absl::IsResourceExhausted(one.status())) return std::nullopt;
-  REPVAR_RETURN_IF_ERROR(one.status());
-  return std::move(one->front());
-}
-
-// ReadKnownSmall into the caller's buffer: the value is copied once, from
-// the answer into `out`, and checked there.
-absl::StatusOr<std::optional<ReadInfo>> ReadKnownSmallInto(ClientAccess::Impl& impl,
-                                                           const std::string& name,
-                                                           std::optional<uint64_t> known,
-                                                           std::span<std::byte> out) {
-  if (!known || *known > kSmallReadBytes) return std::nullopt;
+// one unary call, its value handed to `take` with its spec, version,
+// checksum as sent, and bytes (a view into the answer): `take` copies them
+// once, where they go, and checks them there. False when it is not known
+// to be small, or has been created again too large for a unary answer since
+// this client saw it (then it is streamed).
+absl::StatusOr<bool> ReadKnownSmall(
+    ClientAccess::Impl& impl, const std::string& name, std::optional<uint64_t> known,
+    absl::FunctionRef<absl::Status(const TensorSpec& spec, int64_t version, uint64_t checksum,
+                                   std::span<const std::byte> data)>
+        take) {
+  if (!known || *known > kSmallReadBytes) return false;
   ArenaMessage<v1::ReadVariablesResponse> resp;
   const absl::Status called = CallReadVariables(impl, {name}, resp.get());
-  if (absl::IsResourceExhausted(called)) return std::nullopt;
+  if (absl::IsResourceExhausted(called)) return false;
   REPVAR_RETURN_IF_ERROR(called);
-  ReadInfo info;
-  auto put = [&](const TensorSpec& spec, int64_t version, uint64_t checksum,
-                 std::span<const std::byte> data) -> absl::Status {
-    if (data.size() != out.size()) return WrongSize(name, data.size(), out.size());
-    if (!out.empty()) std::memcpy(out.data(), data.data(), out.size());
-    info = ReadInfo{spec.dtype, spec.dims, version, Checksum(out)};
-    return info.checksum == checksum ? absl::OkStatus() : client_internal::ValueFailsItsChecksum(0);
-  };
   if (resp->results_size() == 0) {
     REPVAR_RETURN_IF_ERROR(client_internal::ForEachReadColumn(
         resp->columns(), 1,
         [&](size_t, const TensorSpec& spec, int64_t version, uint64_t checksum,
-            std::span<const std::byte> data) { return put(spec, version, checksum, data); }));
-    return info;
+            std::span<const std::byte> data) { return take(spec, version, checksum, data); }));
+    return true;
   }
   REPVAR_ASSIGN_OR_RETURN(std::vector<TensorValue> one, ValuesOf(*resp, 1));
   REPVAR_RETURN_IF_ERROR(
-      put(TensorSpec{one[0].dtype, one[0].shape}, one[0].version, one[0].checksum, one[0].bytes));
-  return info;
+      take(TensorSpec{one[0].dtype, one[0].shape}, one[0].version, one[0].checksum, one[0].bytes));
+  return true;
 }
 
 }  // namespace
 
 absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std::byte> out) {
-  REPVAR_ASSIGN_OR_RETURN(std::optional<ReadInfo> small,
-                          ReadKnownSmallInto(*impl_, name, KnownBytes(*impl_, name), out));
-  if (small) return *std::move(small);
   ReadInfo info;
+  REPVAR_ASSIGN_OR_RETURN(
+      bool small, ReadKnownSmall(*impl_, name, KnownBytes(*impl_, name),
+                                 [&](const TensorSpec& spec, int64_t version, uint64_t checksum,
+                                     std::span<const std::byte> data) -> absl::Status {
+                                   if (data.size() != out.size()) {
+                                     return WrongSize(name, data.size(), out.size());
+                                   }
+                                   if (!out.empty())
+                                     std::memcpy(out.data(), data.data(), out.size());
+                                   info = ReadInfo{spec.dtype, spec.dims, version, Checksum(out)};
+                                   return info.checksum == checksum
+                                              ? absl::OkStatus()
+                                              : client_internal::ValueFailsItsChecksum(0);
+                                 }));
+  if (small) return info;
   REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
     REPVAR_ASSIGN_OR_RETURN(ReceivedInPlace got,
                             ReadStream(*impl_, name, out.size(), out.size(), ReadReceiver(out)));
@@ -545,9 +542,15 @@ absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std
 
 absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
   const std::optional<uint64_t> known = KnownBytes(*impl_, name);
-  REPVAR_ASSIGN_OR_RETURN(std::optional<TensorValue> small, ReadKnownSmall(*this, name, known));
-  if (small) return *std::move(small);
   TensorValue value;
+  REPVAR_ASSIGN_OR_RETURN(
+      bool small, ReadKnownSmall(*impl_, name, known,
+                                 [&](const TensorSpec& spec, int64_t version, uint64_t checksum,
+                                     std::span<const std::byte> data) {
+                                   return client_internal::TakeValue(0, spec, version, checksum,
+                                                                     data, value);
+                                 }));
+  if (small) return value;
   ReadInfo info;
   REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
     // A vector holds at most what this process may use.

@@ -148,19 +148,23 @@ absl::Status ValueFailsItsChecksum(size_t i) {
       absl::StrCat("value ", i, " received from the coordinator fails its checksum"));
 }
 
+absl::Status TakeValue(size_t i, const TensorSpec& spec, int64_t version, uint64_t checksum,
+                       std::span<const std::byte> data, TensorValue& v) {
+  v.dtype = spec.dtype;
+  v.shape = spec.dims;
+  v.version = version;
+  return TakeChecked(data, checksum, v) ? absl::OkStatus() : ValueFailsItsChecksum(i);
+}
+
 absl::StatusOr<std::vector<TensorValue>> ReadColumnsFromProto(const v1::ReadColumns& p,
                                                               size_t count) {
   std::vector<TensorValue> out(count);
-  REPVAR_RETURN_IF_ERROR(ForEachReadColumn(
-      p, count,
-      [&](size_t i, const TensorSpec& spec, int64_t version, uint64_t checksum,
-          std::span<const std::byte> data) -> absl::Status {
-        TensorValue& v = out[i];
-        v.dtype = spec.dtype;
-        v.shape = spec.dims;
-        v.version = version;
-        return TakeChecked(data, checksum, v) ? absl::OkStatus() : ValueFailsItsChecksum(i);
-      }));
+  REPVAR_RETURN_IF_ERROR(ForEachReadColumn(p, count,
+                                           [&](size_t i, const TensorSpec& spec, int64_t version,
+                                               uint64_t checksum, std::span<const std::byte> data) {
+                                             return TakeValue(i, spec, version, checksum, data,
+                                                              out[i]);
+                                           }));
   return out;
 }
 

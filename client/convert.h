@@ -38,6 +38,10 @@ absl::Status ForEachReadColumn(
         take);
 // DATA_LOSS: value `i` of a batched read's answer fails its checksum.
 absl::Status ValueFailsItsChecksum(size_t i);
+// Value `i` of a batched read's answer (ForEachReadColumn's arguments)
+// copied into `v` and checked there. Errors: DATA_LOSS (its checksum).
+absl::Status TakeValue(size_t i, const TensorSpec& spec, int64_t version, uint64_t checksum,
+                       std::span<const std::byte> data, TensorValue& v);
 // The `count` values of a batched read's answer by column, each copied into
 // its own vector and checked there. Errors: ForEachReadColumn's, DATA_LOSS
 // for a checksum.
