@@ -385,9 +385,7 @@ class Client:
                chunk_bytes: int = 1 << 20, request_id: Optional[str] = None):
         """Cross-replica write; returns the AssignVariableResponse (version, checksum)."""
         dtype = self._dtype_of(name)
-        wire = tensors._as_wire(array, dtype)
-        h = tensors.header(wire, dtype)
-        frames = tensors.chunk_frames(wire, _CHUNK_FIELD, chunk_bytes)  # ValueError now
+        h, frames = tensors.header_and_frames(array, dtype, _CHUNK_FIELD, chunk_bytes)
         rid = request_id or uuid.uuid4().hex
 
         def stream():
@@ -637,15 +635,14 @@ class Step:
                     state.update(dst[off:off + self._COPY_BLOCK])
                 m.release(publish=True, checksum=state.intdigest())
                 return
-        wire = tensors._as_wire(array, dtype)
-        h = tensors.header(wire, dtype)
+        h, frames = tensors.header_and_frames(array, dtype, _CHUNK_FIELD)
         hdr = dict(step=self.info.step, epoch=self.info.epoch, variable_id=v.id, replica=replica,
                    tensor=h, stream_writes=1)
 
         def stream():
             yield self._wpb.StepWriteRequest(
                 header=self._wpb.StepWriteHeader(**hdr)).SerializeToString()
-            yield from tensors.chunk_frames(wire, _CHUNK_FIELD)
+            yield from frames
 
         self._writes.StepWrite(stream(), timeout=self.client.timeout + h.byte_size / 50e6)
 

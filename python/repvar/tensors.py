@@ -116,6 +116,14 @@ def chunk_frames(wire: np.ndarray, field: int, chunk_bytes: int = 1 << 20):
     return (chunk_frame(field, off, piece) for off, piece in _pieces(wire, chunk_bytes))
 
 
+def header_and_frames(array, dtype_name: str, field: int, chunk_bytes: int = 1 << 20):
+    """(TensorHeader, chunk_frames' iterator) of `array` as a `dtype_name`
+    value: what an assign or a step's stream write sends after its own
+    header. ValueError at once for a wrong dtype or `chunk_bytes`."""
+    wire = _as_wire(array, dtype_name)
+    return header(wire, dtype_name), chunk_frames(wire, field, chunk_bytes)
+
+
 def byte_size(spec: types_pb2.TensorSpec) -> int:
     """The bytes a value of `spec` takes (a dtype this client reads)."""
     return int(np.prod(spec.dims, dtype=np.int64)) * np.dtype(_BY_ENUM[spec.dtype][1]).itemsize
