@@ -162,6 +162,15 @@ TEST_F(SecurityTest, X1_NoOrUnknownToken_Unauthenticated_NothingCreated) {
   // The same call with the trainer token.
   EXPECT_OK(CreateW(*ClientWith("trainer.token"), "a"));
   EXPECT_EQ(Names(), std::vector<std::string>{"a"});
+  // Reads, answered on gRPC's callback thread (ReadVariables), are refused
+  // the same way; the trainer's reaches the coordinator's core ("a" is
+  // uninitialized), the worker token's is not a trainer's.
+  EXPECT_THAT(none->ReadBatch({"a"}), StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT((*unknown)->ReadBatch({"a"}), StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(ClientWith("worker.token")->ReadBatch({"a"}),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(ClientWith("trainer.token")->ReadBatch({"a"}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "uninitialized"));
 }
 
 TEST_F(SecurityTest, X1_WrongRole_PermissionDenied_NothingChanged) {
