@@ -158,11 +158,12 @@ class Coordinator {
                                                     uint64_t max_bytes) {
     return replication_.ReadBatch(names, max_bytes);
   }
-  // The same without waiting on a worker (Replication::ReadBatchHeld):
-  // nullopt when a value must be read from a replica.
+  // The same without waiting on a worker or a sync
+  // (Replication::ReadBatchHeld): nullopt when a value must be read from a
+  // replica, or the values come to more than `held_bytes`.
   absl::StatusOr<std::optional<std::vector<ReadResult>>> ReadBatchHeld(
-      absl::Span<const absl::string_view> names, uint64_t max_bytes) {
-    return replication_.ReadBatchHeld(names, max_bytes);
+      absl::Span<const absl::string_view> names, uint64_t max_bytes, uint64_t held_bytes) {
+    return replication_.ReadBatchHeld(names, max_bytes, held_bytes);
   }
 
   // ---- Consistent cuts (checkpoints) ----

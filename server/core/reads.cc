@@ -30,27 +30,30 @@ absl::StatusOr<ReadResult> Replication::Read(absl::string_view name) {
 absl::StatusOr<std::vector<ReadResult>> Replication::ReadBatch(
     absl::Span<const absl::string_view> names, uint64_t max_bytes) {
   std::vector<ReadResult> out;
-  REPVAR_RETURN_IF_ERROR(ReadBatchFrom(names, max_bytes, /*fetch=*/true, &out).status());
-  return out;  // with `fetch`, every value is read
+  REPVAR_RETURN_IF_ERROR(ReadBatchFrom(names, max_bytes, std::nullopt, &out).status());
+  return out;  // without a bound on what is held, every value is read
 }
 
 absl::StatusOr<std::optional<std::vector<ReadResult>>> Replication::ReadBatchHeld(
-    absl::Span<const absl::string_view> names, uint64_t max_bytes) {
+    absl::Span<const absl::string_view> names, uint64_t max_bytes, uint64_t held_bytes) {
   std::vector<ReadResult> out;
-  REPVAR_ASSIGN_OR_RETURN(bool whole, ReadBatchFrom(names, max_bytes, /*fetch=*/false, &out));
+  REPVAR_ASSIGN_OR_RETURN(bool whole, ReadBatchFrom(names, max_bytes, held_bytes, &out));
   if (!whole) return std::nullopt;
   return out;
 }
 
 absl::StatusOr<bool> Replication::ReadBatchFrom(absl::Span<const absl::string_view> names,
-                                                uint64_t max_bytes, bool fetch,
+                                                uint64_t max_bytes,
+                                                std::optional<uint64_t> held_bytes,
                                                 std::vector<ReadResult>* read) {
+  const bool fetch = !held_bytes.has_value();
   std::vector<ReadResult>& out = *read;
   out.resize(names.size());
   std::vector<uint64_t> ids(names.size());
   std::vector<int64_t> versions(names.size());
+  uint64_t total = 0;
   auto look = [&](const ClusterState& state) -> absl::Status {
-    uint64_t total = 0;
+    total = 0;
     for (size_t i = 0; i < names.size(); ++i) {
       const VariableRecord* v = state.Find(names[i]);
       if (v == nullptr) return VariableNotFound(names[i]);
@@ -75,6 +78,7 @@ absl::StatusOr<bool> Replication::ReadBatchFrom(absl::Span<const absl::string_vi
     std::optional<absl::Status> looked = registry_->ReadIfDurable(look);
     if (!looked) return false;
     REPVAR_RETURN_IF_ERROR(*looked);
+    if (total > *held_bytes) return false;
   }
   for (size_t i = 0; i < out.size(); ++i) {
     // A copy in a blob file is checked at its first use; a damaged one, and

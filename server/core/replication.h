@@ -105,11 +105,13 @@ class Replication {
   // or a sync: its copies, and the values a step left on the replicas that
   // it has read back since (its cache). nullopt when a value must be read
   // from a replica (not read back yet, or the coordinator's copy is
-  // damaged) or the state is not durable yet (a write's record waits for
-  // its sync): ReadBatch reads it, and waits. Errors: as ReadBatch, those
-  // that need no worker.
+  // damaged), when the state is not durable yet (a write's record waits for
+  // its sync), or when the values come to more than `held_bytes` (the
+  // caller would copy them where it must not wait): ReadBatch reads it, and
+  // waits. Errors: as ReadBatch(names, max_bytes), those that need no
+  // worker.
   absl::StatusOr<std::optional<std::vector<ReadResult>>> ReadBatchHeld(
-      absl::Span<const absl::string_view> names, uint64_t max_bytes);
+      absl::Span<const absl::string_view> names, uint64_t max_bytes, uint64_t held_bytes);
   // Deletes a variable and drops its replicas. Errors: NOT_FOUND,
   // FAILED_PRECONDITION (it takes part in the open step).
   absl::Status Delete(const RequestKey& key, absl::string_view name);
@@ -176,10 +178,11 @@ class Replication {
                             const std::map<uint64_t, Initializer>& initializers,
                             std::optional<RequestRecorded> outcome);
   absl::StatusOr<ReadResult> CommittedValue(uint64_t id);
-  // ReadBatch into `out`, or ReadBatchHeld where `fetch` is false: false
-  // when a value must be read from a replica (`out` is then incomplete).
+  // ReadBatch into `out` where `held_bytes` is nullopt; ReadBatchHeld
+  // within it where set: false when not held (`out` is then incomplete).
   absl::StatusOr<bool> ReadBatchFrom(absl::Span<const absl::string_view> names, uint64_t max_bytes,
-                                     bool fetch, std::vector<ReadResult>* out);
+                                     std::optional<uint64_t> held_bytes,
+                                     std::vector<ReadResult>* out);
   // The value of `id` at `version` read back from a replica, if cached.
   std::optional<ReadResult> Cached(uint64_t id, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
   // Keeps `value` as the cached committed value of `id` within the bound

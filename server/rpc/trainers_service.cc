@@ -299,12 +299,12 @@ grpc::ServerUnaryReactor* TrainersService::ReadVariables(grpc::CallbackServerCon
   {
     const ScopedRequestId scoped(request_id);
     absl::StatusOr<std::optional<std::vector<ReadResult>>> held =
-        core_->ReadBatchHeld(names, kHeldAnswerBytes);
-    if (!held.ok() && !absl::IsResourceExhausted(held.status())) {
+        core_->ReadBatchHeld(names, kMaxInlineBytes, kHeldAnswerBytes);
+    if (!held.ok()) {
       reactor->Finish(Fail("ReadVariables", held.status()));
       return reactor;
     }
-    if (held.ok() && *held) {
+    if (*held) {
       reactor->Finish(AnswerReads(*std::move(*held), names, req->columns(), resp));
       return reactor;
     }

@@ -518,32 +518,36 @@ TEST_F(StepCoreTest, C1_ReadBatch_KeptAndStepLeftValues_EachAsReadGivesIt) {
 // What the coordinator holds is read without a worker (ReadBatchHeld: the
 // trainers' service answers it on gRPC's callback thread): its copies, and a
 // value a step left on the replicas once read back. A batch with a value
-// not read back yet is not held (nullopt, no worker asked); a refusal is the
-// same as ReadBatch's.
+// not read back yet is not held (nullopt, no worker asked), nor one larger
+// than the bound on what is held; a refusal is the same as ReadBatch's.
 TEST_F(StepCoreTest, C1_ReadBatchHeld_CopiesAndReadBackValues_NoWorkerAsked) {
   auto value = F32({7, 8});
   KeptAndStepLeft(*value);
   const int reads_before = workers_.reads();
-  auto kept = core_.ReadBatchHeld({"kept"}, 1 << 20);
+  auto kept = core_.ReadBatchHeld({"kept"}, 1 << 20, 1 << 20);
   ASSERT_OK(kept);
   ASSERT_TRUE(kept->has_value());
   EXPECT_EQ((**kept)[0].value.get(), core_.Read("kept")->value.get()) << "the coordinator's copy";
-  auto not_yet = core_.ReadBatchHeld({"kept", "w"}, 1 << 20);
+  auto not_yet = core_.ReadBatchHeld({"kept", "w"}, 1 << 20, 1 << 20);
   ASSERT_OK(not_yet);
   EXPECT_FALSE(not_yet->has_value()) << "w lives on the replicas only";
   EXPECT_EQ(workers_.reads(), reads_before) << "not held: no worker asked";
   ASSERT_OK(core_.ReadBatch({"w"}, 1 << 20));  // reads it back, once
   EXPECT_EQ(workers_.reads() - reads_before, 1);
-  auto held = core_.ReadBatchHeld({"w", "kept"}, 1 << 20);
+  auto held = core_.ReadBatchHeld({"w", "kept"}, 1 << 20, 1 << 20);
   ASSERT_OK(held);
   ASSERT_TRUE(held->has_value());
   EXPECT_EQ((**held)[0].version, 2);
   EXPECT_EQ((**held)[0].value->checksum, value->checksum);
   EXPECT_EQ(workers_.reads() - reads_before, 1) << "read back: from the cache";
-  EXPECT_THAT(core_.ReadBatchHeld({"w", "nope"}, 1 << 20),
+  EXPECT_THAT(core_.ReadBatchHeld({"w", "nope"}, 1 << 20, 1 << 20),
               StatusIs(absl::StatusCode::kNotFound, "nope"));
-  EXPECT_THAT(core_.ReadBatchHeld({"w", "kept"}, 8),
+  auto over_held = core_.ReadBatchHeld({"w", "kept"}, 1 << 20, 8);
+  ASSERT_OK(over_held);
+  EXPECT_FALSE(over_held->has_value()) << "more than held_bytes: not held, not refused";
+  EXPECT_THAT(core_.ReadBatchHeld({"w", "kept"}, 8, 1 << 20),
               StatusIs(absl::StatusCode::kResourceExhausted, "more than 8 bytes"));
+  EXPECT_EQ(workers_.reads() - reads_before, 1);
 }
 
 TEST_F(StepCoreTest, S4_NoneDivergence_TieGoesToPrimary_RepairPlanned) {
