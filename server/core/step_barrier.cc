@@ -392,7 +392,7 @@ void StepBarrier::Close(StepResolution res, absl::Time now) {
   StepEvent e = NewEvent(StepEvent::Kind::kResolved, now);
   e.resolution = res;
   Emit(std::move(e));
-  recent_.push_back(std::move(res));
+  recent_.push_back(std::make_shared<const StepResolution>(std::move(res)));
   recent_info_.push_back(open_);
   open_.reset();
   if (recent_.size() > kRecentSteps) {
@@ -429,7 +429,7 @@ absl::Status StepBarrier::Abort(uint64_t epoch, absl::string_view reason, absl::
          now);
     return absl::OkStatus();
   }
-  if (const StepResolution* r = resolution(epoch); r && r->state == StepState::kCommitted) {
+  if (const StepResolution* r = FindResolution(epoch); r && r->state == StepState::kCommitted) {
     return absl::FailedPreconditionError(
         absl::StrCat(StepName(r->step, epoch), " already committed; it cannot be aborted"));
   }
@@ -506,9 +506,16 @@ const StepPlan* StepBarrier::plan(uint64_t epoch) const {
   return nullptr;
 }
 
-const StepResolution* StepBarrier::resolution(uint64_t epoch) const {
-  for (const StepResolution& r : recent_) {
-    if (r.epoch == epoch) return &r;
+std::shared_ptr<const StepResolution> StepBarrier::resolution(uint64_t epoch) const {
+  for (const std::shared_ptr<const StepResolution>& r : recent_) {
+    if (r->epoch == epoch) return r;
+  }
+  return nullptr;
+}
+
+const StepResolution* StepBarrier::FindResolution(uint64_t epoch) const {
+  for (const std::shared_ptr<const StepResolution>& r : recent_) {
+    if (r->epoch == epoch) return r.get();
   }
   return nullptr;
 }
@@ -523,7 +530,7 @@ std::shared_ptr<const StepInfo> StepBarrier::shared_info(uint64_t epoch) const {
 
 std::optional<StepState> StepBarrier::state(uint64_t epoch) const {
   if (open_ && open_->epoch == epoch) return open_state_;
-  if (const StepResolution* r = resolution(epoch)) return r->state;
+  if (const StepResolution* r = FindResolution(epoch)) return r->state;
   return std::nullopt;
 }
 

@@ -120,13 +120,16 @@ class StepBarrier {
   StepState open_state() const { return open_state_; }
   // The plan of the open step once it is aggregating.
   const StepPlan* plan(uint64_t epoch) const;
-  const StepResolution* resolution(uint64_t epoch) const;
+  // A recent step's resolution, shared as it was closed: it never changes,
+  // so every waiter of the step gets it without a copy. Null when the step
+  // is open or unknown.
+  std::shared_ptr<const StepResolution> resolution(uint64_t epoch) const;
   // The open or a recent step as it was opened (its `state` field says
   // OPEN; state() has the current one). Null for an unknown epoch.
   std::shared_ptr<const StepInfo> shared_info(uint64_t epoch) const;
   std::optional<StepState> state(uint64_t epoch) const;
   std::vector<ParticipantProgress> progress(absl::Time now) const;
-  const std::deque<StepResolution>& recent() const { return recent_; }
+  const std::deque<std::shared_ptr<const StepResolution>>& recent() const { return recent_; }
   int64_t last_committed_step() const { return last_committed_; }
   int64_t next_event_seq() const { return next_seq_; }
   std::vector<StepEvent> EventsAfter(int64_t seq) const;
@@ -138,6 +141,8 @@ class StepBarrier {
     absl::Time reported_at;
   };
 
+  // resolution() without sharing it: for a look under the caller's lock.
+  const StepResolution* FindResolution(uint64_t epoch) const;
   // Validates step/epoch/task/incarnation; returns the participant index.
   absl::StatusOr<size_t> CheckCaller(int64_t step, uint64_t epoch, const TaskKey& task,
                                      uint64_t incarnation, absl::string_view what) const;
@@ -170,7 +175,7 @@ class StepBarrier {
   uint64_t next_epoch_;
   int64_t last_committed_;
   // Recent resolutions and their steps' infos, newest last.
-  std::deque<StepResolution> recent_;
+  std::deque<std::shared_ptr<const StepResolution>> recent_;
   std::deque<std::shared_ptr<const StepInfo>> recent_info_;
   std::deque<StepEvent> events_;
   int64_t next_seq_ = 1;

@@ -363,7 +363,7 @@ absl::StatusOr<std::variant<StepPlan, StepResolution>> StepCoordinator::WaitStep
   RankedLock lock(&mu_);
   while (true) {
     if (const StepPlan* p = steps_.plan(epoch)) return *p;
-    if (const StepResolution* r = steps_.resolution(epoch)) return *r;
+    if (SharedResolution r = steps_.resolution(epoch)) return *r;
     if (!steps_.state(epoch)) return Unknown(epoch);
     if (step_cv_.WaitWithDeadline(mu_.native(), deadline)) {
       return absl::DeadlineExceededError(
@@ -376,7 +376,7 @@ absl::StatusOr<StepResolution> StepCoordinator::WaitStepResolution(uint64_t epoc
                                                                    absl::Time deadline) {
   RankedLock lock(&mu_);
   while (true) {
-    if (const StepResolution* r = steps_.resolution(epoch)) return *r;
+    if (SharedResolution r = steps_.resolution(epoch)) return *r;
     if (!steps_.state(epoch)) return Unknown(epoch);
     if (step_cv_.WaitWithDeadline(mu_.native(), deadline)) {
       return absl::DeadlineExceededError(
@@ -386,19 +386,19 @@ absl::StatusOr<StepResolution> StepCoordinator::WaitStepResolution(uint64_t epoc
 }
 
 void StepCoordinator::WhenStepPlanned(uint64_t epoch, PlanCallback done) {
-  absl::StatusOr<std::variant<StepPlan, StepResolution>> ready;
+  absl::StatusOr<std::variant<StepPlan, SharedResolution>> ready;
   {
     RankedLock lock(&mu_);
     if (shut_down_) {
       ready = absl::UnavailableError("the coordinator is shutting down");
     } else if (const StepPlan* p = steps_.plan(epoch)) {
       ready = *p;
-    } else if (const StepResolution* r = steps_.resolution(epoch)) {
-      ready = *r;
+    } else if (SharedResolution r = steps_.resolution(epoch)) {
+      ready = std::move(r);
     } else if (!steps_.state(epoch)) {
       auto earlier = Unknown(epoch);
       if (earlier.ok()) {
-        ready = *std::move(earlier);
+        ready = std::make_shared<const StepResolution>(*std::move(earlier));
       } else {
         ready = earlier.status();
       }
@@ -412,15 +412,20 @@ void StepCoordinator::WhenStepPlanned(uint64_t epoch, PlanCallback done) {
 }
 
 void StepCoordinator::WhenStepResolved(uint64_t epoch, ResolutionCallback done) {
-  absl::StatusOr<StepResolution> ready;
+  absl::StatusOr<SharedResolution> ready;
   {
     RankedLock lock(&mu_);
     if (shut_down_) {
       ready = absl::UnavailableError("the coordinator is shutting down");
-    } else if (const StepResolution* r = steps_.resolution(epoch)) {
-      ready = *r;
+    } else if (SharedResolution r = steps_.resolution(epoch)) {
+      ready = std::move(r);
     } else if (!steps_.state(epoch)) {
-      ready = Unknown(epoch);
+      absl::StatusOr<StepResolution> earlier = Unknown(epoch);
+      if (earlier.ok()) {
+        ready = std::make_shared<const StepResolution>(*std::move(earlier));
+      } else {
+        ready = earlier.status();
+      }
     } else {
       wakers_.push_back([this, epoch, done] { WhenStepResolved(epoch, done); });
       return;
@@ -444,7 +449,8 @@ StepsStatus StepCoordinator::GetSteps() const {
     out.open->state = steps_.open_state();
   }
   out.progress = steps_.progress(clock_->Now());
-  out.recent.assign(steps_.recent().begin(), steps_.recent().end());
+  out.recent.reserve(steps_.recent().size());
+  for (const SharedResolution& r : steps_.recent()) out.recent.push_back(*r);
   out.last_committed_step = steps_.last_committed_step();
   return out;
 }

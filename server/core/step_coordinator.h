@@ -97,10 +97,13 @@ class StepCoordinator {
   // The same without a waiting thread: `done` is called exactly once, on
   // this thread when the answer is ready now, else from the thread that
   // changes the step (outside every lock), or with UNAVAILABLE after
-  // ShutdownWaiters(). For the gRPC callback handlers.
-  using PlanCallback = std::function<void(absl::StatusOr<std::variant<StepPlan, StepResolution>>)>;
+  // ShutdownWaiters(). For the gRPC callback handlers. A resolution is
+  // shared by every waiter of the step, not copied for each.
+  using SharedResolution = std::shared_ptr<const StepResolution>;
+  using PlanCallback =
+      std::function<void(absl::StatusOr<std::variant<StepPlan, SharedResolution>>)>;
   void WhenStepPlanned(uint64_t epoch, PlanCallback done) ABSL_LOCKS_EXCLUDED(mu_);
-  using ResolutionCallback = std::function<void(absl::StatusOr<StepResolution>)>;
+  using ResolutionCallback = std::function<void(absl::StatusOr<SharedResolution>)>;
   void WhenStepResolved(uint64_t epoch, ResolutionCallback done) ABSL_LOCKS_EXCLUDED(mu_);
   // Answers every pending When* with UNAVAILABLE, and any later one at once.
   void ShutdownWaiters() ABSL_LOCKS_EXCLUDED(mu_);

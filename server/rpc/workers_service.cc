@@ -111,15 +111,17 @@ void WorkersService::ServeReport(const grpc::ServerContextBase& ctx,
   // Answered when the barrier resolves (the coordinator's ticker fails it at
   // its timeout), from the thread that resolves it.
   core_->WhenStepPlanned(
-      req.epoch(), [out, done = std::move(done), step = req.step(), epoch = req.epoch()](
-                       absl::StatusOr<std::variant<StepPlan, StepResolution>> got) {
+      req.epoch(),
+      [out, done = std::move(done), step = req.step(), epoch = req.epoch()](
+          absl::StatusOr<std::variant<StepPlan, StepCoordinator::SharedResolution>> got) {
         if (!got.ok()) return done(ToGrpcStatus(got.status()));
         if (auto* plan = std::get_if<StepPlan>(&*got)) {
           PlanToProto(*plan, out);
         } else {
           out->set_step(step);
           out->set_epoch(epoch);
-          StepResolutionToProto(std::get<StepResolution>(*got), out->mutable_resolution());
+          StepResolutionToProto(*std::get<StepCoordinator::SharedResolution>(*got),
+                                out->mutable_resolution());
         }
         done(grpc::Status::OK);
       });
@@ -134,12 +136,12 @@ void WorkersService::ServeFinish(const grpc::ServerContextBase& ctx,
   if (absl::Status s = core_->FinishStep(FinishFromProto(req)); !s.ok()) {
     return done(ToGrpcStatus(s));
   }
-  core_->WhenStepResolved(req.epoch(),
-                          [out, done = std::move(done)](absl::StatusOr<StepResolution> r) {
-                            if (!r.ok()) return done(ToGrpcStatus(r.status()));
-                            StepResolutionToProto(*r, out);
-                            done(grpc::Status::OK);
-                          });
+  core_->WhenStepResolved(req.epoch(), [out, done = std::move(done)](
+                                           absl::StatusOr<StepCoordinator::SharedResolution> r) {
+    if (!r.ok()) return done(ToGrpcStatus(r.status()));
+    StepResolutionToProto(**r, out);
+    done(grpc::Status::OK);
+  });
 }
 
 grpc::Status WorkersService::GetStep(grpc::ServerContext* ctx, const v1::GetStepRequest* req,

@@ -550,6 +550,62 @@ TEST_F(StepCoreTest, C1_ReadBatchHeld_CopiesAndReadBackValues_NoWorkerAsked) {
   EXPECT_EQ(workers_.reads() - reads_before, 1);
 }
 
+// The callback handlers' waits (WhenStepPlanned, WhenStepResolved): a
+// waiter registered while the step is open is answered once, when it
+// resolves; one registered after, at once; every waiter of the step gets
+// the one resolution, shared rather than copied for each; after
+// ShutdownWaiters, UNAVAILABLE.
+TEST_F(StepCoreTest, S4_WhenStepResolved_EachWaiterAnsweredOnce_AllShareOneResolution) {
+  const uint64_t w = Create("w", Aggregation::kNone);
+  auto s = core_.BeginStep(1, absl::Seconds(10));
+  ASSERT_OK(s);
+  std::vector<StepCoordinator::SharedResolution> got;
+  int answers = 0;
+  for (int i = 0; i < 2; ++i) {
+    core_.WhenStepResolved(s->epoch, [&](absl::StatusOr<StepCoordinator::SharedResolution> r) {
+      ++answers;
+      ASSERT_OK(r);
+      got.push_back(*r);
+    });
+  }
+  core_.WhenStepPlanned(
+      s->epoch, [&](absl::StatusOr<std::variant<StepPlan, StepCoordinator::SharedResolution>> r) {
+        ++answers;
+        ASSERT_OK(r);
+        ASSERT_TRUE(std::holds_alternative<StepCoordinator::SharedResolution>(*r))
+            << "no collectives: resolved at the barrier";
+        got.push_back(std::get<StepCoordinator::SharedResolution>(*r));
+      });
+  for (int t = 0; t < 2; ++t) {
+    ASSERT_OK(core_.ReportStep(Report(*s, t, {{w, 2 * t, kA, -1}, {w, 2 * t + 1, kA, -1}})));
+  }
+  EXPECT_EQ(answers, 0) << "answered before the step resolved";
+  ASSERT_OK(core_.ReportStep(Report(*s, 2, {{w, 4, kA, -1}, {w, 5, kA, -1}})));
+  EXPECT_EQ(answers, 3);
+  core_.WhenStepResolved(s->epoch, [&](absl::StatusOr<StepCoordinator::SharedResolution> r) {
+    ++answers;
+    ASSERT_OK(r);
+    got.push_back(*r);
+  });
+  EXPECT_EQ(answers, 4) << "registered after: answered at once";
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[0]->state, StepState::kCommitted);
+  EXPECT_EQ(got[0]->latencies.size(), 3u);
+  for (const StepCoordinator::SharedResolution& r : got) {
+    EXPECT_EQ(r.get(), got[0].get()) << "one resolution for every waiter";
+  }
+  EXPECT_EQ(Resolution(s->epoch).latencies, got[0]->latencies);
+
+  auto next = core_.BeginStep(2, absl::Seconds(10));
+  ASSERT_OK(next);
+  absl::Status waiting;
+  core_.WhenStepResolved(next->epoch, [&](absl::StatusOr<StepCoordinator::SharedResolution> r) {
+    waiting = r.status();
+  });
+  core_.ShutdownStepWaiters();
+  EXPECT_THAT(waiting, StatusIs(absl::StatusCode::kUnavailable, "shutting down"));
+}
+
 TEST_F(StepCoreTest, S4_NoneDivergence_TieGoesToPrimary_RepairPlanned) {
   uint64_t w = Create("w", Aggregation::kNone);
   auto s = core_.BeginStep(1, absl::Seconds(10));
