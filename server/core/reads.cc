@@ -81,9 +81,14 @@ absl::StatusOr<bool> Replication::ReadBatchFrom(absl::Span<const absl::string_vi
     if (total > *held_bytes) return false;
   }
   for (size_t i = 0; i < out.size(); ++i) {
-    // A copy in a blob file is checked at its first use; a damaged one, and
-    // a value a step left on the replicas, are read as Read reads them.
-    if (out[i].value != nullptr && registry_->CheckValue(*out[i].value).ok()) continue;
+    // A copy in a blob file is checked at its first use (a pass over its
+    // bytes, from disk after a restart: not where a read must not wait); a
+    // damaged one, and a value a step left on the replicas, are read as Read
+    // reads them.
+    if (out[i].value != nullptr) {
+      if (!fetch && !registry_->ValueChecked(*out[i].value)) return false;
+      if (registry_->CheckValue(*out[i].value).ok()) continue;
+    }
     if (out[i].value == nullptr) {
       if (std::optional<ReadResult> cached = Cached(ids[i], versions[i])) {
         out[i] = *std::move(cached);

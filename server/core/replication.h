@@ -105,8 +105,10 @@ class Replication {
   // or a sync: its copies, and the values a step left on the replicas that
   // it has read back since (its cache). nullopt when a value must be read
   // from a replica (not read back yet, or the coordinator's copy is
-  // damaged), when the state is not durable yet (a write's record waits for
-  // its sync), or when the values come to more than `held_bytes` (the
+  // damaged), when a copy in a blob file has not been checked yet (its first
+  // use after a restart: a pass over it, maybe from disk), when the state is
+  // not durable yet (a write's record waits for its sync), or when the
+  // values come to more than `held_bytes` (the
   // caller would copy them where it must not wait): ReadBatch reads it, and
   // waits. Errors: as ReadBatch(names, max_bytes), those that need no
   // worker.

@@ -83,6 +83,12 @@ class StateLog {
     (void)value;
     return absl::OkStatus();
   }
+  // Whether Check(value) answers without a pass over the bytes: they were
+  // checked before, or need no check. Any thread, no lock, no I/O.
+  virtual bool Checked(const Tensor& value) {
+    (void)value;
+    return true;
+  }
   // After `record` was applied: the state it produced. A log may save it as
   // a checkpoint and forget the records before it.
   virtual void Applied(const ClusterState& state) { (void)state; }

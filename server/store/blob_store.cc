@@ -385,6 +385,14 @@ absl::Status BlobStore::Check(const Tensor& t) {
   return found;
 }
 
+bool BlobStore::Checked(const Tensor& t) {
+  if (!t.bytes.file_backed()) return true;
+  const std::string name = BlobNameOf(t);
+  absl::MutexLock lock(&mu_);
+  auto it = known_.find(name);
+  return it != known_.end() && it->second.checked != BlobInfo::Checked::kNo;
+}
+
 absl::StatusOr<int> BlobStore::CollectGarbage(const absl::flat_hash_set<std::string>& live) {
   std::vector<std::string> children;
   REPVAR_RETURN_IF_ERROR(FromIo(fs_->GetChildren(dir_, kIo, &children, nullptr), "list " + dir_));

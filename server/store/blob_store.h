@@ -101,6 +101,9 @@ class BlobStore final : public TensorFiles {
   // remembered). DATA_LOSS names the file and the offset of the damage.
   // Tensors in memory are OK (they were checked as they arrived).
   absl::Status Check(const Tensor& t);
+  // Whether Check(t) answers without a pass over the bytes (checked before,
+  // or not a mapping Load made).
+  bool Checked(const Tensor& t);
 
   // Fills `ref` for a tensor kept before (its blob, if it has one, is on
   // disk and synced): no I/O, and no pass over a mapped value's bytes.

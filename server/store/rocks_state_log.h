@@ -96,6 +96,7 @@ class RocksStateLog final : public StateLog {
   absl::Status Durable(uint64_t position) override;
   bool IsDurable(uint64_t position) override;
   absl::Status Check(const Tensor& value) override { return blobs_.Check(value); }
+  bool Checked(const Tensor& value) override { return blobs_.Checked(value); }
   void Applied(const ClusterState& state) override;
   absl::Status Recover(ClusterState& state) override;
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -44,7 +45,17 @@ class StoppableLog final : public StateLog {
   }
   absl::Status Recover(ClusterState& state) override { return records_.Recover(state); }
   bool IsDurable(uint64_t) override { return true; }  // Durable never waits
+  // A value whose checksum is in `unchecked` stands for a copy in a blob
+  // file loaded at a restart: not checked until its first Check.
+  absl::Status Check(const Tensor& value) override {
+    ++checks;
+    unchecked.erase(value.checksum);
+    return absl::OkStatus();
+  }
+  bool Checked(const Tensor& value) override { return !unchecked.contains(value.checksum); }
   bool refuse_values = false;
+  std::set<uint64_t> unchecked;
+  int checks = 0;
 
  private:
   MemoryStateLog records_;
@@ -555,6 +566,27 @@ TEST_F(StepCoreTest, C1_ReadBatchHeld_CopiesAndReadBackValues_NoWorkerAsked) {
 // resolves; one registered after, at once; every waiter of the step gets
 // the one resolution, shared rather than copied for each; after
 // ShutdownWaiters, UNAVAILABLE.
+// A copy in a blob file not checked yet (its first use after a restart) is
+// not held: its check, a pass over its bytes maybe read from disk, is made
+// where a read may wait (ReadBatch, on the trainers' pool), and then it is.
+TEST_F(StepCoreTest, C1_ReadBatchHeld_ACopyNotCheckedYet_NotHeld_CheckedWhereAReadMayWait) {
+  KeptAndStepLeft(*F32({7, 8}));
+  auto kept = core_.Read("kept");
+  ASSERT_OK(kept);
+  log_.unchecked.insert(kept->value->checksum);
+  const int checks_before = log_.checks;
+  auto not_yet = core_.ReadBatchHeld({"kept"}, 1 << 20, 1 << 20);
+  ASSERT_OK(not_yet);
+  EXPECT_FALSE(not_yet->has_value()) << "its first check is no work for the callback thread";
+  EXPECT_EQ(log_.checks, checks_before);
+  ASSERT_OK(core_.ReadBatch({"kept"}, 1 << 20));
+  EXPECT_EQ(log_.checks, checks_before + 1);
+  auto held = core_.ReadBatchHeld({"kept"}, 1 << 20, 1 << 20);
+  ASSERT_OK(held);
+  ASSERT_TRUE(held->has_value()) << "checked: held from then on";
+  EXPECT_EQ((**held)[0].value.get(), kept->value.get());
+}
+
 TEST_F(StepCoreTest, S4_WhenStepResolved_EachWaiterAnsweredOnce_AllShareOneResolution) {
   const uint64_t w = Create("w", Aggregation::kNone);
   auto s = core_.BeginStep(1, absl::Seconds(10));

@@ -232,7 +232,9 @@ TEST_F(BlobStoreTest, FlippedByte_DataLossAtFirstUse_NamingTheFileAndOffset) {
   auto mapped = fresh->Load(ref);
   ASSERT_OK(mapped);
   EXPECT_TRUE((*mapped)->bytes.file_backed());
+  EXPECT_FALSE(fresh->Checked(**mapped));
   EXPECT_THAT(fresh->Check(**mapped), StatusIs(absl::StatusCode::kDataLoss, damage));
+  EXPECT_TRUE(fresh->Checked(**mapped)) << "found damaged: answered without a pass";
   EXPECT_THAT(fresh->Check(**mapped), StatusIs(absl::StatusCode::kDataLoss, damage))
       << "remembered";
 
@@ -255,6 +257,7 @@ TEST_F(BlobStoreTest, Mapped_TheBlobFileItself_SameBytes) {
   EXPECT_TRUE((*mapped)->bytes.file_backed());
   EXPECT_EQ(Floats(**mapped), Ramp(100));
   EXPECT_EQ((*mapped)->checksum, t->checksum);
+  EXPECT_TRUE(store->Checked(**mapped)) << "kept in this run: good without a pass";
   EXPECT_OK(store->Check(**mapped));
   disk::TensorRef described;
   store->Describe(**mapped, &described);
@@ -265,8 +268,14 @@ TEST_F(BlobStoreTest, Mapped_TheBlobFileItself_SameBytes) {
   ASSERT_OK(same);
   EXPECT_EQ(same->get(), small.get()) << "an inline value stays in memory";
 
-  auto loaded = Store(options_)->Load(ref);
+  EXPECT_TRUE(store->Checked(*small)) << "in memory: checked as it arrived";
+
+  auto restarted = Store(options_);
+  auto loaded = restarted->Load(ref);
   ASSERT_OK(loaded);
+  EXPECT_FALSE(restarted->Checked(**loaded)) << "loaded at startup: its first use checks it";
+  EXPECT_OK(restarted->Check(**loaded));
+  EXPECT_TRUE(restarted->Checked(**loaded));
   EXPECT_EQ(Floats(**loaded), Ramp(100));
 
   BlobStoreOptions unsynced = options_;
