@@ -108,10 +108,9 @@ class Replication {
   // damaged), when a copy in a blob file has not been checked yet (its first
   // use after a restart: a pass over it, maybe from disk), when the state is
   // not durable yet (a write's record waits for its sync), or when the
-  // values come to more than `held_bytes` (the
-  // caller would copy them where it must not wait): ReadBatch reads it, and
-  // waits. Errors: as ReadBatch(names, max_bytes), those that need no
-  // worker.
+  // values come to more than `held_bytes` (the caller would copy them where
+  // it must not wait): ReadBatch reads it, and waits. Errors: as
+  // ReadBatch(names, max_bytes), those that need no worker.
   absl::StatusOr<std::optional<std::vector<ReadResult>>> ReadBatchHeld(
       absl::Span<const absl::string_view> names, uint64_t max_bytes, uint64_t held_bytes);
   // Deletes a variable and drops its replicas. Errors: NOT_FOUND,

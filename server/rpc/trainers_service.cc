@@ -309,7 +309,9 @@ grpc::ServerUnaryReactor* TrainersService::ReadVariables(grpc::CallbackServerCon
       return reactor;
     }
   }
-  // A value only a replica holds, or more than kHeldAnswerBytes.
+  // Not held (Replication::ReadBatchHeld): a value only a replica holds, a
+  // copy not checked since a restart, a state not durable yet, or more than
+  // kHeldAnswerBytes.
   replica_reads_.Schedule(
       [this, reactor, req, resp, names = std::move(names), request_id = std::move(request_id)] {
         const ScopedRequestId scoped(request_id);
