@@ -85,15 +85,13 @@ absl::StatusOr<bool> Replication::ReadBatchFrom(absl::Span<const absl::string_vi
     // bytes, from disk after a restart: not where a read must not wait); a
     // damaged one, and a value a step left on the replicas, are read as Read
     // reads them.
-    if (out[i].value != nullptr) {
-      if (!fetch && !registry_->ValueChecked(*out[i].value)) return false;
-      if (registry_->CheckValue(*out[i].value).ok()) continue;
-    }
-    if (out[i].value == nullptr) {
-      if (std::optional<ReadResult> cached = Cached(ids[i], versions[i])) {
-        out[i] = *std::move(cached);
-        continue;
-      }
+    if (const Tensor* kept = out[i].value.get()) {
+      const std::optional<absl::Status> checked =
+          fetch ? registry_->CheckValue(*kept) : registry_->CheckValueIfKnown(*kept);
+      if (checked && checked->ok()) continue;
+    } else if (std::optional<ReadResult> cached = Cached(ids[i], versions[i])) {
+      out[i] = *std::move(cached);
+      continue;
     }
     if (!fetch) return false;
     REPVAR_ASSIGN_OR_RETURN(out[i], CommittedValue(ids[i]));

@@ -146,10 +146,11 @@ class Registry {
   absl::Status CheckValue(const Tensor& value) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
     return log_->Check(value);
   }
-  // StateLog::Checked: whether CheckValue answers without a pass over the
-  // bytes. Takes no lock.
-  bool ValueChecked(const Tensor& value) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return log_->Checked(value);
+  // StateLog::CheckIfKnown: CheckValue's answer when it needs no pass over
+  // the bytes, else nullopt. Takes no lock.
+  std::optional<absl::Status> CheckValueIfKnown(const Tensor& value) const
+      ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return log_->CheckIfKnown(value);
   }
   // StateLog::CheckRoom: whether a record with `value_bytes` of values fits.
   absl::Status CheckRoom(uint64_t value_bytes) const ABSL_LOCKS_EXCLUDED(mu_);

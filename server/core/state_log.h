@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -83,11 +84,12 @@ class StateLog {
     (void)value;
     return absl::OkStatus();
   }
-  // Whether Check(value) answers without a pass over the bytes: they were
-  // checked before, or need no check. Any thread, no lock, no I/O.
-  virtual bool Checked(const Tensor& value) {
+  // Check's answer when it needs no pass over the bytes (they were checked
+  // before, or need no check); nullopt when it would read them. Any thread,
+  // no lock, no I/O.
+  virtual std::optional<absl::Status> CheckIfKnown(const Tensor& value) {
     (void)value;
-    return true;
+    return absl::OkStatus();
   }
   // After `record` was applied: the state it produced. A log may save it as
   // a checkpoint and forget the records before it.

@@ -345,19 +345,33 @@ void BlobStore::TrackMapping(const std::string& name, const std::shared_ptr<cons
   held.push_back(t);
 }
 
-absl::Status BlobStore::Check(const Tensor& t) {
+std::optional<absl::Status> BlobStore::CheckIfKnown(const Tensor& t) {
   if (!t.bytes.file_backed()) return absl::OkStatus();
+  const std::string name = BlobNameOf(t);
+  absl::MutexLock lock(&mu_);
+  auto it = known_.find(name);
+  if (it == known_.end()) return std::nullopt;
+  switch (it->second.checked) {
+    case BlobInfo::Checked::kGood:
+      return absl::OkStatus();
+    case BlobInfo::Checked::kDamaged:
+      return it->second.damage;
+    case BlobInfo::Checked::kNo:
+      break;
+  }
+  return std::nullopt;
+}
+
+absl::Status BlobStore::Check(const Tensor& t) {
+  if (std::optional<absl::Status> known = CheckIfKnown(t)) return *std::move(known);
+  // Its first use.
   const std::string name = BlobNameOf(t);
   const std::string path = dir_ + "/" + name;
   BlobInfo info;
   {
     absl::MutexLock lock(&mu_);
     auto it = known_.find(name);
-    if (it != known_.end()) {
-      if (it->second.checked == BlobInfo::Checked::kGood) return absl::OkStatus();
-      if (it->second.checked == BlobInfo::Checked::kDamaged) return it->second.damage;
-      info = it->second;
-    }
+    if (it != known_.end()) info = it->second;
   }
   // Outside the lock: a pass over the file's bytes. Two first uses at once
   // both check; they find the same.
@@ -383,14 +397,6 @@ absl::Status BlobStore::Check(const Tensor& t) {
   known.checked = found.ok() ? BlobInfo::Checked::kGood : BlobInfo::Checked::kDamaged;
   known.damage = found;
   return found;
-}
-
-bool BlobStore::Checked(const Tensor& t) {
-  if (!t.bytes.file_backed()) return true;
-  const std::string name = BlobNameOf(t);
-  absl::MutexLock lock(&mu_);
-  auto it = known_.find(name);
-  return it != known_.end() && it->second.checked != BlobInfo::Checked::kNo;
 }
 
 absl::StatusOr<int> BlobStore::CollectGarbage(const absl::flat_hash_set<std::string>& live) {

@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,9 +102,9 @@ class BlobStore final : public TensorFiles {
   // remembered). DATA_LOSS names the file and the offset of the damage.
   // Tensors in memory are OK (they were checked as they arrived).
   absl::Status Check(const Tensor& t);
-  // Whether Check(t) answers without a pass over the bytes (checked before,
-  // or not a mapping Load made).
-  bool Checked(const Tensor& t);
+  // Check's answer when it needs no pass over the bytes (checked before, or
+  // not a mapping Load made); nullopt when it would read them.
+  std::optional<absl::Status> CheckIfKnown(const Tensor& t);
 
   // Fills `ref` for a tensor kept before (its blob, if it has one, is on
   // disk and synced): no I/O, and no pass over a mapped value's bytes.

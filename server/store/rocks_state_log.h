@@ -96,7 +96,9 @@ class RocksStateLog final : public StateLog {
   absl::Status Durable(uint64_t position) override;
   bool IsDurable(uint64_t position) override;
   absl::Status Check(const Tensor& value) override { return blobs_.Check(value); }
-  bool Checked(const Tensor& value) override { return blobs_.Checked(value); }
+  std::optional<absl::Status> CheckIfKnown(const Tensor& value) override {
+    return blobs_.CheckIfKnown(value);
+  }
   void Applied(const ClusterState& state) override;
   absl::Status Recover(ClusterState& state) override;
 

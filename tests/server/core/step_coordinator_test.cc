@@ -52,7 +52,10 @@ class StoppableLog final : public StateLog {
     unchecked.erase(value.checksum);
     return absl::OkStatus();
   }
-  bool Checked(const Tensor& value) override { return !unchecked.contains(value.checksum); }
+  std::optional<absl::Status> CheckIfKnown(const Tensor& value) override {
+    if (unchecked.contains(value.checksum)) return std::nullopt;
+    return absl::OkStatus();
+  }
   bool refuse_values = false;
   std::set<uint64_t> unchecked;
   int checks = 0;

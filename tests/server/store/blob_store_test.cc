@@ -232,9 +232,10 @@ TEST_F(BlobStoreTest, FlippedByte_DataLossAtFirstUse_NamingTheFileAndOffset) {
   auto mapped = fresh->Load(ref);
   ASSERT_OK(mapped);
   EXPECT_TRUE((*mapped)->bytes.file_backed());
-  EXPECT_FALSE(fresh->Checked(**mapped));
+  EXPECT_FALSE(fresh->CheckIfKnown(**mapped).has_value());
   EXPECT_THAT(fresh->Check(**mapped), StatusIs(absl::StatusCode::kDataLoss, damage));
-  EXPECT_TRUE(fresh->Checked(**mapped)) << "found damaged: answered without a pass";
+  EXPECT_TRUE(fresh->CheckIfKnown(**mapped).has_value())
+      << "found damaged: answered without a pass";
   EXPECT_THAT(fresh->Check(**mapped), StatusIs(absl::StatusCode::kDataLoss, damage))
       << "remembered";
 
@@ -257,7 +258,7 @@ TEST_F(BlobStoreTest, Mapped_TheBlobFileItself_SameBytes) {
   EXPECT_TRUE((*mapped)->bytes.file_backed());
   EXPECT_EQ(Floats(**mapped), Ramp(100));
   EXPECT_EQ((*mapped)->checksum, t->checksum);
-  EXPECT_TRUE(store->Checked(**mapped)) << "kept in this run: good without a pass";
+  EXPECT_TRUE(store->CheckIfKnown(**mapped).has_value()) << "kept in this run: good without a pass";
   EXPECT_OK(store->Check(**mapped));
   disk::TensorRef described;
   store->Describe(**mapped, &described);
@@ -268,14 +269,15 @@ TEST_F(BlobStoreTest, Mapped_TheBlobFileItself_SameBytes) {
   ASSERT_OK(same);
   EXPECT_EQ(same->get(), small.get()) << "an inline value stays in memory";
 
-  EXPECT_TRUE(store->Checked(*small)) << "in memory: checked as it arrived";
+  EXPECT_TRUE(store->CheckIfKnown(*small).has_value()) << "in memory: checked as it arrived";
 
   auto restarted = Store(options_);
   auto loaded = restarted->Load(ref);
   ASSERT_OK(loaded);
-  EXPECT_FALSE(restarted->Checked(**loaded)) << "loaded at startup: its first use checks it";
+  EXPECT_FALSE(restarted->CheckIfKnown(**loaded).has_value())
+      << "loaded at startup: its first use checks it";
   EXPECT_OK(restarted->Check(**loaded));
-  EXPECT_TRUE(restarted->Checked(**loaded));
+  EXPECT_TRUE(restarted->CheckIfKnown(**loaded).has_value());
   EXPECT_EQ(Floats(**loaded), Ramp(100));
 
   BlobStoreOptions unsynced = options_;
