@@ -429,7 +429,8 @@ absl::Status StepBarrier::Abort(uint64_t epoch, absl::string_view reason, absl::
          now);
     return absl::OkStatus();
   }
-  if (const StepResolution* r = FindResolution(epoch); r && r->state == StepState::kCommitted) {
+  if (std::shared_ptr<const StepResolution> r = resolution(epoch);
+      r && r->state == StepState::kCommitted) {
     return absl::FailedPreconditionError(
         absl::StrCat(StepName(r->step, epoch), " already committed; it cannot be aborted"));
   }
@@ -513,13 +514,6 @@ std::shared_ptr<const StepResolution> StepBarrier::resolution(uint64_t epoch) co
   return nullptr;
 }
 
-const StepResolution* StepBarrier::FindResolution(uint64_t epoch) const {
-  for (const std::shared_ptr<const StepResolution>& r : recent_) {
-    if (r->epoch == epoch) return r.get();
-  }
-  return nullptr;
-}
-
 std::shared_ptr<const StepInfo> StepBarrier::shared_info(uint64_t epoch) const {
   if (open_ && open_->epoch == epoch) return open_;
   for (const auto& i : recent_info_) {
@@ -530,7 +524,7 @@ std::shared_ptr<const StepInfo> StepBarrier::shared_info(uint64_t epoch) const {
 
 std::optional<StepState> StepBarrier::state(uint64_t epoch) const {
   if (open_ && open_->epoch == epoch) return open_state_;
-  if (const StepResolution* r = FindResolution(epoch)) return r->state;
+  if (std::shared_ptr<const StepResolution> r = resolution(epoch)) return r->state;
   return std::nullopt;
 }
 

@@ -141,8 +141,6 @@ class StepBarrier {
     absl::Time reported_at;
   };
 
-  // resolution() without sharing it: for a look under the caller's lock.
-  const StepResolution* FindResolution(uint64_t epoch) const;
   // Validates step/epoch/task/incarnation; returns the participant index.
   absl::StatusOr<size_t> CheckCaller(int64_t step, uint64_t epoch, const TaskKey& task,
                                      uint64_t incarnation, absl::string_view what) const;

@@ -84,7 +84,17 @@ void StepCoordinator::Recovered() {
   earlier_ = last_step;
 }
 
-absl::StatusOr<StepResolution> StepCoordinator::Unknown(uint64_t epoch) const {
+namespace {
+
+// A resolution's own copy, for the callers that wait (WaitStep*).
+absl::StatusOr<StepResolution> Copied(absl::StatusOr<StepCoordinator::SharedResolution> r) {
+  if (!r.ok()) return r.status();
+  return **r;
+}
+
+}  // namespace
+
+absl::StatusOr<StepCoordinator::SharedResolution> StepCoordinator::Unknown(uint64_t epoch) const {
   if (epoch == 0 || epoch >= first_epoch_ || epoch < earlier_.epoch) {
     return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
   }
@@ -100,7 +110,7 @@ absl::StatusOr<StepResolution> StepCoordinator::Unknown(uint64_t epoch) const {
         "the step of epoch ", epoch,
         " was open when the coordinator restarted; it did not commit (begin it again)"));
   }
-  return r;
+  return std::make_shared<const StepResolution>(std::move(r));
 }
 
 // ---- The write gate ----
@@ -364,7 +374,7 @@ absl::StatusOr<std::variant<StepPlan, StepResolution>> StepCoordinator::WaitStep
   while (true) {
     if (const StepPlan* p = steps_.plan(epoch)) return *p;
     if (SharedResolution r = steps_.resolution(epoch)) return *r;
-    if (!steps_.state(epoch)) return Unknown(epoch);
+    if (!steps_.state(epoch)) return Copied(Unknown(epoch));
     if (step_cv_.WaitWithDeadline(mu_.native(), deadline)) {
       return absl::DeadlineExceededError(
           absl::StrCat("the barrier of epoch ", epoch, " has not resolved yet"));
@@ -377,7 +387,7 @@ absl::StatusOr<StepResolution> StepCoordinator::WaitStepResolution(uint64_t epoc
   RankedLock lock(&mu_);
   while (true) {
     if (SharedResolution r = steps_.resolution(epoch)) return *r;
-    if (!steps_.state(epoch)) return Unknown(epoch);
+    if (!steps_.state(epoch)) return Copied(Unknown(epoch));
     if (step_cv_.WaitWithDeadline(mu_.native(), deadline)) {
       return absl::DeadlineExceededError(
           absl::StrCat("the step of epoch ", epoch, " has not resolved yet"));
@@ -396,9 +406,9 @@ void StepCoordinator::WhenStepPlanned(uint64_t epoch, PlanCallback done) {
     } else if (SharedResolution r = steps_.resolution(epoch)) {
       ready = std::move(r);
     } else if (!steps_.state(epoch)) {
-      auto earlier = Unknown(epoch);
+      absl::StatusOr<SharedResolution> earlier = Unknown(epoch);
       if (earlier.ok()) {
-        ready = std::make_shared<const StepResolution>(*std::move(earlier));
+        ready = *std::move(earlier);
       } else {
         ready = earlier.status();
       }
@@ -420,12 +430,7 @@ void StepCoordinator::WhenStepResolved(uint64_t epoch, ResolutionCallback done) 
     } else if (SharedResolution r = steps_.resolution(epoch)) {
       ready = std::move(r);
     } else if (!steps_.state(epoch)) {
-      absl::StatusOr<StepResolution> earlier = Unknown(epoch);
-      if (earlier.ok()) {
-        ready = std::make_shared<const StepResolution>(*std::move(earlier));
-      } else {
-        ready = earlier.status();
-      }
+      ready = Unknown(epoch);
     } else {
       wakers_.push_back([this, epoch, done] { WhenStepResolved(epoch, done); });
       return;

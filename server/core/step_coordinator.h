@@ -145,7 +145,7 @@ class StepCoordinator {
   // committed, with what it changed (its workers may not have heard before
   // the restart, and install it now: two-phase commit); a later one as
   // failed (the restart aborted it). Any other: NOT_FOUND.
-  absl::StatusOr<StepResolution> Unknown(uint64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<SharedResolution> Unknown(uint64_t epoch) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   Registry* const registry_;
