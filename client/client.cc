@@ -515,20 +515,16 @@ absl::StatusOr<bool> ReadKnownSmall(
 
 absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std::byte> out) {
   ReadInfo info;
-  REPVAR_ASSIGN_OR_RETURN(
-      bool small, ReadKnownSmall(*impl_, name, KnownBytes(*impl_, name),
-                                 [&](const TensorSpec& spec, int64_t version, uint64_t checksum,
-                                     std::span<const std::byte> data) -> absl::Status {
-                                   if (data.size() != out.size()) {
-                                     return WrongSize(name, data.size(), out.size());
-                                   }
-                                   if (!out.empty())
-                                     std::memcpy(out.data(), data.data(), out.size());
-                                   info = ReadInfo{spec.dtype, spec.dims, version, Checksum(out)};
-                                   return info.checksum == checksum
-                                              ? absl::OkStatus()
-                                              : client_internal::ValueFailsItsChecksum(0);
-                                 }));
+  // A small one: copied from the answer into `out`, and checked there.
+  auto into_out = [&](const TensorSpec& spec, int64_t version, uint64_t checksum,
+                      std::span<const std::byte> data) -> absl::Status {
+    if (data.size() != out.size()) return WrongSize(name, data.size(), out.size());
+    if (!out.empty()) std::memcpy(out.data(), data.data(), out.size());
+    info = ReadInfo{spec.dtype, spec.dims, version, Checksum(out)};
+    return info.checksum == checksum ? absl::OkStatus() : client_internal::ValueFailsItsChecksum(0);
+  };
+  REPVAR_ASSIGN_OR_RETURN(bool small,
+                          ReadKnownSmall(*impl_, name, KnownBytes(*impl_, name), into_out));
   if (small) return info;
   REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
     REPVAR_ASSIGN_OR_RETURN(ReceivedInPlace got,
@@ -543,13 +539,11 @@ absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std
 absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
   const std::optional<uint64_t> known = KnownBytes(*impl_, name);
   TensorValue value;
-  REPVAR_ASSIGN_OR_RETURN(
-      bool small, ReadKnownSmall(*impl_, name, known,
-                                 [&](const TensorSpec& spec, int64_t version, uint64_t checksum,
-                                     std::span<const std::byte> data) {
-                                   return client_internal::TakeValue(0, spec, version, checksum,
-                                                                     data, value);
-                                 }));
+  auto into_value = [&](const TensorSpec& spec, int64_t version, uint64_t checksum,
+                        std::span<const std::byte> data) {
+    return client_internal::TakeValue(0, spec, version, checksum, data, value);
+  };
+  REPVAR_ASSIGN_OR_RETURN(bool small, ReadKnownSmall(*impl_, name, known, into_value));
   if (small) return value;
   ReadInfo info;
   REPVAR_RETURN_IF_ERROR(impl_->Retry([&]() -> absl::Status {
