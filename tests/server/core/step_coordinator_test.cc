@@ -44,7 +44,9 @@ class StoppableLog final : public StateLog {
     return records_.Append(record);
   }
   absl::Status Recover(ClusterState& state) override { return records_.Recover(state); }
-  bool IsDurable(uint64_t) override { return true; }  // Durable never waits
+  // Durable never waits; IsDurable says what `durable` says (a sync under
+  // way when false).
+  bool IsDurable(uint64_t) override { return durable; }
   // A value whose checksum is in `unchecked` stands for a copy in a blob
   // file loaded at a restart: not checked until its first Check.
   absl::Status Check(const Tensor& value) override {
@@ -57,6 +59,7 @@ class StoppableLog final : public StateLog {
     return absl::OkStatus();
   }
   bool refuse_values = false;
+  bool durable = true;
   std::set<uint64_t> unchecked;
   int checks = 0;
 
@@ -569,6 +572,21 @@ TEST_F(StepCoreTest, C1_ReadBatchHeld_CopiesAndReadBackValues_NoWorkerAsked) {
 // resolves; one registered after, at once; every waiter of the step gets
 // the one resolution, shared rather than copied for each; after
 // ShutdownWaiters, UNAVAILABLE.
+// F3 on the callback thread: a read there never answers from a state whose
+// last record waits for its sync (that would answer what a power loss can
+// still take back), nor waits for the sync: not held, read where it may wait.
+TEST_F(StepCoreTest, F3_ReadBatchHeld_AStateNotDurableYet_NotHeld) {
+  KeptAndStepLeft(*F32({7, 8}));
+  log_.durable = false;
+  auto not_yet = core_.ReadBatchHeld({"kept"}, 1 << 20, 1 << 20);
+  ASSERT_OK(not_yet);
+  EXPECT_FALSE(not_yet->has_value()) << "the state it read is not durable yet";
+  log_.durable = true;
+  auto held = core_.ReadBatchHeld({"kept"}, 1 << 20, 1 << 20);
+  ASSERT_OK(held);
+  EXPECT_TRUE(held->has_value());
+}
+
 // A copy in a blob file not checked yet (its first use after a restart) is
 // not held: its check, a pass over its bytes maybe read from disk, is made
 // where a read may wait (ReadBatch, on the trainers' pool), and then it is.
