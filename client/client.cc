@@ -85,6 +85,21 @@ std::string NewRequestId() {
   return absl::StrFormat("%016x%016x", RandomNonZero64(), RandomNonZero64());
 }
 
+// The acknowledgement of a write of `name`: with the new value when
+// `read_value` asked for it, from the answer, or read when it was too large
+// to ride along (or the answer was a retry's, recorded without values).
+absl::StatusOr<WriteAck> Acknowledge(Client& client, const std::string& name,
+                                     const v1::AssignVariableResponse& resp, bool read_value) {
+  WriteAck out{resp.version(), resp.checksum(), std::nullopt};
+  if (resp.has_value()) {
+    REPVAR_ASSIGN_OR_RETURN(out.value, TensorValueFromProto(resp.value(), resp.version()));
+  } else if (read_value) {
+    REPVAR_ASSIGN_OR_RETURN(TensorValue v, client.Read(name));
+    out.value = std::move(v);
+  }
+  return out;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -330,16 +345,6 @@ absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignOp kind,
     return absl::FailedPreconditionError(absl::StrCat(
         "variable ", name, " is ", DTypeName(spec->dtype), "; the values are ", DTypeName(*dtype)));
   }
-  auto ack = [&](const v1::AssignVariableResponse& resp) -> absl::StatusOr<WriteAck> {
-    WriteAck out{resp.version(), resp.checksum(), std::nullopt};
-    if (resp.has_value()) {
-      REPVAR_ASSIGN_OR_RETURN(out.value, TensorValueFromProto(resp.value(), resp.version()));
-    } else if (read_value) {
-      REPVAR_ASSIGN_OR_RETURN(TensorValue v, Read(name));
-      out.value = std::move(v);
-    }
-    return out;
-  };
   if (static_cast<int64_t>(bytes.size()) <= kSmallWriteBytes) {
     // A small value goes in one unary call: a stream's set-up costs more
     // than the bytes.
@@ -355,7 +360,7 @@ absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignOp kind,
           absl::StrCat("the coordinator answered a write of one variable with ",
                        resp.results_size(), " results"));
     }
-    return ack(resp.results(0));
+    return Acknowledge(*this, name, resp.results(0), read_value);
   }
   v1::AssignVariableRequest head;
   v1::AssignHeader* h = head.mutable_header();
@@ -381,7 +386,7 @@ absl::StatusOr<WriteAck> Client::Write(const std::string& name, AssignOp kind,
   });
   if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) impl_->Forget(name);
   REPVAR_RETURN_IF_ERROR(s);
-  return ack(resp);
+  return Acknowledge(*this, name, resp, read_value);
 }
 
 absl::StatusOr<std::vector<WriteAck>> Client::AssignBatch(const std::vector<AssignItem>& items) {
@@ -393,12 +398,22 @@ absl::StatusOr<std::vector<WriteAck>> Client::AssignBatch(const std::vector<Assi
       REPVAR_RETURN_IF_ERROR(GetVariable(item.name).status());
       spec = impl_->Spec(item.name);
     }
-    PutAssignItem(item.name, item.op, *spec, item.bytes, /*read_value=*/false, req.add_items());
+    PutAssignItem(item.name, item.op, *spec, item.bytes,
+                  item.read_value.value_or(ReadValueByDefault(item.op)), req.add_items());
   }
   v1::AssignVariablesResponse resp;
   REPVAR_RETURN_IF_ERROR(impl_->AssignVariables(req, &resp));
+  if (resp.results_size() != static_cast<int>(items.size())) {
+    return absl::InternalError(absl::StrCat("the coordinator answered a write of ", items.size(),
+                                            " variables with ", resp.results_size(), " results"));
+  }
   std::vector<WriteAck> out;
-  for (const auto& r : resp.results()) out.push_back(WriteAck{r.version(), r.checksum(), {}});
+  for (size_t i = 0; i < items.size(); ++i) {
+    REPVAR_ASSIGN_OR_RETURN(WriteAck ack,
+                            Acknowledge(*this, items[i].name, resp.results(static_cast<int>(i)),
+                                        req.items(static_cast<int>(i)).read_value()));
+    out.push_back(std::move(ack));
+  }
   return out;
 }
 

@@ -8,6 +8,7 @@
         c.create("w", "float32", (4, 3), initializer=repvar.zeros())
     c.initialize(["model/w"])
     c.assign("model/w", np.ones((4, 3), np.float32))
+    new = c.assign_add("model/w", np.ones((4, 3), np.float32)).value  # as the seed
     value, version = c.read("model/w")
     with c.step(1, worker="tpu_worker:0") as s:   # a replicated step
         for r in s.local_replicas("model/w"):
@@ -25,13 +26,13 @@ from repvar.errors import (Error, Cancelled, Unknown, InvalidArgument, DeadlineE
                            NotFound, AlreadyExists, PermissionDenied, ResourceExhausted,
                            FailedPrecondition, Aborted, OutOfRange, Unimplemented, Internal,
                            Unavailable, DataLoss, Unauthenticated, StepFailed)
-from repvar.client import (Client, Step, connect, replicated_scope, zeros, ones, constant,
-                           random_normal, random_uniform, value)
+from repvar.client import (Client, Step, WriteAck, connect, replicated_scope, zeros, ones,
+                           constant, random_normal, random_uniform, value)
 
 __all__ = [
     "DTYPES", "checksum", "from_chunks", "to_chunks", "to_tensor", "from_tensor",
     "numpy_dtype", "Client", "replicated_scope", "zeros", "ones", "constant",
-    "random_normal", "random_uniform", "value", "Step", "StepFailed", "connect", "Error",
+    "random_normal", "random_uniform", "value", "Step", "WriteAck", "StepFailed", "connect", "Error",
     "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
     "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange",
     "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated",

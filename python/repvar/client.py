@@ -24,6 +24,11 @@ from repvar.v1 import types_pb2 as tpb
 
 _scopes = threading.local()
 
+
+class WriteAck(collections.namedtuple("WriteAck", "version checksum value")):
+    """A committed cross-replica write: its version and checksum, and the new
+    value (a numpy array) when read_value was in effect, else None."""
+
 AGGREGATIONS = {
     "NONE": tpb.AGGREGATION_NONE,
     "SUM": tpb.AGGREGATION_SUM,
@@ -381,20 +386,40 @@ class Client:
             self._dtypes[name] = tensors._BY_ENUM[enum][0]
         return self._dtypes[name]
 
-    def assign(self, name: str, array, op: str = "assign", read_value: bool = False,
-               chunk_bytes: int = 1 << 20, request_id: Optional[str] = None):
-        """Cross-replica write; returns the AssignVariableResponse (version, checksum)."""
+    def assign(self, name: str, array, op: str = "assign", read_value: Optional[bool] = None,
+               chunk_bytes: int = 1 << 20, request_id: Optional[str] = None) -> "WriteAck":
+        """Cross-replica write (`op`: "assign", "add" or "sub"); returns its
+        WriteAck. `read_value`: answer with the new value; None leaves it to
+        the coordinator, which follows the seed (assign does not, add and sub
+        do)."""
         dtype = self._dtype_of(name)
         h, frames = tensors.header_and_frames(array, dtype, _CHUNK_FIELD, chunk_bytes)
         rid = request_id or uuid.uuid4().hex
+        header = cpb.AssignHeader(request_id=rid, name=name, op=OPS[op], tensor=h)
+        if read_value is not None:
+            header.read_value = read_value
 
         def stream():
-            yield cpb.AssignVariableRequest(header=cpb.AssignHeader(
-                request_id=rid, name=name, op=OPS[op], tensor=h,
-                read_value=read_value)).SerializeToString()
+            yield cpb.AssignVariableRequest(header=header).SerializeToString()
             yield from frames
 
-        return self._writes.AssignVariable(stream(), timeout=self.timeout + h.byte_size / 50e6)
+        resp = self._writes.AssignVariable(stream(), timeout=self.timeout + h.byte_size / 50e6)
+        value = None
+        if resp.HasField("value"):
+            value = tensors.from_tensor(resp.value, writable=True)
+        elif read_value if read_value is not None else op != "assign":
+            value = self.read(name)[0]  # too large to ride along, or a retry's answer
+        return WriteAck(resp.version, resp.checksum, value)
+
+    def assign_add(self, name: str, delta, read_value: Optional[bool] = None,
+                   **kwargs) -> "WriteAck":
+        """assign(name, delta, op="add"): returns the new value by default."""
+        return self.assign(name, delta, op="add", read_value=read_value, **kwargs)
+
+    def assign_sub(self, name: str, delta, read_value: Optional[bool] = None,
+                   **kwargs) -> "WriteAck":
+        """assign(name, delta, op="sub"): returns the new value by default."""
+        return self.assign(name, delta, op="sub", read_value=read_value, **kwargs)
 
     def read(self, name: str, chunk_bytes: int = 1 << 20,
              out: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:

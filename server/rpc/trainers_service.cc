@@ -216,7 +216,8 @@ grpc::Status TrainersService::AssignVariableFrames(grpc::ServerContext* ctx, Fra
   Assignment item{header.name(), *op, std::make_shared<const Tensor>(*std::move(value))};
   auto result = core_->Assign(*key, item);
   if (!result.ok()) return Fail("AssignVariable", result.status());
-  WriteResultToProto(*result, header.read_value() ? kMaxReadValueBytes : 0, resp);
+  const bool read_value = header.has_read_value() ? header.read_value() : ReadValueByDefault(*op);
+  WriteResultToProto(*result, read_value ? kMaxReadValueBytes : 0, resp);
   return grpc::Status::OK;
 }
 
@@ -241,8 +242,8 @@ grpc::Status TrainersService::AssignVariables(grpc::ServerContext* ctx,
   auto results = core_->AssignBatch(*key, items);
   if (!results.ok()) return Fail("AssignVariables", results.status());
   for (size_t i = 0; i < results->size(); ++i) {
-    const bool read_value =
-        i < static_cast<size_t>(req->items_size()) && req->items(i).read_value();
+    const v1::AssignItem& p = req->items(static_cast<int>(i));
+    const bool read_value = p.has_read_value() ? p.read_value() : ReadValueByDefault(items[i].op);
     WriteResultToProto((*results)[i], read_value ? kMaxReadValueBytes : 0, resp->add_results());
   }
   return grpc::Status::OK;

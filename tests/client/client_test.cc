@@ -105,6 +105,49 @@ TEST_F(ClientTest, WriteRead_RoundTrip_AndDtypeChecked) {
   EXPECT_THAT(client_->Read("nope"), StatusIs(absl::StatusCode::kNotFound));
 }
 
+// The seed's defaults: Assign answers without the value, AssignAdd and
+// AssignSub with the new one (unary, streamed and batched alike); an explicit
+// read_value is obeyed.
+TEST_F(ClientTest, AssignDefaults_AddAndSubReturnNewValue_AssignDoesNot) {
+  for (int64_t n : {int64_t{2}, int64_t{(1 << 20) / 4 + 1}}) {
+    const std::string name = absl::StrCat("d", n);
+    ASSERT_OK(client_->CreateVariable(
+        {.name = name, .dtype = DType::kFloat32, .shape = {n}, .replica_count = 4}));
+    std::vector<float> v(static_cast<size_t>(n), 1.5f);
+    auto assigned = client_->Assign<float>(name, v);
+    ASSERT_OK(assigned);
+    EXPECT_FALSE(assigned->value.has_value()) << n;
+    auto added = client_->AssignAdd<float>(name, v);
+    ASSERT_OK(added);
+    ASSERT_TRUE(added->value.has_value()) << n;
+    EXPECT_EQ(added->value->as<float>()[0], 3.0f) << n;
+    EXPECT_EQ(added->value->version, 2) << n;
+    auto subtracted = client_->AssignSub<float>(name, v);
+    ASSERT_OK(subtracted);
+    ASSERT_TRUE(subtracted->value.has_value()) << n;
+    EXPECT_EQ(subtracted->value->as<float>()[0], 1.5f) << n;
+    auto quiet = client_->AssignAdd<float>(name, v, /*read_value=*/false);
+    ASSERT_OK(quiet);
+    EXPECT_FALSE(quiet->value.has_value()) << n;
+  }
+  const std::vector<float> one = {1, 1};
+  const auto bytes = std::as_bytes(std::span(one));
+  auto batch = client_->AssignBatch({{.name = "d2", .op = AssignOp::kAssign, .bytes = bytes},
+                                     {.name = "d2", .op = AssignOp::kAdd, .bytes = bytes}});
+  // A name twice in one batch is refused; one item each is not.
+  EXPECT_THAT(batch, StatusIs(absl::StatusCode::kInvalidArgument, "twice"));
+  batch = client_->AssignBatch({{.name = "d2", .op = AssignOp::kAdd, .bytes = bytes}});
+  ASSERT_OK(batch);
+  ASSERT_TRUE((*batch)[0].value.has_value());
+  batch = client_->AssignBatch(
+      {{.name = "d2", .op = AssignOp::kAdd, .bytes = bytes, .read_value = false}});
+  ASSERT_OK(batch);
+  EXPECT_FALSE((*batch)[0].value.has_value());
+  batch = client_->AssignBatch({{.name = "d2", .op = AssignOp::kAssign, .bytes = bytes}});
+  ASSERT_OK(batch);
+  EXPECT_FALSE((*batch)[0].value.has_value());
+}
+
 // A write of at most 1 MiB goes in one unary call, a larger one in a
 // stream: both answer the same way (version, checksum, the value when asked
 // for) and a retried request id is applied once on either.

@@ -452,6 +452,24 @@ def test_request_id_retry_returns_original_answer(client):
     assert client.read("idem")[0].tolist() == [1.0]
 
 
+def test_assign_defaults_follow_the_seed(client):
+    """assign answers without the value, assign_add and assign_sub with the
+    new one (read_value unset on the wire: the coordinator's default); an
+    explicit read_value is obeyed; a value too large to ride along is read."""
+    client.create("seeddef", "float32", (2,), replica_count=6)
+    one = np.array([1.5, -2], np.float32)
+    assert client.assign("seeddef", one).value is None
+    added = client.assign_add("seeddef", one)
+    assert added.version == 2 and added.value.tolist() == [3.0, -4.0]
+    assert client.assign_sub("seeddef", one).value.tolist() == [1.5, -2.0]
+    assert client.assign_add("seeddef", one, read_value=False).value is None
+    assert client.assign("seeddef", one, read_value=True).value.tolist() == [1.5, -2.0]
+    client.create("seeddef/big", "float32", (1 << 21,), replica_count=6)  # 8 MiB
+    big = np.ones(1 << 21, np.float32)
+    client.assign("seeddef/big", big)
+    assert client.assign_add("seeddef/big", big).value[-1] == 2.0
+
+
 def test_repvarctl_json_is_json_and_int64_exact(client, cluster):
     """repvarctl --json: int64 values exactly (2**53 + 1 survives), NaN and
     infinities as strings (JSON has no such numbers), every command valid

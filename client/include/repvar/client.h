@@ -259,7 +259,7 @@ struct ReadInfo {
 struct WriteAck {
   int64_t version = 0;
   uint64_t checksum = 0;
-  std::optional<TensorValue> value;  // with read_value, when small
+  std::optional<TensorValue> value;  // the new value, when read_value was in effect
 };
 
 struct InitializedState {
@@ -272,6 +272,8 @@ struct AssignItem {
   std::string name;
   AssignOp op = AssignOp::kAssign;
   std::span<const std::byte> bytes;  // of the variable's dtype and shape
+  // Answer with the new value; unset: ReadValueByDefault(op).
+  std::optional<bool> read_value;
 };
 
 // Sets the replica count and name prefix of every variable created inside it
@@ -370,26 +372,28 @@ class Client {
       const std::vector<std::string>& names);
 
   // Cross-replica writes of any size (chunk streams). `bytes` must match the
-  // variable's dtype and shape. Errors: see coordinator.proto AssignVariable.
+  // variable's dtype and shape. `read_value`: answer with the new value
+  // (WriteAck::value); by default, as in the seed, Assign does not and
+  // AssignAdd / AssignSub do. Errors: see coordinator.proto AssignVariable.
   absl::StatusOr<WriteAck> Assign(const std::string& name, std::span<const std::byte> bytes,
-                                  bool read_value = false);
+                                  bool read_value = ReadValueByDefault(AssignOp::kAssign));
   absl::StatusOr<WriteAck> AssignAdd(const std::string& name, std::span<const std::byte> bytes,
-                                     bool read_value = false);
+                                     bool read_value = ReadValueByDefault(AssignOp::kAdd));
   absl::StatusOr<WriteAck> AssignSub(const std::string& name, std::span<const std::byte> bytes,
-                                     bool read_value = false);
+                                     bool read_value = ReadValueByDefault(AssignOp::kSub));
   template <typename T>
   absl::StatusOr<WriteAck> Assign(const std::string& name, std::span<const T> values,
-                                  bool read_value = false) {
+                                  bool read_value = ReadValueByDefault(AssignOp::kAssign)) {
     return Write(name, AssignOp::kAssign, std::as_bytes(values), DTypeOf<T>(), read_value);
   }
   template <typename T>
   absl::StatusOr<WriteAck> AssignAdd(const std::string& name, std::span<const T> values,
-                                     bool read_value = false) {
+                                     bool read_value = ReadValueByDefault(AssignOp::kAdd)) {
     return Write(name, AssignOp::kAdd, std::as_bytes(values), DTypeOf<T>(), read_value);
   }
   template <typename T>
   absl::StatusOr<WriteAck> AssignSub(const std::string& name, std::span<const T> values,
-                                     bool read_value = false) {
+                                     bool read_value = ReadValueByDefault(AssignOp::kSub)) {
     return Write(name, AssignOp::kSub, std::as_bytes(values), DTypeOf<T>(), read_value);
   }
   // Many small writes in one call (<= 32 MiB in all); validated together.

@@ -39,6 +39,11 @@ enum class VariableDetail : int { kFull = 1, kBasic = 2 };
 // committed value (C3).
 enum class AssignOp : int { kAssign = 1, kAdd = 2, kSub = 3 };
 
+// Whether a write of `op` returns the new value when the caller does not say:
+// the seed's defaults (`assign(read_value=False)`, `assign_add` and
+// `assign_sub` with `read_value=True`).
+constexpr bool ReadValueByDefault(AssignOp op) { return op != AssignOp::kAssign; }
+
 // The life of a replicated step (see server/core/step_barrier.h).
 enum class StepState : int { kOpen = 1, kAggregating = 2, kCommitted = 3, kFailed = 4 };
 

@@ -5,8 +5,11 @@
 // logic itself is tested in tests/server/core.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <optional>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/rpc/grpc_status.h"
 #include "common/tensor/tensor.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
@@ -215,6 +218,56 @@ TEST_F(ServicesTest, Trainers_AssignAndRead_ChunkStreams_BadChunkRefusedNothingC
   ASSERT_OK(FromGrpcStatus(reader->Finish()));
   EXPECT_EQ(version, 1);
   EXPECT_EQ(back, data);
+}
+
+// C4 with the seed's defaults: an unset read_value answers ADD and SUB with
+// the new value and ASSIGN without; a set one is obeyed either way, on the
+// stream and on the batched call alike.
+TEST_F(ServicesTest, Trainers_AssignReadValueUnset_SeedDefaultPerOp_SetObeyed) {
+  v1::CreateVariablesResponse created;
+  ASSERT_OK(FromGrpcStatus(trainers_->CreateVariables(Ctx().get(), CreateW(), &created)));
+  const std::string data = FloatBytes({1.5f, -2});
+  auto streamed = [&](v1::AssignOp op, std::optional<bool> read_value) {
+    v1::AssignVariableRequest head = Header(data, Sum(data));
+    head.mutable_header()->set_op(op);
+    head.mutable_header()->set_request_id(
+        absl::StrCat("stream-", op, "-", read_value.has_value(), read_value.value_or(false)));
+    if (read_value) {
+      head.mutable_header()->set_read_value(*read_value);
+    } else {
+      head.mutable_header()->clear_read_value();
+    }
+    v1::AssignVariableResponse resp;
+    EXPECT_OK(Assign({head, Chunk(data, Sum(data))}, &resp));
+    return resp;
+  };
+  auto batched = [&](v1::AssignOp op, std::optional<bool> read_value) {
+    v1::AssignVariablesRequest req;
+    req.set_request_id(
+        absl::StrCat("batch-", op, "-", read_value.has_value(), read_value.value_or(false)));
+    v1::AssignItem* item = req.add_items();
+    item->set_name("w");
+    item->set_op(op);
+    if (read_value) item->set_read_value(*read_value);
+    *item->mutable_value()->mutable_header() = Header(data, Sum(data)).header().tensor();
+    item->mutable_value()->set_data(data);
+    v1::AssignVariablesResponse resp;
+    EXPECT_OK(FromGrpcStatus(trainers_->AssignVariables(Ctx().get(), req, &resp)));
+    EXPECT_EQ(resp.results_size(), 1);
+    return resp.results_size() == 1 ? resp.results(0) : v1::AssignVariableResponse();
+  };
+  for (auto write : {std::function(streamed), std::function(batched)}) {
+    EXPECT_FALSE(write(v1::ASSIGN_OP_ASSIGN, std::nullopt).has_value());
+    v1::AssignVariableResponse added = write(v1::ASSIGN_OP_ADD, std::nullopt);
+    ASSERT_TRUE(added.has_value());
+    EXPECT_EQ(added.value().data(), FloatBytes({3, -4}));  // 1.5 + 1.5, -2 + -2
+    v1::AssignVariableResponse subtracted = write(v1::ASSIGN_OP_SUB, std::nullopt);
+    ASSERT_TRUE(subtracted.has_value());
+    EXPECT_EQ(subtracted.value().data(), data);
+    EXPECT_FALSE(write(v1::ASSIGN_OP_ADD, false).has_value());
+    EXPECT_FALSE(write(v1::ASSIGN_OP_SUB, false).has_value());
+    EXPECT_TRUE(write(v1::ASSIGN_OP_ASSIGN, true).has_value());
+  }
 }
 
 TEST_F(ServicesTest, Admin_DeleteAndClusterStatus) {
