@@ -216,10 +216,23 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
   }
   r->data_start_ = 8 + n;
   const char* text = reinterpret_cast<const char*>(r->map_) + 8;
-  Json header = Json::parse(text, text + n, nullptr, /*allow_exceptions=*/false);
+  // A name twice would be read as its last entry, the bytes of the first
+  // unnamed: refused.
+  std::set<std::string> keys;
+  std::string twice;
+  const Json::parser_callback_t check_keys = [&](int depth, Json::parse_event_t event,
+                                                 Json& parsed) {
+    if (event == Json::parse_event_t::key && depth == 1 && !keys.insert(parsed).second &&
+        twice.empty()) {
+      twice = parsed.get<std::string>();
+    }
+    return true;
+  };
+  Json header = Json::parse(text, text + n, check_keys, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
     return Bad(path, "the header is not a JSON object");
   }
+  if (!twice.empty()) return Bad(path, absl::StrCat("tensor \"", twice, "\" is named twice"));
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& key = it.key();
     const Json& value = it.value();

@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """`repvarctl save` writes a file any safetensors reader opens: read here with
 a 20-line reader that uses only json and numpy, compared value by value with
-what the cluster holds, and checked against the layout the format fixes."""
+what the cluster holds, and checked against the layout the format fixes.
+And `repvarctl restore` takes a file another writer made: one written here
+from the format's specification with json and numpy alone."""
 
 import json
 import os
@@ -110,3 +112,53 @@ def test_saved_file_has_the_safetensors_layout(client, cluster, tmp_path):
         assert end - begin == itemsize * int(np.prod(t["shape"], dtype=np.int64)), name
         at = end
     assert 8 + n + at == len(blob), "the tensors end where the file ends"
+
+
+def write_safetensors(path, tensors, metadata):
+    """The format from its specification, with no code of repvar's: an
+    8-byte little-endian header length N, then N bytes of a UTF-8 JSON object
+    (each tensor's dtype, shape and [begin, end) data_offsets into the byte
+    buffer; "__metadata__", a map of strings), then the byte buffer. The data
+    is laid out here in the reverse of the header's order, and the header
+    padded with spaces to a multiple of 8, as the specification allows."""
+    names = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+             np.dtype(np.float64): "F64", np.dtype(np.int32): "I32",
+             np.dtype(np.int64): "I64"}
+    header, data = {"__metadata__": metadata}, b""
+    for name, (dtype, array) in reversed(list(tensors.items())):
+        raw = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": dtype or names[array.dtype], "shape": list(array.shape),
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+def test_restore_takes_a_file_written_by_another_writer(client, cluster, tmp_path):
+    rng = np.random.default_rng(3)
+    foreign = {
+        "foreign/kernel": (None, rng.standard_normal((3, 5)).astype(np.float32)),
+        "foreign/half": (None, np.array([0.5, -65504, 1e-3], np.float16)),
+        "foreign/bf16": ("BF16", np.array([0x3f80, 0x7f7f, 0x8001], np.uint16)),
+        "foreign/wide": (None, np.array([np.pi, -1e300], np.float64)),
+        "foreign/ids": (None, np.array([[1, -2], [2**31 - 1, -(2**31)]], np.int32)),
+        "foreign/count": (None, np.array(2**62 + 1, np.int64)),  # a scalar
+        "foreign/none": (None, np.zeros((0, 4), np.float32)),
+    }
+    path = str(tmp_path / "foreign.safetensors")
+    write_safetensors(path, foreign, {"framework": "numpy", "note": "no repvar metadata"})
+    out = subprocess.run([os.path.join(BUILD, "client/repvarctl"), f"--coordinator={cluster}",
+                          "--json", "restore", "--replicas=2", path],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["variables"] == len(foreign)
+    for name, (dtype, array) in foreign.items():
+        info = client.variable(name)
+        assert list(info.spec.tensor.dims) == list(array.shape), name
+        assert len(info.replicas) == 2, name
+        if array.size:
+            held, version = client.read(name)
+            assert held.tobytes() == array.tobytes(), name
+            assert version == 1, name

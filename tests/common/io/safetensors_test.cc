@@ -158,6 +158,10 @@ TEST(SafetensorsTest, DamagedFiles_DataLossNamingTheDamage) {
       {"offsets not matching the shape", replaced("[2,3]", "[2,4]"), "do not hold"},
       {"a gap between tensors", replaced("[24,40]", "[32,48]"), "starts at 32"},
       {"metadata not a string", replaced("\"7\"", "7"), "not a string"},
+      {"offsets overflowing", replaced("[24,40]", "[18446744073709551608,16]"), "do not hold"},
+      {"a shape overflowing", replaced("[2,3]", "[4611686018427387904,8]"), "do not hold"},
+      {"entries overlapping", replaced("[24,40]", "[16,32]"), "starts at 16"},
+      {"an entry named twice", replaced("\"b/c\"", "\"a\""), "named twice"},
   };
   for (const Case& c : cases) {
     const std::string path = dir.path() + "/bad.safetensors";
