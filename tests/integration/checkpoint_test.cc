@@ -10,9 +10,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "repvar/client.h"
 #include "repvar/step.h"
 #include "tests/testing/started_cluster.h"
@@ -161,7 +163,12 @@ TEST_F(CheckpointTest, Restore_DamagedFile_DataLossNamingTheTensor_NothingWritte
 
 // A writer keeps assigning a = k, then z = k, with 32 MiB variables between
 // them in the file: a save that was not one cut would catch z ahead of a.
-TEST_F(CheckpointTest, Save_WhileWritesContinue_IsOneCut) {
+// The writes are held while the cut streams, then go on: every write of a
+// after the cut's value is acknowledged only after the save received half
+// its bytes (gRPC's flow control keeps the coordinator from having sent the
+// rest by then, so the hold was still in place), and more writes follow the
+// save.
+TEST_F(CheckpointTest, Save_WhileWritesContinue_IsOneCut_WritesHeldThenGoOn) {
   Make("a", {1}, 2);
   Make("z", {1}, 2);
   for (int i = 0; i < 3; ++i) {
@@ -173,24 +180,39 @@ TEST_F(CheckpointTest, Save_WhileWritesContinue_IsOneCut) {
   ASSERT_OK(client_->Assign("z", std::span<const float>(std::vector<float>{0})));
   std::atomic<bool> stop{false};
   std::atomic<int> writes{0};
+  absl::Mutex mu;
+  std::map<int, absl::Time> a_acknowledged;  // k -> when a = k was acknowledged
   std::thread writer([&] {
     auto own = Client::Connect({.coordinator_address = cluster_.address()});
     ASSERT_OK(own);
     for (int k = 1; k < 100000 && !stop; ++k) {
       const std::vector<float> v{static_cast<float>(k)};
       if (!(*own)->Assign("a", std::span<const float>(v)).ok()) break;
+      {
+        absl::MutexLock lock(&mu);
+        a_acknowledged[k] = absl::Now();
+      }
       if (!(*own)->Assign("z", std::span<const float>(v)).ok()) break;
       ++writes;
     }
   });
   while (writes < 5) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   const std::string path = dir_.path() + "/cut.safetensors";
-  auto saved = client_->SaveCheckpoint(path);
-  const int during = writes;
+  absl::Time half_received = absl::InfiniteFuture();
+  auto saved = client_->SaveCheckpoint(path, [&](const CheckpointProgress& p) {
+    if (half_received == absl::InfiniteFuture() && 2 * p.bytes_done >= p.bytes_total) {
+      half_received = absl::Now();
+    }
+  });
+  ASSERT_OK(saved);
+  const int at_save = writes;
+  const absl::Time went_on_by = absl::Now() + testing::Scaled(absl::Seconds(30));
+  while (writes < at_save + 3 && absl::Now() < went_on_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   stop = true;
   writer.join();
-  ASSERT_OK(saved);
-  EXPECT_GT(writes, during - 1) << "writes went on after the save";
+  EXPECT_GE(writes, at_save + 3) << "writes did not go on after the save";
 
   // Read the pair back out of the file by restoring it into fresh names.
   ASSERT_OK(client_->DeleteVariable("a"));
@@ -198,6 +220,15 @@ TEST_F(CheckpointTest, Save_WhileWritesContinue_IsOneCut) {
   ASSERT_OK(client_->RestoreCheckpoint(path));
   const float a = Floats("a").at(0), z = Floats("z").at(0);
   EXPECT_TRUE(z == a || z == a - 1) << "a=" << a << " z=" << z;
+  ASSERT_NE(half_received, absl::InfiniteFuture());
+  absl::MutexLock lock(&mu);
+  ASSERT_TRUE(a_acknowledged.contains(static_cast<int>(a) + 1)) << "no write of a after the cut";
+  for (auto it = a_acknowledged.upper_bound(static_cast<int>(a)); it != a_acknowledged.end();
+       ++it) {
+    EXPECT_GT(it->second, half_received)
+        << "a = " << it->first << " was acknowledged while the cut (a = " << a
+        << ") was still streaming: the write was not held";
+  }
 }
 
 // The command line: repvarctl save and restore with --json summaries.
