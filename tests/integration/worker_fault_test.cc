@@ -8,11 +8,14 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "repvar/client.h"
+#include "tests/testing/metrics_scrape.h"
 #include "tests/testing/started_cluster.h"
 #include "tests/testing/status_matchers.h"
 
@@ -21,6 +24,13 @@ namespace {
 
 class WorkerFaultTest : public testing::StartedCluster {
  protected:
+  WorkerFaultTest() : StartedCluster({.metrics = true}) {}
+  // The broadcast bytes tpu_worker:2 has received over the data plane.
+  double BroadcastReceived() {
+    return testing::ScrapeMetrics(cluster_, "tpu_worker-2")
+        .Get(R"(repvar_data_plane_bytes_total{direction="received"})");
+  }
+
   // Every replica of `name` on the workers that differs from the committed
   // (version, checksum); empty when they all agree.
   std::string Disagreements(const std::string& name) {
@@ -59,11 +69,24 @@ TEST_F(WorkerFaultTest, F1_F2_WorkerPausedMidBroadcast_DecidedWithinHeartbeatTim
 
   const pid_t paused = cluster_.worker(2).pid();
   absl::StatusOr<WriteAck> ack;
-  absl::Time stopped_at;
-  std::thread writer([&] { ack = client_->Assign("big", std::span<const float>(ones)); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the bytes are on their way
+  std::atomic<bool> acknowledged{false};
+  const double received_before = std::max(0.0, BroadcastReceived());
+  std::thread writer([&] {
+    ack = client_->Assign("big", std::span<const float>(ones));
+    acknowledged = true;
+  });
+  // The pause lands mid-broadcast: once tpu_worker:2 has received some of
+  // the bytes and before the write is acknowledged (it needs every worker).
+  double received = received_before;
+  const absl::Time until = absl::Now() + testing::Scaled(absl::Seconds(30));
+  while (received <= received_before && !acknowledged && absl::Now() < until) {
+    received = BroadcastReceived();
+  }
   ASSERT_EQ(kill(paused, SIGSTOP), 0);
-  stopped_at = absl::Now();
+  const absl::Time stopped_at = absl::Now();
+  EXPECT_FALSE(acknowledged) << "the write was acknowledged before the pause";
+  EXPECT_GT(received, received_before) << "no broadcast byte reached tpu_worker:2 before the pause";
+  EXPECT_LT(received - received_before, 4.0 * n) << "tpu_worker:2 had the whole value";
   writer.join();
   const absl::Duration decided = absl::Now() - stopped_at;
   // Heartbeat timeout 2 s, plus the tick, plus the client's retry to the

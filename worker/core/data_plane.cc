@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/metrics.h"
 #include "common/base/status_util.h"
 #include "common/tensor/buffer.h"
 #include "spdlog/spdlog.h"
@@ -46,6 +47,16 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   RendezvousClient* const client_;
   const absl::Duration timeout_;
 };
+
+// Broadcast bytes this worker received from a peer over the data plane,
+// counted as each piece arrives: what an operator (and a fault test) reads
+// to see a broadcast under way.
+void CountBroadcastReceived(uint64_t n) {
+  static Counter& received = Metrics::Global().GetCounter(
+      "repvar_data_plane_bytes_total", "bytes moved over the data plane (gloo), by direction",
+      {{"direction", "received"}});
+  received.Add(n);
+}
 
 // The first byte of the chain broadcast's slots (gloo's own collectives use
 // 0x01-0x08): prefix, then the tag, then the piece.
@@ -98,6 +109,7 @@ void ChainBroadcast(gloo::Context& ctx, const CollectiveSpec& c, size_t piece,
       ThrowIfAborted(buffer->waitRecv(timeout), "a broadcast receive");
       if (forwards) buffer->send(next, ChainSlot(c.tag, i), offset(i), length(i));
       if (received != nullptr) received->Update(bytes.subspan(offset(i), length(i)));
+      CountBroadcastReceived(length(i));
     }
   }
   if (forwards) {
@@ -413,7 +425,10 @@ absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::by
     opts.setTag(c.tag);
     opts.setTimeout(absl::ToChronoMilliseconds(c.timeout));
     gloo::broadcast(opts);
-    if (received != nullptr && c.rank != c.root) received->Update(bytes);
+    if (c.rank != c.root) {
+      if (received != nullptr) received->Update(bytes);
+      CountBroadcastReceived(bytes.size());
+    }
     return absl::OkStatus();
   } catch (const std::exception& e) {
     return Dropped(c, "broadcast", e);
