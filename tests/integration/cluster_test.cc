@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -265,6 +266,18 @@ namespace {
 class DataPlaneTest : public StartedCluster {
  protected:
   DataPlaneTest() : StartedCluster({.tpu_workers = 4, .tpu_per_worker = 1, .cpu_host = false}) {}
+  // The groups worker `w` joined ("GROUP as rank R of N"), from its log.
+  std::set<std::string> GroupsJoined(int w) {
+    std::ifstream in(cluster_.worker(w).log_path());
+    std::set<std::string> out;
+    for (std::string line; std::getline(in, line);) {
+      const size_t at = line.find("data plane: joined group ");
+      if (at == std::string::npos) continue;
+      const std::string rest = line.substr(at + 25);
+      out.insert(rest.substr(0, rest.find(' ')) + rest.substr(rest.rfind(" of ")));
+    }
+    return out;
+  }
   void ExpectEveryWorkerHolds(uint64_t id, const WriteAck& ack, std::vector<int> workers) {
     for (int w : workers) {
       auto status = WorkerStatus(cluster_.worker_address(w));
@@ -307,11 +320,15 @@ TEST_F(DataPlaneTest, MemberDies_NextLargeAssignFormsANewGroup) {
   ASSERT_OK(info);
   std::vector<float> v(n, 1.0f);
   ASSERT_OK(client_->Assign("big", std::span<const float>(v)));
+  const std::set<std::string> first = GroupsJoined(0);
+  ASSERT_EQ(first.size(), 1u) << "the first write did not travel over a group of 4";
+  EXPECT_TRUE(first.begin()->ends_with(" of 4")) << *first.begin();
   cluster_.worker(2).Kill(SIGKILL);
   absl::Time deadline = absl::Now() + Scaled(absl::Seconds(10));
   while (client_->GetTopology()->tasks.size() != 3 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
+  ASSERT_EQ(client_->GetTopology()->tasks.size(), 3u) << "the killed worker was not declared dead";
   v[0] = 2.0f;
   auto ack = client_->Assign("big", std::span<const float>(v));
   ASSERT_OK(ack);
@@ -319,6 +336,13 @@ TEST_F(DataPlaneTest, MemberDies_NextLargeAssignFormsANewGroup) {
   auto back = client_->Read("big");
   ASSERT_OK(back);
   EXPECT_EQ(back->as<float>()[0], 2.0f);
+  // The second write went over a new group of the three survivors.
+  for (int w : {0, 1, 3}) {
+    std::set<std::string> joined = GroupsJoined(w);
+    for (const std::string& g : first) joined.erase(g);
+    ASSERT_EQ(joined.size(), 1u) << "worker " << w << " joined no new group";
+    EXPECT_TRUE(joined.begin()->ends_with(" of 3")) << "worker " << w << ": " << *joined.begin();
+  }
 }
 
 }  // namespace
