@@ -30,7 +30,7 @@ done
 deploy/bootstrap.sh
 build=${REPVAR_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j "$(nproc)" --target repvar-coordinator repvar-worker repvar-example repvar-train repvarctl repvar_python
+cmake --build "$build" -j "$(nproc)" --target repvar_runtime
 
 data=${REPVAR_DATA_DIR:-$root/local-cluster}
 mkdir -p "$data"
