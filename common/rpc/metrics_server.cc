@@ -103,7 +103,21 @@ class RpcMetrics : public grpc::experimental::Interceptor {
       metadata->erase(kRequestIdKey);
       metadata->emplace(kRequestIdKey, request_id_);
     }
+    if (methods->QueryInterceptionHookPoint(Hook::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr) {
+      unparsed_ = true;  // or the end of a stream: see below
+    }
     if (methods->QueryInterceptionHookPoint(Hook::PRE_SEND_STATUS)) {
+      // gRPC answers a request that does not parse itself, with INTERNAL or
+      // UNIMPLEMENTED and no message (every status of repvar's handlers has
+      // one): named here, as every other bad input is.
+      if (unparsed_ && methods->GetSendStatus().error_message().empty() &&
+          (methods->GetSendStatus().error_code() == grpc::StatusCode::INTERNAL ||
+           methods->GetSendStatus().error_code() == grpc::StatusCode::UNIMPLEMENTED)) {
+        methods->ModifySendStatus(grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("the request does not parse as the input of ", method_->name)));
+      }
       const grpc::Status status = methods->GetSendStatus();
       if (request_id_.empty()) request_id_ = absl::StrFormat("%016x", RandomNonZero64());
       methods->GetSendTrailingMetadata()->emplace(kRequestIdKey, request_id_);
@@ -131,6 +145,7 @@ class RpcMetrics : public grpc::experimental::Interceptor {
   RpcMetricsFactory::Method* const method_;
   const absl::Time start_;
   std::string request_id_;
+  bool unparsed_ = false;  // a message was not received, or did not parse
 };
 
 }  // namespace
