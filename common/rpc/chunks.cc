@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/rpc/chunks.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/base/metrics.h"
 #include "common/base/status_util.h"
 #include "common/rpc/chunk_frame.h"
@@ -28,6 +29,14 @@ void CountReceivedTensorBytes(uint64_t n) {
 void CountSentTensorBytes(uint64_t n) {
   static Counter& sent = TensorBytes("sent");
   sent.Add(n);
+}
+
+absl::StatusOr<size_t> RequestedChunkBytes(int64_t chunk_bytes) {
+  if (chunk_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes must be >= 0 (0: the default), got ", chunk_bytes));
+  }
+  return static_cast<size_t>(chunk_bytes);
 }
 
 void ChunkToProto(uint64_t offset, std::span<const std::byte> piece, v1::TensorChunk* proto) {

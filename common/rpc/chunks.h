@@ -26,6 +26,10 @@ class ReceivedChunk;  // chunk_frame.h
 void CountSentTensorBytes(uint64_t n);
 void CountReceivedTensorBytes(uint64_t n);
 
+// The chunk size a read asked for (its request's `chunk_bytes`): 0 or more
+// than a chunk may hold, the default. INVALID_ARGUMENT when negative.
+absl::StatusOr<size_t> RequestedChunkBytes(int64_t chunk_bytes);
+
 // Fills `proto` with one chunk of a tensor: offset, bytes and their checksum.
 void ChunkToProto(uint64_t offset, std::span<const std::byte> piece, v1::TensorChunk* proto);
 // Sends `bytes` as ordered chunks: for each, a fresh `Msg` whose chunk

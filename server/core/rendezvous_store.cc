@@ -2,6 +2,7 @@
 #include "server/core/rendezvous_store.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
 
 namespace repvar::server {
 
@@ -16,11 +17,18 @@ void RendezvousStore::DropExpired(absl::Time now) {
   }
 }
 
+namespace {
+
+absl::Status CheckKey(const std::string& key, size_t max_bytes) {
+  if (!key.empty() && key.size() <= max_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("store key is empty or over ", max_bytes, " bytes"));
+}
+
+}  // namespace
+
 absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
-  if (key.empty() || key.size() > kMaxKeyBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("store key is empty or over ", kMaxKeyBytes, " bytes"));
-  }
+  REPVAR_RETURN_IF_ERROR(CheckKey(key, kMaxKeyBytes));
   if (value.size() > kMaxValueBytes) {
     return absl::InvalidArgumentError(absl::StrCat("store value over ", kMaxValueBytes, " bytes"));
   }
@@ -47,6 +55,7 @@ absl::Status RendezvousStore::Set(const std::string& key, std::string value) {
 
 absl::StatusOr<std::string> RendezvousStore::Get(const std::string& key,
                                                  absl::Time deadline) const {
+  REPVAR_RETURN_IF_ERROR(CheckKey(key, kMaxKeyBytes));
   RankedLock lock(&mu_);
   auto present = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = kv_.find(key);

@@ -35,7 +35,7 @@ class RendezvousStore {
   // RESOURCE_EXHAUSTED (too many keys or bytes that have not expired).
   absl::Status Set(const std::string& key, std::string value) ABSL_LOCKS_EXCLUDED(mu_);
   // Waits until `key` exists (and has not expired) or `deadline`. Errors:
-  // DEADLINE_EXCEEDED.
+  // INVALID_ARGUMENT (empty or long key), DEADLINE_EXCEEDED.
   absl::StatusOr<std::string> Get(const std::string& key, absl::Time deadline) const
       ABSL_LOCKS_EXCLUDED(mu_);
   void DeletePrefix(const std::string& prefix) ABSL_LOCKS_EXCLUDED(mu_);

@@ -82,6 +82,7 @@ void StepCoordinator::Recovered() {
   steps_.ContinueFrom(next_epoch, last_committed);
   first_epoch_ = next_epoch;
   earlier_ = last_step;
+  earlier_begun_ = last_epoch;
 }
 
 namespace {
@@ -95,7 +96,9 @@ absl::StatusOr<StepResolution> Copied(absl::StatusOr<StepCoordinator::SharedReso
 }  // namespace
 
 absl::StatusOr<StepCoordinator::SharedResolution> StepCoordinator::Unknown(uint64_t epoch) const {
-  if (epoch == 0 || epoch >= first_epoch_ || epoch < earlier_.epoch) {
+  // An earlier run's epochs that may still be asked about lie between its
+  // last resolved step and the last step it began.
+  if (epoch == 0 || epoch >= first_epoch_ || epoch < earlier_.epoch || epoch > earlier_begun_) {
     return absl::NotFoundError(absl::StrCat("no step with epoch ", epoch, " is known"));
   }
   StepResolution r;
@@ -351,6 +354,16 @@ absl::Status StepCoordinator::AbortStep(uint64_t epoch, absl::string_view reason
   Wakers wake;
   RankedLock lock(&mu_);
   ChangeNotifier notify(this, &wake);
+  if (!steps_.state(epoch)) {
+    // Not this run's: an earlier run's step that the restart failed is
+    // aborted already; one it committed cannot be; any other is unknown.
+    REPVAR_ASSIGN_OR_RETURN(SharedResolution earlier, Unknown(epoch));
+    if (earlier->state == StepState::kCommitted) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the step of epoch ", epoch, " already committed; it cannot be aborted"));
+    }
+    return absl::OkStatus();
+  }
   return steps_.Abort(epoch, reason, clock_->Now());
 }
 

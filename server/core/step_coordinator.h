@@ -82,6 +82,8 @@ class StepCoordinator {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Errors: NOT_FOUND (unknown epoch).
   absl::StatusOr<SharedStep> GetStep(uint64_t epoch) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Fails the open step `epoch` with ABORTED; idempotent for a failed step.
+  // Errors: FAILED_PRECONDITION (it committed), NOT_FOUND (unknown epoch).
   absl::Status AbortStep(uint64_t epoch, absl::string_view reason) ABSL_LOCKS_EXCLUDED(mu_);
   // Errors: as StepBarrier::Report / Finish. Neither waits.
   absl::Status ReportStep(const WorkerReport& report) ABSL_LOCKS_EXCLUDED(mu_);
@@ -172,6 +174,7 @@ class StepCoordinator {
   // earlier runs committed.
   uint64_t first_epoch_ ABSL_GUARDED_BY(mu_) = 1;
   LastStep earlier_ ABSL_GUARDED_BY(mu_);
+  uint64_t earlier_begun_ ABSL_GUARDED_BY(mu_) = 0;  // the last epoch earlier runs began
 };
 
 }  // namespace repvar::server

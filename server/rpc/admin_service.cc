@@ -54,6 +54,8 @@ grpc::Status AdminService::SaveCheckpoint(grpc::ServerContext* ctx,
                                           const v1::SaveCheckpointRequest* req,
                                           grpc::ServerWriter<v1::SaveCheckpointResponse>* writer) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
+  auto chunk_bytes = RequestedChunkBytes(req->chunk_bytes());
+  if (!chunk_bytes.ok()) return ToGrpcStatus(chunk_bytes.status());
   // An open step is waited for at most this long (or the call's deadline).
   constexpr absl::Duration kMaxWaitForStep = absl::Minutes(10);
   const absl::Time wait_until =
@@ -74,7 +76,7 @@ grpc::Status AdminService::SaveCheckpoint(grpc::ServerContext* ctx,
     auto read = core_->ReadInCut(v);
     if (!read.ok()) return ToGrpcStatus(read.status());
     const bool sent = SendChunks<v1::SaveCheckpointResponse>(
-        read->value->bytes.span(), static_cast<size_t>(req->chunk_bytes()),
+        read->value->bytes.span(), *chunk_bytes,
         [&](const v1::SaveCheckpointResponse& m) {
           return !ctx->IsCancelled() && writer->Write(m);
         },

@@ -63,7 +63,11 @@ grpc::Status TrainersService::WaitForTopology(grpc::ServerContext* ctx,
                                               const v1::WaitForTopologyRequest* req,
                                               v1::Topology* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
-  absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms()));
+  if (req->timeout_ms() < 0) {
+    return Fail("WaitForTopology", absl::InvalidArgumentError(absl::StrCat(
+                                       "timeout_ms must be >= 0, got ", req->timeout_ms())));
+  }
+  absl::Time deadline = absl::Now() + absl::Milliseconds(req->timeout_ms());
   absl::Time call_deadline = absl::FromChrono(ctx->deadline());
   if (call_deadline < deadline) deadline = call_deadline;
   auto topo = core_->registry().WaitForExpected(deadline);
@@ -253,14 +257,15 @@ grpc::Status TrainersService::ReadVariableFrames(grpc::ServerContext* ctx,
                                                  const v1::ReadVariableRequest& req,
                                                  FrameWriter<v1::ReadVariableRequest>* writer) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
+  auto chunk_bytes = RequestedChunkBytes(req.chunk_bytes());
+  if (!chunk_bytes.ok()) return Fail("ReadVariable", chunk_bytes.status());
   auto read = core_->Read(req.name());
   if (!read.ok()) return Fail("ReadVariable", read.status());
   v1::ReadVariableResponse head;
   head.mutable_header()->set_version(read->version);
   HeaderToProto(*read->value, head.mutable_header()->mutable_tensor());
   const bool ok = SendTensorFrames(
-      head, v1::ReadVariableResponse::kChunkFieldNumber, read->value,
-      static_cast<size_t>(req.chunk_bytes()),
+      head, v1::ReadVariableResponse::kChunkFieldNumber, read->value, *chunk_bytes,
       [&](const grpc::ByteBuffer& m) { return !ctx->IsCancelled() && writer->Write(m); });
   if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
   return grpc::Status::OK;

@@ -79,11 +79,13 @@ inline bool WholeInline(const v1::TensorHeader& tensor, const std::string& inlin
 template <typename Request>
 grpc::Status SendReplica(grpc::ServerContext* ctx, const StoredReplica& r, int64_t chunk_bytes,
                          FrameWriter<Request>* writer) {
+  auto chunk = RequestedChunkBytes(chunk_bytes);
+  if (!chunk.ok()) return ToGrpcStatus(chunk.status());
   v1::ReadVariableChunk head;
   HeaderToProto(*r.value, head.mutable_header());
   head.set_version(r.version);
   const bool ok = SendTensorFrames(
-      head, v1::ReadVariableChunk::kChunkFieldNumber, r.value, static_cast<size_t>(chunk_bytes),
+      head, v1::ReadVariableChunk::kChunkFieldNumber, r.value, *chunk,
       [&](const grpc::ByteBuffer& m) { return !ctx->IsCancelled() && writer->Write(m); });
   if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "reader went away");
   return grpc::Status::OK;
