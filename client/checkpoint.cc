@@ -18,6 +18,7 @@
 #include "common/io/safetensors.h"
 #include "common/rpc/chunks.h"
 #include "common/rpc/grpc_status.h"
+#include "common/tensor/element_math.h"
 #include "common/tensor/tensor.h"
 #include "repvar/client.h"
 
@@ -147,6 +148,12 @@ absl::StatusOr<RestoreResult> Client::RestoreCheckpoint(const std::string& path,
                                               e.begin, "..", e.end, " of its data)"));
     }
     auto existing = GetVariable(e.name);
+    if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
+    const bool allow_nonfinite = existing.ok() ? existing->spec.allow_nonfinite : s.allow_nonfinite;
+    if (int64_t bad = FirstNonFinite(e.dtype, file->Data(e)); bad >= 0 && !allow_nonfinite) {
+      refused.push_back(absl::StrCat(e.name, " holds a non-finite value at element ", bad,
+                                     " and does not allow them"));
+    }
     if (existing.ok()) {
       if (existing->spec.dtype != e.dtype || existing->spec.shape != e.shape) {
         refused.push_back(absl::StrCat(e.name, " is ", DTypeName(existing->spec.dtype),
@@ -155,7 +162,6 @@ absl::StatusOr<RestoreResult> Client::RestoreCheckpoint(const std::string& path,
       }
       continue;
     }
-    if (!absl::IsNotFound(existing.status())) return existing.status();
     to_create.push_back(VariableSpec{
         .name = e.name,
         .dtype = e.dtype,

@@ -10,11 +10,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/io/safetensors.h"
 #include "repvar/client.h"
 #include "repvar/step.h"
 #include "tests/testing/started_cluster.h"
@@ -139,6 +141,28 @@ TEST_F(CheckpointTest, Restore_ShapeDiffers_RefusedNamingIt_NothingWritten) {
                                                          "s/b is float32[2,2] in the cluster"));
   EXPECT_EQ(Version("s/a"), a_before) << "s/a fits, but nothing is written when anything fails";
   EXPECT_EQ(Floats("s/a"), Ramp(3, 9));
+}
+
+// C7 on restore: a non-finite value for a variable that does not allow
+// them is refused before anything is written (the variables before it in
+// the file too), as the write itself would refuse it.
+TEST_F(CheckpointTest, Restore_NonFiniteNotAllowed_RefusedNamingIt_NothingWritten) {
+  Make("n/a", {3}, 2);
+  Make("n/b", {2}, 2);
+  ASSERT_OK(client_->Assign("n/a", std::span<const float>(Ramp(3, 9))));
+  const int64_t a_before = Version("n/a");
+  const std::string path = dir_.path() + "/n.safetensors";
+  auto w = io::SafetensorsWriter::Create(
+      path, {{"n/a", DType::kFloat32, {3}}, {"n/b", DType::kFloat32, {2}}}, {});
+  ASSERT_OK(w);
+  const std::vector<float> data = {1, 2, 3, 4, std::numeric_limits<float>::quiet_NaN()};
+  ASSERT_OK((*w)->Write(std::as_bytes(std::span(data))));
+  ASSERT_OK((*w)->Commit());
+  EXPECT_THAT(client_->RestoreCheckpoint(path),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "n/b holds a non-finite value"));
+  EXPECT_EQ(Version("n/a"), a_before) << "n/a fits, but nothing is written when anything fails";
+  EXPECT_EQ(Floats("n/a"), Ramp(3, 9));
+  EXPECT_EQ(Version("n/b"), 0);
 }
 
 TEST_F(CheckpointTest, Restore_DamagedFile_DataLossNamingTheTensor_NothingWritten) {
