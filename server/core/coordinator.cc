@@ -24,12 +24,6 @@ RegistryOptions RegistryOptionsOf(const CoordinatorOptions& o) {
   return r;
 }
 
-StepInfo Copy(const SharedStep& s) {
-  StepInfo info = *s.info;
-  info.state = s.state;
-  return info;
-}
-
 }  // namespace
 
 Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient* workers,
@@ -89,12 +83,6 @@ absl::StatusOr<WriteResult> Coordinator::Assign(const RequestKey& key, const Ass
   return r.front();
 }
 
-absl::StatusOr<StepInfo> Coordinator::BeginStep(int64_t step, absl::Duration barrier_timeout) {
-  REPVAR_RETURN_IF_ERROR(RefuseIfDraining());
-  REPVAR_ASSIGN_OR_RETURN(SharedStep s, steps_.BeginStep(step, barrier_timeout));
-  return Copy(s);
-}
-
 absl::StatusOr<Coordinator::Cut> Coordinator::TakeCut(absl::Time deadline) {
   REPVAR_ASSIGN_OR_RETURN(WriteHold hold, HoldWrites(deadline));
   Cut cut{std::move(hold), 0, {}, {}};
@@ -121,11 +109,6 @@ absl::StatusOr<ReadResult> Coordinator::ReadInCut(const VariableView& v) {
                                             read->version, ")"));
   }
   return read;
-}
-
-absl::StatusOr<StepInfo> Coordinator::GetStep(uint64_t epoch) const {
-  REPVAR_ASSIGN_OR_RETURN(SharedStep s, steps_.GetStep(epoch));
-  return Copy(s);
 }
 
 }  // namespace repvar::server

@@ -204,33 +204,29 @@ class Coordinator {
   absl::StatusOr<ReadResult> ReadInCut(const VariableView& v);
 
   // ---- Replicated steps (see StepCoordinator) ----
-  absl::StatusOr<StepInfo> BeginStep(int64_t step, absl::Duration barrier_timeout);
-  absl::StatusOr<StepInfo> GetStep(uint64_t epoch) const;
-  absl::StatusOr<SharedStep> BeginStepShared(int64_t step, absl::Duration barrier_timeout) {
+  // Errors: UNAVAILABLE while draining; as StepCoordinator::BeginStep.
+  absl::StatusOr<SharedStep> BeginStep(int64_t step, absl::Duration barrier_timeout) {
     REPVAR_RETURN_IF_ERROR(RefuseIfDraining());
     return steps_.BeginStep(step, barrier_timeout);
   }
-  std::optional<absl::StatusOr<SharedStep>> JoinOpenStepShared(
-      int64_t step, absl::Duration barrier_timeout) const {
+  // BeginStep's answer when it would not wait (StepCoordinator::JoinOpenStep).
+  std::optional<absl::StatusOr<SharedStep>> JoinOpenStep(int64_t step,
+                                                         absl::Duration barrier_timeout) const {
     if (absl::Status s = RefuseIfDraining(); !s.ok()) return s;
     return steps_.JoinOpenStep(step, barrier_timeout);
   }
-  absl::StatusOr<SharedStep> GetStepShared(uint64_t epoch) const { return steps_.GetStep(epoch); }
+  absl::StatusOr<SharedStep> GetStep(uint64_t epoch) const { return steps_.GetStep(epoch); }
   absl::Status AbortStep(uint64_t epoch, absl::string_view reason) {
     return steps_.AbortStep(epoch, reason);
   }
   absl::Status ReportStep(const WorkerReport& report) { return steps_.ReportStep(report); }
   absl::Status FinishStep(const WorkerFinish& finish) { return steps_.FinishStep(finish); }
-  absl::StatusOr<std::variant<StepPlan, StepResolution>> WaitStepPlan(uint64_t epoch,
-                                                                      absl::Time deadline) {
-    return steps_.WaitStepPlan(epoch, deadline);
-  }
-  absl::StatusOr<StepResolution> WaitStepResolution(uint64_t epoch, absl::Time deadline) {
-    return steps_.WaitStepResolution(epoch, deadline);
-  }
+  // The step's plan, or its resolution, once its barrier resolves
+  // (StepCoordinator::WhenStepPlanned); `done` is called exactly once.
   void WhenStepPlanned(uint64_t epoch, StepCoordinator::PlanCallback done) {
     steps_.WhenStepPlanned(epoch, std::move(done));
   }
+  // The step's resolution once it resolves (StepCoordinator::WhenStepResolved).
   void WhenStepResolved(uint64_t epoch, StepCoordinator::ResolutionCallback done) {
     steps_.WhenStepResolved(epoch, std::move(done));
   }

@@ -85,16 +85,6 @@ void StepCoordinator::Recovered() {
   earlier_begun_ = last_epoch;
 }
 
-namespace {
-
-// A resolution's own copy, for the callers that wait (WaitStep*).
-absl::StatusOr<StepResolution> Copied(absl::StatusOr<StepCoordinator::SharedResolution> r) {
-  if (!r.ok()) return r.status();
-  return **r;
-}
-
-}  // namespace
-
 absl::StatusOr<StepCoordinator::SharedResolution> StepCoordinator::Unknown(uint64_t epoch) const {
   // An earlier run's epochs that may still be asked about lie between its
   // last resolved step and the last step it began.
@@ -379,33 +369,6 @@ absl::Status StepCoordinator::FinishStep(const WorkerFinish& finish) {
   RankedLock lock(&mu_);
   ChangeNotifier notify(this, &wake);
   return steps_.Finish(finish, clock_->Now());
-}
-
-absl::StatusOr<std::variant<StepPlan, StepResolution>> StepCoordinator::WaitStepPlan(
-    uint64_t epoch, absl::Time deadline) {
-  RankedLock lock(&mu_);
-  while (true) {
-    if (const StepPlan* p = steps_.plan(epoch)) return *p;
-    if (SharedResolution r = steps_.resolution(epoch)) return *r;
-    if (!steps_.state(epoch)) return Copied(Unknown(epoch));
-    if (step_cv_.WaitWithDeadline(mu_.native(), deadline)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the barrier of epoch ", epoch, " has not resolved yet"));
-    }
-  }
-}
-
-absl::StatusOr<StepResolution> StepCoordinator::WaitStepResolution(uint64_t epoch,
-                                                                   absl::Time deadline) {
-  RankedLock lock(&mu_);
-  while (true) {
-    if (SharedResolution r = steps_.resolution(epoch)) return *r;
-    if (!steps_.state(epoch)) return Copied(Unknown(epoch));
-    if (step_cv_.WaitWithDeadline(mu_.native(), deadline)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the step of epoch ", epoch, " has not resolved yet"));
-    }
-  }
 }
 
 void StepCoordinator::WhenStepPlanned(uint64_t epoch, PlanCallback done) {

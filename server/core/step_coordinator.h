@@ -88,19 +88,13 @@ class StepCoordinator {
   // Errors: as StepBarrier::Report / Finish. Neither waits.
   absl::Status ReportStep(const WorkerReport& report) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status FinishStep(const WorkerFinish& finish) ABSL_LOCKS_EXCLUDED(mu_);
-  // Waits until `deadline` for the barrier of `epoch`: the plan (the step is
-  // aggregating) or its resolution. DEADLINE_EXCEEDED: still open;
+  // The barrier of `epoch`, once it resolves: the plan (the step is
+  // aggregating) or its resolution (StepPlanned), and the resolution
+  // (StepResolved). `done` is called exactly once, on this thread when the
+  // answer is ready now, else from the thread that changes the step
+  // (outside every lock), or with UNAVAILABLE after ShutdownWaiters(). A
+  // resolution is shared by every waiter of the step, not copied for each.
   // NOT_FOUND: unknown epoch.
-  absl::StatusOr<std::variant<StepPlan, StepResolution>> WaitStepPlan(uint64_t epoch,
-                                                                      absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<StepResolution> WaitStepResolution(uint64_t epoch, absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // The same without a waiting thread: `done` is called exactly once, on
-  // this thread when the answer is ready now, else from the thread that
-  // changes the step (outside every lock), or with UNAVAILABLE after
-  // ShutdownWaiters(). For the gRPC callback handlers. A resolution is
-  // shared by every waiter of the step, not copied for each.
   using SharedResolution = std::shared_ptr<const StepResolution>;
   using PlanCallback =
       std::function<void(absl::StatusOr<std::variant<StepPlan, SharedResolution>>)>;

@@ -34,14 +34,14 @@ grpc::ServerUnaryReactor* TrainersService::BeginStep(grpc::CallbackServerContext
   std::string request_id = RequestIdOf(*ctx);
   {
     const ScopedRequestId scoped(request_id);
-    if (auto joined = core_->JoinOpenStepShared(req->step(), barrier)) {
+    if (auto joined = core_->JoinOpenStep(req->step(), barrier)) {
       answer(*joined);  // the step is open already (or the call is refused)
       return reactor;
     }
   }
   begins_.Schedule([this, answer, request_id = std::move(request_id), step = req->step(), barrier] {
     const ScopedRequestId scoped(request_id);
-    answer(core_->BeginStepShared(step, barrier));
+    answer(core_->BeginStep(step, barrier));
   });
   return reactor;
 }

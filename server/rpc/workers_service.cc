@@ -94,7 +94,7 @@ grpc::ServerUnaryReactor* WorkersService::Heartbeat(grpc::CallbackServerContext*
 
 void WorkersService::ServeGetStep(const v1::GetStepRequest& req, v1::StepInfo* out,
                                   const Done& done) {
-  auto step = core_->GetStepShared(req.epoch());
+  auto step = core_->GetStep(req.epoch());
   if (!step.ok()) return done(ToGrpcStatus(step.status()));
   steps_->Answer(*step, req.known_layout(), out);
   done(grpc::Status::OK);
@@ -350,17 +350,37 @@ grpc::Status WorkersService::WaitStep(grpc::ServerContext* ctx, const v1::WaitSt
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   const absl::Time deadline =
       PollDeadline(ctx, absl::Milliseconds(std::max<int64_t>(0, req->timeout_ms())));
-  while (!ctx->IsCancelled() && !shutting_down_) {
-    auto r = core_->WaitStepResolution(req->epoch(), std::min(absl::Now() + kPollSlice, deadline));
-    if (r.ok()) {
-      StepResolutionToProto(*r, resp);
-      return grpc::Status::OK;
-    }
-    if (r.status().code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= deadline) {
-      return ToGrpcStatus(r.status());
-    }
+  // The core answers once, maybe after this call has ended: the answer's
+  // slot is shared with the callback.
+  struct Slot {
+    absl::Mutex mu;
+    bool answered ABSL_GUARDED_BY(mu) = false;
+    absl::StatusOr<StepCoordinator::SharedResolution> answer ABSL_GUARDED_BY(mu);
+  };
+  auto slot = std::make_shared<Slot>();
+  core_->WhenStepResolved(req->epoch(),
+                          [slot](absl::StatusOr<StepCoordinator::SharedResolution> r) {
+                            absl::MutexLock lock(&slot->mu);
+                            slot->answer = std::move(r);
+                            slot->answered = true;
+                          });
+  absl::MutexLock lock(&slot->mu);
+  // In slices: a cancelled call or a shutdown ends the wait.
+  while (!slot->answered && !ctx->IsCancelled() && !shutting_down_ && absl::Now() < deadline) {
+    slot->mu.AwaitWithDeadline(absl::Condition(&slot->answered),
+                               std::min(absl::Now() + kPollSlice, deadline));
   }
-  return grpc::Status(grpc::StatusCode::CANCELLED, "the call or the server ended");
+  if (!slot->answered) {
+    if (absl::Now() >= deadline) {
+      return grpc::Status(
+          grpc::StatusCode::DEADLINE_EXCEEDED,
+          absl::StrCat("the step of epoch ", req->epoch(), " has not resolved yet"));
+    }
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the call or the server ended");
+  }
+  if (!slot->answer.ok()) return ToGrpcStatus(slot->answer.status());
+  StepResolutionToProto(**slot->answer, resp);
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkersService::StoreSet(grpc::ServerContext* ctx, const v1::StoreSetRequest* req,

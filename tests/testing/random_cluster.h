@@ -19,6 +19,7 @@
 #include "server/core/coordinator.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_client.h"
+#include "tests/testing/step_waits.h"
 
 namespace repvar::testing {
 
@@ -157,7 +158,7 @@ class RandomCluster {
   // A replicated step driven as workers would: reports with some replicas
   // changed, the plan's finishes agreeing (or not), or an abort.
   void RunStep() {
-    auto info = core_->BeginStep(++step_, absl::Seconds(30));
+    auto info = testing::BeginStep(*core_, ++step_, absl::Seconds(30));
     if (!info.ok()) return;
     if (Pick(6) == 0) {
       (void)core_->AbortStep(info->epoch, "test");
@@ -179,7 +180,7 @@ class RandomCluster {
       }
       (void)core_->ReportStep(report);
     }
-    auto plan = core_->WaitStepPlan(info->epoch, absl::InfinitePast());
+    auto plan = testing::PlanNow(*core_, info->epoch);
     if (!plan.ok() || !std::holds_alternative<StepPlan>(*plan)) return;
     const StepPlan& p = std::get<StepPlan>(*plan);
     // The value the workers agree on, a real tensor: installed on them when
@@ -195,7 +196,7 @@ class RandomCluster {
       }
       (void)core_->FinishStep(finish);
     }
-    auto resolution = core_->WaitStepResolution(info->epoch, absl::InfinitePast());
+    auto resolution = testing::ResolutionNow(*core_, info->epoch);
     if (!resolution.ok() || resolution->state != StepState::kCommitted) return;
     for (const CommittedVariable& c : resolution->changed) {
       if (c.checksum != agreed) continue;

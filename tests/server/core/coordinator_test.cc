@@ -17,6 +17,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_client.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/step_waits.h"
 #include "tests/testing/tensors.h"
 
 namespace repvar::server {
@@ -779,10 +780,10 @@ TEST_F(CoordinatorTest, F1_WorkerDeclaredDeadMidWrite_CallsCancelled_WriteFailsA
 TEST_F(CoordinatorTest, T1_NewerIncarnation_SupersedesAtOnce_OpenStepFails) {
   Create(Def("w", 6));
   ASSERT_OK(Assign("w", F32({1, 2, 3})));
-  auto step = core_.BeginStep(1, absl::Seconds(30));
+  auto step = testing::BeginStep(core_, 1, absl::Seconds(30));
   ASSERT_OK(step);
   Register("tpu_worker", 1, 2, 9999);
-  auto resolved = core_.WaitStepResolution(step->epoch, absl::InfinitePast());
+  auto resolved = testing::ResolutionNow(core_, step->epoch);
   ASSERT_OK(resolved);
   EXPECT_EQ(resolved->state, StepState::kFailed);
   EXPECT_THAT(resolved->status, StatusIs(absl::StatusCode::kUnavailable, "tpu_worker:1"));
@@ -813,7 +814,8 @@ TEST_F(CoordinatorTest, Drain_RefusesNewChanges_ReadsGoOn_ResumeServesAgain) {
               StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(core_.DeleteVariable({}, "w"), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(core_.Initialize({}, {}), StatusIs(absl::StatusCode::kUnavailable));
-  EXPECT_THAT(core_.BeginStep(1, absl::Seconds(5)), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(testing::BeginStep(core_, 1, absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kUnavailable));
   // Nothing changed, and reads go on.
   EXPECT_EQ(core_.Read("w")->version, 1);
   EXPECT_EQ(Floats(*core_.Read("w")->value), (std::vector<float>{1, 2, 3}));

@@ -15,6 +15,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_worker_client.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/step_waits.h"
 #include "tests/testing/tensors.h"
 #include "tests/testing/variables.h"
 
@@ -98,7 +99,7 @@ class StepCoreTest : public ::testing::Test {
   }
   // Step `step` commits with every replica of `w` (NONE) reporting `value`.
   void CommitAgreedStep(uint64_t w, int64_t step, const Tensor& value, StepInfo* out) {
-    auto s = core_.BeginStep(step, absl::Seconds(10));
+    auto s = testing::BeginStep(core_, step, absl::Seconds(10));
     ASSERT_OK(s);
     for (int t = 0; t < 3; ++t) {
       ASSERT_OK(core_.ReportStep(
@@ -120,12 +121,12 @@ class StepCoreTest : public ::testing::Test {
     return w;
   }
   StepResolution Resolution(uint64_t epoch) {
-    auto r = core_.WaitStepResolution(epoch, absl::InfinitePast());
+    auto r = testing::ResolutionNow(core_, epoch);
     EXPECT_OK(r);
     return r.ok() ? *r : StepResolution{};
   }
   StepPlan Plan(uint64_t epoch) {
-    auto p = core_.WaitStepPlan(epoch, absl::InfinitePast());
+    auto p = testing::PlanNow(core_, epoch);
     EXPECT_OK(p);
     EXPECT_TRUE(p.ok() && std::holds_alternative<StepPlan>(*p));
     return p.ok() && std::holds_alternative<StepPlan>(*p) ? std::get<StepPlan>(*p) : StepPlan{};
@@ -154,30 +155,30 @@ class StepCoreTest : public ::testing::Test {
 
 TEST_F(StepCoreTest, S1_BeginStep_IdempotentFixesParticipantsAndIdsIncrease) {
   uint64_t w = Create("w", Aggregation::kMean);
-  auto s1 = core_.BeginStep(1, absl::Seconds(10));
+  auto s1 = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s1);
   ASSERT_EQ(s1->participants.size(), 3u);  // the CPU host holds no replica
   EXPECT_EQ(s1->participants[2].task.ToString(), "tpu_worker:2");
   ASSERT_EQ(s1->variables.size(), 1u);
   EXPECT_EQ(s1->variables[0].id, w);
   EXPECT_EQ(s1->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, 2, 2}));
-  auto again = core_.BeginStep(1, absl::Seconds(10));
+  auto again = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(again);
   EXPECT_EQ(again->epoch, s1->epoch);
-  EXPECT_THAT(core_.BeginStep(2, absl::Seconds(10)).status(),
+  EXPECT_THAT(testing::BeginStep(core_, 2, absl::Seconds(10)).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "step 1 (epoch"));
-  EXPECT_THAT(core_.BeginStep(3, absl::ZeroDuration()).status(),
+  EXPECT_THAT(testing::BeginStep(core_, 3, absl::ZeroDuration()).status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
 
   ASSERT_OK(core_.AbortStep(s1->epoch, "test"));
-  auto reopened = core_.BeginStep(1, absl::Seconds(10));  // an aborted id may be reused
+  auto reopened = testing::BeginStep(core_, 1, absl::Seconds(10));  // an aborted id may be reused
   ASSERT_OK(reopened);
   EXPECT_GT(reopened->epoch, s1->epoch);
   for (int t = 0; t < 3; ++t) ASSERT_OK(core_.ReportStep(Report(*reopened, t)));
   EXPECT_EQ(Resolution(reopened->epoch).state, StepState::kCommitted);
-  EXPECT_THAT(core_.BeginStep(1, absl::Seconds(10)).status(),
+  EXPECT_THAT(testing::BeginStep(core_, 1, absl::Seconds(10)).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "not above"));
-  EXPECT_OK(core_.BeginStep(7, absl::Seconds(10)));
+  EXPECT_OK(testing::BeginStep(core_, 7, absl::Seconds(10)));
 }
 
 TEST_F(StepCoreTest, S1_BeginStep_WaitsForCrossReplicaWritesInFlight) {
@@ -190,7 +191,7 @@ TEST_F(StepCoreTest, S1_BeginStep_WaitsForCrossReplicaWritesInFlight) {
   absl::Notification begun;
   absl::StatusOr<StepInfo> step;
   std::thread beginner([&] {
-    step = core_.BeginStep(1, absl::Seconds(10));
+    step = testing::BeginStep(core_, 1, absl::Seconds(10));
     begun.Notify();
   });
   // Once BeginStep waits, new cross-replica writes are refused.
@@ -215,7 +216,7 @@ TEST_F(StepCoreTest, S1_BeginStep_WaitsForCrossReplicaWritesInFlight) {
 // on when it is released.
 TEST_F(StepCoreTest, Cut_HoldWrites_WaitsForTheOpenStep_ThenHoldsWritesAndNewSteps) {
   Create("w", Aggregation::kMean);
-  auto step = core_.BeginStep(1, absl::Seconds(10));
+  auto step = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(step);
   EXPECT_THAT(core_.HoldWrites(absl::InfinitePast()),
               StatusIs(absl::StatusCode::kDeadlineExceeded, "step 1 is still open"));
@@ -245,7 +246,7 @@ TEST_F(StepCoreTest, Cut_HoldWrites_WaitsForTheOpenStep_ThenHoldsWritesAndNewSte
   absl::Notification begun;
   absl::StatusOr<StepInfo> next;
   std::thread beginner([&] {
-    next = core_.BeginStep(2, absl::Seconds(10));
+    next = testing::BeginStep(core_, 2, absl::Seconds(10));
     begun.Notify();
   });
   for (int i = 0; i < 1000; ++i) std::this_thread::yield();
@@ -260,7 +261,7 @@ TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired)
   uint64_t w = Create("w", Aggregation::kMean);
   // A step first: the steps below begin with its layout kept, and must show
   // what the write and the repair changed in the replicas all the same.
-  auto first = core_.BeginStep(1, absl::Seconds(10));
+  auto first = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(first);
   for (int t = 0; t < 3; ++t) ASSERT_OK(core_.ReportStep(Report(*first, t)));
   ASSERT_EQ(Resolution(first->epoch).state, StepState::kCommitted);
@@ -284,7 +285,7 @@ TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired)
   EXPECT_EQ(view->replicas[2].state, ReplicaState::kUpToDate);  // it holds version 1
   EXPECT_EQ(view->replicas[0].state, ReplicaState::kStale);
   EXPECT_TRUE(view->needs_resync);
-  auto s = core_.BeginStep(2, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 2, absl::Seconds(10));
   ASSERT_OK(s);
   // Committed is still version 1: the replicas that got version 2 sit out.
   EXPECT_EQ(s->participants.size(), 1u);  // only tpu_worker:1 holds the committed value
@@ -298,7 +299,7 @@ TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired)
   EXPECT_FALSE(view->needs_resync);
   for (const ReplicaView& r : view->replicas) EXPECT_EQ(r.state, ReplicaState::kUpToDate);
   EXPECT_EQ(workers_.Get("tpu_worker:0", w, 0)->version, 1);  // rewritten to the committed one
-  auto again = core_.BeginStep(2, absl::Seconds(10));
+  auto again = testing::BeginStep(core_, 2, absl::Seconds(10));
   ASSERT_OK(again);
   EXPECT_EQ(again->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, 2, 2}));
 }
@@ -311,7 +312,7 @@ TEST_F(StepCoreTest, F2_StaleReplicaOnALiveWorker_SitsTheStepOut_ThenIsRepaired)
 TEST_F(StepCoreTest, S1_EachStepDescribesTheStateAtItsBegin_WhatChangedBetweenStepsShows) {
   uint64_t w = Create("w", Aggregation::kNone);
   auto reported_step = [&](int64_t step) {
-    auto s = core_.BeginStep(step, absl::Seconds(10));
+    auto s = testing::BeginStep(core_, step, absl::Seconds(10));
     EXPECT_OK(s);
     if (!s.ok()) return StepInfo{};
     for (int t = 0; t < 3; ++t) EXPECT_OK(core_.ReportStep(Report(*s, t)));
@@ -360,7 +361,7 @@ TEST_F(StepCoreTest, S1_EachStepDescribesTheStateAtItsBegin_WhatChangedBetweenSt
   EXPECT_EQ(s7.variables[2].name, "u");
 
   DeclareTpuWorker2Dead();
-  auto s8 = core_.BeginStep(8, absl::Seconds(10));
+  auto s8 = testing::BeginStep(core_, 8, absl::Seconds(10));
   ASSERT_OK(s8);
   EXPECT_EQ(s8->participants.size(), 2u);
   EXPECT_EQ(s8->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, -1, -1}));
@@ -369,7 +370,7 @@ TEST_F(StepCoreTest, S1_EachStepDescribesTheStateAtItsBegin_WhatChangedBetweenSt
 TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {
   Create("w", Aggregation::kMean);
   DeclareTpuWorker2Dead();
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   EXPECT_EQ(s->participants.size(), 2u);
   EXPECT_EQ(s->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, -1, -1}));
@@ -377,19 +378,19 @@ TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {
 
 TEST_F(StepCoreTest, S1_JoinOpenStep_AnswersAsBeginStepWithoutWaiting_OnlyOnceOpen) {
   Create("w", Aggregation::kMean);
-  EXPECT_FALSE(core_.JoinOpenStepShared(3, absl::Seconds(10)).has_value());  // would open it
-  auto begun = core_.BeginStep(3, absl::Seconds(10));
+  EXPECT_FALSE(core_.JoinOpenStep(3, absl::Seconds(10)).has_value());  // would open it
+  auto begun = testing::BeginStep(core_, 3, absl::Seconds(10));
   ASSERT_OK(begun);
-  auto joined = core_.JoinOpenStepShared(3, absl::Seconds(10));
+  auto joined = core_.JoinOpenStep(3, absl::Seconds(10));
   ASSERT_TRUE(joined.has_value());
   ASSERT_OK(*joined);
   EXPECT_EQ((*joined)->info->epoch, begun->epoch);
-  auto other = core_.JoinOpenStepShared(4, absl::Seconds(10));  // refused, as BeginStep is
+  auto other = core_.JoinOpenStep(4, absl::Seconds(10));  // refused, as BeginStep is
   ASSERT_TRUE(other.has_value());
   EXPECT_THAT(other->status(), StatusIs(absl::StatusCode::kFailedPrecondition, "is open"));
-  EXPECT_THAT(core_.BeginStep(4, absl::Seconds(10)).status(),
+  EXPECT_THAT(testing::BeginStep(core_, 4, absl::Seconds(10)).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "is open"));
-  auto no_timeout = core_.JoinOpenStepShared(3, absl::ZeroDuration());
+  auto no_timeout = core_.JoinOpenStep(3, absl::ZeroDuration());
   ASSERT_TRUE(no_timeout.has_value());
   EXPECT_THAT(no_timeout->status(), StatusIs(absl::StatusCode::kInvalidArgument));
 }
@@ -402,7 +403,7 @@ TEST_F(StepCoreTest, S1_VariablesOnDifferentPlacements_EachReplicaOnItsOwnPartic
   core_.Tick(clock_.Now());  // tpu_worker:0 is declared dead
   // Created now, b's 2 replicas go to the first live accelerators: task 1's.
   ASSERT_NE(CreateZeroed(core_, "b", Aggregation::kMean, DType::kFloat32, /*replicas=*/2), 0u);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   ASSERT_EQ(s->participants.size(), 2u);  // tasks 1 and 2
   EXPECT_EQ(s->participants[0].task, (TaskKey{"tpu_worker", 1}));
@@ -413,7 +414,7 @@ TEST_F(StepCoreTest, S1_VariablesOnDifferentPlacements_EachReplicaOnItsOwnPartic
 
 TEST_F(StepCoreTest, S3_OneReportPerWorker_RefusalsHaveDistinctStatuses) {
   uint64_t w = Create("w", Aggregation::kNone);
-  auto s = core_.BeginStep(4, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 4, absl::Seconds(10));
   ASSERT_OK(s);
   WorkerReport good = Report(*s, 0, {{w, 0, kA, -1}, {w, 1, kA, -1}});
 
@@ -455,7 +456,7 @@ TEST_F(StepCoreTest, S3_OneReportPerWorker_RefusalsHaveDistinctStatuses) {
 TEST_F(StepCoreTest, S4_Resolution_NoneAgreement_VersionPlusOne_ReadFromPrimary) {
   uint64_t w = Create("w", Aggregation::kNone);
   uint64_t u = Create("untouched", Aggregation::kNone);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   auto value = F32({5, 6});
   for (int t = 0; t < 3; ++t) {
@@ -486,7 +487,7 @@ TEST_F(StepCoreTest, S4_Resolution_NoneAgreement_VersionPlusOne_ReadFromPrimary)
 TEST_F(StepCoreTest, ReadCache_FetchedValuesStayWithinItsBound) {
   std::vector<uint64_t> ids;
   for (int i = 0; i < 6; ++i) ids.push_back(Create(absl::StrCat("v", i), Aggregation::kNone));
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   auto value = F32({7, 8});
   for (int t = 0; t < 3; ++t) {
@@ -610,7 +611,7 @@ TEST_F(StepCoreTest, C1_ReadBatchHeld_ACopyNotCheckedYet_NotHeld_CheckedWhereARe
 
 TEST_F(StepCoreTest, S4_WhenStepResolved_EachWaiterAnsweredOnce_AllShareOneResolution) {
   const uint64_t w = Create("w", Aggregation::kNone);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   std::vector<StepCoordinator::SharedResolution> got;
   int answers = 0;
@@ -649,7 +650,7 @@ TEST_F(StepCoreTest, S4_WhenStepResolved_EachWaiterAnsweredOnce_AllShareOneResol
   }
   EXPECT_EQ(Resolution(s->epoch).latencies, got[0]->latencies);
 
-  auto next = core_.BeginStep(2, absl::Seconds(10));
+  auto next = testing::BeginStep(core_, 2, absl::Seconds(10));
   ASSERT_OK(next);
   absl::Status waiting;
   core_.WhenStepResolved(next->epoch, [&](absl::StatusOr<StepCoordinator::SharedResolution> r) {
@@ -661,7 +662,7 @@ TEST_F(StepCoreTest, S4_WhenStepResolved_EachWaiterAnsweredOnce_AllShareOneResol
 
 TEST_F(StepCoreTest, S4_NoneDivergence_TieGoesToPrimary_RepairPlanned) {
   uint64_t w = Create("w", Aggregation::kNone);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   // 3 replicas say A (0, 1, 2), 3 say B (3, 4, 5): a tie, so the primary's A.
   ASSERT_OK(core_.ReportStep(Report(*s, 0, {{w, 0, kA, -1}, {w, 1, kA, -1}})));
@@ -687,7 +688,7 @@ TEST_F(StepCoreTest, S4_Mean_FusedAllreducePlanned_WorkersMustAgree) {
   uint64_t a = Create("a", Aggregation::kMean);
   uint64_t b = Create("b", Aggregation::kSum);
   uint64_t c = Create("c", Aggregation::kSum, DType::kFloat64);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   ASSERT_OK(core_.ReportStep(Report(*s, 0, {{a, 0, kA, -1}, {b, 1, kA, -1}, {c, 0, kA, -1}})));
   ASSERT_OK(core_.ReportStep(Report(*s, 1)));  // nothing changed there
@@ -709,7 +710,7 @@ TEST_F(StepCoreTest, S4_Mean_FusedAllreducePlanned_WorkersMustAgree) {
 
 TEST_F(StepCoreTest, S4_NonFinite_LocalValueNamesReplica_ResultNamesVariable) {
   uint64_t w = Create("w", Aggregation::kMean);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   ASSERT_OK(core_.ReportStep(Report(*s, 0)));
   ASSERT_OK(core_.ReportStep(Report(*s, 1, {{w, 3, kA, 1}})));
@@ -717,7 +718,7 @@ TEST_F(StepCoreTest, S4_NonFinite_LocalValueNamesReplica_ResultNamesVariable) {
   EXPECT_THAT(Resolution(s->epoch).status,
               StatusIs(absl::StatusCode::kInvalidArgument, "w/3 on tpu_worker:1"));
 
-  auto s2 = core_.BeginStep(1, absl::Seconds(10));
+  auto s2 = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s2);
   for (int t = 0; t < 3; ++t) ASSERT_OK(core_.ReportStep(Report(*s2, t, {{w, 2 * t, kA, -1}})));
   for (int t = 0; t < 3; ++t) ASSERT_OK(core_.FinishStep(Finish(*s2, t, {{w, kB, 0}})));
@@ -736,7 +737,7 @@ TEST_F(StepCoreTest, S4_MeanOfIntegerDtype_RefusedAtCreate) {
 
 TEST_F(StepCoreTest, S4_BarrierTimeout_NamesMissingWorkers_WarnsAtHalf) {
   Create("w", Aggregation::kMean);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   ASSERT_OK(core_.ReportStep(Report(*s, 0)));
   clock_.Advance(absl::Seconds(5));
@@ -746,7 +747,7 @@ TEST_F(StepCoreTest, S4_BarrierTimeout_NamesMissingWorkers_WarnsAtHalf) {
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().kind, StepEvent::Kind::kStragglers);
   EXPECT_EQ(events.back().missing, (std::vector<std::string>{"tpu_worker:1", "tpu_worker:2"}));
-  EXPECT_THAT(core_.WaitStepResolution(s->epoch, absl::InfinitePast()).status(),
+  EXPECT_THAT(testing::ResolutionNow(core_, s->epoch).status(),
               StatusIs(absl::StatusCode::kDeadlineExceeded));  // still open
   clock_.Advance(absl::Seconds(5));
   HeartbeatAll({0, 1, 2});
@@ -760,7 +761,7 @@ TEST_F(StepCoreTest, S4_BarrierTimeout_NamesMissingWorkers_WarnsAtHalf) {
 
 TEST_F(StepCoreTest, S5_CrossReplicaWritesRefusedDuringStep_ReadsCommitted_NewVariablesWait) {
   uint64_t w = Create("w", Aggregation::kMean);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   EXPECT_THAT(core_.Assign({}, {"w", AssignOp::kAssign, F32({1, 1})}).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "step 1 is open"));
@@ -775,7 +776,7 @@ TEST_F(StepCoreTest, S5_CrossReplicaWritesRefusedDuringStep_ReadsCommitted_NewVa
   for (int t = 0; t < 3; ++t) ASSERT_OK(core_.ReportStep(Report(*s, t)));
   ASSERT_EQ(Resolution(s->epoch).state, StepState::kCommitted);
   EXPECT_OK(core_.Assign({}, {"w", AssignOp::kAssign, F32({1, 1})}));
-  auto next = core_.BeginStep(2, absl::Seconds(10));
+  auto next = testing::BeginStep(core_, 2, absl::Seconds(10));
   ASSERT_OK(next);
   EXPECT_EQ(next->variables.size(), 2u);  // the slot joined
   (void)w;
@@ -789,7 +790,7 @@ TEST_F(StepCoreTest, C6_RetryOfAnAppliedWrite_AnsweredWhileAStepIsOpen) {
   const RequestKey key{"assign-1", 7};
   auto first = core_.Assign(key, {"w", AssignOp::kAssign, F32({3, 4})});
   ASSERT_OK(first);
-  auto s = core_.BeginStep(1, absl::Seconds(10));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   auto retry = core_.Assign(key, {"w", AssignOp::kAssign, F32({3, 4})});
   ASSERT_OK(retry);
@@ -809,12 +810,12 @@ TEST_F(StepCoreTest, F3_AfterARestart_LastCommittedStepAnsweredCommitted_CutOffS
   auto value = F32({5, 6});
   StepInfo s;
   ASSERT_NO_FATAL_FAILURE(CommitAgreedStep(w, 1, *value, &s));
-  auto cut = core_.BeginStep(2, absl::Seconds(10));
+  auto cut = testing::BeginStep(core_, 2, absl::Seconds(10));
   ASSERT_OK(cut);
 
   Coordinator after(Options(), &clock_, &workers_, &log_);
   ASSERT_OK(after.Recover());
-  auto committed = after.WaitStepResolution(s.epoch, absl::InfinitePast());
+  auto committed = testing::ResolutionNow(after, s.epoch);
   ASSERT_OK(committed);
   EXPECT_EQ(committed->state, StepState::kCommitted);
   EXPECT_EQ(committed->step, 1);
@@ -823,17 +824,16 @@ TEST_F(StepCoreTest, F3_AfterARestart_LastCommittedStepAnsweredCommitted_CutOffS
   EXPECT_EQ(committed->changed[0].name, "w");
   EXPECT_EQ(committed->changed[0].version, 2);
   EXPECT_EQ(committed->changed[0].checksum, value->checksum);
-  auto plan = after.WaitStepPlan(s.epoch, absl::InfinitePast());
+  auto plan = testing::PlanNow(after, s.epoch);
   ASSERT_OK(plan);
   ASSERT_TRUE(std::holds_alternative<StepResolution>(*plan));
   EXPECT_EQ(std::get<StepResolution>(*plan).state, StepState::kCommitted);
 
-  auto failed = after.WaitStepResolution(cut->epoch, absl::InfinitePast());
+  auto failed = testing::ResolutionNow(after, cut->epoch);
   ASSERT_OK(failed);
   EXPECT_EQ(failed->state, StepState::kFailed);
   EXPECT_THAT(failed->status, StatusIs(absl::StatusCode::kAborted, "coordinator restarted"));
-  EXPECT_THAT(after.WaitStepResolution(cut->epoch + 1, absl::InfinitePast()),
-              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(testing::ResolutionNow(after, cut->epoch + 1), StatusIs(absl::StatusCode::kNotFound));
 }
 
 // F7 for a value only the replicas hold (a step changed it): before a
@@ -877,7 +877,7 @@ TEST_F(StepCoreTest, F7_WriteAfterAStep_CommittedValueKeptBeforeTheReplicasAreOv
 // worker sees an epoch twice.
 TEST_F(StepCoreTest, F6_EpochsNeverRepeat_EvenForACoordinatorThatRecordsNothing) {
   Create("w", Aggregation::kMean);
-  auto first = core_.BeginStep(1, absl::Seconds(10));
+  auto first = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(first);
   ASSERT_OK(core_.AbortStep(first->epoch, "the coordinator goes away"));
   clock_.Advance(absl::Seconds(1));
@@ -885,14 +885,14 @@ TEST_F(StepCoreTest, F6_EpochsNeverRepeat_EvenForACoordinatorThatRecordsNothing)
   ASSERT_OK(again.Recover());
   ASSERT_NO_FATAL_FAILURE(RegisterHosts(again));
   ASSERT_NE(CreateZeroed(again, "w", Aggregation::kNone), 0u);
-  auto next = again.BeginStep(1, absl::Seconds(10));
+  auto next = testing::BeginStep(again, 1, absl::Seconds(10));
   ASSERT_OK(next);
   EXPECT_GT(next->epoch, first->epoch);
 }
 
 TEST_F(StepCoreTest, F1_DeadWorker_FailsOpenStepWithUnavailableNamingIt) {
   Create("w", Aggregation::kMean);
-  auto s = core_.BeginStep(1, absl::Seconds(600));
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(600));
   ASSERT_OK(s);
   ASSERT_OK(core_.ReportStep(Report(*s, 0)));
   clock_.Advance(absl::Seconds(30));

@@ -41,7 +41,7 @@ class StepStreamClientTest : public ::testing::Test {
   uint64_t BeginStep() {
     auto s = coordinator_->core().BeginStep(1, absl::Seconds(60));
     EXPECT_OK(s);
-    return s.ok() ? s->epoch : 0;
+    return s.ok() ? s->info->epoch : 0;
   }
   static v1::StepStreamRequest Report(uint64_t epoch, int task) {
     v1::StepStreamRequest m;
