@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -190,7 +191,7 @@ absl::Status PlanRunner::RunFolded(const LocalStep& s, const CollectiveSpec& spe
   for (size_t i = 0; i < parts.size(); ++i) {
     Reduced reduced;
     if (single) {
-      reduced = Sealed(*std::move(single));
+      reduced = Sealed(*std::exchange(single, std::nullopt));
     } else {
       const FusedReduction::Part& p = parts[i];
       REPVAR_ASSIGN_OR_RETURN(Tensor value,

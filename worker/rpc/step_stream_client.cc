@@ -254,13 +254,16 @@ void StepStreamClient::CallAsync(v1::StepStreamRequest req, absl::Duration timeo
   w->deadline = absl::Now() + timeout;
   w->timeout = timeout;
   w->done = std::move(done);
+  Callback refused;  // called outside the lock
   std::shared_ptr<Stream> s;
   const v1::StepStreamRequest* first = nullptr;
   bool fresh = false;
   {
     absl::MutexLock lock(&mu_);
     s = LiveLocked(&fresh);
-    if (s != nullptr) {
+    if (s == nullptr) {
+      refused = std::move(w->done);
+    } else {
       w->stream = s;
       const uint64_t tag = ++next_tag_;
       req.set_tag(tag);
@@ -272,8 +275,8 @@ void StepStreamClient::CallAsync(v1::StepStreamRequest req, absl::Duration timeo
       first = s->QueueLocked(std::move(req));
     }
   }
-  if (s == nullptr) {
-    std::move(w->done)(absl::UnavailableError("the worker is stopping"));
+  if (refused) {
+    std::move(refused)(absl::UnavailableError("the worker is stopping"));
     return;
   }
   if (first != nullptr) s->StartWrite(first);
