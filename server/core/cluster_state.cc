@@ -172,10 +172,10 @@ void ClusterState::ApplyChange(const WorkerJoined& c) {
   // Changes no record of the worker: what it holds is in its replicas'
   // states already. Listing it is a new topology.
   auto w = workers_.find(c.task);
-  REPVAR_CHECK_MSG(w != workers_.end() && w->second.state == WorkerState::kLive &&
-                       w->second.incarnation == c.incarnation,
-                   absl::StrCat("WorkerJoined names ", c.task.ToString(), " incarnation ",
-                                c.incarnation, ", which is not live"));
+  REPVAR_CHECK_MSG(
+      w != workers_.end() && w->second.IsLive() && w->second.incarnation == c.incarnation,
+      absl::StrCat("WorkerJoined names ", c.task.ToString(), " incarnation ", c.incarnation,
+                   ", which is not live"));
   w->second.joining = false;
   membership_changed_ = true;
 }
@@ -191,8 +191,8 @@ void ClusterState::ApplyChange(const VariableCreated& c) {
   v.initializer = c.initializer;
   v.replicas.resize(c.placement.size());
   for (size_t i = 0; i < c.placement.size(); ++i) {
-    const WorkerRecord* w = Worker(c.placement[i].task);
-    REPVAR_CHECK_MSG(w != nullptr && w->state == WorkerState::kLive,
+    const WorkerRecord* w = LiveWorker(c.placement[i].task);
+    REPVAR_CHECK_MSG(w != nullptr,
                      absl::StrCat("VariableCreated places ", ReplicaName(c.def.name, i), " on ",
                                   c.placement[i].task.ToString(), ", which is not live"));
   }
@@ -345,9 +345,14 @@ const WorkerRecord* ClusterState::Worker(const TaskKey& task) const {
   return it == workers_.end() ? nullptr : &it->second;
 }
 
-bool ClusterState::IsLive(const TaskKey& task, uint64_t incarnation) const {
+const WorkerRecord* ClusterState::LiveWorker(const TaskKey& task) const {
   const WorkerRecord* w = Worker(task);
-  return w != nullptr && w->state == WorkerState::kLive && w->incarnation == incarnation;
+  return w != nullptr && w->IsLive() ? w : nullptr;
+}
+
+bool ClusterState::IsLive(const TaskKey& task, uint64_t incarnation) const {
+  const WorkerRecord* w = LiveWorker(task);
+  return w != nullptr && w->incarnation == incarnation;
 }
 
 VariableView ClusterState::View(const VariableRecord& v, VariableDetail detail) const {
@@ -387,7 +392,7 @@ TopologySnapshot ClusterState::Topology(
   TopologySnapshot s;
   s.version = topology_version_;
   for (const auto& [key, w] : workers_) {
-    if (w.state != WorkerState::kLive || w.joining) continue;
+    if (!w.IsLive() || w.joining) continue;
     s.tasks.push_back(LiveTask{key, w.address, w.incarnation, w.devices, absl::InfinitePast()});
     for (const DeviceName& d : w.devices) {
       if (d.IsAccelerator()) s.accelerators.push_back(Accelerator{0, d, key});
@@ -404,8 +409,8 @@ TopologySnapshot ClusterState::Topology(
   }
   for (const auto& [job, n] : expected_tasks) {
     for (int32_t i = 0; i < n; ++i) {
-      const WorkerRecord* w = Worker(TaskKey{job, i});
-      if (w == nullptr || w->state != WorkerState::kLive || w->joining) {
+      const WorkerRecord* w = LiveWorker(TaskKey{job, i});
+      if (w == nullptr || w->joining) {
         s.missing_tasks.push_back(TaskKey{job, i}.ToString());
       }
     }

@@ -63,6 +63,8 @@ struct WorkerRecord {
   std::vector<DeviceName> devices;  // sorted
   WorkerState state = WorkerState::kUnknown;
   bool joining = false;  // registered, not listed until WorkerJoined
+
+  bool IsLive() const { return state == WorkerState::kLive; }
 };
 
 // A mutating request's answer, kept for its retries (C6).
@@ -148,7 +150,9 @@ class ClusterState {
   // Workers.
   const WorkerRecord* Worker(const TaskKey& task) const;
   const std::map<TaskKey, WorkerRecord>& workers() const { return workers_; }
-  // Whether `task` is LIVE under `incarnation`.
+  // The worker of `task` when it is live; null otherwise.
+  const WorkerRecord* LiveWorker(const TaskKey& task) const;
+  // Whether `task` is live under `incarnation`.
   bool IsLive(const TaskKey& task, uint64_t incarnation) const;
   // The live workers, the accelerators in ordinal order (T2), the infeed host
   // (T3) and the expected tasks that are missing; heartbeats left unset.

@@ -32,9 +32,11 @@ Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient*
       workers_(workers),
       budget_(options.max_inflight_bytes),
       owned_log_(log == nullptr ? std::make_unique<VolatileStateLog>() : nullptr),
-      registry_(RegistryOptionsOf(options), clock, log != nullptr ? log : owned_log_.get()),
+      log_(log != nullptr ? log : owned_log_.get()),
+      registry_(RegistryOptionsOf(options), clock, log_),
       steps_(clock, &registry_, &groups_),
-      replication_(options.replication, clock, &registry_, &steps_, &groups_, workers, &budget_) {}
+      replication_(options.replication, clock, &registry_, log_, &steps_, &groups_, workers,
+                   &budget_) {}
 
 absl::Status Coordinator::Recover() {
   REPVAR_RETURN_IF_ERROR(registry_.Recover());

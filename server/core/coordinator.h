@@ -249,6 +249,7 @@ class Coordinator {
   WorkerClient* const workers_;
   MemoryBudget budget_;
   std::unique_ptr<StateLog> owned_log_;  // when none was given
+  StateLog* const log_;
   Registry registry_;
   CollectiveGroups groups_;
   StepCoordinator steps_;

@@ -87,7 +87,7 @@ absl::StatusOr<bool> Replication::ReadBatchFrom(absl::Span<const absl::string_vi
     // reads them.
     if (const Tensor* kept = out[i].value.get()) {
       const std::optional<absl::Status> checked =
-          fetch ? registry_->CheckValue(*kept) : registry_->CheckValueIfKnown(*kept);
+          fetch ? log_->Check(*kept) : log_->CheckIfKnown(*kept);
       if (checked && checked->ok()) continue;
     } else if (std::optional<ReadResult> cached = Cached(ids[i], versions[i])) {
       out[i] = *std::move(cached);
@@ -135,7 +135,7 @@ absl::StatusOr<ReadResult> Replication::CommittedValue(uint64_t id) {
   if (kept) {
     // Kept in a file: its bytes are checked at their first use. A damaged
     // copy is never served; the replicas still hold the value.
-    absl::Status s = registry_->CheckValue(*kept->value);
+    absl::Status s = log_->Check(*kept->value);
     if (s.ok()) return *kept;
     spdlog::error(
         "variable {}: the coordinator's copy of version {} is damaged ({}); reading it "

@@ -22,22 +22,13 @@ Registry::Registry(RegistryOptions options, Clock* clock, StateLog* log)
   last_fence_ = static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMicros(clock_->Now())));
 }
 
-absl::Status Registry::CommitLocked(Record record, bool decided) {
-  if (record.empty()) return absl::OkStatus();
+absl::StatusOr<uint64_t> Registry::CommitLocked(Record record, bool decided) {
+  if (record.empty()) return required_.load();
   REPVAR_ASSIGN_OR_RETURN(applied_, log_->Append(record));
   if (!decided) required_ = applied_;
   state_.Apply(record);
   log_->Applied(state_);
-  return absl::OkStatus();
-}
-
-// StateLog::Durable is thread-safe and called without mu_: that is what
-// lets the writers that wait at the same time share one sync.
-absl::Status Registry::Leave() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  const uint64_t seen = required_;
-  mu_.Unlock();
-  if (seen == 0) return absl::OkStatus();
-  return log_->Durable(seen);
+  return applied_;
 }
 
 absl::Status Registry::Recover() {
@@ -70,7 +61,7 @@ absl::Status Registry::Recover() {
       }
       record.changes.push_back(WriteResolved{fence});
     }
-    REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)));
+    REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)).status());
   }
   // Workers recorded live get a whole heartbeat timeout from now to be heard
   // from again (they keep their incarnation across our restart).
@@ -79,7 +70,7 @@ absl::Status Registry::Recover() {
   last_fence_ = std::max(last_fence_, state_.fences_reserved());
   int live = 0;
   for (const auto& [key, w] : state_.workers()) {
-    if (w.state != WorkerState::kLive) continue;
+    if (!w.IsLive()) continue;
     last_heartbeat_[key] = now;
     ++live;
   }
@@ -96,52 +87,48 @@ absl::Status Registry::CheckRoom(uint64_t value_bytes) const {
   return log_->CheckRoom(value_bytes);
 }
 
-absl::StatusOr<uint64_t> Registry::NextFence() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+absl::StatusOr<uint64_t> Registry::NextFence() {
   constexpr uint64_t kBlock = 1 << 16;
-  mu_.Lock();
-  if (last_fence_ >= state_.fences_reserved()) {
-    Record record;
-    record.changes.push_back(FencesReserved{last_fence_ + kBlock});
-    if (absl::Status s = CommitLocked(std::move(record)); !s.ok()) {
-      mu_.Unlock();
-      return s;
+  uint64_t fence = 0;
+  uint64_t reserved_at = 0;
+  {
+    RankedLock lock(&mu_);
+    if (last_fence_ >= state_.fences_reserved()) {
+      REPVAR_ASSIGN_OR_RETURN(fences_position_,
+                              CommitLocked(Record{{FencesReserved{last_fence_ + kBlock}}}));
     }
-    fences_position_ = applied_;
+    fence = ++last_fence_;
+    reserved_at = fences_position_;
   }
-  const uint64_t fence = ++last_fence_;
-  const uint64_t reserved_at = fences_position_;
-  mu_.Unlock();
   // The token may reach a worker once its reservation would survive a
   // crash; other writers' records need not be.
   REPVAR_RETURN_IF_ERROR(AwaitDurable(reserved_at));
   return fence;
 }
 
-absl::Status Registry::Commit(Builder build) {
-  mu_.Lock();
-  absl::StatusOr<Record> record = build(state_);
-  const absl::Status committed = record.ok() ? CommitLocked(*std::move(record)) : record.status();
-  const absl::Status durable = Leave();
-  return committed.ok() ? durable : committed;
+absl::StatusOr<uint64_t> Registry::Commit(Builder build, Durability durability) {
+  absl::StatusOr<uint64_t> committed;
+  uint64_t seen = 0;
+  {
+    RankedLock lock(&mu_);
+    absl::StatusOr<Record> record = build(state_);
+    committed = record.ok() ? CommitLocked(*std::move(record), durability == Durability::kDecided)
+                            : record.status();
+    seen = required_;
+  }
+  // A synced commit's caller, as every caller who saw the state, is
+  // answered once what it saw is durable, even when it was refused.
+  if (durability == Durability::kSynced) {
+    const absl::Status durable = AwaitDurable(seen);
+    if (committed.ok() && !durable.ok()) return durable;
+  }
+  return committed;
 }
 
-absl::StatusOr<uint64_t> Registry::CommitUnsynced(Builder build) {
-  RankedLock lock(&mu_);
-  REPVAR_ASSIGN_OR_RETURN(Record record, build(state_));
-  if (record.empty()) return required_;
-  REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)));
-  return applied_;
-}
-
-absl::Status Registry::AwaitDurable(uint64_t position) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+absl::Status Registry::AwaitDurable(uint64_t position) const {
+  if (position == kEverythingApplied) position = required_;
   if (position == 0) return absl::OkStatus();
   return log_->Durable(position);
-}
-
-absl::Status Registry::CommitDecided(Builder build) {
-  RankedLock lock(&mu_);
-  REPVAR_ASSIGN_OR_RETURN(Record record, build(state_));
-  return CommitLocked(std::move(record), /*decided=*/true);
 }
 
 // ---- Membership ----
@@ -192,9 +179,9 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
   std::sort(devices.begin(), devices.end());
 
   CallLock lock(this);
-  const WorkerRecord* w = state_.Worker(key);
+  const WorkerRecord* w = state_.LiveWorker(key);
   Record record;
-  if (w != nullptr && w->state == WorkerState::kLive) {
+  if (w != nullptr) {
     if (w->incarnation > reg.incarnation) {
       return absl::AbortedError(absl::StrCat("task ", key.ToString(), " is live under incarnation ",
                                              w->incarnation, ", newer than ", reg.incarnation,
@@ -221,28 +208,25 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
   }
   record.changes.push_back(
       WorkerRegistered{key, reg.address, reg.incarnation, std::move(devices), joining});
-  REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)));
+  REPVAR_RETURN_IF_ERROR(CommitLocked(std::move(record)).status());
   last_heartbeat_[key] = clock_->Now();
   return state_.topology_version();
 }
 
 absl::Status Registry::Joined(const TaskKey& key, uint64_t incarnation) {
-  mu_.Lock();
-  absl::Status s;
+  CallLock lock(this);
   const WorkerRecord* w = state_.Worker(key);
-  if (w != nullptr && w->joining && w->state == WorkerState::kLive &&
-      w->incarnation == incarnation) {
-    s = CommitLocked(Record{{WorkerJoined{key, incarnation}}});
+  if (w == nullptr || !w->joining || !w->IsLive() || w->incarnation != incarnation) {
+    return absl::OkStatus();
   }
-  const absl::Status durable = Leave();
-  return s.ok() ? durable : s;
+  return CommitLocked(Record{{WorkerJoined{key, incarnation}}}).status();
 }
 
 std::vector<LiveTask> Registry::Joining() const {
   CallLock lock(this);
   std::vector<LiveTask> out;
   for (const auto& [key, w] : state_.workers()) {
-    if (w.state == WorkerState::kLive && w.joining) {
+    if (w.IsLive() && w.joining) {
       out.push_back(LiveTask{key, w.address, w.incarnation, w.devices, absl::InfinitePast()});
     }
   }
@@ -251,8 +235,8 @@ std::vector<LiveTask> Registry::Joining() const {
 
 absl::StatusOr<int64_t> Registry::Heartbeat(const TaskKey& key, uint64_t incarnation) {
   CallLock lock(this);
-  const WorkerRecord* w = state_.Worker(key);
-  if (w == nullptr || w->state != WorkerState::kLive) {
+  const WorkerRecord* w = state_.LiveWorker(key);
+  if (w == nullptr) {
     return absl::NotFoundError(absl::StrCat("task ", key.ToString(),
                                             " is not registered (or was declared dead); "
                                             "register again"));
@@ -271,13 +255,13 @@ std::vector<LiveTask> Registry::CheckHeartbeats(absl::Time now) {
     CallLock lock(this);
     Record record;
     for (const auto& [key, w] : state_.workers()) {
-      if (w.state != WorkerState::kLive) continue;
+      if (!w.IsLive()) continue;
       const absl::Time last = last_heartbeat_[key];
       if (now - last <= options_.membership.heartbeat_timeout) continue;
       record.changes.push_back(WorkerDied{key, w.incarnation});
       dead.push_back(LiveTask{key, w.address, w.incarnation, w.devices, last});
     }
-    if (absl::Status s = CommitLocked(std::move(record)); !s.ok()) {
+    if (absl::Status s = CommitLocked(std::move(record)).status(); !s.ok()) {
       spdlog::error("cannot record dead workers: {}", s.ToString());
       return {};
     }
@@ -331,8 +315,8 @@ absl::StatusOr<TopologySnapshot> Registry::WaitForExpected(absl::Time deadline) 
 
 std::optional<LiveTask> Registry::Find(const TaskKey& key) const {
   CallLock lock(this);
-  const WorkerRecord* w = state_.Worker(key);
-  if (w == nullptr || w->state != WorkerState::kLive) return std::nullopt;
+  const WorkerRecord* w = state_.LiveWorker(key);
+  if (w == nullptr) return std::nullopt;
   auto hb = last_heartbeat_.find(key);
   return LiveTask{key, w->address, w->incarnation, w->devices,
                   hb == last_heartbeat_.end() ? absl::InfinitePast() : hb->second};
@@ -357,80 +341,82 @@ absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
   if (cached) {
     answer = std::get<CreateAnswer>(*cached);
   } else {
-    REPVAR_RETURN_IF_ERROR(Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
-      // Placed on the topology users see (a joining task's accelerators
-      // have no ordinal yet).
-      const TopologySnapshot topo = state.Topology({});
-      // Validate the whole batch against the registry before recording anything.
-      absl::flat_hash_map<absl::string_view, const VariableDef*> in_batch;
-      in_batch.reserve(items.size());
-      for (const CreateItem& item : items) {
-        const VariableDef& def = item.def;
-        const VariableRecord* existing = state.Find(def.name);
-        if (existing != nullptr && !(existing->def == def)) {
-          const VariableDef& old = existing->def;
-          return absl::AlreadyExistsError(absl::StrCat(
-              "variable ", def.name, " already exists as ", old.tensor.ToString(), " x",
-              old.replica_count, " (aggregation ", AggregationName(old.aggregation), ", trainable ",
-              old.trainable, "); the request asks for ", def.tensor.ToString(), " x",
-              def.replica_count, " (aggregation ", AggregationName(def.aggregation), ", trainable ",
-              def.trainable, ")"));
-        }
-        auto [b, fresh] = in_batch.emplace(def.name, &def);
-        if (!fresh && !(*b->second == def)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "variable ", def.name, " appears twice in the batch with different specs"));
-        }
-        if (existing == nullptr &&
-            static_cast<size_t>(def.replica_count) > topo.accelerators.size()) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("variable ", def.name, " asks for ", def.replica_count,
-                           " replicas but the cluster has ", topo.accelerators.size(),
-                           " accelerators (topology version ", topo.version,
-                           "); wait for the cluster to form or lower the replica count"));
-        }
-      }
-      // V1: replica i on ordinal i. Every variable of n replicas has the
-      // same placement, the first n accelerators: made once per n the batch
-      // asks for. one_host[n]: they all sit on one host.
-      absl::flat_hash_map<int32_t, Placements> placements;
-      std::vector<bool> one_host(topo.accelerators.size() + 1, true);
-      for (size_t n = 2; n <= topo.accelerators.size(); ++n) {
-        one_host[n] = one_host[n - 1] && topo.accelerators[n - 1].task == topo.accelerators[0].task;
-      }
-      Record record;
-      record.changes.reserve(in_batch.size() + 1);
-      answer.names.reserve(items.size());
-      answer.created.reserve(items.size());
-      uint64_t next_id = state.next_variable_id();
-      absl::flat_hash_set<absl::string_view> made;
-      made.reserve(in_batch.size());
-      for (const CreateItem& item : items) {
-        const VariableDef& def = item.def;
-        answer.names.push_back(def.name);
-        const bool fresh = state.Find(def.name) == nullptr && made.insert(def.name).second;
-        answer.created.push_back(fresh);
-        if (!fresh) continue;
-        // Recorded; it never moves.
-        Placements& placement = placements[def.replica_count];
-        if (placement.empty()) {
-          std::vector<Placement> first;
-          for (int32_t i = 0; i < def.replica_count; ++i) {
-            first.push_back(Placement{topo.accelerators[i].device, topo.accelerators[i].task});
+    REPVAR_RETURN_IF_ERROR(
+        Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+          // Placed on the topology users see (a joining task's accelerators
+          // have no ordinal yet).
+          const TopologySnapshot topo = state.Topology({});
+          // Validate the whole batch against the registry before recording anything.
+          absl::flat_hash_map<absl::string_view, const VariableDef*> in_batch;
+          in_batch.reserve(items.size());
+          for (const CreateItem& item : items) {
+            const VariableDef& def = item.def;
+            const VariableRecord* existing = state.Find(def.name);
+            if (existing != nullptr && !(existing->def == def)) {
+              const VariableDef& old = existing->def;
+              return absl::AlreadyExistsError(absl::StrCat(
+                  "variable ", def.name, " already exists as ", old.tensor.ToString(), " x",
+                  old.replica_count, " (aggregation ", AggregationName(old.aggregation),
+                  ", trainable ", old.trainable, "); the request asks for ", def.tensor.ToString(),
+                  " x", def.replica_count, " (aggregation ", AggregationName(def.aggregation),
+                  ", trainable ", def.trainable, ")"));
+            }
+            auto [b, fresh] = in_batch.emplace(def.name, &def);
+            if (!fresh && !(*b->second == def)) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "variable ", def.name, " appears twice in the batch with different specs"));
+            }
+            if (existing == nullptr &&
+                static_cast<size_t>(def.replica_count) > topo.accelerators.size()) {
+              return absl::FailedPreconditionError(
+                  absl::StrCat("variable ", def.name, " asks for ", def.replica_count,
+                               " replicas but the cluster has ", topo.accelerators.size(),
+                               " accelerators (topology version ", topo.version,
+                               "); wait for the cluster to form or lower the replica count"));
+            }
           }
-          placement = Placements(std::move(first));
-        }
-        if (one_host[def.replica_count]) {
-          answer.warnings.push_back(
-              absl::StrCat("variable ", def.name, ": all ", def.replica_count,
-                           " replica(s) sit on one host (", topo.accelerators[0].task.ToString(),
-                           "); in-step data cannot survive the loss of that host"));
-        }
-        record.changes.push_back(VariableCreated{next_id++, def, placement, item.initializer});
-      }
-      record.changes.push_back(RequestRecorded{key, "create", answer, clock_->Now()});
-      return record;
-    }));
+          // V1: replica i on ordinal i. Every variable of n replicas has the
+          // same placement, the first n accelerators: made once per n the batch
+          // asks for. one_host[n]: they all sit on one host.
+          absl::flat_hash_map<int32_t, Placements> placements;
+          std::vector<bool> one_host(topo.accelerators.size() + 1, true);
+          for (size_t n = 2; n <= topo.accelerators.size(); ++n) {
+            one_host[n] =
+                one_host[n - 1] && topo.accelerators[n - 1].task == topo.accelerators[0].task;
+          }
+          Record record;
+          record.changes.reserve(in_batch.size() + 1);
+          answer.names.reserve(items.size());
+          answer.created.reserve(items.size());
+          uint64_t next_id = state.next_variable_id();
+          absl::flat_hash_set<absl::string_view> made;
+          made.reserve(in_batch.size());
+          for (const CreateItem& item : items) {
+            const VariableDef& def = item.def;
+            answer.names.push_back(def.name);
+            const bool fresh = state.Find(def.name) == nullptr && made.insert(def.name).second;
+            answer.created.push_back(fresh);
+            if (!fresh) continue;
+            // Recorded; it never moves.
+            Placements& placement = placements[def.replica_count];
+            if (placement.empty()) {
+              std::vector<Placement> first;
+              for (int32_t i = 0; i < def.replica_count; ++i) {
+                first.push_back(Placement{topo.accelerators[i].device, topo.accelerators[i].task});
+              }
+              placement = Placements(std::move(first));
+            }
+            if (one_host[def.replica_count]) {
+              answer.warnings.push_back(absl::StrCat(
+                  "variable ", def.name, ": all ", def.replica_count,
+                  " replica(s) sit on one host (", topo.accelerators[0].task.ToString(),
+                  "); in-step data cannot survive the loss of that host"));
+            }
+            record.changes.push_back(VariableCreated{next_id++, def, placement, item.initializer});
+          }
+          record.changes.push_back(RequestRecorded{key, "create", answer, clock_->Now()});
+          return record;
+        }).status());
     for (const std::string& w : answer.warnings) spdlog::warn("{}", w);
   }
   return Read([&](const ClusterState& state) -> absl::StatusOr<CreateResult> {
@@ -473,18 +459,20 @@ std::vector<VariableView> Registry::ListVariables(absl::string_view collection,
   return out;
 }
 
-absl::StatusOr<std::optional<Answer>> Registry::Outcome(
-    const RequestKey& key, absl::string_view op) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+absl::StatusOr<std::optional<Answer>> Registry::Outcome(const RequestKey& key,
+                                                        absl::string_view op) const {
   const absl::Time now = clock_->Now();
-  mu_.Lock();
-  absl::StatusOr<std::optional<Answer>> found = state_.Outcome(key, op, now);
-  if (found.ok() && !found->has_value()) {
-    // Nothing to answer from: the request goes on, and its commit waits.
-    mu_.Unlock();
-    return found;
+  absl::StatusOr<std::optional<Answer>> found;
+  uint64_t seen = 0;
+  {
+    RankedLock lock(&mu_);
+    found = state_.Outcome(key, op, now);
+    seen = required_;
   }
+  // Nothing to answer from: the request goes on, and its commit waits.
+  if (found.ok() && !found->has_value()) return found;
   // An answer (or a refusal) is reported: once what it came from is durable.
-  REPVAR_RETURN_IF_ERROR(Leave());
+  REPVAR_RETURN_IF_ERROR(AwaitDurable(seen));
   return found;
 }
 

@@ -22,6 +22,7 @@
 #ifndef REPVAR_SERVER_CORE_REGISTRY_H_
 #define REPVAR_SERVER_CORE_REGISTRY_H_
 
+#include <atomic>
 #include <map>
 #include <optional>
 #include <set>
@@ -62,27 +63,34 @@ class Registry {
   const MembershipOptions& membership_options() const { return options_.membership; }
 
   // ---- The commit point. ----
+  // How a commit's record is waited for.
+  enum class Durability {
+    // Durable before Commit returns, as is everything the caller saw.
+    kSynced,
+    // Appended and applied; Commit returns its log position for
+    // AwaitDurable (a write's WritePrepared, which the writer syncs itself
+    // once its values are on their way to the workers). Everyone else who
+    // sees the state waits for it as for any record.
+    kUnsynced,
+    // A durable record already decided it (the resolution of a durable
+    // WritePrepared): applied at once, and neither the caller nor anyone
+    // who sees the state waits for its sync; a crash that loses it rolls
+    // the prepared write forward to the same versions, checksums and
+    // answer (Recover).
+    kDecided,
+  };
   // Builds a record from the current state and commits it: appended to the
-  // log, then applied. An error from `build` or from the log changes nothing
-  // and is returned. An empty record is not committed.
+  // log, then applied; returns its log position (an empty record is not
+  // committed: the position of what the state holds). An error from
+  // `build` or from the log changes nothing and is returned.
   using Builder = absl::FunctionRef<absl::StatusOr<Record>(const ClusterState&)>;
-  absl::Status Commit(Builder build) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Commit without the wait: appended and applied, and its log position
-  // returned for AwaitDurable(position) - a write's WritePrepared, which
-  // the writer syncs itself once its values are on their way to the
-  // workers (no hand-off to another thread: on a VM a wake-up costs more
-  // CPU than the work of a small write). Everyone else who sees the state
-  // waits for it as for any record.
-  absl::StatusOr<uint64_t> CommitUnsynced(Builder build) ABSL_LOCKS_EXCLUDED(mu_);
-  // Returns once the record at `position` (and all before it) is durable.
-  absl::Status AwaitDurable(uint64_t position) const ABSL_LOCKS_EXCLUDED(mu_);
-  // Commits a record that a durable record already decided: the resolution
-  // of a durable WritePrepared that commits it. Applied at once, and
-  // neither the caller nor anyone who sees the state waits for its sync -
-  // a crash that loses it rolls the prepared write forward to the same
-  // versions, checksums and answer (Recover). Errors: the log's.
-  absl::Status CommitDecided(Builder build) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<uint64_t> Commit(Builder build, Durability durability = Durability::kSynced)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns once the record at `position` and all before it are durable;
+  // kEverythingApplied: everything applied so far (but records a durable
+  // one decided). Errors: the log's.
+  static constexpr uint64_t kEverythingApplied = UINT64_MAX;
+  absl::Status AwaitDurable(uint64_t position = kEverythingApplied) const ABSL_LOCKS_EXCLUDED(mu_);
   // Loads what the log kept from an earlier run (StateLog::Recover); call
   // once, before serving. Writes prepared and never resolved are committed
   // (roll-forward: their answers may have been given); every replica of
@@ -105,16 +113,13 @@ class Registry {
   template <typename F, typename R = std::invoke_result_t<F&, const ClusterState&>>
   std::optional<R> ReadIfDurable(F&& read) const ABSL_LOCKS_EXCLUDED(mu_) {
     uint64_t seen = 0;
-    StateLog* log = nullptr;
     std::optional<R> result;
     {
       RankedLock lock(&mu_);
       seen = required_;
-      log = log_;
       result.emplace(read(static_cast<const ClusterState&>(state_)));
     }
-    // IsDurable takes no lock of the registry's (as Durable in Leave).
-    if (seen != 0 && !log->IsDurable(seen)) return std::nullopt;
+    if (seen != 0 && !log_->IsDurable(seen)) return std::nullopt;
     return result;
   }
 
@@ -129,29 +134,7 @@ class Registry {
     RankedLock lock(&mu_);
     return read(static_cast<const ClusterState&>(state_));
   }
-  // Returns once everything applied so far is durable (but for records a
-  // durable one decided).
-  absl::Status AwaitDurable() const ABSL_LOCKS_EXCLUDED(mu_) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    mu_.Lock();
-    return Leave();
-  }
 
-  // StateLog::Stage: lets the log write `value` ahead of its record. Takes
-  // no lock (the log's Stage is thread-safe).
-  absl::Status Stage(const Tensor& value) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return log_->Stage(value);
-  }
-  // StateLog::Check: whether a value read from the state (kept in a file)
-  // holds the bytes that were kept. Takes no lock.
-  absl::Status CheckValue(const Tensor& value) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return log_->Check(value);
-  }
-  // StateLog::CheckIfKnown: CheckValue's answer when it needs no pass over
-  // the bytes, else nullopt. Takes no lock.
-  std::optional<absl::Status> CheckValueIfKnown(const Tensor& value) const
-      ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return log_->CheckIfKnown(value);
-  }
   // StateLog::CheckRoom: whether a record with `value_bytes` of values fits.
   absl::Status CheckRoom(uint64_t value_bytes) const ABSL_LOCKS_EXCLUDED(mu_);
   // A fencing token for a write to workers (ReplicaWrite::fence): larger
@@ -235,19 +218,24 @@ class Registry {
     explicit CallLock(const Registry* r) ABSL_EXCLUSIVE_LOCK_FUNCTION(r->mu_) : r_(r) {
       r_->mu_.Lock();
     }
-    ~CallLock() ABSL_UNLOCK_FUNCTION() { (void)r_->Leave(); }
+    ~CallLock() ABSL_UNLOCK_FUNCTION() {
+      const uint64_t seen = r_->required_;
+      r_->mu_.Unlock();
+      // An error only when a test's log was told not to stop the process
+      // (StateLog::Durable).
+      if (seen != 0) (void)r_->log_->Durable(seen);
+    }
     CallLock(const CallLock&) = delete;
     CallLock& operator=(const CallLock&) = delete;
 
    private:
     const Registry* const r_;
   };
-  // Releases mu_, then waits for required_ to be durable. An error only
-  // when a test's log was told not to stop the process (StateLog::Durable).
-  absl::Status Leave() const ABSL_UNLOCK_FUNCTION(mu_);
 
-  // `decided`: a durable record already decided this one (CommitDecided).
-  absl::Status CommitLocked(Record record, bool decided = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends and applies `record`; returns its log position (required_ when
+  // it is empty). `decided`: a durable record already decided this one.
+  absl::StatusOr<uint64_t> CommitLocked(Record record, bool decided = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TopologySnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The topology users see: live tasks that are not joining.
   TopologySnapshot VisibleTopology(const std::map<std::string, int32_t>& expected) const
@@ -256,16 +244,20 @@ class Registry {
   const RegistryOptions options_;
   Clock* const clock_;
 
+  // Thread-safe; Append, Applied and Recover are called under mu_, which
+  // keeps the log in commit order.
+  StateLog* const log_;
+
   // State below is protected by mu_.
   mutable RankedMutex mu_{kRegistryRank, "Registry::mu_"};
-  StateLog* const log_ ABSL_PT_GUARDED_BY(mu_);
   ClusterState state_ ABSL_GUARDED_BY(mu_);
   std::map<TaskKey, absl::Time> last_heartbeat_ ABSL_GUARDED_BY(mu_);
   uint64_t last_fence_ ABSL_GUARDED_BY(mu_) = 0;  // the last token handed out
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;     // log position of the last record applied
   // What a caller who saw the state waits for: applied_, except records a
-  // durable one decided (CommitDecided).
-  uint64_t required_ ABSL_GUARDED_BY(mu_) = 0;
+  // durable one decided (Durability::kDecided). Written under mu_; CallLock
+  // reads it as it releases mu_.
+  std::atomic<uint64_t> required_{0};
   // Log position of the record that reserved the current block of fences
   // (0: reserved by an earlier run, durable).
   uint64_t fences_position_ ABSL_GUARDED_BY(mu_) = 0;

@@ -79,20 +79,23 @@ void Replication::ResyncTask(const TaskKey& task) {
                  s.ToString());
     return;
   }
-  absl::Status s = registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
-    Record record;
-    for (const ReplicaWrite& w : writes) {
-      const VariableRecord* v = state.FindId(w.variable_id);
-      if (v == nullptr) continue;
-      std::vector<Holder> holders;
-      for (int32_t r : w.replicas) holders.push_back(Holder{r, target.incarnation});
-      holders = LiveHolders(state, *v, holders);
-      if (holders.empty()) continue;
-      record.changes.push_back(
-          ReplicasWritten{w.variable_id, w.version, w.value->checksum, std::move(holders)});
-    }
-    return record;
-  });
+  absl::Status s = registry_
+                       ->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+                         Record record;
+                         for (const ReplicaWrite& w : writes) {
+                           const VariableRecord* v = state.FindId(w.variable_id);
+                           if (v == nullptr) continue;
+                           std::vector<Holder> holders;
+                           for (int32_t r : w.replicas)
+                             holders.push_back(Holder{r, target.incarnation});
+                           holders = LiveHolders(state, *v, holders);
+                           if (holders.empty()) continue;
+                           record.changes.push_back(ReplicasWritten{
+                               w.variable_id, w.version, w.value->checksum, std::move(holders)});
+                         }
+                         return record;
+                       })
+                       .status();
   if (!s.ok()) {
     spdlog::error("cannot record the resync of {}: {}", task.ToString(), s.ToString());
     return;
@@ -144,40 +147,44 @@ absl::Status Replication::Reconcile(const WorkerTarget& target,
   std::set<uint64_t> gone;
   int demoted = 0;
   int promoted = 0;
-  REPVAR_RETURN_IF_ERROR(registry_->Commit([&](const ClusterState& state)
-                                               -> absl::StatusOr<Record> {
-    gone.clear();
-    demoted = promoted = 0;
-    if (!state.IsLive(target.task, target.incarnation)) {
-      return absl::AbortedError(absl::StrCat(target.task.ToString(), " incarnation ",
-                                             target.incarnation, " is no longer live"));
-    }
-    for (const auto& [key, h] : by) {
-      if (state.FindId(key.first) == nullptr) gone.insert(key.first);
-    }
-    Record record;
-    for (const auto& [id, v] : state.variables()) {
-      if (v.version == 0) continue;  // an initialize overwrites whatever is there
-      std::map<std::pair<int64_t, uint64_t>, std::vector<Holder>> found;
-      for (size_t i = 0; i < v.placement.size(); ++i) {
-        if (v.placement[i].task != target.task) continue;
-        auto it = by.find({id, static_cast<int32_t>(i)});
-        const int64_t version = it == by.end() ? 0 : it->second->version;
-        const uint64_t checksum = it == by.end() ? 0 : it->second->checksum;
-        const bool holds = version == v.version && checksum == v.checksum;
-        const ReplicaState state_now = v.replicas[i].state;
-        if ((state_now == ReplicaState::kUpToDate && !holds) ||
-            (state_now == ReplicaState::kStale && holds)) {
-          found[{version, checksum}].push_back(Holder{static_cast<int32_t>(i), target.incarnation});
-          ++(holds ? promoted : demoted);
-        }
-      }
-      for (auto& [vc, holders] : found) {
-        record.changes.push_back(ReplicasWritten{id, vc.first, vc.second, std::move(holders)});
-      }
-    }
-    return record;
-  }));
+  REPVAR_RETURN_IF_ERROR(
+      registry_
+          ->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+            gone.clear();
+            demoted = promoted = 0;
+            if (!state.IsLive(target.task, target.incarnation)) {
+              return absl::AbortedError(absl::StrCat(target.task.ToString(), " incarnation ",
+                                                     target.incarnation, " is no longer live"));
+            }
+            for (const auto& [key, h] : by) {
+              if (state.FindId(key.first) == nullptr) gone.insert(key.first);
+            }
+            Record record;
+            for (const auto& [id, v] : state.variables()) {
+              if (v.version == 0) continue;  // an initialize overwrites whatever is there
+              std::map<std::pair<int64_t, uint64_t>, std::vector<Holder>> found;
+              for (size_t i = 0; i < v.placement.size(); ++i) {
+                if (v.placement[i].task != target.task) continue;
+                auto it = by.find({id, static_cast<int32_t>(i)});
+                const int64_t version = it == by.end() ? 0 : it->second->version;
+                const uint64_t checksum = it == by.end() ? 0 : it->second->checksum;
+                const bool holds = version == v.version && checksum == v.checksum;
+                const ReplicaState state_now = v.replicas[i].state;
+                if ((state_now == ReplicaState::kUpToDate && !holds) ||
+                    (state_now == ReplicaState::kStale && holds)) {
+                  found[{version, checksum}].push_back(
+                      Holder{static_cast<int32_t>(i), target.incarnation});
+                  ++(holds ? promoted : demoted);
+                }
+              }
+              for (auto& [vc, holders] : found) {
+                record.changes.push_back(
+                    ReplicasWritten{id, vc.first, vc.second, std::move(holders)});
+              }
+            }
+            return record;
+          })
+          .status());
   if (demoted > 0) {
     static Counter& found = DivergencesRepaired("verification");
     found.Add(static_cast<uint64_t>(demoted));
@@ -199,21 +206,25 @@ absl::Status Replication::Reconcile(const WorkerTarget& target,
 }
 
 void Replication::MarkUnverified(const TaskKey& task, uint64_t incarnation) {
-  absl::Status s = registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
-    Record record;
-    if (!state.IsLive(task, incarnation)) return record;
-    for (const auto& [id, v] : state.variables()) {
-      if (v.version == 0) continue;
-      std::vector<Holder> holders;
-      for (size_t i = 0; i < v.placement.size(); ++i) {
-        if (v.placement[i].task == task && v.replicas[i].state == ReplicaState::kUpToDate) {
-          holders.push_back(Holder{static_cast<int32_t>(i), incarnation});
-        }
-      }
-      if (!holders.empty()) record.changes.push_back(ReplicasWritten{id, 0, 0, std::move(holders)});
-    }
-    return record;
-  });
+  absl::Status s =
+      registry_
+          ->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+            Record record;
+            if (!state.IsLive(task, incarnation)) return record;
+            for (const auto& [id, v] : state.variables()) {
+              if (v.version == 0) continue;
+              std::vector<Holder> holders;
+              for (size_t i = 0; i < v.placement.size(); ++i) {
+                if (v.placement[i].task == task && v.replicas[i].state == ReplicaState::kUpToDate) {
+                  holders.push_back(Holder{static_cast<int32_t>(i), incarnation});
+                }
+              }
+              if (!holders.empty())
+                record.changes.push_back(ReplicasWritten{id, 0, 0, std::move(holders)});
+            }
+            return record;
+          })
+          .status();
   if (!s.ok()) spdlog::error("cannot mark {} unverified: {}", task.ToString(), s.ToString());
 }
 
@@ -233,7 +244,7 @@ void Replication::VerifyAll() {
   std::vector<WorkerTarget> targets = registry_->Read([](const ClusterState& state) {
     std::vector<WorkerTarget> out;
     for (const auto& [key, w] : state.workers()) {
-      if (w.state == WorkerState::kLive) out.push_back(WorkerTarget{key, w.address, w.incarnation});
+      if (w.IsLive()) out.push_back(WorkerTarget{key, w.address, w.incarnation});
     }
     return out;
   });
@@ -279,8 +290,8 @@ void Replication::ResyncStale() {
     std::set<TaskKey> out;
     auto add_tasks = [&](const VariableRecord& v, bool every_replica) {
       for (size_t i = 0; i < v.placement.size(); ++i) {
-        const WorkerRecord* w = state.Worker(v.placement[i].task);
-        if (w == nullptr || w->state != WorkerState::kLive) continue;
+        const WorkerRecord* w = state.LiveWorker(v.placement[i].task);
+        if (w == nullptr) continue;
         if (every_replica || v.needs_resync || v.replicas[i].state == ReplicaState::kStale) {
           out.insert(v.placement[i].task);
         }
@@ -303,22 +314,24 @@ void Replication::ResyncStale() {
     verified.insert(t);
     ResyncTask(t);
   }
-  absl::Status s = registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
-    Record record;
-    for (uint64_t id : state.needing_repair()) {
-      const VariableRecord& v = *state.FindId(id);
-      if (!v.needs_resync) continue;
-      bool clean = true;
-      for (size_t i = 0; i < v.placement.size() && clean; ++i) {
-        const WorkerRecord* w = state.Worker(v.placement[i].task);
-        if (w == nullptr || w->state != WorkerState::kLive) continue;  // resynced on return
-        clean =
-            v.replicas[i].state != ReplicaState::kStale && verified.contains(v.placement[i].task);
-      }
-      if (clean) record.changes.push_back(ResyncFlagged{id, false});
-    }
-    return record;
-  });
+  absl::Status s = registry_
+                       ->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+                         Record record;
+                         for (uint64_t id : state.needing_repair()) {
+                           const VariableRecord& v = *state.FindId(id);
+                           if (!v.needs_resync) continue;
+                           bool clean = true;
+                           for (size_t i = 0; i < v.placement.size() && clean; ++i) {
+                             const WorkerRecord* w = state.LiveWorker(v.placement[i].task);
+                             if (w == nullptr) continue;  // resynced on return
+                             clean = v.replicas[i].state != ReplicaState::kStale &&
+                                     verified.contains(v.placement[i].task);
+                           }
+                           if (clean) record.changes.push_back(ResyncFlagged{id, false});
+                         }
+                         return record;
+                       })
+                       .status();
   if (!s.ok()) spdlog::error("cannot record cleared resync flags: {}", s.ToString());
   if (!all_verified) {
     RankedLock lock(&mu_);

@@ -33,11 +33,12 @@ std::vector<WriteResult> Answered(const Answer& answer) {
 }  // namespace
 
 Replication::Replication(ReplicationOptions options, Clock* clock, Registry* registry,
-                         StepCoordinator* steps, CollectiveGroups* groups, WorkerClient* workers,
-                         MemoryBudget* budget)
+                         StateLog* log, StepCoordinator* steps, CollectiveGroups* groups,
+                         WorkerClient* workers, MemoryBudget* budget)
     : options_(options),
       clock_(clock),
       registry_(registry),
+      log_(log),
       steps_(steps),
       groups_(groups),
       workers_(workers),
@@ -74,13 +75,16 @@ absl::StatusOr<Replication::Delivery> Replication::Deliver(const std::vector<Pla
   uint64_t prepared_at = 0;
   if (prepare != nullptr) {
     REPVAR_ASSIGN_OR_RETURN(
-        prepared_at, registry_->CommitUnsynced([&](const ClusterState&) -> absl::StatusOr<Record> {
-          WritePrepared p{fence, {}, *prepare};
-          for (const PlannedWrite& w : writes) {
-            p.values.push_back(PreparedValue{w.id, w.version, w.value->checksum, w.value});
-          }
-          return Record{{std::move(p)}};
-        }));
+        prepared_at,
+        registry_->Commit(
+            [&](const ClusterState&) -> absl::StatusOr<Record> {
+              WritePrepared p{fence, {}, *prepare};
+              for (const PlannedWrite& w : writes) {
+                p.values.push_back(PreparedValue{w.id, w.version, w.value->checksum, w.value});
+              }
+              return Record{{std::move(p)}};
+            },
+            Registry::Durability::kUnsynced));
   }
   absl::Status prepared_durable;
   // Group the replicas each live worker holds.
@@ -106,8 +110,7 @@ absl::StatusOr<Replication::Delivery> Replication::Deliver(const std::vector<Pla
       if (fresh) {
         std::map<TaskKey, std::vector<int32_t>> replicas;
         for (size_t i = 0; i < v->placement.size(); ++i) {
-          const WorkerRecord* worker = state.Worker(v->placement[i].task);
-          if (worker != nullptr && worker->state == WorkerState::kLive) {
+          if (state.LiveWorker(v->placement[i].task) != nullptr) {
             replicas[v->placement[i].task].push_back(static_cast<int32_t>(i));
           }
         }
@@ -158,7 +161,7 @@ absl::StatusOr<Replication::Delivery> Replication::Deliver(const std::vector<Pla
   if (!to_stage.empty()) {
     stage = std::thread([this, to_stage] {
       for (const auto& v : to_stage) {
-        if (absl::Status s = registry_->Stage(*v); !s.ok()) {
+        if (absl::Status s = log_->Stage(*v); !s.ok()) {
           spdlog::debug("staging a value failed ({}); the record writes it", s.ToString());
         }
       }
@@ -258,8 +261,11 @@ absl::Status Replication::CommitWrites(const std::vector<PlannedWrite>& writes,
   // A prepared write that reached everyone was decided by its durable
   // WritePrepared: its commit is not waited for. A failure is, before the
   // caller hears of it (a restart must not roll the write forward then).
-  absl::Status committed = delivered && delivery.prepared != 0 ? registry_->CommitDecided(build)
-                                                               : registry_->Commit(build);
+  absl::Status committed =
+      registry_
+          ->Commit(build, delivered && delivery.prepared != 0 ? Registry::Durability::kDecided
+                                                              : Registry::Durability::kSynced)
+          .status();
   // A durable WritePrepared that the log has no room to resolve would be
   // rolled forward by the next start, whatever its caller is told now:
   // stop, as a failed write does (the log stops the process itself then,
@@ -413,18 +419,20 @@ absl::StatusOr<std::vector<WriteResult>> Replication::AssignInGate(
     writes.push_back(PlannedWrite{ids[i], item.name, targets[i].version, std::move(value)});
   }
   if (!keep.empty()) {
-    REPVAR_RETURN_IF_ERROR(
-        registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
-          Record record;
-          for (const Change& c : keep.changes) {
-            const ValueKept& k = std::get<ValueKept>(c);
-            const VariableRecord* v = state.FindId(k.id);
-            if (v != nullptr && v->version == k.version && v->checksum == k.checksum) {
-              record.changes.push_back(k);
-            }
-          }
-          return record;
-        }));
+    REPVAR_RETURN_IF_ERROR(registry_
+                               ->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+                                 Record record;
+                                 for (const Change& c : keep.changes) {
+                                   const ValueKept& k = std::get<ValueKept>(c);
+                                   const VariableRecord* v = state.FindId(k.id);
+                                   if (v != nullptr && v->version == k.version &&
+                                       v->checksum == k.checksum) {
+                                     record.changes.push_back(k);
+                                   }
+                                 }
+                                 return record;
+                               })
+                               .status());
   }
   std::vector<WriteOutcome> answer;
   bool small = true;
@@ -456,20 +464,21 @@ absl::Status Replication::Delete(const RequestKey& key, absl::string_view name) 
   std::vector<WorkerTarget> holders;
   {
     WriteLocks locks(this, {id});  // waits for an in-flight write
-    REPVAR_RETURN_IF_ERROR(
-        registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
-          const VariableRecord* v = state.FindId(id);
-          if (v == nullptr) return VariableNotFound(name);
-          std::set<TaskKey> tasks;
-          for (const Placement& p : v->placement) tasks.insert(p.task);
-          for (const TaskKey& t : tasks) {
-            const WorkerRecord* w = state.Worker(t);
-            if (w != nullptr && w->state == WorkerState::kLive) {
-              holders.push_back(WorkerTarget{t, w->address, w->incarnation});
-            }
-          }
-          return Record{{VariableDeleted{id}, RequestRecorded{key, "delete", {}, clock_->Now()}}};
-        }));
+    REPVAR_RETURN_IF_ERROR(registry_
+                               ->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+                                 const VariableRecord* v = state.FindId(id);
+                                 if (v == nullptr) return VariableNotFound(name);
+                                 std::set<TaskKey> tasks;
+                                 for (const Placement& p : v->placement) tasks.insert(p.task);
+                                 for (const TaskKey& t : tasks) {
+                                   if (const WorkerRecord* w = state.LiveWorker(t)) {
+                                     holders.push_back(WorkerTarget{t, w->address, w->incarnation});
+                                   }
+                                 }
+                                 return Record{{VariableDeleted{id},
+                                                RequestRecorded{key, "delete", {}, clock_->Now()}}};
+                               })
+                               .status());
     Cache(id, std::nullopt);
   }
   CallGroup drops(holders.size());

@@ -76,8 +76,11 @@ class Replication {
  public:
   // Values it computes (initial values, AssignAdd results) are charged to
   // `budget` while the request runs (null: unbounded).
-  Replication(ReplicationOptions options, Clock* clock, Registry* registry, StepCoordinator* steps,
-              CollectiveGroups* groups, WorkerClient* workers, MemoryBudget* budget = nullptr);
+  // `log` is the registry's (thread-safe): values are staged in it and
+  // checked against it directly.
+  Replication(ReplicationOptions options, Clock* clock, Registry* registry, StateLog* log,
+              StepCoordinator* steps, CollectiveGroups* groups, WorkerClient* workers,
+              MemoryBudget* budget = nullptr);
 
   // C5: initialize-if-uninitialized; the first caller wins. Errors:
   // NOT_FOUND, INVALID_ARGUMENT (no or bad initializer, non-finite value),
@@ -205,6 +208,7 @@ class Replication {
   const ReplicationOptions options_;
   Clock* const clock_;
   Registry* const registry_;
+  StateLog* const log_;
   StepCoordinator* const steps_;
   CollectiveGroups* const groups_;
   WorkerClient* const workers_;

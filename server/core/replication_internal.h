@@ -44,24 +44,29 @@ inline std::vector<Holder> LiveHolders(const ClusterState& state, const Variable
 }
 
 // Takes the write locks of variables in id order, so that batches never
-// deadlock, before any ranked lock (lock_order.h).
+// deadlock, before any ranked lock (lock_order.h); releases them when it
+// goes out of scope.
 class Replication::WriteLocks {
  public:
-  WriteLocks(Replication* r, std::vector<uint64_t> ids) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  WriteLocks(Replication* r, std::vector<uint64_t> ids) {
     RankedMutex::AssertNoneHeld("variable write locks");
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     mutexes_ = r->WriteLocksOf(ids);
-    for (const auto& mu : mutexes_) mu->Lock();  // in id order, as every taker
+    held_.reserve(mutexes_.size());
+    for (const auto& mu : mutexes_) {
+      held_.push_back(std::make_unique<absl::MutexLock>(mu.get()));  // in id order, as every taker
+    }
   }
-  ~WriteLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (auto mu = mutexes_.rbegin(); mu != mutexes_.rend(); ++mu) (*mu)->Unlock();
+  ~WriteLocks() {
+    while (!held_.empty()) held_.pop_back();  // in reverse order
   }
   WriteLocks(const WriteLocks&) = delete;
   WriteLocks& operator=(const WriteLocks&) = delete;
 
  private:
-  std::vector<std::shared_ptr<absl::Mutex>> mutexes_;  // each held
+  std::vector<std::shared_ptr<absl::Mutex>> mutexes_;
+  std::vector<std::unique_ptr<absl::MutexLock>> held_;  // one per mutex
 };
 
 }  // namespace repvar::server

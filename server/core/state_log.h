@@ -29,8 +29,9 @@
 
 namespace repvar::server {
 
-// Called with the registry's mutex held, in commit order, except Durable
-// and Stage (any thread, no lock).
+// Thread-safe. The registry calls Append, Applied and Recover under its
+// lock, which keeps the records in commit order; every other method is
+// called from any thread, with no lock held.
 class StateLog {
  public:
   virtual ~StateLog() = default;

@@ -12,34 +12,23 @@
 
 namespace repvar::server {
 
-// Wakes the waiters a change concerns, and only those: long polls of reports
-// and finishes wait on step_cv_ (and the registered wakers), which move only
-// when a step opens, starts aggregating or resolves (not on each of 32
-// reports); watchers of events wait on events_cv_.
-class StepCoordinator::ChangeNotifier {
- public:
-  ChangeNotifier(StepCoordinator* c, Wakers* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_)
-      : c_(c), wake_(wake), seq_(c->steps_.next_event_seq()), state_(State()) {}
-  ~ChangeNotifier() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (c_->steps_.next_event_seq() != seq_) c_->events_cv_.SignalAll();
-    if (State() != state_) {
-      c_->step_cv_.SignalAll();
-      for (auto& f : c_->wakers_) wake_->fns.push_back(std::move(f));
-      c_->wakers_.clear();
-    }
-  }
+StepCoordinator::ChangeMark StepCoordinator::MarkLocked() const {
+  const StepInfo* open = steps_.open();
+  return ChangeMark{
+      steps_.next_event_seq(),
+      open ? std::pair<uint64_t, int>{open->epoch, static_cast<int>(steps_.open_state())}
+           : std::pair<uint64_t, int>{0, 0}};
+}
 
- private:
-  std::pair<uint64_t, int> State() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    const StepInfo* open = c_->steps_.open();
-    return open ? std::pair<uint64_t, int>{open->epoch, static_cast<int>(c_->steps_.open_state())}
-                : std::pair<uint64_t, int>{0, 0};
+void StepCoordinator::NotifyLocked(const ChangeMark& before, Wakers* wake) {
+  const ChangeMark now = MarkLocked();
+  if (now.event_seq != before.event_seq) events_cv_.SignalAll();
+  if (now.open != before.open) {
+    step_cv_.SignalAll();
+    for (auto& f : wakers_) wake->fns.push_back(std::move(f));
+    wakers_.clear();
   }
-  StepCoordinator* const c_;
-  Wakers* const wake_;
-  const int64_t seq_;
-  const std::pair<uint64_t, int> state_;
-};
+}
 
 namespace {
 
@@ -66,9 +55,11 @@ StepCoordinator::StepCoordinator(Clock* clock, Registry* registry, CollectiveGro
       groups_(groups),
       steps_([this](const std::vector<StepParticipant>& p, size_t n,
                     bool fresh) { return Group(p, n, fresh); },
-             [this](const StepRecord& r) ABSL_NO_THREAD_SAFETY_ANALYSIS { return RecordCommit(r); },
+             // Called by the barrier, which mu_ guards.
+             [this](const StepRecord& r)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return RecordCommit(r); },
              [this](int64_t step, uint64_t epoch)
-                 ABSL_NO_THREAD_SAFETY_ANALYSIS { RecordFailure(step, epoch); },
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { RecordFailure(step, epoch); },
              FirstEpoch(registry->Read([](const ClusterState& s) { return s.last_epoch(); }),
                         clock->Now()),
              registry->Read([](const ClusterState& s) { return s.last_committed_step(); })) {}
@@ -182,7 +173,7 @@ StepInfo LayoutOf(const ClusterState& state) {
   std::vector<const WorkerRecord*> live;
   std::map<TaskKey, int32_t> index;
   for (const auto& [key, w] : state.workers()) {
-    if (w.state != WorkerState::kLive) continue;
+    if (!w.IsLive()) continue;
     index[key] = static_cast<int32_t>(live.size());
     live.push_back(&w);
   }
@@ -308,14 +299,17 @@ absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
   while (writes_in_flight_ > 0) step_cv_.Wait(mu_.native());
   StepInfo info = Describe(step, barrier_timeout);
   const uint64_t epoch = steps_.next_epoch();
-  absl::Status recorded = registry_->Commit([&](const ClusterState&) -> absl::StatusOr<Record> {
-    return Record{{StepBegun{step, epoch}}};
-  });
+  absl::Status recorded = registry_
+                              ->Commit([&](const ClusterState&) -> absl::StatusOr<Record> {
+                                return Record{{StepBegun{step, epoch}}};
+                              })
+                              .status();
   step_beginning_ = false;
   step_cv_.SignalAll();
   REPVAR_RETURN_IF_ERROR(recorded);
-  ChangeNotifier notify(this, &wake);
+  const ChangeMark before = MarkLocked();
   steps_.Open(std::move(info), clock_->Now());
+  NotifyLocked(before, &wake);
   SharedStep opened{steps_.shared_info(epoch), *steps_.state(epoch)};
   spdlog::debug("step {} (epoch {}) begun: {} participant(s), {} variable(s)", step, epoch,
                 opened.info->participants.size(), opened.info->variables.size());
@@ -343,7 +337,6 @@ absl::StatusOr<SharedStep> StepCoordinator::GetStep(uint64_t epoch) const {
 absl::Status StepCoordinator::AbortStep(uint64_t epoch, absl::string_view reason) {
   Wakers wake;
   RankedLock lock(&mu_);
-  ChangeNotifier notify(this, &wake);
   if (!steps_.state(epoch)) {
     // Not this run's: an earlier run's step that the restart failed is
     // aborted already; one it committed cannot be; any other is unknown.
@@ -354,21 +347,28 @@ absl::Status StepCoordinator::AbortStep(uint64_t epoch, absl::string_view reason
     }
     return absl::OkStatus();
   }
-  return steps_.Abort(epoch, reason, clock_->Now());
+  const ChangeMark before = MarkLocked();
+  absl::Status aborted = steps_.Abort(epoch, reason, clock_->Now());
+  NotifyLocked(before, &wake);
+  return aborted;
 }
 
 absl::Status StepCoordinator::ReportStep(const WorkerReport& report) {
   Wakers wake;
   RankedLock lock(&mu_);
-  ChangeNotifier notify(this, &wake);
-  return steps_.Report(report, clock_->Now());
+  const ChangeMark before = MarkLocked();
+  absl::Status reported = steps_.Report(report, clock_->Now());
+  NotifyLocked(before, &wake);
+  return reported;
 }
 
 absl::Status StepCoordinator::FinishStep(const WorkerFinish& finish) {
   Wakers wake;
   RankedLock lock(&mu_);
-  ChangeNotifier notify(this, &wake);
-  return steps_.Finish(finish, clock_->Now());
+  const ChangeMark before = MarkLocked();
+  absl::Status finished = steps_.Finish(finish, clock_->Now());
+  NotifyLocked(before, &wake);
+  return finished;
 }
 
 void StepCoordinator::WhenStepPlanned(uint64_t epoch, PlanCallback done) {
@@ -452,7 +452,7 @@ int64_t StepCoordinator::LatestStepEventSeq() const {
 void StepCoordinator::Tick(absl::Time now, const std::vector<LiveTask>& dead) {
   Wakers wake;
   RankedLock lock(&mu_);
-  ChangeNotifier notify(this, &wake);
+  const ChangeMark before = MarkLocked();
   for (const LiveTask& t : dead) steps_.WorkerDied(t.key, t.incarnation, now);
   steps_.Tick(now, [&](const TaskKey& task) -> std::string {
     std::optional<LiveTask> live = registry_->Find(task);
@@ -460,6 +460,7 @@ void StepCoordinator::Tick(absl::Time now, const std::vector<LiveTask>& dead) {
     return absl::StrCat("last heartbeat ", absl::ToDoubleSeconds(now - live->last_heartbeat),
                         " s ago");
   });
+  NotifyLocked(before, &wake);
 }
 
 // ---- The barrier's hooks ----
@@ -472,41 +473,46 @@ std::pair<std::string, uint32_t> StepCoordinator::Group(
 }
 
 absl::Status StepCoordinator::RecordCommit(const StepRecord& step) {
-  return registry_->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
-    Record record;
-    StepCommitted committed{step.step, step.epoch, {}};
-    for (const StepRecord::Variable& rv : step.variables) {
-      const VariableRecord* v = state.FindId(rv.id);
-      if (v == nullptr) continue;  // deleted since (not while in the step: refused)
-      if (rv.changed) {
-        committed.changed.push_back(CommittedVariable{rv.id, v->def.name, rv.version, rv.checksum});
-      }
-      std::vector<Holder> holders;
-      for (const auto& [replica, incarnation] : rv.replicas) {
-        // Only a worker still live under the incarnation that took part
-        // acknowledges; any other misses the value (and is resynced).
-        if (state.IsLive(v->placement[replica].task, incarnation)) {
-          holders.push_back(Holder{replica, incarnation});
+  return registry_
+      ->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+        Record record;
+        StepCommitted committed{step.step, step.epoch, {}};
+        for (const StepRecord::Variable& rv : step.variables) {
+          const VariableRecord* v = state.FindId(rv.id);
+          if (v == nullptr) continue;  // deleted since (not while in the step: refused)
+          if (rv.changed) {
+            committed.changed.push_back(
+                CommittedVariable{rv.id, v->def.name, rv.version, rv.checksum});
+          }
+          std::vector<Holder> holders;
+          for (const auto& [replica, incarnation] : rv.replicas) {
+            // Only a worker still live under the incarnation that took part
+            // acknowledges; any other misses the value (and is resynced).
+            if (state.IsLive(v->placement[replica].task, incarnation)) {
+              holders.push_back(Holder{replica, incarnation});
+            }
+          }
+          if (rv.changed) {
+            // The value now lives on the replicas only.
+            record.changes.push_back(
+                ValueCommitted{rv.id, rv.version, rv.checksum, nullptr, std::move(holders), {}});
+          } else {
+            record.changes.push_back(
+                ReplicasWritten{rv.id, rv.version, rv.checksum, std::move(holders)});
+          }
         }
-      }
-      if (rv.changed) {
-        // The value now lives on the replicas only.
-        record.changes.push_back(
-            ValueCommitted{rv.id, rv.version, rv.checksum, nullptr, std::move(holders), {}});
-      } else {
-        record.changes.push_back(
-            ReplicasWritten{rv.id, rv.version, rv.checksum, std::move(holders)});
-      }
-    }
-    record.changes.push_back(std::move(committed));
-    return record;
-  });
+        record.changes.push_back(std::move(committed));
+        return record;
+      })
+      .status();
 }
 
 void StepCoordinator::RecordFailure(int64_t step, uint64_t epoch) {
-  absl::Status s = registry_->Commit([&](const ClusterState&) -> absl::StatusOr<Record> {
-    return Record{{StepFailed{step, epoch}}};
-  });
+  absl::Status s = registry_
+                       ->Commit([&](const ClusterState&) -> absl::StatusOr<Record> {
+                         return Record{{StepFailed{step, epoch}}};
+                       })
+                       .status();
   if (!s.ok()) spdlog::error("cannot record the failure of step {}: {}", step, s.ToString());
 }
 

@@ -123,7 +123,19 @@ class StepCoordinator {
       for (auto& f : fns) f();
     }
   };
-  class ChangeNotifier;
+  // Where the steps stood before a change: waiters are woken only by a
+  // change that concerns them. Long polls of reports and finishes wait on
+  // step_cv_ (and the registered wakers), which move only when a step
+  // opens, starts aggregating or resolves (not on each of 32 reports);
+  // watchers of events wait on events_cv_.
+  struct ChangeMark {
+    int64_t event_seq = 0;
+    std::pair<uint64_t, int> open;  // the open step's epoch and state
+  };
+  ChangeMark MarkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the waiters of what changed since `before`; the registered
+  // wakers go to `wake`, which runs them once mu_ is released.
+  void NotifyLocked(const ChangeMark& before, Wakers* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The step's participants and variables from the registry's state. While
   // the layout revision stays (ClusterState::layout_revision), each step
@@ -132,8 +144,8 @@ class StepCoordinator {
   StepInfo Describe(int64_t step, absl::Duration barrier_timeout) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The barrier's hooks, called with mu_ held.
-  absl::Status RecordCommit(const StepRecord& record);
-  void RecordFailure(int64_t step, uint64_t epoch);
+  absl::Status RecordCommit(const StepRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordFailure(int64_t step, uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::pair<std::string, uint32_t> Group(const std::vector<StepParticipant>& participants,
                                          size_t tags, bool fresh);
   // A step the barrier does not know. One of an earlier run (before a

@@ -347,22 +347,24 @@ class AskedLog final : public StateLog {
 absl::StatusOr<Record> Reserve(uint64_t up_to) { return Record{{FencesReserved{up_to}}}; }
 
 // Roll-forward commits: a WritePrepared is committed without a wait
-// (CommitUnsynced) and synced while the write travels (AwaitDurable); the
-// commit it decides (CommitDecided) is waited for by nobody - neither its
-// writer nor a reader who sees it - until a later ordinary record, whose
-// sync covers it.
+// (Durability::kUnsynced) and synced while the write travels
+// (AwaitDurable); the commit it decides (Durability::kDecided) is waited
+// for by nobody - neither its writer nor a reader who sees it - until a
+// later ordinary record, whose sync covers it.
 TEST(RegistryDurabilityTest, ARecordADurableOneDecided_IsWaitedForByNobody) {
   repvar::testing::FakeClock clock;
   AskedLog log;
   Registry r(RegistryOptions{}, &clock, &log);
-  auto prepared = r.CommitUnsynced([](const ClusterState&) { return Reserve(100); });
+  auto prepared =
+      r.Commit([](const ClusterState&) { return Reserve(100); }, Registry::Durability::kUnsynced);
   ASSERT_OK(prepared);
   EXPECT_EQ(*prepared, 1u);
-  EXPECT_EQ(log.asked(), 0u) << "CommitUnsynced waited";
+  EXPECT_EQ(log.asked(), 0u) << "an unsynced commit waited";
   ASSERT_OK(r.AwaitDurable(*prepared));
   EXPECT_EQ(log.asked(), 1u);
 
-  ASSERT_OK(r.CommitDecided([](const ClusterState&) { return Reserve(200); }));  // position 2
+  ASSERT_OK(r.Commit([](const ClusterState&) { return Reserve(200); },
+                     Registry::Durability::kDecided));  // position 2
   EXPECT_EQ(r.Read([](const ClusterState& s) { return s.fences_reserved(); }), 200u);
   EXPECT_EQ(log.asked(), 1u) << "the decided record was waited for";
 

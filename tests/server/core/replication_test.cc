@@ -142,9 +142,11 @@ TEST_F(ReplicationTruthTest, F2_ReplicaReportedUpToDateButHoldingOtherBytes_Foun
   // Bytes the coordinator never sent (a bug, a bad memory): only asking shows it.
   workers_.Plant("tpu_worker:1", view->id, 3, {1, F32({9, 9, 9})->checksum, 101, F32({9, 9, 9})});
   EXPECT_THAT(Disagreements(), ::testing::Not(::testing::IsEmpty()));
-  ASSERT_OK(core_->registry().Commit([&](const ClusterState&) -> absl::StatusOr<Record> {
-    return Record{{ResyncFlagged{view->id, true}}};
-  }));
+  ASSERT_OK(core_->registry()
+                .Commit([&](const ClusterState&) -> absl::StatusOr<Record> {
+                  return Record{{ResyncFlagged{view->id, true}}};
+                })
+                .status());
   core_->ResyncStale();
   EXPECT_THAT(Disagreements(), ::testing::IsEmpty());
 }

@@ -136,8 +136,9 @@ TEST_F(RocksStateLogTest, PreparedWrite_KeptByCheckpoints_RolledForwardAtRecover
         {PreparedValue{id, version + 1, value->checksum, value}},
         RequestRecorded{RequestKey{"req-prepared", 7}, "assign",
                         std::vector<WriteOutcome>{{version + 1, value->checksum}}, clock.Now()}};
-    auto at = cluster.core().registry().CommitUnsynced(
-        [&](const ClusterState&) -> absl::StatusOr<Record> { return Record{{p}}; });
+    auto at = cluster.core().registry().Commit(
+        [&](const ClusterState&) -> absl::StatusOr<Record> { return Record{{p}}; },
+        Registry::Durability::kUnsynced);
     ASSERT_OK(at);
     ASSERT_OK(cluster.core().registry().AwaitDurable(*at));
     EXPECT_GT(log->stats().checkpoints, 1u);
