@@ -35,14 +35,17 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
 #include "common/base/clock.h"
 #include "common/base/memory_budget.h"
 #include "common/base/ranked_mutex.h"
+#include "common/base/thread_pool.h"
 #include "common/model/variable.h"
 #include "server/core/collective_groups.h"
 #include "server/core/lock_order.h"
 #include "server/core/registry.h"
+#include "server/core/replication_plan.h"
 #include "server/core/step_coordinator.h"
 #include "server/core/worker_client.h"
 
@@ -151,36 +154,79 @@ class Replication {
 
  private:
   class WriteLocks;
+
+  // ---- The write path (replication_write.cc; docs/architecture.md) ----
+  // What AssignInGate decided per item, under the variables' write locks.
+  struct AssignTarget {
+    int64_t version = 0;
+    bool allow_nonfinite = false;
+    bool only_replicas = false;  // the committed value lives on the replicas alone
+  };
   // Assign inside the write gate, deciding on state it peeks (Registry::Peek).
   absl::StatusOr<std::vector<WriteResult>> AssignInGate(const RequestKey& key,
                                                         const std::vector<Assignment>& items,
                                                         absl::string_view op);
-  struct PlannedWrite {
-    uint64_t id = 0;
-    std::string name;
-    int64_t version = 0;
-    std::shared_ptr<const Tensor> value;
-  };
-  // Which replicas acknowledged, which did not answer (their contents are
-  // unknown), and why.
-  struct Delivery {
-    std::map<uint64_t, std::vector<Holder>> holders;
-    std::map<uint64_t, std::vector<Holder>> unknown;
-    std::vector<std::string> failures;
-    uint64_t prepared = 0;  // the fence of its WritePrepared (0: none)
-  };
-  // `prepare`: the answer of a write of small values, recorded with them in
-  // a WritePrepared before they are sent and synced while they travel.
+  // The ids of the items' variables. Errors: NOT_FOUND, INVALID_ARGUMENT (a
+  // name twice).
+  absl::StatusOr<std::vector<uint64_t>> IdsOfItems(const std::vector<Assignment>& items);
+  // Checks each item against its variable (C7, spec, initialized for ADD
+  // and SUB) and names its next version. Errors: NOT_FOUND (deleted),
+  // INVALID_ARGUMENT, FAILED_PRECONDITION.
+  absl::StatusOr<std::vector<AssignTarget>> CheckAssignments(const std::vector<Assignment>& items,
+                                                             const std::vector<uint64_t>& ids);
+  static absl::StatusOr<AssignTarget> CheckAssignment(const Assignment& item,
+                                                      const VariableRecord* v);
+  // C3: each item's new value, computed once from the committed value
+  // (read from a replica when a step changed it); a committed value only
+  // the replicas hold goes to `keep` (F7: a write that fails must not take
+  // it with it). Results are charged to `charge`.
+  absl::StatusOr<std::vector<PlannedWrite>> ComputeValues(const std::vector<Assignment>& items,
+                                                          const std::vector<uint64_t>& ids,
+                                                          const std::vector<AssignTarget>& targets,
+                                                          MemoryCharge& charge, Record& keep);
+  // Commits the ValueKept changes of `keep` still current.
+  absl::Status KeepCommittedValues(const Record& keep);
+  // Sends `writes` to every live replica and folds the answers. `prepare`:
+  // the answer of a write of small values, recorded with them in a
+  // WritePrepared before they are sent and synced while they travel.
   // Errors: RESOURCE_EXHAUSTED (no room for its record on disk), those of
   // Registry::NextFence and of the WritePrepared's commit; nothing was sent
   // then.
   absl::StatusOr<Delivery> Deliver(const std::vector<PlannedWrite>& writes,
                                    const RequestRecorded* prepare = nullptr);
-  // Commits `writes` as the delivery left them (see the file comment, step
-  // 5) with `outcome` when all of them reached every live replica.
+  // Room for the write's records before anything leaves (a full disk
+  // refuses the write with nothing changed anywhere), then its fence.
+  absl::StatusOr<uint64_t> MakeRoomForWrite(const std::vector<PlannedWrite>& writes, bool prepared);
+  // The WritePrepared of `prepare` (null: none, position 0), committed
+  // unsynced: its log position.
+  absl::StatusOr<uint64_t> Prepare(const std::vector<PlannedWrite>& writes, uint64_t fence,
+                                   const RequestRecorded* prepare);
+  // Whether one root worker broadcasts the write to the others over the
+  // data plane: a single large write to enough workers, outside a step
+  // (during one, the workers' data plane belongs to its collectives).
+  bool UseDataPlane(const std::vector<WriteBatch>& batches) const;
+  // Starts writing the large values to the state log's blob files while the
+  // workers take them, so that the commit only syncs its record; `staged`
+  // is notified when done (at once when there is nothing to stage).
+  void StageValues(const std::vector<PlannedWrite>& writes, absl::Notification* staged);
+  // Every batch to its worker at once; the WritePrepared at `prepared_at`
+  // is synced on this thread meanwhile (into `prepared_durable`). Returns
+  // each batch's status.
+  std::vector<absl::Status> FanOut(const std::vector<WriteBatch>& batches, uint64_t prepared_at,
+                                   absl::Status* prepared_durable);
+  // FanOut in the CollectiveGroups' order, the first batch's worker the
+  // root of a broadcast to the others.
+  std::vector<absl::Status> FanOutOverDataPlane(std::vector<WriteBatch>& batches,
+                                                uint64_t prepared_at,
+                                                absl::Status* prepared_durable);
+  // Commits `writes` as the delivery left them (SettleWrites) with
+  // `outcome` when all of them reached every live replica; UNAVAILABLE when
+  // not.
   absl::Status CommitWrites(const std::vector<PlannedWrite>& writes, const Delivery& delivery,
                             const std::map<uint64_t, Initializer>& initializers,
                             std::optional<RequestRecorded> outcome);
+
+  // ---- Reads (replication_read.cc) ----
   absl::StatusOr<ReadResult> CommittedValue(uint64_t id);
   // ReadBatch into `out` where `held_bytes` is nullopt; ReadBatchHeld
   // within it where set: false when not held (`out` is then incomplete).
@@ -192,6 +238,8 @@ class Replication {
   // Keeps `value` as the cached committed value of `id` within the bound
   // (nullopt: forgets it).
   void Cache(uint64_t id, std::optional<ReadResult> value) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- Repair (replication_repair.cc) ----
   // VerifyTask's second half: `held` is what `target` listed after being
   // fenced.
   absl::Status Reconcile(const WorkerTarget& target,
@@ -200,6 +248,8 @@ class Replication {
   void MarkUnverified(const TaskKey& task, uint64_t incarnation);
   // Ids of the variables with a replica on `task`.
   std::vector<uint64_t> IdsOn(const TaskKey& task) const;
+
+  // ---- Shared (replication.cc) ----
   absl::StatusOr<uint64_t> IdOf(absl::string_view name) const;
   // The write lock of each of `ids`, made for those that have none yet.
   std::vector<std::shared_ptr<absl::Mutex>> WriteLocksOf(const std::vector<uint64_t>& ids)
@@ -213,6 +263,8 @@ class Replication {
   CollectiveGroups* const groups_;
   WorkerClient* const workers_;
   MemoryBudget* const budget_;
+  // Stages large values in the state log while their writes travel.
+  ThreadPool stagers_{1, 4};
 
   // State below is protected by mu_.
   RankedMutex mu_{kLeafRank, "Replication::mu_"};

@@ -32,17 +32,6 @@ inline absl::StatusOr<uint64_t> IdIn(const ClusterState& s, absl::string_view na
   return v->id;
 }
 
-// Holders still live under the incarnation that acknowledged: an
-// acknowledgement from a worker declared dead since is not recorded.
-inline std::vector<Holder> LiveHolders(const ClusterState& state, const VariableRecord& v,
-                                       const std::vector<Holder>& holders) {
-  std::vector<Holder> out;
-  for (const Holder& h : holders) {
-    if (state.IsLive(v.placement[h.replica].task, h.incarnation)) out.push_back(h);
-  }
-  return out;
-}
-
 // Takes the write locks of variables in id order, so that batches never
 // deadlock, before any ranked lock (lock_order.h); releases them when it
 // goes out of scope.

@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+// The pure decisions of a cross-replica write (docs/architecture.md, "The
+// write path"): which replicas each live worker is sent, and what the
+// workers' answers mean for the record. No lock, no I/O: tested directly.
+#ifndef REPVAR_SERVER_CORE_REPLICATION_PLAN_H_
+#define REPVAR_SERVER_CORE_REPLICATION_PLAN_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model/replica_write.h"
+#include "common/tensor/tensor.h"
+#include "server/core/cluster_state.h"
+#include "server/core/record.h"
+#include "server/core/worker_client.h"
+
+namespace repvar::server {
+
+// One variable's new value, as a write decided it: version n+1 of `id`.
+struct PlannedWrite {
+  uint64_t id = 0;
+  std::string name;
+  int64_t version = 0;
+  std::shared_ptr<const Tensor> value;
+};
+
+// What one live worker is sent: every replica it holds of every write.
+struct WriteBatch {
+  WorkerTarget target;
+  std::vector<ReplicaWrite> writes;
+};
+
+// The writes grouped by live worker, in task order, each carrying `fence`.
+// Variables created together share a placement list, so a batch of many
+// writes groups once per list, not per write. Deleted variables and dead
+// workers are left out.
+std::vector<WriteBatch> GroupByWorker(const ClusterState& state,
+                                      const std::vector<PlannedWrite>& writes, uint64_t fence);
+
+// What the workers' answers mean: which replicas acknowledged (they hold
+// the new version), which did not answer (their contents are unknown), and
+// why. `prepared`: the fence of the write's WritePrepared (0: none).
+struct Delivery {
+  std::map<uint64_t, std::vector<Holder>> holders;
+  std::map<uint64_t, std::vector<Holder>> unknown;
+  std::vector<std::string> failures;
+  uint64_t prepared = 0;
+};
+
+// Folds `statuses` (one per batch, in order) and the WritePrepared's sync
+// (`prepared_durable`) into a Delivery.
+Delivery FoldAnswers(const std::vector<WriteBatch>& batches,
+                     const std::vector<absl::Status>& statuses,
+                     const absl::Status& prepared_durable, uint64_t prepared);
+
+// Holders still live under the incarnation that acknowledged: an
+// acknowledgement from a worker declared dead since is not recorded.
+std::vector<Holder> LiveHolders(const ClusterState& state, const VariableRecord& v,
+                                const std::vector<Holder>& holders);
+
+// The record that settles `writes` as `delivery` left them (C2, F7): each
+// variable's new version with the replicas that hold it when every live
+// replica acknowledged (and the request's `outcome`); otherwise the
+// replicas that took it (or may have) marked STALE and the variable
+// flagged for resync. A WritePrepared is resolved either way.
+Record SettleWrites(const ClusterState& state, const std::vector<PlannedWrite>& writes,
+                    const Delivery& delivery, const std::map<uint64_t, Initializer>& initializers,
+                    const std::optional<RequestRecorded>& outcome);
+
+}  // namespace repvar::server
+
+#endif  // REPVAR_SERVER_CORE_REPLICATION_PLAN_H_
