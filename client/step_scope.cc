@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -412,29 +411,22 @@ absl::StatusOr<StepResult> StepScope::Commit() {
   absl::Duration wait = impl_->options.barrier_timeout * 2 + absl::Minutes(2);
   req.set_timeout_ms(absl::ToInt64Milliseconds(wait));
   // The trainer's view of its step while it waits: stragglers, resolution.
-  grpc::ClientContext watch_ctx;
-  std::thread watcher;
+  std::optional<client_internal::StepEventWatch> watch;
   if (impl_->options.on_event) {
     const uint64_t epoch = impl_->header.epoch;
-    watcher = std::thread([this, &watch_ctx, epoch] {
-      (void)client_internal::StreamStepEvents(
-          *impl_->client, watch_ctx, 0, [&](const StepEventInfo& e) {
-            if (e.epoch == epoch && (e.kind == StepEventInfo::Kind::kStragglers ||
-                                     e.kind == StepEventInfo::Kind::kResolved)) {
-              impl_->options.on_event(e);
-            }
-            return !(e.epoch == epoch && e.kind == StepEventInfo::Kind::kResolved);
-          });
+    watch.emplace(*impl_->client, 0, [this, epoch](const StepEventInfo& e) {
+      if (e.epoch == epoch && (e.kind == StepEventInfo::Kind::kStragglers ||
+                               e.kind == StepEventInfo::Kind::kResolved)) {
+        impl_->options.on_event(e);
+      }
+      return !(e.epoch == epoch && e.kind == StepEventInfo::Kind::kResolved);
     });
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + absl::Seconds(10)));
   v1::StepResolution answer;
   absl::Status s = FromGrpcStatus(impl_->worker->CommitStep(&ctx, req, &answer));
-  if (watcher.joinable()) {
-    watch_ctx.TryCancel();
-    watcher.join();
-  }
+  if (watch) watch->Stop();
   impl_->closed = true;
   if (!s.ok()) {
     // The outcome is unknown here; make sure the step does not stay open.

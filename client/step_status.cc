@@ -30,6 +30,35 @@ absl::Status StreamStepEvents(ClientAccess::Impl& c, grpc::ClientContext& ctx, i
   return s;
 }
 
+StepEventWatch::StepEventWatch(ClientAccess::Impl& c, int64_t after_seq,
+                               std::function<bool(const StepEventInfo&)> fn)
+    : fn_(std::move(fn)) {
+  req_.set_after_seq(after_seq);
+  c.stub()->async()->WatchSteps(&ctx_, &req_, this);
+  StartRead(&event_);
+  StartCall();
+}
+
+void StepEventWatch::Stop() {
+  ctx_.TryCancel();
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&done_));
+}
+
+void StepEventWatch::OnReadDone(bool ok) {
+  if (!ok) return;  // the stream ended: OnDone follows
+  if (!fn_(StepEventFromProto(event_))) {
+    ctx_.TryCancel();
+    return;
+  }
+  StartRead(&event_);
+}
+
+void StepEventWatch::OnDone(const grpc::Status&) {
+  absl::MutexLock lock(&mu_);
+  done_ = true;
+}
+
 namespace {
 
 absl::StatusOr<StepsStatus> GetSteps(Client& client) {

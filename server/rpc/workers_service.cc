@@ -32,10 +32,7 @@ void WorkersService::Shutdown() {
   core_->ShutdownStepWaiters();
 }
 
-WorkersService::~WorkersService() {
-  absl::MutexLock lock(&registrations_mu_);
-  for (Registration& r : registrations_) r.thread.join();
-}
+WorkersService::~WorkersService() = default;
 
 grpc::ServerUnaryReactor* WorkersService::RegisterWorker(grpc::CallbackServerContext* ctx,
                                                          const v1::RegisterWorkerRequest* req,
@@ -56,22 +53,9 @@ grpc::ServerUnaryReactor* WorkersService::RegisterWorker(grpc::CallbackServerCon
                  req->task(), req->address(), req->incarnation(), req->devices_size());
     return grpc::Status::OK;
   };
-  absl::MutexLock lock(&registrations_mu_);
-  for (auto it = registrations_.begin(); it != registrations_.end();) {
-    if (!it->done) {
-      ++it;
-      continue;
-    }
-    it->thread.join();
-    it = registrations_.erase(it);
-  }
-  Registration& r = registrations_.emplace_back();
   // A returning worker is verified and resynced before it is answered:
   // seconds, so not on a callback thread.
-  r.thread = std::thread([reactor, serve, &done = r.done] {
-    reactor->Finish(serve());
-    done = true;
-  });
+  registrations_.Schedule([reactor, serve] { reactor->Finish(serve()); });
   return reactor;
 }
 

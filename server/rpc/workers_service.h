@@ -4,10 +4,9 @@
 
 #include <atomic>
 #include <functional>
-#include <list>
-#include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "common/base/thread_pool.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "server/core/coordinator.h"
 #include "server/rpc/step_info_cache.h"
@@ -34,7 +33,7 @@ using WorkersServiceBase = v1::CoordinatorWorkers::WithCallbackMethod_RegisterWo
 class WorkersService final : public WorkersServiceBase {
  public:
   WorkersService(Coordinator* core, StepInfoCache* steps) : core_(core), steps_(steps) {}
-  ~WorkersService() override;  // waits for registrations being served
+  ~WorkersService() override;  // serves the registrations waiting, then returns
 
   // Ends step long polls promptly (they answer UNAVAILABLE).
   void Shutdown();
@@ -75,14 +74,10 @@ class WorkersService final : public WorkersServiceBase {
   Coordinator* const core_;
   StepInfoCache* const steps_;
   std::atomic<bool> shutting_down_{false};
-  // Registrations being served, each on its own thread; finished ones are
-  // joined when the next one starts, the rest at destruction.
-  struct Registration {
-    std::thread thread;
-    std::atomic<bool> done{false};
-  };
-  absl::Mutex registrations_mu_;
-  std::list<Registration> registrations_ ABSL_GUARDED_BY(registrations_mu_);
+  // Registrations being served: each verifies and resyncs its worker
+  // (seconds), a few at a time; the rest wait their turn.
+  static constexpr int kRegistrationThreads = 8;
+  ThreadPool registrations_{1, kRegistrationThreads};
 };
 
 }  // namespace repvar::server

@@ -67,16 +67,20 @@ absl::Status CheckIncarnation(uint64_t meant_for, uint64_t ours) {
 
 }  // namespace
 
-// The root's broadcast, run on its own thread from the header on: it sends
-// each part of the tensor once the stream's chunks have put it in place
-// (Arrived), so the workers after the root take the bytes while the
+// The root's broadcast, run on a thread of `pool` from the header on: it
+// sends each part of the tensor once the stream's chunks have put it in
+// place (Arrived), so the workers after the root take the bytes while the
 // coordinator is still sending them.
 class ReplicaWriteSession::RootBroadcast final : public ArrivingBytes {
  public:
-  RootBroadcast(Collectives* plane, CollectiveSpec c, std::span<std::byte> bytes, uint64_t arrived)
+  RootBroadcast(ThreadPool* pool, Collectives* plane, CollectiveSpec c, std::span<std::byte> bytes,
+                uint64_t arrived)
       : c_(std::move(c)), arrived_(arrived) {
-    thread_ = std::thread([this, plane, bytes] {
-      status_ = plane->Broadcast(c_, bytes, /*received=*/nullptr, /*arriving=*/this);
+    pool->Schedule([this, plane, bytes] {
+      absl::Status s = plane->Broadcast(c_, bytes, /*received=*/nullptr, /*arriving=*/this);
+      absl::MutexLock lock(&mu_);
+      status_ = std::move(s);
+      done_ = true;
     });
   }
   ~RootBroadcast() override { (void)Join(/*abandon=*/true); }
@@ -88,11 +92,9 @@ class ReplicaWriteSession::RootBroadcast final : public ArrivingBytes {
   // Waits for the broadcast to end. `abandon`: the bytes not yet in place
   // will not come (the broadcast fails if it still needs them).
   absl::Status Join(bool abandon) {
-    if (abandon) {
-      absl::MutexLock lock(&mu_);
-      abandoned_ = true;
-    }
-    if (thread_.joinable()) thread_.join();
+    absl::MutexLock lock(&mu_);
+    if (abandon) abandoned_ = true;
+    mu_.Await(absl::Condition(&done_));
     return status_;
   }
 
@@ -112,13 +114,21 @@ class ReplicaWriteSession::RootBroadcast final : public ArrivingBytes {
   absl::Mutex mu_;
   uint64_t arrived_ ABSL_GUARDED_BY(mu_);
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_;  // the thread's; read after it is joined
-  std::thread thread_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
 ReplicaWriteSession::ReplicaWriteSession(uint64_t incarnation, ReplicaStore* store,
-                                         Collectives* data_plane, MemoryBudget* budget)
-    : incarnation_(incarnation), store_(store), data_plane_(data_plane), budget_(budget) {}
+                                         Collectives* data_plane, MemoryBudget* budget,
+                                         ThreadPool* root_broadcasts)
+    : incarnation_(incarnation),
+      store_(store),
+      data_plane_(data_plane),
+      budget_(budget),
+      root_broadcasts_(root_broadcasts) {
+  REPVAR_CHECK_MSG(data_plane == nullptr || root_broadcasts != nullptr,
+                   "a write session with a data plane needs threads for the root's broadcasts");
+}
 
 ReplicaWriteSession::~ReplicaWriteSession() = default;
 
@@ -132,8 +142,8 @@ absl::Status ReplicaWriteSession::OnHeader(ReplicaWriteHeader h,
     REPVAR_ASSIGN_OR_RETURN(ChunkAssembler a, Start(h.tensor, inline_data, budget_));
     assembler_.emplace(std::move(a));
     if (c && data_plane_ != nullptr) {
-      broadcast_ = std::make_unique<RootBroadcast>(data_plane_, *c, assembler_->bytes(),
-                                                   assembler_->received());
+      broadcast_ = std::make_unique<RootBroadcast>(root_broadcasts_, data_plane_, *c,
+                                                   assembler_->bytes(), assembler_->received());
     }
   } else {
     // The bytes come from the root over the data plane; no buffer yet.

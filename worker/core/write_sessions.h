@@ -15,6 +15,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "common/base/thread_pool.h"
 #include "common/model/replica_write.h"
 #include "common/model/step.h"
 #include "common/tensor/chunk_assembler.h"
@@ -28,16 +29,18 @@ namespace repvar::worker {
 // carrying another incarnation is refused (ABORTED): it was meant for an
 // earlier process. A header with a collective is delivered by the data
 // plane: the root gets the bytes here and sends them on as they come (its
-// broadcast starts at the header, on a thread of its own, and sends each
-// part once its chunks are in), the other members receive them from the
-// root; every member checks the checksum. Not thread-safe: one per stream.
+// broadcast starts at the header, on a thread of `root_broadcasts`, and
+// sends each part once its chunks are in), the other members receive them
+// from the root; every member checks the checksum. Not thread-safe: one per
+// stream.
 class ReplicaWriteSession {
  public:
-  // `data_plane` may be null: writes naming a collective are then refused.
+  // `data_plane` may be null: writes naming a collective are then refused;
+  // with one, `root_broadcasts` runs this worker's broadcasts as a root.
   // Tensors being received are charged to `budget` (null: unbounded) until
   // the session ends.
   ReplicaWriteSession(uint64_t incarnation, ReplicaStore* store, Collectives* data_plane,
-                      MemoryBudget* budget = nullptr);
+                      MemoryBudget* budget = nullptr, ThreadPool* root_broadcasts = nullptr);
   // A root's broadcast still running is told its bytes will not come, and
   // waited for.
   ~ReplicaWriteSession();
@@ -62,6 +65,7 @@ class ReplicaWriteSession {
   ReplicaStore* const store_;
   Collectives* const data_plane_;
   MemoryBudget* const budget_;
+  ThreadPool* const root_broadcasts_;
   std::vector<ReplicaWrite> items_;
   std::vector<MemoryCharge> charges_;  // of items_, until they are applied
   std::optional<ChunkAssembler> assembler_;

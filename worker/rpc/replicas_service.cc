@@ -28,7 +28,7 @@ grpc::Status Answer(absl::StatusOr<uint64_t> checksum, v1::WriteReplicasResponse
 grpc::Status ReplicasService::WriteReplicasFrames(grpc::ServerContext* ctx, FrameReader* reader,
                                                   v1::WriteReplicasResponse* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
-  ReplicaWriteSession session(incarnation_, store_, data_plane_, budget_);
+  ReplicaWriteSession session(incarnation_, store_, data_plane_, budget_, &root_broadcasts_);
   if (absl::Status s = Drain<v1::WriteReplicasRequest>(session, reader); !s.ok()) {
     return ToGrpcStatus(s);
   }

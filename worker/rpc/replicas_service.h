@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/base/memory_budget.h"
+#include "common/base/thread_pool.h"
 #include "common/rpc/arena_allocator.h"
 #include "common/rpc/chunk_frame.h"
 #include "repvar/v1/worker.grpc.pb.h"
@@ -57,6 +58,9 @@ class ReplicasService final : public ReplicasServiceBase {
   ReplicaStore* const store_;
   Collectives* const data_plane_;
   MemoryBudget* const budget_;
+  // The broadcasts this worker roots (ReplicaWriteSession); the data plane
+  // runs one collective at a time, so a few threads are plenty.
+  ThreadPool root_broadcasts_{1, 4};
   ArenaMessageAllocator<v1::WriteSmallReplicasRequest, v1::WriteReplicasResponse> small_writes_;
 };
 

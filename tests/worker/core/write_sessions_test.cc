@@ -236,6 +236,7 @@ TEST(ApplySmallWrites, Refusals_NothingApplied) {
 }
 
 TEST(ReplicaWriteSession, DataPlaneMember_GetsTheRootsBytes_ChecksumVerified) {
+  ThreadPool root_broadcasts(1);
   ReplicaStore store;
   FakeBroadcast plane;
   const auto a = Bytes({1, 2});
@@ -243,13 +244,13 @@ TEST(ReplicaWriteSession, DataPlaneMember_GetsTheRootsBytes_ChecksumVerified) {
   h.write.collective = CollectiveSpec{"g", 1, 2, 0, 0, absl::Seconds(1)};
   plane.root = Bytes({9, 9});  // not what the header announced
   {
-    ReplicaWriteSession session(kInc, &store, &plane);
+    ReplicaWriteSession session(kInc, &store, &plane, nullptr, &root_broadcasts);
     ASSERT_OK(session.OnHeader(h, {}));
     EXPECT_THAT(session.Finish(), StatusIs(absl::StatusCode::kDataLoss, "bad checksum"));
   }
   EXPECT_TRUE(store.List().empty());
   plane.root = a;
-  ReplicaWriteSession session(kInc, &store, &plane);
+  ReplicaWriteSession session(kInc, &store, &plane, nullptr, &root_broadcasts);
   ASSERT_OK(session.OnHeader(h, {}));
   ASSERT_OK(session.Finish());
   EXPECT_EQ(store.Get(1, 0)->checksum, Checksum(a));
@@ -259,6 +260,7 @@ TEST(ReplicaWriteSession, DataPlaneMember_GetsTheRootsBytes_ChecksumVerified) {
 // stream's chunks put it in place; a stream that ends early abandons it
 // (its wait fails, nothing is applied).
 TEST(ReplicaWriteSession, DataPlaneRoot_SendsAsChunksArrive_AStreamEndingEarlyAbandonsIt) {
+  ThreadPool root_broadcasts(1);
   ReplicaStore store;
   FakeBroadcast plane;
   std::vector<float> values(1000);
@@ -269,7 +271,7 @@ TEST(ReplicaWriteSession, DataPlaneRoot_SendsAsChunksArrive_AStreamEndingEarlyAb
   const std::span<const std::byte> first = std::span(a).first(a.size() / 2);
   const std::span<const std::byte> second = std::span(a).subspan(a.size() / 2);
   {
-    ReplicaWriteSession session(kInc, &store, &plane);
+    ReplicaWriteSession session(kInc, &store, &plane, nullptr, &root_broadcasts);
     ASSERT_OK(session.OnHeader(h, {}));
     ASSERT_OK(Chunk(session, 0, first, Checksum(first)));
     EXPECT_THAT(session.Finish(), StatusIs(absl::StatusCode::kInvalidArgument, "truncated"));
@@ -278,7 +280,7 @@ TEST(ReplicaWriteSession, DataPlaneRoot_SendsAsChunksArrive_AStreamEndingEarlyAb
   EXPECT_TRUE(plane.sent == std::vector<std::byte>(first.begin(), first.end()));
   EXPECT_TRUE(store.List().empty());
 
-  ReplicaWriteSession session(kInc, &store, &plane);
+  ReplicaWriteSession session(kInc, &store, &plane, nullptr, &root_broadcasts);
   ASSERT_OK(session.OnHeader(h, {}));
   ASSERT_OK(Chunk(session, 0, first, Checksum(first)));
   ASSERT_OK(Chunk(session, first.size(), second, Checksum(second)));
