@@ -12,6 +12,7 @@
 #include "common/base/metrics.h"
 #include "common/base/status_util.h"
 #include "server/core/core_metrics.h"
+#include "server/core/step_plan.h"
 #include "spdlog/spdlog.h"
 
 namespace repvar::server {
@@ -144,104 +145,20 @@ absl::Status StepBarrier::Report(const WorkerReport& report, absl::Time now) {
 }
 
 void StepBarrier::ResolveBarrier(absl::Time now) {
+  absl::StatusOr<std::vector<ChangedVariable>> changed = MergeReports();
+  if (!changed.ok()) {
+    Fail(changed.status(), now);
+    return;
+  }
+  StepDecision decision = PlanCollectives(*changed);
+  ReportDivergences(decision.divergences);
   StepPlan plan;
   plan.step = open_->step;
   plan.epoch = open_->epoch;
-  std::vector<Divergence> divergences;
-  std::map<AccumType, std::vector<uint64_t>> reduce;
-  std::vector<StepCollective> broadcasts;
-  // Only the variables some worker reported are walked (a report names the
-  // replicas whose value changed): the barrier's work follows what changed,
-  // not the step's size. Reports are sorted by (variable, replica): one
-  // merge walk over them, in variable order.
-  std::vector<uint64_t> reported;
-  for (const Progress& p : progress_) {
-    for (const ReplicaReport& rr : p.report->replicas) reported.push_back(rr.variable_id);
-  }
-  std::sort(reported.begin(), reported.end());
-  reported.erase(std::unique(reported.begin(), reported.end()), reported.end());
-  std::vector<size_t> cursor(progress_.size(), 0);
-  std::vector<uint64_t> sums;
-  for (uint64_t id : reported) {
-    const StepVariable& v = *FindVariable(id);  // Report checked it is in the step
-    const uint64_t begin_checksum = BeginOf(v).checksum;
-    const size_t R = v.replica_participant.size();
-    sums.assign(R, begin_checksum);
-    bool changed = false;
-    for (size_t w = 0; w < progress_.size(); ++w) {
-      const std::vector<ReplicaReport>& reports = progress_[w].report->replicas;
-      for (; cursor[w] < reports.size() && reports[cursor[w]].variable_id == v.id; ++cursor[w]) {
-        const ReplicaReport& rr = reports[cursor[w]];
-        if (rr.first_nonfinite >= 0 && !v.allow_nonfinite) {
-          const TaskKey& t = open_->participants[v.replica_participant[rr.replica]].task;
-          Fail(absl::InvalidArgumentError(absl::StrCat(
-                   StepName(open_->step, open_->epoch), " failed: ", v.name, "/", rr.replica,
-                   " on ", t.ToString(), " has a non-finite value at element ", rr.first_nonfinite,
-                   " (allow_nonfinite is off); nothing changed")),
-               now);
-          return;
-        }
-        sums[rr.replica] = rr.checksum;
-        changed = changed || rr.checksum != begin_checksum;
-      }
-    }
-    if (!changed) continue;
-    std::vector<int32_t> voters;
-    for (size_t i = 0; i < R; ++i) {
-      if (v.replica_participant[i] >= 0) voters.push_back(static_cast<int32_t>(i));
-    }
-    if (v.aggregation == Aggregation::kSum || v.aggregation == Aggregation::kMean) {
-      reduce[AccumTypeFor(v.spec.dtype)].push_back(v.id);
-      plan.changed_ids.push_back(v.id);
-      plan.changed_checksums.push_back(0);
-      continue;
-    }
-    // NONE and ONLY_FIRST_REPLICA: pick the winning replica.
-    int32_t source = voters.front();
-    if (v.aggregation == Aggregation::kNone) {
-      std::map<uint64_t, int> count;
-      for (int32_t i : voters) ++count[sums[i]];
-      int best = 0;
-      for (int32_t i : voters) {  // in replica order: ties go to the lowest
-        if (count[sums[i]] > best) {
-          best = count[sums[i]];
-          source = i;
-        }
-      }
-    }
-    const uint64_t winner = sums[source];
-    StepCollective b;
-    b.kind = StepCollective::Kind::kBroadcast;
-    b.variable_ids = {v.id};
-    b.root = v.replica_participant[source];
-    b.source_replica = source;
-    b.checksum = winner;
-    for (int32_t i : voters) {
-      if (sums[i] != winner) b.targets.push_back(i);
-    }
-    if (!b.targets.empty()) {
-      if (v.aggregation == Aggregation::kNone) {
-        divergences.push_back(Divergence{v.id, v.name, sums, winner, b.targets});
-        static Counter& diverged = DivergencesRepaired("step");
-        diverged.Add(b.targets.size());
-        spdlog::warn("{}: {} diverged ({} of {} replicas disagree); repairing from replica {}",
-                     StepName(open_->step, open_->epoch), v.name, b.targets.size(), voters.size(),
-                     source);
-      }
-      broadcasts.push_back(std::move(b));
-    }
-    plan.changed_ids.push_back(v.id);
-    plan.changed_checksums.push_back(winner);
-  }
-  // Fixed order: fused reductions by accumulator type, then repairs by id.
-  for (auto& [type, ids] : reduce) {
-    StepCollective c;
-    c.kind = StepCollective::Kind::kAllreduce;
-    c.variable_ids = std::move(ids);
-    plan.collectives.push_back(std::move(c));
-  }
-  for (StepCollective& b : broadcasts) plan.collectives.push_back(std::move(b));
-  divergences_ = std::move(divergences);
+  plan.changed_ids = std::move(decision.changed_ids);
+  plan.changed_checksums = std::move(decision.changed_checksums);
+  plan.collectives = std::move(decision.collectives);
+  divergences_ = std::move(decision.divergences);
   if (plan.collectives.empty()) {
     plan_ = std::move(plan);
     Commit(std::move(divergences_), now);
@@ -260,6 +177,58 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
   plan_ = std::move(plan);
   open_state_ = StepState::kAggregating;
   Emit(NewEvent(StepEvent::Kind::kAggregating, now));
+}
+
+absl::StatusOr<std::vector<ChangedVariable>> StepBarrier::MergeReports() const {
+  // Only the variables some worker reported are walked (a report names the
+  // replicas whose value changed): the barrier's work follows what changed,
+  // not the step's size. Reports are sorted by (variable, replica): one
+  // merge walk over them, in variable order.
+  std::vector<uint64_t> reported;
+  for (const Progress& p : progress_) {
+    for (const ReplicaReport& rr : p.report->replicas) reported.push_back(rr.variable_id);
+  }
+  std::sort(reported.begin(), reported.end());
+  reported.erase(std::unique(reported.begin(), reported.end()), reported.end());
+  std::vector<size_t> cursor(progress_.size(), 0);
+  std::vector<ChangedVariable> changed;
+  for (uint64_t id : reported) {
+    const StepVariable& v = *FindVariable(id);  // Report checked it is in the step
+    const uint64_t begin_checksum = BeginOf(v).checksum;
+    ChangedVariable c{&v, std::vector<uint64_t>(v.replica_participant.size(), begin_checksum)};
+    bool differs = false;
+    for (size_t w = 0; w < progress_.size(); ++w) {
+      const std::vector<ReplicaReport>& reports = progress_[w].report->replicas;
+      for (; cursor[w] < reports.size() && reports[cursor[w]].variable_id == v.id; ++cursor[w]) {
+        const ReplicaReport& rr = reports[cursor[w]];
+        if (rr.first_nonfinite >= 0 && !v.allow_nonfinite) {
+          const TaskKey& t = open_->participants[v.replica_participant[rr.replica]].task;
+          return absl::InvalidArgumentError(
+              absl::StrCat(StepName(open_->step, open_->epoch), " failed: ", v.name, "/",
+                           rr.replica, " on ", t.ToString(), " has a non-finite value at element ",
+                           rr.first_nonfinite, " (allow_nonfinite is off); nothing changed"));
+        }
+        c.checksums[rr.replica] = rr.checksum;
+        differs = differs || rr.checksum != begin_checksum;
+      }
+    }
+    if (differs) changed.push_back(std::move(c));
+  }
+  return changed;
+}
+
+void StepBarrier::ReportDivergences(const std::vector<Divergence>& divergences) const {
+  static Counter& diverged = DivergencesRepaired("step");
+  for (const Divergence& d : divergences) {
+    diverged.Add(d.repaired.size());
+    const std::vector<int32_t> voters = Voters(*FindVariable(d.variable_id));
+    const int32_t source = *std::find_if(voters.begin(), voters.end(), [&](int32_t i) {
+      return d.replica_checksums[i] == d.chosen_checksum;
+    });
+    spdlog::warn("{}: {} diverged ({} of {} replicas disagree); repairing from replica {}",
+                 StepName(open_->step, open_->epoch), d.name, d.repaired.size(), voters.size(),
+                 source);
+  }
 }
 
 absl::Status StepBarrier::Finish(const WorkerFinish& finish, absl::Time now) {

@@ -53,6 +53,7 @@
 #include "common/model/topology.h"
 #include "common/tensor/step_math.h"
 #include "common/tensor/tensor.h"
+#include "server/core/step_plan.h"
 
 namespace repvar::server {
 
@@ -149,7 +150,13 @@ class StepBarrier {
   // The committed version and checksum of `v`, a variable of the open step,
   // when it began.
   const VariableBegin& BeginOf(const StepVariable& v) const;
+  // Every participant reported: the plan (MergeReports, then
+  // PlanCollectives), or the commit when it needs no collective.
   void ResolveBarrier(absl::Time now);
+  // The variables the reports changed (step_plan.h). INVALID_ARGUMENT: a
+  // non-finite value where the variable refuses them.
+  absl::StatusOr<std::vector<ChangedVariable>> MergeReports() const;
+  void ReportDivergences(const std::vector<Divergence>& divergences) const;
   void ResolveFinish(absl::Time now);
   void Fail(absl::Status status, absl::Time now);
   void Commit(std::vector<Divergence> divergences, absl::Time now);
