@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_util.h"
+#include "server/core/placement.h"
 #include "spdlog/spdlog.h"
 
 namespace repvar::server {
@@ -327,96 +328,20 @@ std::optional<LiveTask> Registry::Find(const TaskKey& key) const {
 absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
                                                        const std::vector<CreateItem>& items,
                                                        VariableDetail detail) {
-  if (items.empty()) return absl::InvalidArgumentError("create needs at least one variable");
-  for (const CreateItem& item : items) {
-    REPVAR_RETURN_IF_ERROR(ValidateVariableDef(item.def, options_.max_variable_bytes));
-    if (item.initializer.kind == InitializerKind::kValue &&
-        (item.initializer.value == nullptr || !(item.initializer.value->spec == item.def.tensor))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("variable ", item.def.name, ": initializer value does not match its spec"));
-    }
-  }
+  REPVAR_RETURN_IF_ERROR(CheckCreateItems(items));
   CreateAnswer answer;
   REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> cached, Outcome(key, "create"));
   if (cached) {
     answer = std::get<CreateAnswer>(*cached);
   } else {
-    REPVAR_RETURN_IF_ERROR(
-        Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
-          // Placed on the topology users see (a joining task's accelerators
-          // have no ordinal yet).
-          const TopologySnapshot topo = state.Topology({});
-          // Validate the whole batch against the registry before recording anything.
-          absl::flat_hash_map<absl::string_view, const VariableDef*> in_batch;
-          in_batch.reserve(items.size());
-          for (const CreateItem& item : items) {
-            const VariableDef& def = item.def;
-            const VariableRecord* existing = state.Find(def.name);
-            if (existing != nullptr && !(existing->def == def)) {
-              const VariableDef& old = existing->def;
-              return absl::AlreadyExistsError(absl::StrCat(
-                  "variable ", def.name, " already exists as ", old.tensor.ToString(), " x",
-                  old.replica_count, " (aggregation ", AggregationName(old.aggregation),
-                  ", trainable ", old.trainable, "); the request asks for ", def.tensor.ToString(),
-                  " x", def.replica_count, " (aggregation ", AggregationName(def.aggregation),
-                  ", trainable ", def.trainable, ")"));
-            }
-            auto [b, fresh] = in_batch.emplace(def.name, &def);
-            if (!fresh && !(*b->second == def)) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  "variable ", def.name, " appears twice in the batch with different specs"));
-            }
-            if (existing == nullptr &&
-                static_cast<size_t>(def.replica_count) > topo.accelerators.size()) {
-              return absl::FailedPreconditionError(
-                  absl::StrCat("variable ", def.name, " asks for ", def.replica_count,
-                               " replicas but the cluster has ", topo.accelerators.size(),
-                               " accelerators (topology version ", topo.version,
-                               "); wait for the cluster to form or lower the replica count"));
-            }
-          }
-          // V1: replica i on ordinal i. Every variable of n replicas has the
-          // same placement, the first n accelerators: made once per n the batch
-          // asks for. one_host[n]: they all sit on one host.
-          absl::flat_hash_map<int32_t, Placements> placements;
-          std::vector<bool> one_host(topo.accelerators.size() + 1, true);
-          for (size_t n = 2; n <= topo.accelerators.size(); ++n) {
-            one_host[n] =
-                one_host[n - 1] && topo.accelerators[n - 1].task == topo.accelerators[0].task;
-          }
-          Record record;
-          record.changes.reserve(in_batch.size() + 1);
-          answer.names.reserve(items.size());
-          answer.created.reserve(items.size());
-          uint64_t next_id = state.next_variable_id();
-          absl::flat_hash_set<absl::string_view> made;
-          made.reserve(in_batch.size());
-          for (const CreateItem& item : items) {
-            const VariableDef& def = item.def;
-            answer.names.push_back(def.name);
-            const bool fresh = state.Find(def.name) == nullptr && made.insert(def.name).second;
-            answer.created.push_back(fresh);
-            if (!fresh) continue;
-            // Recorded; it never moves.
-            Placements& placement = placements[def.replica_count];
-            if (placement.empty()) {
-              std::vector<Placement> first;
-              for (int32_t i = 0; i < def.replica_count; ++i) {
-                first.push_back(Placement{topo.accelerators[i].device, topo.accelerators[i].task});
-              }
-              placement = Placements(std::move(first));
-            }
-            if (one_host[def.replica_count]) {
-              answer.warnings.push_back(absl::StrCat(
-                  "variable ", def.name, ": all ", def.replica_count,
-                  " replica(s) sit on one host (", topo.accelerators[0].task.ToString(),
-                  "); in-step data cannot survive the loss of that host"));
-            }
-            record.changes.push_back(VariableCreated{next_id++, def, placement, item.initializer});
-          }
-          record.changes.push_back(RequestRecorded{key, "create", answer, clock_->Now()});
-          return record;
-        }).status());
+    auto create = [&](const ClusterState& state) -> absl::StatusOr<Record> {
+      // Placed on the topology users see (a joining task's accelerators
+      // have no ordinal yet).
+      const TopologySnapshot topo = state.Topology({});
+      REPVAR_RETURN_IF_ERROR(CheckCreatesAgainst(state, topo, items));
+      return RecordCreates(state, topo, key, items, &answer);
+    };
+    REPVAR_RETURN_IF_ERROR(Commit(create).status());
     for (const std::string& w : answer.warnings) spdlog::warn("{}", w);
   }
   return Read([&](const ClusterState& state) -> absl::StatusOr<CreateResult> {
@@ -433,6 +358,86 @@ absl::StatusOr<CreateResult> Registry::CreateVariables(const RequestKey& key,
     result.warnings = answer.warnings;
     return result;
   });
+}
+
+absl::Status Registry::CheckCreateItems(const std::vector<CreateItem>& items) const {
+  if (items.empty()) return absl::InvalidArgumentError("create needs at least one variable");
+  for (const CreateItem& item : items) {
+    REPVAR_RETURN_IF_ERROR(ValidateVariableDef(item.def, options_.max_variable_bytes));
+    if (item.initializer.kind == InitializerKind::kValue &&
+        (item.initializer.value == nullptr || !(item.initializer.value->spec == item.def.tensor))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", item.def.name, ": initializer value does not match its spec"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status AlreadyExists(const VariableDef& old, const VariableDef& def) {
+  return absl::AlreadyExistsError(absl::StrCat(
+      "variable ", def.name, " already exists as ", old.tensor.ToString(), " x", old.replica_count,
+      " (aggregation ", AggregationName(old.aggregation), ", trainable ", old.trainable,
+      "); the request asks for ", def.tensor.ToString(), " x", def.replica_count, " (aggregation ",
+      AggregationName(def.aggregation), ", trainable ", def.trainable, ")"));
+}
+
+}  // namespace
+
+absl::Status Registry::CheckCreatesAgainst(const ClusterState& state, const TopologySnapshot& topo,
+                                           const std::vector<CreateItem>& items) {
+  absl::flat_hash_map<absl::string_view, const VariableDef*> in_batch;
+  in_batch.reserve(items.size());
+  for (const CreateItem& item : items) {
+    const VariableDef& def = item.def;
+    const VariableRecord* existing = state.Find(def.name);
+    if (existing != nullptr && !(existing->def == def)) return AlreadyExists(existing->def, def);
+    auto [b, fresh] = in_batch.emplace(def.name, &def);
+    if (!fresh && !(*b->second == def)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("variable ", def.name, " appears twice in the batch with different specs"));
+    }
+    if (existing == nullptr && static_cast<size_t>(def.replica_count) > topo.accelerators.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "variable ", def.name, " asks for ", def.replica_count, " replicas but the cluster has ",
+          topo.accelerators.size(), " accelerators (topology version ", topo.version,
+          "); wait for the cluster to form or lower the replica count"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Record Registry::RecordCreates(const ClusterState& state, const TopologySnapshot& topo,
+                               const RequestKey& key, const std::vector<CreateItem>& items,
+                               CreateAnswer* answer) const {
+  // Every variable of n replicas has the same placement (Place): made once
+  // per n the batch asks for.
+  absl::flat_hash_map<int32_t, Placements> placements;
+  Record record;
+  answer->names.reserve(items.size());
+  answer->created.reserve(items.size());
+  uint64_t next_id = state.next_variable_id();
+  absl::flat_hash_set<absl::string_view> made;
+  for (const CreateItem& item : items) {
+    const VariableDef& def = item.def;
+    answer->names.push_back(def.name);
+    const bool fresh = state.Find(def.name) == nullptr && made.insert(def.name).second;
+    answer->created.push_back(fresh);
+    if (!fresh) continue;
+    Placements& placement = placements[def.replica_count];
+    if (placement.empty()) placement = Place(topo, def.replica_count);
+    if (OnOneHost(topo, def.replica_count)) {
+      answer->warnings.push_back(
+          absl::StrCat("variable ", def.name, ": all ", def.replica_count,
+                       " replica(s) sit on one host (", topo.accelerators[0].task.ToString(),
+                       "); in-step data cannot survive the loss of that host"));
+    }
+    // Recorded; it never moves.
+    record.changes.push_back(VariableCreated{next_id++, def, placement, item.initializer});
+  }
+  record.changes.push_back(RequestRecorded{key, "create", *answer, clock_->Now()});
+  return record;
 }
 
 absl::StatusOr<VariableView> Registry::GetVariable(absl::string_view name) const {

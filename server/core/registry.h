@@ -232,6 +232,17 @@ class Registry {
     const Registry* const r_;
   };
 
+  // CreateVariables' phases: the items alone (INVALID_ARGUMENT), then
+  // against the state (ALREADY_EXISTS, INVALID_ARGUMENT,
+  // FAILED_PRECONDITION), then the record that creates the new ones,
+  // placed by Place (placement.h), with the request's `answer`.
+  absl::Status CheckCreateItems(const std::vector<CreateItem>& items) const;
+  static absl::Status CheckCreatesAgainst(const ClusterState& state, const TopologySnapshot& topo,
+                                          const std::vector<CreateItem>& items);
+  Record RecordCreates(const ClusterState& state, const TopologySnapshot& topo,
+                       const RequestKey& key, const std::vector<CreateItem>& items,
+                       CreateAnswer* answer) const;
+
   // Appends and applies `record`; returns its log position (required_ when
   // it is empty). `decided`: a durable record already decided this one.
   absl::StatusOr<uint64_t> CommitLocked(Record record, bool decided = false)
