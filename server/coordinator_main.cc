@@ -1,22 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
-// repvar-coordinator: flags -> options, logging, server, ticker, signals.
+// repvar-coordinator: flags -> CoordinatorDaemonOptions (checked by
+// ValidateOptions), then the parts wired together: the state log, the core,
+// the three services, the web view and metrics, the ticker and the
+// repairer; a signal stops them in order.
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/base/daemon.h"
 #include "common/base/logging.h"
+#include "common/base/status_util.h"
 #include "common/rpc/server.h"
 #include "common/tensor/buffer.h"
-#include "common/tensor/tensor.h"
+#include "server/coordinator_options.h"
 #include "server/core/coordinator.h"
 #include "server/rpc/admin_service.h"
 #include "server/rpc/coordinator_metrics.h"
@@ -28,278 +29,297 @@
 #include "server/store/rocks_state_log.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, listen_address, "127.0.0.1:0",
-          "host:port to serve on; port 0 picks a free port (see --port_file)");
-ABSL_FLAG(std::string, port_file, "", "write the bound port here (atomically) once serving");
-ABSL_FLAG(std::string, worker_token_file, "",
-          "file of the worker tokens (the cluster's shared secret, one per line) workers may "
-          "call with; the first is sent on this daemon's calls to workers. Required with TLS");
-ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(10),
-          "a worker silent this long is declared dead");
-ABSL_FLAG(std::string, expected_tasks, "",
-          "tasks the cluster waits for, as job:count[,job:count], e.g. tpu_worker:3,worker:1");
-ABSL_FLAG(int64_t, max_variable_bytes, int64_t{64} << 30, "largest variable accepted");
-ABSL_FLAG(bool, data_plane, true,
-          "large writes to 3+ workers go to one root worker, which broadcasts them over gloo");
-ABSL_FLAG(int64_t, data_plane_min_bytes, 1 << 20, "smallest write the data plane carries");
-ABSL_FLAG(std::string, data_dir, "",
-          "keep the coordinator's state here (RocksDB and blob files), synced before every "
-          "answer; a restart on the same dir recovers it. One of --data_dir and --ephemeral.");
-ABSL_FLAG(bool, ephemeral, false,
-          "keep the state in memory only: a restart forgets every variable and reuses ids. "
-          "One of --data_dir and --ephemeral.");
-ABSL_FLAG(int64_t, min_free_bytes, int64_t{64} << 20,
-          "changes that would leave less free space in --data_dir are refused "
-          "(RESOURCE_EXHAUSTED)");
-ABSL_FLAG(int64_t, checkpoint_every, 4096, "records between checkpoints of the state log");
-ABSL_FLAG(int64_t, checkpoint_blob_bytes, int64_t{256} << 20,
-          "bytes of values written to blob files that also bring a checkpoint of the state "
-          "log (which frees the blobs of replaced values)");
-ABSL_FLAG(int64_t, blob_recycle_bytes, int64_t{1} << 30,
-          "freed blob files of 1 MiB or more kept to be written over by new values of the "
-          "same size (their pages stay in the page cache); 0: freed blobs are deleted");
-ABSL_FLAG(int32_t, max_rpc_threads, 512,
-          "threads serving synchronous calls and streams at once; beyond them a call gets "
-          "RESOURCE_EXHAUSTED (heartbeats and step reports do not need one)");
-ABSL_FLAG(int64_t, checkpoint_every_steps, 0,
-          "write a safetensors checkpoint (the cut repvarctl save takes) after every N committed "
-          "steps; 0: never");
-ABSL_FLAG(int32_t, checkpoint_keep, 3, "periodic checkpoints kept (the newest)");
-ABSL_FLAG(std::string, checkpoint_dir, "",
-          "where periodic checkpoints go (default: <data_dir>/checkpoints; required with "
-          "--ephemeral)");
-ABSL_FLAG(absl::Duration, idempotency_window, absl::Hours(1),
-          "how long the answer to a request with an id is kept for its retries (never less)");
-ABSL_FLAG(int64_t, idempotency_capacity, 1000000,
-          "answers kept within the window; beyond it new request ids get RESOURCE_EXHAUSTED");
-ABSL_FLAG(int64_t, max_inflight_bytes_per_connection, 0,
-          "of --max_inflight_bytes, what one client connection may hold at once (0: half)");
-ABSL_FLAG(int64_t, max_inflight_bytes, 0,
-          "memory lent to tensors being received or computed at once; beyond it requests get "
-          "RESOURCE_EXHAUSTED (0: half the machine's memory)");
-ABSL_FLAG(bool, unsafe_no_fsync, false,
-          "TESTS ONLY: never sync the state log (acknowledged changes are lost on power loss)");
-
 namespace {
-
-absl::StatusOr<std::map<std::string, int32_t>> ParseExpected(const std::string& text) {
-  std::map<std::string, int32_t> out;
-  if (text.empty()) return out;
-  for (absl::string_view part : absl::StrSplit(text, absl::ByChar(','))) {
-    std::vector<std::string> kv = absl::StrSplit(part, absl::ByChar(':'));
-    int32_t n = 0;
-    if (kv.size() != 2 || !repvar::IsValidJobName(kv[0]) || !absl::SimpleAtoi(kv[1], &n) || n < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--expected_tasks: bad entry \"", part, "\"; want job:count"));
-    }
-    out[kv[0]] = n;
-  }
-  return out;
-}
-
+const repvar::server::CoordinatorDaemonOptions kDefaults;
 }  // namespace
 
-int main(int argc, char** argv) {
-  repvar::TuneMallocForBulkTransfers();
-  repvar::PrepareDaemonProcess();
-  repvar::ParseDaemonFlags(argc, argv, "the repvar coordinator daemon (state, placement, steps)");
-  if (absl::Status s = repvar::StartDaemon("coordinator"); !s.ok()) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  }
-  auto security = repvar::LoadDaemonSecurity(
-      repvar::GetSecurityFlags(), repvar::kCoordinatorCertificateName, "worker_token_file",
-      absl::GetFlag(FLAGS_worker_token_file), absl::GetFlag(FLAGS_listen_address));
-  if (!security.ok()) {
-    std::fprintf(stderr, "%s\n", security.status().ToString().c_str());
-    return 2;
-  }
+ABSL_FLAG(std::string, listen_address, kDefaults.listen_address,
+          "host:port to serve on; port 0 picks a free port (see --port_file)");
+ABSL_FLAG(std::string, port_file, kDefaults.port_file,
+          "write the bound port here (atomically) once serving");
+ABSL_FLAG(std::string, worker_token_file, kDefaults.worker_token_file,
+          "file of the worker tokens (the cluster's shared secret, one per line) workers may "
+          "call with; the first is sent on this daemon's calls to workers. Required with TLS");
+ABSL_FLAG(absl::Duration, heartbeat_timeout, kDefaults.heartbeat_timeout,
+          "a worker silent this long is declared dead");
+ABSL_FLAG(std::string, expected_tasks, kDefaults.expected_tasks,
+          "tasks the cluster waits for, as job:count[,job:count], e.g. tpu_worker:3,worker:1");
+ABSL_FLAG(int64_t, max_variable_bytes, kDefaults.max_variable_bytes, "largest variable accepted");
+ABSL_FLAG(bool, data_plane, kDefaults.data_plane,
+          "large writes to 3+ workers go to one root worker, which broadcasts them over gloo");
+ABSL_FLAG(int64_t, data_plane_min_bytes, kDefaults.data_plane_min_bytes,
+          "smallest write the data plane carries");
+ABSL_FLAG(std::string, data_dir, kDefaults.data_dir,
+          "keep the coordinator's state here (RocksDB and blob files), synced before every "
+          "answer; a restart on the same dir recovers it. One of --data_dir and --ephemeral.");
+ABSL_FLAG(bool, ephemeral, kDefaults.ephemeral,
+          "keep the state in memory only: a restart forgets every variable and reuses ids. "
+          "One of --data_dir and --ephemeral.");
+ABSL_FLAG(int64_t, min_free_bytes, kDefaults.min_free_bytes,
+          "changes that would leave less free space in --data_dir are refused "
+          "(RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, checkpoint_every, kDefaults.checkpoint_every,
+          "records between checkpoints of the state log");
+ABSL_FLAG(int64_t, checkpoint_blob_bytes, kDefaults.checkpoint_blob_bytes,
+          "bytes of values written to blob files that also bring a checkpoint of the state "
+          "log (which frees the blobs of replaced values)");
+ABSL_FLAG(int64_t, blob_recycle_bytes, kDefaults.blob_recycle_bytes,
+          "freed blob files of 1 MiB or more kept to be written over by new values of the "
+          "same size (their pages stay in the page cache); 0: freed blobs are deleted");
+ABSL_FLAG(int32_t, max_rpc_threads, kDefaults.max_rpc_threads,
+          "threads serving synchronous calls and streams at once; beyond them a call gets "
+          "RESOURCE_EXHAUSTED (heartbeats and step reports do not need one)");
+ABSL_FLAG(int64_t, checkpoint_every_steps, kDefaults.checkpoint_every_steps,
+          "write a safetensors checkpoint (the cut repvarctl save takes) after every N committed "
+          "steps; 0: never");
+ABSL_FLAG(int32_t, checkpoint_keep, kDefaults.checkpoint_keep,
+          "periodic checkpoints kept (the newest)");
+ABSL_FLAG(std::string, checkpoint_dir, kDefaults.checkpoint_dir,
+          "where periodic checkpoints go (default: <data_dir>/checkpoints; required with "
+          "--ephemeral)");
+ABSL_FLAG(absl::Duration, idempotency_window, kDefaults.idempotency_window,
+          "how long the answer to a request with an id is kept for its retries (never less)");
+ABSL_FLAG(int64_t, idempotency_capacity, kDefaults.idempotency_capacity,
+          "answers kept within the window; beyond it new request ids get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_inflight_bytes_per_connection, kDefaults.max_inflight_bytes_per_connection,
+          "of --max_inflight_bytes, what one client connection may hold at once (0: half)");
+ABSL_FLAG(int64_t, max_inflight_bytes, kDefaults.max_inflight_bytes,
+          "memory lent to tensors being received or computed at once; beyond it requests get "
+          "RESOURCE_EXHAUSTED (0: half the machine's memory)");
+ABSL_FLAG(bool, unsafe_no_fsync, kDefaults.unsafe_no_fsync,
+          "TESTS ONLY: never sync the state log (acknowledged changes are lost on power loss)");
 
-  repvar::server::CoordinatorOptions options;
-  options.membership.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
-  auto expected = ParseExpected(absl::GetFlag(FLAGS_expected_tasks));
-  if (!expected.ok()) {
-    std::fprintf(stderr, "%s\n", expected.status().ToString().c_str());
-    return 2;
-  }
-  options.membership.expected_tasks = *expected;
-  options.max_variable_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_variable_bytes));
-  options.idempotency_window = absl::GetFlag(FLAGS_idempotency_window);
-  options.idempotency_capacity = static_cast<size_t>(absl::GetFlag(FLAGS_idempotency_capacity));
-  if (options.idempotency_window <= absl::ZeroDuration() ||
-      absl::GetFlag(FLAGS_idempotency_capacity) < 1) {
-    std::fprintf(stderr, "--idempotency_window and --idempotency_capacity must be positive\n");
-    return 2;
-  }
-  if (int64_t inflight = absl::GetFlag(FLAGS_max_inflight_bytes); inflight > 0) {
-    options.max_inflight_bytes = static_cast<uint64_t>(inflight);
-  }
-  options.replication.data_plane = absl::GetFlag(FLAGS_data_plane);
-  options.replication.data_plane_min_bytes =
-      static_cast<uint64_t>(absl::GetFlag(FLAGS_data_plane_min_bytes));
-  if (options.membership.heartbeat_timeout <= absl::ZeroDuration()) {
-    std::fprintf(stderr, "--heartbeat_timeout must be positive\n");
-    return 2;
-  }
+namespace repvar::server {
+namespace {
 
-  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
-  if (data_dir.empty() == !absl::GetFlag(FLAGS_ephemeral)) {
-    std::fprintf(stderr,
-                 "give exactly one of --data_dir=DIR (state kept on disk) and --ephemeral "
-                 "(state in memory, lost on restart)\n");
-    return 2;
-  }
-  std::unique_ptr<repvar::server::StateLog> log;
-  if (data_dir.empty()) {
+CoordinatorDaemonOptions OptionsFromFlags() {
+  CoordinatorDaemonOptions o;
+  o.listen_address = absl::GetFlag(FLAGS_listen_address);
+  o.port_file = absl::GetFlag(FLAGS_port_file);
+  o.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
+  o.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  o.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  o.expected_tasks = absl::GetFlag(FLAGS_expected_tasks);
+  o.max_variable_bytes = absl::GetFlag(FLAGS_max_variable_bytes);
+  o.data_plane = absl::GetFlag(FLAGS_data_plane);
+  o.data_plane_min_bytes = absl::GetFlag(FLAGS_data_plane_min_bytes);
+  o.idempotency_window = absl::GetFlag(FLAGS_idempotency_window);
+  o.idempotency_capacity = absl::GetFlag(FLAGS_idempotency_capacity);
+  o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  o.max_inflight_bytes_per_connection = absl::GetFlag(FLAGS_max_inflight_bytes_per_connection);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.ephemeral = absl::GetFlag(FLAGS_ephemeral);
+  o.min_free_bytes = absl::GetFlag(FLAGS_min_free_bytes);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.checkpoint_blob_bytes = absl::GetFlag(FLAGS_checkpoint_blob_bytes);
+  o.blob_recycle_bytes = absl::GetFlag(FLAGS_blob_recycle_bytes);
+  o.unsafe_no_fsync = absl::GetFlag(FLAGS_unsafe_no_fsync);
+  o.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  o.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<StateLog>> OpenStateLog(const CoordinatorDaemonOptions& o) {
+  if (o.ephemeral) {
     spdlog::warn(
         "--ephemeral: the state lives in memory only; a restart forgets every variable and "
         "reuses ids");
-    log = std::make_unique<repvar::server::VolatileStateLog>();
-  } else {
-    repvar::server::RocksStateLogOptions store;
-    store.dir = data_dir;
-    store.min_free_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_min_free_bytes));
-    store.checkpoint_every =
-        static_cast<uint64_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_checkpoint_every)));
-    store.checkpoint_blob_bytes =
-        static_cast<uint64_t>(std::max<int64_t>(1, absl::GetFlag(FLAGS_checkpoint_blob_bytes)));
-    store.blobs.recycle_bytes =
-        static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_blob_recycle_bytes)));
-    store.sync = !absl::GetFlag(FLAGS_unsafe_no_fsync);
-    if (!store.sync) spdlog::warn("--unsafe_no_fsync: acknowledged changes can be lost");
-    auto opened = repvar::server::RocksStateLog::Open(store);
-    if (!opened.ok()) {
-      spdlog::error("cannot open the data dir: {}", opened.status().ToString());
-      return 1;
-    }
-    log = *std::move(opened);
+    return std::make_unique<VolatileStateLog>();
   }
+  if (o.unsafe_no_fsync) spdlog::warn("--unsafe_no_fsync: acknowledged changes can be lost");
+  auto opened = RocksStateLog::Open(StoreOptionsOf(o));
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(),
+                        absl::StrCat("cannot open the data dir: ", opened.status().message()));
+  }
+  return std::unique_ptr<StateLog>(*std::move(opened));
+}
 
-  repvar::server::GrpcWorkerClient::Options worker_calls;
-  worker_calls.security = security->channel;
-  repvar::server::GrpcWorkerClient workers(worker_calls);
-  repvar::server::Coordinator core(options, repvar::RealClock::Get(), &workers, log.get());
-  if (absl::Status s = core.Recover(); !s.ok()) {
-    spdlog::error("cannot recover the state in {}: {}", data_dir, s.ToString());
-    return 1;
-  }
-  std::unique_ptr<repvar::server::Checkpointer> checkpointer;
-  if (const int64_t every = absl::GetFlag(FLAGS_checkpoint_every_steps); every > 0) {
-    std::string dir = absl::GetFlag(FLAGS_checkpoint_dir);
-    if (dir.empty() && !data_dir.empty()) dir = data_dir + "/checkpoints";
-    if (dir.empty() || absl::GetFlag(FLAGS_checkpoint_keep) < 1) {
-      std::fprintf(stderr,
-                   "--checkpoint_every_steps needs --checkpoint_dir (or --data_dir) and "
-                   "--checkpoint_keep >= 1\n");
-      return 2;
-    }
-    checkpointer = std::make_unique<repvar::server::Checkpointer>(
-        &core,
-        repvar::server::CheckpointerOptions{dir, every, absl::GetFlag(FLAGS_checkpoint_keep)});
-    spdlog::info("a checkpoint after every {} committed steps in {} (the newest {} kept)", every,
-                 dir, absl::GetFlag(FLAGS_checkpoint_keep));
-  }
-  repvar::server::StepInfoCache step_infos;
-  repvar::server::WorkersService workers_service(&core, &step_infos);
-  repvar::server::ScalarBoard scalars;
-  repvar::server::TrainersService trainers_service(
-      &core, &step_infos, &scalars,
-      static_cast<uint64_t>(
-          std::max<int64_t>(0, absl::GetFlag(FLAGS_max_inflight_bytes_per_connection))));
-  // Drain: the server and the trainers' service say NOT_SERVING (so do
-  // /healthz and systemd's status); workers' and the admin's go on.
-  repvar::DaemonServer* served = nullptr;
-  std::atomic<bool> ready{false};
-  repvar::server::AdminService admin_service(&core, &scalars, [&](bool draining) {
-    ready = !draining;
-    if (served == nullptr) return;
-    served->SetServing({repvar::v1::CoordinatorTrainers::service_full_name()}, !draining);
-    repvar::NotifyStatus(draining ? "draining" : "serving");
-  });
+// The daemon's parts, in the order they start; Stop ends them in reverse.
+class CoordinatorDaemon {
+ public:
+  CoordinatorDaemon(CoordinatorDaemonOptions options, DaemonSecurity* security,
+                    std::unique_ptr<StateLog> log)
+      : options_(std::move(options)),
+        security_(security),
+        log_(std::move(log)),
+        workers_(GrpcWorkerClient::Options{.security = security->channel}),
+        core_(CoreOptionsOf(options_), RealClock::Get(), &workers_, log_.get()),
+        workers_service_(&core_, &step_infos_),
+        trainers_service_(&core_, &step_infos_, &scalars_,
+                          static_cast<uint64_t>(options_.max_inflight_bytes_per_connection)),
+        // Drain: the server and the trainers' service say NOT_SERVING (so
+        // do /healthz and systemd's status); workers' and the admin's go on.
+        admin_service_(&core_, &scalars_, [this](bool draining) { OnDrain(draining); }) {}
 
-  const std::vector<repvar::ServedService> services = {
-      {&workers_service, repvar::v1::CoordinatorWorkers::service_full_name()},
-      {&trainers_service, repvar::v1::CoordinatorTrainers::service_full_name()},
-      {&admin_service, repvar::v1::CoordinatorAdmin::service_full_name()}};
-  auto server =
-      repvar::DaemonServer::Start(security->server, services, absl::GetFlag(FLAGS_port_file),
-                                  absl::GetFlag(FLAGS_max_rpc_threads), repvar::GetHealthFlags());
-  if (!server.ok()) {
-    spdlog::error("{}", server.status().ToString());
-    return 1;
+  // Recovers the state, then serves. Errors: the state log's, the server's.
+  absl::Status Start();
+  // Periodic work until a signal; returns it.
+  int Run();
+  void Stop();
+
+ private:
+  void OnDrain(bool draining);
+  absl::Status StartServing();
+  absl::Status StartWebViewAndMetrics();
+
+  const CoordinatorDaemonOptions options_;
+  DaemonSecurity* const security_;
+  std::unique_ptr<StateLog> log_;
+  GrpcWorkerClient workers_;
+  Coordinator core_;
+  StepInfoCache step_infos_;
+  ScalarBoard scalars_;
+  WorkersService workers_service_;
+  TrainersService trainers_service_;
+  AdminService admin_service_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<DaemonServer> server_;
+  std::atomic<bool> ready_{false};
+  std::unique_ptr<WebView> web_view_;
+  std::unique_ptr<MetricsServer> metrics_;
+  absl::Notification stop_;
+  std::thread ticker_;
+  std::thread repairer_;
+};
+
+void CoordinatorDaemon::OnDrain(bool draining) {
+  ready_ = !draining;
+  if (server_ == nullptr) return;
+  server_->SetServing({v1::CoordinatorTrainers::service_full_name()}, !draining);
+  NotifyStatus(draining ? "draining" : "serving");
+}
+
+absl::Status CoordinatorDaemon::Start() {
+  if (absl::Status s = core_.Recover(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("cannot recover the state in ", options_.data_dir,
+                                               ": ", s.message()));
   }
+  if (std::optional<CheckpointerOptions> c = CheckpointerOptionsOf(options_)) {
+    checkpointer_ = std::make_unique<Checkpointer>(&core_, *c);
+    spdlog::info("a checkpoint after every {} committed steps in {} (the newest {} kept)",
+                 c->every_steps, c->dir, c->keep);
+  }
+  REPVAR_RETURN_IF_ERROR(StartServing());
+  return StartWebViewAndMetrics();
+}
+
+absl::Status CoordinatorDaemon::StartServing() {
+  const std::vector<ServedService> services = {
+      {&workers_service_, v1::CoordinatorWorkers::service_full_name()},
+      {&trainers_service_, v1::CoordinatorTrainers::service_full_name()},
+      {&admin_service_, v1::CoordinatorAdmin::service_full_name()}};
+  REPVAR_ASSIGN_OR_RETURN(server_,
+                          DaemonServer::Start(security_->server, services, options_.port_file,
+                                              options_.max_rpc_threads, GetHealthFlags()));
   // Ready: the state was recovered before the server started.
-  const int port = (*server)->port();
-  served = server->get();
-  ready = true;
-  (*server)->SetServing(true);
-  repvar::server::RegisterCoordinatorGauges(&core);
-  const repvar::server::WebView web_view(
-      &core, &scalars, security->server.policy,
-      repvar::server::WebViewRefusal(repvar::GetMetricsFlags().address, security->server.tls(),
-                                     !repvar::GetSecurityFlags().admin_token_file.empty()));
-  auto metrics = repvar::StartDaemonMetrics(
-      {[&ready] { return ready.load(); }, web_view.Routes(), security->server.certificates});
-  if (!metrics.ok()) {
-    spdlog::error("{}", metrics.status().ToString());
-    return 1;
-  }
-  if (*metrics != nullptr) {
-    const std::string& address = repvar::GetMetricsFlags().address;
-    if (web_view.refusal().empty()) {
-      spdlog::info("web view on {}://{}:{}/", (*metrics)->https() ? "https" : "http",
-                   address.substr(0, address.rfind(':')), (*metrics)->port());
-    } else {
-      spdlog::warn("{}", web_view.refusal());
-    }
-  }
-  spdlog::info("coordinator serving on port {} (heartbeat timeout {})", port,
-               absl::FormatDuration(options.membership.heartbeat_timeout));
+  ready_ = true;
+  server_->SetServing(true);
+  RegisterCoordinatorGauges(&core_);
+  spdlog::info("coordinator serving on port {} (heartbeat timeout {})", server_->port(),
+               absl::FormatDuration(options_.heartbeat_timeout));
+  return absl::OkStatus();
+}
 
-  absl::Notification stop;
+absl::Status CoordinatorDaemon::StartWebViewAndMetrics() {
+  web_view_ =
+      std::make_unique<WebView>(&core_, &scalars_, security_->server.policy,
+                                WebViewRefusal(GetMetricsFlags().address, security_->server.tls(),
+                                               !GetSecurityFlags().admin_token_file.empty()));
+  REPVAR_ASSIGN_OR_RETURN(metrics_,
+                          StartDaemonMetrics({[this] { return ready_.load(); }, web_view_->Routes(),
+                                              security_->server.certificates}));
+  if (metrics_ == nullptr) return absl::OkStatus();
+  if (!web_view_->refusal().empty()) {
+    spdlog::warn("{}", web_view_->refusal());
+    return absl::OkStatus();
+  }
+  const std::string& address = GetMetricsFlags().address;
+  spdlog::info("web view on {}://{}:{}/", metrics_->https() ? "https" : "http",
+               address.substr(0, address.rfind(':')), metrics_->port());
+  return absl::OkStatus();
+}
+
+int CoordinatorDaemon::Run() {
   std::atomic<int64_t> last_tick_ms{absl::ToUnixMillis(absl::Now())};
-  std::thread ticker([&] {
+  ticker_ = std::thread([&] {
     // Often enough for heartbeats and step barrier timeouts alike.
-    absl::Duration period =
-        std::min(options.membership.heartbeat_timeout / 10, absl::Milliseconds(100));
-    while (!stop.WaitForNotificationWithTimeout(period)) {
-      core.Tick(absl::Now());
+    const absl::Duration period =
+        std::min(options_.heartbeat_timeout / 10, absl::Milliseconds(100));
+    while (!stop_.WaitForNotificationWithTimeout(period)) {
+      core_.Tick(absl::Now());
       last_tick_ms = absl::ToUnixMillis(absl::Now());
     }
   });
   // systemd: ready now; the watchdog is fed while the ticker turns (it takes
   // the registry's locks, so a deadlock or a stuck disk stops it).
-  repvar::NotifyReady(absl::StrCat("serving on port ", port));
-  repvar::Watchdog watchdog(
+  NotifyReady(absl::StrCat("serving on port ", server_->port()));
+  Watchdog watchdog(
       [&] { return absl::Now() - absl::FromUnixMillis(last_tick_ms) < absl::Seconds(10); });
   // Repairs stale replicas on live workers; apart from the ticker because it
   // moves bytes. Buffers released by writes and not reused for a while go
   // back to the system: the values themselves live on disk.
-  std::thread repairer([&] {
-    while (!stop.WaitForNotificationWithTimeout(absl::Seconds(2))) {
-      core.ResyncStale();
-      repvar::ReleaseIdleBuffers(absl::Seconds(10));
+  repairer_ = std::thread([this] {
+    while (!stop_.WaitForNotificationWithTimeout(absl::Seconds(2))) {
+      core_.ResyncStale();
+      ReleaseIdleBuffers(absl::Seconds(10));
     }
   });
-
-  int sig = repvar::WaitForShutdownSignal([&] {
-    (void)repvar::ReloadDaemonSecurity(repvar::GetSecurityFlags(),
-                                       absl::GetFlag(FLAGS_worker_token_file), *security);
+  const int sig = WaitForShutdownSignal([this] {
+    (void)ReloadDaemonSecurity(GetSecurityFlags(), options_.worker_token_file, *security_);
   });
-
   spdlog::info("signal {}: shutting down", sig);
-  repvar::NotifyStopping();
-  checkpointer.reset();  // a checkpoint being written is finished first
-  (*server)->StopServing();
-  ready = false;
-  workers_service.Shutdown();
-  trainers_service.Shutdown();
-  stop.Notify();
-  ticker.join();
-  repairer.join();
-  (*server)->Shutdown(absl::Now() + repvar::ShutdownGrace());
-  metrics->reset();
-  repvar::server::UnregisterCoordinatorGauges();
+  Stop();
+  return sig;
+}
+
+void CoordinatorDaemon::Stop() {
+  NotifyStopping();
+  checkpointer_.reset();  // a checkpoint being written is finished first
+  server_->StopServing();
+  ready_ = false;
+  workers_service_.Shutdown();
+  trainers_service_.Shutdown();
+  stop_.Notify();
+  ticker_.join();
+  repairer_.join();
+  server_->Shutdown(absl::Now() + ShutdownGrace());
+  metrics_.reset();
+  UnregisterCoordinatorGauges();
   spdlog::info("coordinator stopped");
+}
+
+}  // namespace
+}  // namespace repvar::server
+
+int main(int argc, char** argv) {
+  namespace server = repvar::server;
+  repvar::TuneMallocForBulkTransfers();
+  repvar::PrepareDaemonProcess();
+  repvar::ParseDaemonFlags(argc, argv, "the repvar coordinator daemon (state, placement, steps)");
+  const server::CoordinatorDaemonOptions options = server::OptionsFromFlags();
+  auto refuse = [](const absl::Status& s) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  };
+  absl::Status started = repvar::StartDaemon("coordinator");
+  if (started.ok()) started = server::ValidateOptions(options);
+  if (!started.ok()) return refuse(started);
+  auto security = repvar::LoadDaemonSecurity(
+      repvar::GetSecurityFlags(), repvar::kCoordinatorCertificateName, "worker_token_file",
+      options.worker_token_file, options.listen_address);
+  if (!security.ok()) return refuse(security.status());
+  auto log = server::OpenStateLog(options);
+  if (!log.ok()) {
+    spdlog::error("{}", log.status().ToString());
+    return 1;
+  }
+  server::CoordinatorDaemon daemon(options, &*security, *std::move(log));
+  if (absl::Status s = daemon.Start(); !s.ok()) {
+    spdlog::error("{}", s.ToString());
+    return 1;
+  }
+  daemon.Run();
   return 0;
 }
