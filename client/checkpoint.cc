@@ -31,6 +31,99 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+namespace {
+
+// The variables a checkpoint's manifest lists, as the file's entries and as
+// its metadata describes them.
+struct ManifestVariables {
+  std::vector<VariableInfo> vars;
+  std::vector<io::SafetensorsEntry> entries;
+  std::vector<io::CheckpointVariable> described;
+};
+
+ManifestVariables VariablesOf(const v1::CheckpointManifest& manifest) {
+  ManifestVariables m;
+  for (const v1::VariableInfo& p : manifest.variables()) {
+    VariableInfo v = client_internal::VariableFromProto(p);
+    m.entries.push_back({v.spec.name, v.spec.dtype, v.spec.shape});
+    m.described.push_back({v.spec.name, v.version, v.checksum, v.spec.aggregation,
+                           v.spec.replica_count, v.spec.trainable, v.spec.allow_nonfinite,
+                           v.spec.collections});
+    m.vars.push_back(std::move(v));
+  }
+  return m;
+}
+
+// The variables' bytes as the stream brings them, into the file: each
+// chunk checked for its place and checksum, each variable for its
+// committed checksum once all of its bytes are in.
+class CheckpointReceiver {
+ public:
+  CheckpointReceiver(const std::vector<VariableInfo>& vars, io::SafetensorsWriter* writer,
+                     const CheckpointProgressFn& progress)
+      : vars_(vars),
+        placed_(writer->entries()),
+        writer_(writer),
+        progress_(progress),
+        shown_{"", 0, static_cast<int>(vars.size()), 0, writer->data_bytes()} {}
+
+  // Before the first chunk: moves past the variables of no bytes.
+  absl::Status Start() { return Settle(); }
+
+  // Errors: DATA_LOSS (out of order, corrupt, or a variable failing its
+  // checksum), the file system's.
+  absl::Status Take(const v1::SaveCheckpointResponse& msg) {
+    const v1::TensorChunk& c = msg.chunk();
+    auto piece = BytesOf(c.data());
+    if (!msg.has_chunk() || current_ >= vars_.size() || c.offset() != received_ ||
+        piece.size() > placed_[current_].bytes() - received_ || Checksum(piece) != c.checksum()) {
+      return absl::DataLossError(absl::StrCat("checkpoint: a chunk out of order or corrupt at ",
+                                              c.offset(), " of variable #", current_));
+    }
+    shown_.variable = vars_[current_].spec.name;
+    REPVAR_RETURN_IF_ERROR(writer_->Write(piece));
+    hash_.Update(piece);
+    received_ += piece.size();
+    shown_.bytes_done += piece.size();
+    if (progress_ && received_ != placed_[current_].bytes()) progress_(shown_);
+    return Settle();
+  }
+  // Errors: DATA_LOSS when a variable's bytes did not all come.
+  absl::Status Done() const {
+    if (current_ == vars_.size()) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat("checkpoint stream ended after ", current_, " of ",
+                                            vars_.size(), " variables"));
+  }
+
+ private:
+  // Moves past every variable whose bytes are all here, checking them.
+  absl::Status Settle() {
+    while (current_ < vars_.size() && received_ == placed_[current_].bytes()) {
+      if (hash_.Digest() != vars_[current_].checksum) {
+        return absl::DataLossError(absl::StrCat("checkpoint: variable ", vars_[current_].spec.name,
+                                                " arrived with bytes that fail its checksum"));
+      }
+      ++current_;
+      received_ = 0;
+      hash_.Reset();
+      shown_.variables_done = static_cast<int>(current_);
+      if (progress_) progress_(shown_);
+    }
+    return absl::OkStatus();
+  }
+
+  const std::vector<VariableInfo>& vars_;
+  const std::vector<io::SafetensorsEntry>& placed_;  // with offsets
+  io::SafetensorsWriter* const writer_;
+  const CheckpointProgressFn& progress_;
+  CheckpointProgress shown_;
+  size_t current_ = 0;  // the variable whose bytes come next
+  uint64_t received_ = 0;
+  ChecksumStream hash_;
+};
+
+}  // namespace
+
 absl::StatusOr<SaveResult> Client::SaveCheckpoint(const std::string& path,
                                                   CheckpointProgressFn progress) {
   grpc::ClientContext ctx;
@@ -49,79 +142,25 @@ absl::StatusOr<SaveResult> Client::SaveCheckpoint(const std::string& path,
   SaveResult result;
   result.last_committed_step = manifest.last_committed_step();
   result.uninitialized.assign(manifest.uninitialized().begin(), manifest.uninitialized().end());
-
-  std::vector<io::SafetensorsEntry> entries;
-  std::vector<VariableInfo> vars;
-  std::vector<io::CheckpointVariable> described;
-  for (const v1::VariableInfo& p : manifest.variables()) {
-    VariableInfo v = client_internal::VariableFromProto(p);
-    entries.push_back({v.spec.name, v.spec.dtype, v.spec.shape});
-    described.push_back({v.spec.name, v.version, v.checksum, v.spec.aggregation,
-                         v.spec.replica_count, v.spec.trainable, v.spec.allow_nonfinite,
-                         v.spec.collections});
-    vars.push_back(std::move(v));
-  }
-  const std::map<std::string, std::string> metadata =
-      io::CheckpointMetadata(manifest.last_committed_step(), described, result.uninitialized);
-  auto writer = io::SafetensorsWriter::Create(path, std::move(entries), metadata);
+  ManifestVariables m = VariablesOf(manifest);
+  auto writer = io::SafetensorsWriter::Create(
+      path, std::move(m.entries),
+      io::CheckpointMetadata(manifest.last_committed_step(), m.described, result.uninitialized));
   if (!writer.ok()) {
     ctx.TryCancel();
     (void)stream->Finish();
     return writer.status();
   }
-  const std::vector<io::SafetensorsEntry>& placed = (*writer)->entries();  // with offsets
-
-  CheckpointProgress shown{"", 0, static_cast<int>(vars.size()), 0, (*writer)->data_bytes()};
-  size_t current = 0;  // the variable whose bytes come next
-  uint64_t received = 0;
-  ChecksumStream hash;
-  absl::Status bad;
-  // Moves past every variable whose bytes are all here (checking them).
-  auto settle = [&]() {
-    while (bad.ok() && current < vars.size() && received == placed[current].bytes()) {
-      if (hash.Digest() != vars[current].checksum) {
-        bad = absl::DataLossError(absl::StrCat("checkpoint: variable ", vars[current].spec.name,
-                                               " arrived with bytes that fail its checksum"));
-        return;
-      }
-      ++current;
-      received = 0;
-      hash.Reset();
-      shown.variables_done = static_cast<int>(current);
-      if (progress) progress(shown);
-    }
-  };
-  settle();
-  while (bad.ok() && stream->Read(&msg)) {
-    const v1::TensorChunk& c = msg.chunk();
-    auto piece = BytesOf(c.data());
-    if (!msg.has_chunk() || current >= vars.size() || c.offset() != received ||
-        piece.size() > placed[current].bytes() - received || Checksum(piece) != c.checksum()) {
-      bad = absl::DataLossError(absl::StrCat("checkpoint: a chunk out of order or corrupt at ",
-                                             c.offset(), " of variable #", current));
-      break;
-    }
-    shown.variable = vars[current].spec.name;
-    if (absl::Status s = (*writer)->Write(piece); !s.ok()) {
-      bad = s;
-      break;
-    }
-    hash.Update(piece);
-    received += piece.size();
-    shown.bytes_done += piece.size();
-    if (progress && received != placed[current].bytes()) progress(shown);
-    settle();
-  }
-  if (!bad.ok()) ctx.TryCancel();
+  CheckpointReceiver receiver(m.vars, writer->get(), progress);
+  absl::Status taken = receiver.Start();
+  while (taken.ok() && stream->Read(&msg)) taken = receiver.Take(msg);
+  if (!taken.ok()) ctx.TryCancel();
   absl::Status finished = FromGrpcStatus(stream->Finish());
-  if (!bad.ok()) return bad;
-  if (!finished.ok()) return finished;
-  if (current != vars.size()) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint stream ended after ", current, " of ", vars.size(), " variables"));
-  }
+  REPVAR_RETURN_IF_ERROR(taken);
+  REPVAR_RETURN_IF_ERROR(finished);
+  REPVAR_RETURN_IF_ERROR(receiver.Done());
   REPVAR_RETURN_IF_ERROR((*writer)->Commit());
-  result.variables = static_cast<int>(vars.size());
+  result.variables = static_cast<int>(m.vars.size());
   result.bytes = (*writer)->data_bytes();
   return result;
 }

@@ -496,19 +496,32 @@ struct DurationValidator : CLI::Validator {
   }
 };
 
-}  // namespace
+// What the command line asks for: its commands and their arguments.
+struct Commands {
+  CLI::App* topology = nullptr;
+  CLI::App* vars = nullptr;
+  CLI::App* read = nullptr;
+  std::map<std::string, CLI::App*> writes;  // assign, assign_add, assign_sub
+  CLI::App* steps = nullptr;
+  CLI::App* watch = nullptr;
+  CLI::App* status = nullptr;
+  CLI::App* del = nullptr;
+  CLI::App* save = nullptr;
+  CLI::App* restore = nullptr;
+  CLI::App* drain = nullptr;
+  CLI::App* resume = nullptr;
+  std::string name, collection, value, path, watch_for = "24h";
+  int max_elements = 16, replicas = 0;
+  int64_t after = repvar::kStepEventsFromNow;
+  int64_t from_step = -1;
+};
 
-int main(int argc, char** argv) {
-  CLI::App app{
-      "repvarctl: look at and poke a repvar cluster. Security from the flags or "
-      "$REPVAR_TLS_CA, $REPVAR_TLS_CERT, $REPVAR_TLS_KEY, $REPVAR_TOKEN_FILE.",
-      "repvarctl"};
+void AddGlobalOptions(CLI::App& app, Options& o) {
   app.set_version_flag("--version",
                        absl::StrCat("repvarctl ", repvar::kVersion, " (commit ", repvar::kGitCommit,
                                     ", ", repvar::kBuildType, " build)"));
   app.require_subcommand(1);
   app.fallthrough();  // the options above also after the command (repvarctl vars --json)
-  Options o;
   app.add_option("--coordinator", o.coordinator,
                  "host:port of the coordinator (default: $REPVAR_COORDINATOR_ADDRESS)");
   app.add_flag("--json", o.json, "print one JSON document (watch: one object per line)");
@@ -517,49 +530,89 @@ int main(int argc, char** argv) {
   app.add_option("--tls_key", o.tls_key, "its key ($REPVAR_TLS_KEY)");
   app.add_option("--token_file", o.token_file,
                  "file whose first line is the bearer token ($REPVAR_TOKEN_FILE)");
+}
 
-  std::string name, collection, value, path, watch_for = "24h";
-  int max_elements = 16, replicas = 0;
-  int64_t after = repvar::kStepEventsFromNow;
-  int64_t from_step = -1;
-  auto* topology = app.add_subcommand("topology", "tasks, accelerators, the infeed host");
-  auto* vars = app.add_subcommand("vars", "variables and their replicas");
-  vars->add_option("collection", collection, "only this collection");
-  auto* read = app.add_subcommand("read", "a variable's committed value");
-  read->add_option("name", name)->required();
-  read->add_option("--max_elements", max_elements, "elements printed (text)");
-  std::map<std::string, CLI::App*> writes;
+void AddReadingCommands(CLI::App& app, Commands& c) {
+  c.topology = app.add_subcommand("topology", "tasks, accelerators, the infeed host");
+  c.vars = app.add_subcommand("vars", "variables and their replicas");
+  c.vars->add_option("collection", c.collection, "only this collection");
+  c.read = app.add_subcommand("read", "a variable's committed value");
+  c.read->add_option("name", c.name)->required();
+  c.read->add_option("--max_elements", c.max_elements, "elements printed (text)");
+  c.steps = app.add_subcommand("steps", "the open step's progress, the last resolutions");
+  c.watch = app.add_subcommand("watch", "step events as they happen");
+  c.watch->add_option("--watch_for", c.watch_for, "how long to stream")->check(DurationValidator());
+  auto* after_option = c.watch->add_option("--after", c.after,
+                                           "replay events after this seq (0: all the coordinator "
+                                           "holds; default: only new ones)");
+  c.watch
+      ->add_option("--from", c.from_step,
+                   "events of step STEP and later that the coordinator still holds, then new ones")
+      ->excludes(after_option);
+  c.status = app.add_subcommand("status", "the whole cluster (admin)");
+}
+
+void AddChangingCommands(CLI::App& app, Commands& c) {
   for (const char* verb : {"assign", "assign_add", "assign_sub"}) {
     auto* w = app.add_subcommand(verb, absl::StrCat(verb,
                                                     " NAME --value=v1,v2,...: to every "
                                                     "replica (one value fills)"));
-    w->add_option("name", name)->required();
-    w->add_option("--value", value, "comma-separated values, row-major")->required();
-    writes[verb] = w;
+    w->add_option("name", c.name)->required();
+    w->add_option("--value", c.value, "comma-separated values, row-major")->required();
+    c.writes[verb] = w;
   }
-  auto* steps = app.add_subcommand("steps", "the open step's progress, the last resolutions");
-  auto* watch = app.add_subcommand("watch", "step events as they happen");
-  watch->add_option("--watch_for", watch_for, "how long to stream")->check(DurationValidator());
-  auto* after_option = watch->add_option("--after", after,
-                                         "replay events after this seq (0: all the coordinator "
-                                         "holds; default: only new ones)");
-  watch
-      ->add_option("--from", from_step,
-                   "events of step STEP and later that the coordinator still holds, then new ones")
-      ->excludes(after_option);
-  auto* status = app.add_subcommand("status", "the whole cluster (admin)");
-  auto* del = app.add_subcommand("delete", "delete a variable (admin)");
-  del->add_option("name", name)->required();
-  auto* save = app.add_subcommand("save", "a consistent cut into a .safetensors file");
-  save->add_option("file", path)->required();
-  auto* restore = app.add_subcommand("restore", "a .safetensors file back into the cluster");
-  restore->add_option("file", path)->required();
-  restore->add_option("--replicas", replicas,
-                      "replicas of the variables it creates (0: as saved in the file)");
-  auto* drain = app.add_subcommand("drain", "refuse new changes before maintenance (admin)");
-  auto* resume = app.add_subcommand("resume", "serve changes again (admin)");
-  CLI11_PARSE(app, argc, argv);
+  c.del = app.add_subcommand("delete", "delete a variable (admin)");
+  c.del->add_option("name", c.name)->required();
+  c.save = app.add_subcommand("save", "a consistent cut into a .safetensors file");
+  c.save->add_option("file", c.path)->required();
+  c.restore = app.add_subcommand("restore", "a .safetensors file back into the cluster");
+  c.restore->add_option("file", c.path)->required();
+  c.restore->add_option("--replicas", c.replicas,
+                        "replicas of the variables it creates (0: as saved in the file)");
+  c.drain = app.add_subcommand("drain", "refuse new changes before maintenance (admin)");
+  c.resume = app.add_subcommand("resume", "serve changes again (admin)");
+}
 
+int Run(repvar::Client& client, Commands& c, const Options& o) {
+  if (*c.topology) return Topology(client, o);
+  if (*c.vars) return Vars(client, c.collection, o);
+  if (*c.read) return Read(client, c.name, c.max_elements, o);
+  for (const auto& [verb, sub] : c.writes) {
+    if (*sub) return Assign(client, verb, c.name, c.value, o);
+  }
+  if (*c.steps) return Steps(client, o);
+  if (*c.watch) {
+    absl::Duration d;
+    (void)absl::ParseDuration(c.watch_for, &d);
+    if (c.from_step >= 0) c.after = 0;  // replay what is held, skip the steps before
+    return Watch(client, c.after, c.from_step, d, o);
+  }
+  if (*c.status) return Status(client, o);
+  if (*c.del) {
+    absl::Status s = client.DeleteVariable(c.name);
+    if (!s.ok()) return Fail(s);
+    if (o.json) Print({{"deleted", c.name}});
+    return 0;
+  }
+  if (*c.save) return Save(client, c.path, o);
+  if (*c.restore) return Restore(client, c.path, c.replicas, o);
+  if (*c.drain || *c.resume) return Drain(client, c.resume->parsed(), o);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "repvarctl: look at and poke a repvar cluster. Security from the flags or "
+      "$REPVAR_TLS_CA, $REPVAR_TLS_CERT, $REPVAR_TLS_KEY, $REPVAR_TOKEN_FILE.",
+      "repvarctl"};
+  Options o;
+  Commands commands;
+  AddGlobalOptions(app, o);
+  AddReadingCommands(app, commands);
+  AddChangingCommands(app, commands);
+  CLI11_PARSE(app, argc, argv);
   repvar::ClientOptions copts{.coordinator_address = o.coordinator, .deadline = absl::Seconds(30)};
   copts.tls_ca_file = o.tls_ca;
   copts.tls_cert_file = o.tls_cert;
@@ -567,29 +620,5 @@ int main(int argc, char** argv) {
   copts.token_file = o.token_file;
   auto client = repvar::Client::Connect(copts);
   if (!client.ok()) return Fail(client.status());
-  repvar::Client& c = **client;
-  if (*topology) return Topology(c, o);
-  if (*vars) return Vars(c, collection, o);
-  if (*read) return Read(c, name, max_elements, o);
-  for (const auto& [verb, sub] : writes) {
-    if (*sub) return Assign(c, verb, name, value, o);
-  }
-  if (*steps) return Steps(c, o);
-  if (*watch) {
-    absl::Duration d;
-    (void)absl::ParseDuration(watch_for, &d);
-    if (from_step >= 0) after = 0;  // replay what is held, skip the steps before
-    return Watch(c, after, from_step, d, o);
-  }
-  if (*status) return Status(c, o);
-  if (*del) {
-    absl::Status s = c.DeleteVariable(name);
-    if (!s.ok()) return Fail(s);
-    if (o.json) Print({{"deleted", name}});
-    return 0;
-  }
-  if (*save) return Save(c, path, o);
-  if (*restore) return Restore(c, path, replicas, o);
-  if (*drain || *resume) return Drain(c, resume->parsed(), o);
-  return 2;
+  return Run(**client, commands, o);
 }

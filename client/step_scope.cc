@@ -60,38 +60,38 @@ StepScope::~StepScope() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<StepScope>> StepScope::Begin(Client& client, int64_t step,
-                                                            StepOptions options) {
-  auto impl = std::make_unique<Impl>();
-  impl->client = &ClientAccess::Of(client);
+absl::Status StepScope::Impl::SetWorker(StepOptions given) {
+  options = std::move(given);
   if (options.worker.empty()) {
     const char* env = std::getenv("REPVAR_WORKER");
     if (env != nullptr) options.worker = env;
   }
   auto colon = options.worker.rfind(':');
   if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(options.worker.substr(colon + 1), &impl->task)) {
+      !absl::SimpleAtoi(options.worker.substr(colon + 1), &task)) {
     return absl::InvalidArgumentError(
         absl::StrCat("StepOptions.worker must name this trainer's host as \"job:task\" (or set "
                      "REPVAR_WORKER); got \"",
                      options.worker, "\""));
   }
-  impl->job = options.worker.substr(0, colon);
-  impl->options = options;
+  job = options.worker.substr(0, colon);
+  return absl::OkStatus();
+}
 
-  std::shared_ptr<const ClientAccess::Impl::StepLayout> known = impl->client->step_layout();
+absl::StatusOr<StepInfo> StepScope::Impl::BeginOnCoordinator(int64_t step) {
+  std::shared_ptr<const ClientAccess::Impl::StepLayout> known = client->step_layout();
   v1::BeginStepRequest req;
   req.set_step(step);
   req.set_barrier_timeout_ms(absl::ToInt64Milliseconds(options.barrier_timeout));
   req.set_known_layout(known ? known->info.layout_id : 0);
   v1::StepInfo answer;
   auto begin = [&] {
-    return impl->client->Retry([&] {
+    return client->Retry([&] {
       grpc::ClientContext ctx;
       // BeginStep waits for cross-replica writes in flight.
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + impl->client->options().deadline +
-                                          options.barrier_timeout));
-      return FromGrpcStatus(impl->client->stub()->BeginStep(&ctx, req, &answer));
+      ctx.set_deadline(
+          absl::ToChronoTime(absl::Now() + client->options().deadline + options.barrier_timeout));
+      return FromGrpcStatus(client->stub()->BeginStep(&ctx, req, &answer));
     });
   };
   REPVAR_RETURN_IF_ERROR(begin());
@@ -101,50 +101,63 @@ absl::StatusOr<std::unique_ptr<StepScope>> StepScope::Begin(Client& client, int6
   }
   REPVAR_ASSIGN_OR_RETURN(StepInfo info, StepInfoFromProto(answer));
   if (info.layout_omitted) {
-    impl->layout = known;
+    layout = known;
   } else {
-    auto layout = std::make_shared<ClientAccess::Impl::StepLayout>();
-    layout->info.layout_id = info.layout_id;
-    layout->info.participants = std::move(info.participants);
-    layout->info.variables = std::move(info.variables);
-    for (size_t i = 0; i < layout->info.variables.size(); ++i) {
-      layout->vars[layout->info.variables[i].name] = static_cast<int>(i);
+    auto fresh = std::make_shared<ClientAccess::Impl::StepLayout>();
+    fresh->info.layout_id = info.layout_id;
+    fresh->info.participants = std::move(info.participants);
+    fresh->info.variables = std::move(info.variables);
+    for (size_t i = 0; i < fresh->info.variables.size(); ++i) {
+      fresh->vars[fresh->info.variables[i].name] = static_cast<int>(i);
     }
-    impl->layout = layout;
-    impl->client->set_step_layout(layout);
+    layout = fresh;
+    client->set_step_layout(fresh);
   }
   info.participants.clear();
   info.variables.clear();
-  impl->header = std::move(info);
+  return info;
+}
+
+absl::StatusOr<std::string> StepScope::Impl::WorkerAddress(Client& c) {
   std::string address;
-  const std::vector<StepParticipant>& participants = impl->layout->info.participants;
+  const std::vector<StepParticipant>& participants = layout->info.participants;
   for (size_t i = 0; i < participants.size(); ++i) {
-    if (participants[i].task == TaskKey{impl->job, impl->task}) {
-      impl->me = static_cast<int32_t>(i);
+    if (participants[i].task == TaskKey{job, task}) {
+      me = static_cast<int32_t>(i);
       address = participants[i].address;
     }
   }
-  if (impl->me < 0) {
-    const std::vector<TaskKey>& out = impl->header.sitting_out;
-    if (std::find(out.begin(), out.end(), TaskKey{impl->job, impl->task}) != out.end()) {
+  if (me < 0) {
+    const std::vector<TaskKey>& out = header.sitting_out;
+    if (std::find(out.begin(), out.end(), TaskKey{job, task}) != out.end()) {
       // Its trainer's writes would count for nothing: say so now rather
       // than answer COMMITTED at the end.
       return absl::FailedPreconditionError(absl::StrCat(
-          "worker ", options.worker, " sits step ", impl->header.step,
+          "worker ", options.worker, " sits step ", header.step,
           " out: its replicas are not up to date (a resync is under way), so no write from "
           "this host would count; begin the next step once it has caught up"));
     }
   }
   if (address.empty()) {
     // A host holding no replica of the step still commits through its worker.
-    REPVAR_ASSIGN_OR_RETURN(Topology topo, client.GetTopology());
+    REPVAR_ASSIGN_OR_RETURN(Topology topo, c.GetTopology());
     for (const TaskInfo& t : topo.tasks) {
-      if (t.job == impl->job && t.task == impl->task) address = t.address;
+      if (t.job == job && t.task == task) address = t.address;
     }
   }
   if (address.empty()) {
     return absl::NotFoundError(absl::StrCat("worker ", options.worker, " is not live"));
   }
+  return address;
+}
+
+absl::StatusOr<std::unique_ptr<StepScope>> StepScope::Begin(Client& client, int64_t step,
+                                                            StepOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->client = &ClientAccess::Of(client);
+  REPVAR_RETURN_IF_ERROR(impl->SetWorker(std::move(options)));
+  REPVAR_ASSIGN_OR_RETURN(impl->header, impl->BeginOnCoordinator(step));
+  REPVAR_ASSIGN_OR_RETURN(const std::string address, impl->WorkerAddress(client));
   impl->link = impl->client->Worker(address);
   impl->worker = impl->link->stub.get();
   return std::unique_ptr<StepScope>(new StepScope(std::move(impl)));

@@ -33,6 +33,16 @@ class StepScope::Impl {
   bool closed = false;
   bool map_failed = false;  // the worker's memory cannot be mapped from here
 
+  // StepScope::Begin's phases. This trainer's host ("job:task", from
+  // `given` or $REPVAR_WORKER). Errors: INVALID_ARGUMENT.
+  absl::Status SetWorker(StepOptions given);
+  // BeginStep on the coordinator: the step's header; its layout goes to
+  // `layout` (and the client's cache). Errors: the call's.
+  absl::StatusOr<StepInfo> BeginOnCoordinator(int64_t step);
+  // This host's worker; sets `me`. Errors: FAILED_PRECONDITION (it sits
+  // the step out), NOT_FOUND (not live).
+  absl::StatusOr<std::string> WorkerAddress(Client& c);
+
   // Errors: FAILED_PRECONDITION (not in the step).
   absl::StatusOr<const StepVariable*> Var(const std::string& name) const;
   // The header of an in-step write of `bytes` to `var`/`replica`.

@@ -18,12 +18,14 @@
 #include <cstring>
 #include <iostream>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/status_util.h"
 #include "repvar/client.h"
 #include "repvar/step.h"
 
@@ -104,166 +106,188 @@ std::vector<float> Floats(const repvar::TensorValue& v) {
   return out;
 }
 
+// What every step of the job needs.
+struct Job {
+  repvar::Client& c;
+  const Data& data;
+  int replicas = 0;
+  int shard = 0;
+  float lr = 0;
+  std::string w, b, seen;          // the variables' names
+  std::vector<std::string> hosts;  // those holding replicas: one trainer each
+};
+
+// The hosts of the first `replicas` accelerators, in ordinal order.
+std::vector<std::string> HostsOf(const repvar::Topology& topo, int replicas) {
+  std::vector<std::string> hosts;
+  for (int i = 0; i < replicas && i < static_cast<int>(topo.accelerators.size()); ++i) {
+    std::string h = absl::StrCat(topo.accelerators[i].job, ":", topo.accelerators[i].task);
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  }
+  return hosts;
+}
+
+absl::Status CreateModel(Job& job) {
+  repvar::ReplicatedScope scope(job.replicas);
+  std::vector<repvar::VariableSpec> specs(3);
+  specs[0] = {.name = job.w, .dtype = repvar::DType::kFloat32, .shape = {kFeatures}};
+  specs[0].aggregation = repvar::Aggregation::kMean;
+  specs[1] = {.name = job.b, .dtype = repvar::DType::kFloat32, .shape = {1}};
+  specs[1].aggregation = repvar::Aggregation::kMean;
+  specs[2] = {.name = job.seen, .dtype = repvar::DType::kFloat32, .trainable = false};
+  specs[2].aggregation = repvar::Aggregation::kNone;
+  for (auto& spec : specs) spec.initializer = repvar::InitializerSpec::Zeros();
+  if (auto created = job.c.CreateVariables(specs); !created.ok()) return created.status();
+  return job.c.Initialize({job.w, job.b, job.seen}).status();
+}
+
+// One trainer's part of `step` on `host`: each local replica's SGD step on
+// its shard, then the commit. `inject`: the last replica's "samples seen"
+// goes wrong.
+absl::StatusOr<repvar::StepResult> TrainOnHost(const Job& job, int64_t step,
+                                               const std::string& host, bool inject) {
+  auto scope = repvar::StepScope::Begin(job.c, step, {.worker = host});
+  if (!scope.ok()) return scope.status();
+  repvar::StepScope& s = **scope;
+  auto local = s.LocalReplicas(job.w);
+  if (!local.ok()) return local.status();
+  for (int32_t r : *local) {
+    auto w = s.Read(job.w, r);
+    auto b = s.Read(job.b, r);
+    auto seen = s.Read(job.seen, r);
+    if (!w.ok() || !b.ok() || !seen.ok()) {
+      return !w.ok() ? w.status() : !b.ok() ? b.status() : seen.status();
+    }
+    auto [nw, nb] =
+        Sgd(job.data, Floats(*w), Floats(*b)[0], r * job.shard, (r + 1) * job.shard, job.lr);
+    float nseen = Floats(*seen)[0] + static_cast<float>(job.replicas * job.shard);
+    if (inject && r == job.replicas - 1) nseen += 1000;  // a replica gone wrong
+    REPVAR_RETURN_IF_ERROR(s.WriteBatch({{job.w, r, std::as_bytes(std::span(nw))},
+                                         {job.b, r, std::as_bytes(std::span(&nb, 1))},
+                                         {job.seen, r, std::as_bytes(std::span(&nseen, 1))}}));
+  }
+  return s.Commit();
+}
+
+// `step` on every host at once, one trainer thread each; prints the
+// divergences the resolution repaired and returns how many.
+absl::StatusOr<int> RunStep(const Job& job, int64_t step, bool inject) {
+  std::vector<absl::StatusOr<repvar::StepResult>> results(job.hosts.size(),
+                                                          absl::UnknownError("not run"));
+  std::vector<std::thread> trainers;
+  for (size_t h = 0; h < job.hosts.size(); ++h) {
+    trainers.emplace_back([&, h] { results[h] = TrainOnHost(job, step, job.hosts[h], inject); });
+  }
+  for (std::thread& t : trainers) t.join();
+  for (auto& r : results) {
+    if (!r.ok()) return r.status();
+  }
+  for (const repvar::StepDivergence& d : results[0]->divergences) {
+    std::cout << "   step " << step << ": DIVERGENCE in " << d.variable << ": replicas";
+    for (size_t i = 0; i < d.replica_checksums.size(); ++i) {
+      std::cout << absl::StrFormat(" %d=%016x", i, d.replica_checksums[i]);
+    }
+    std::cout << "; majority " << absl::StrFormat("%016x", d.chosen_checksum)
+              << " repaired into replica(s)";
+    for (int32_t r : d.repaired) std::cout << " " << r;
+    std::cout << "\n";
+  }
+  return static_cast<int>(results[0]->divergences.size());
+}
+
+// The full-batch loss after `step`, published for the web view's curve.
+absl::Status PublishLoss(const Job& job, int64_t step, int k) {
+  auto w = job.c.Read(job.w);
+  auto b = job.c.Read(job.b);
+  if (!w.ok() || !b.ok()) return !w.ok() ? w.status() : b.status();
+  const double loss = Loss(job.data, Floats(*w), Floats(*b)[0], 0, job.replicas * job.shard);
+  REPVAR_RETURN_IF_ERROR(job.c.PublishScalar("train/loss", step, loss));
+  if (k == 1 || k % 20 == 0) {
+    std::cout << absl::StrFormat("   step %4d  loss %.6f  (w version %d)\n", step, loss,
+                                 w->version);
+  }
+  return absl::OkStatus();
+}
+
+// Every replica of w holds the committed bits: returns them.
+absl::StatusOr<std::vector<std::byte>> CheckReplicas(const Job& job) {
+  REPVAR_ASSIGN_OR_RETURN(repvar::VariableInfo info, job.c.GetVariable(job.w));
+  for (const repvar::ReplicaInfo& r : info.replicas) {
+    if (r.checksum != info.checksum || r.state != repvar::ReplicaState::kUpToDate) {
+      return absl::DataLossError(absl::StrCat(r.name, " differs from the committed value"));
+    }
+  }
+  REPVAR_ASSIGN_OR_RETURN(repvar::TensorValue w, job.c.Read(job.w));
+  std::cout << absl::StrFormat("   all %d replicas of %s bit-identical (checksum %016x)\n",
+                               info.replicas.size(), job.w, info.checksum);
+  std::cout << "   learned w:";
+  for (float x : Floats(w)) std::cout << absl::StrFormat(" %.3f", x);
+  std::cout << "\n   true    w:";
+  for (float x : job.data.true_w) std::cout << absl::StrFormat(" %.3f", x);
+  std::cout << "\n";
+  return w.bytes;
+}
+
+// One run from the same start: its final weights.
+absl::StatusOr<std::vector<std::byte>> Train(const Job& job, int run, int64_t* next_step,
+                                             int* divergences) {
+  // Every run starts from the same values (a cross-replica write).
+  const std::vector<float> w0(kFeatures, 0.0f);
+  const float zero = 0.0f;
+  REPVAR_RETURN_IF_ERROR(
+      job.c
+          .AssignBatch({{job.w, repvar::AssignOp::kAssign, std::as_bytes(std::span(w0))},
+                        {job.b, repvar::AssignOp::kAssign, std::as_bytes(std::span(&zero, 1))},
+                        {job.seen, repvar::AssignOp::kAssign, std::as_bytes(std::span(&zero, 1))}})
+          .status());
+  const int steps = absl::GetFlag(FLAGS_steps);
+  std::cout << "\n-- run " << run + 1 << " (steps " << *next_step << ".." << *next_step + steps - 1
+            << ")\n";
+  const absl::Time started = absl::Now();
+  for (int k = 1; k <= steps; ++k, ++*next_step) {
+    const bool inject = run == 0 && k == absl::GetFlag(FLAGS_inject_divergence);
+    REPVAR_ASSIGN_OR_RETURN(const int diverged, RunStep(job, *next_step, inject));
+    *divergences += diverged;
+    if (k == 1 || k % 5 == 0) REPVAR_RETURN_IF_ERROR(PublishLoss(job, *next_step, k));
+  }
+  const double secs = absl::ToDoubleSeconds(absl::Now() - started);
+  std::cout << absl::StrFormat("   %d steps in %.2f s (%.1f steps/s)\n", steps, secs, steps / secs);
+  return CheckReplicas(job);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   auto client = repvar::Client::Connect({.coordinator_address = absl::GetFlag(FLAGS_coordinator)});
   if (!client.ok()) return Fail("connect", client.status());
-  repvar::Client& c = **client;
-  auto topo = c.WaitForTopology(absl::GetFlag(FLAGS_wait));
+  auto topo = (*client)->WaitForTopology(absl::GetFlag(FLAGS_wait));
   if (!topo.ok()) return Fail("wait for topology", topo.status());
-
-  const int replicas = absl::GetFlag(FLAGS_replicas);
-  const int shard = absl::GetFlag(FLAGS_samples_per_replica);
-  const float lr = static_cast<float>(absl::GetFlag(FLAGS_learning_rate));
   const std::string prefix = absl::GetFlag(FLAGS_prefix);
-  const std::string w_name = prefix + "/w", b_name = prefix + "/b", seen_name = prefix + "/seen";
-  Data data = Generate(replicas * shard);
-
-  // The hosts that hold the replicas: one trainer per host.
-  std::vector<std::string> hosts;
-  for (int i = 0; i < replicas && i < static_cast<int>(topo->accelerators.size()); ++i) {
-    std::string h = absl::StrCat(topo->accelerators[i].job, ":", topo->accelerators[i].task);
-    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
-  }
-  std::cout << "== data-parallel linear regression: " << replicas << " replicas on " << hosts.size()
-            << " hosts, " << shard << " samples per replica, MEAN aggregation\n";
-
-  std::vector<float> w0(kFeatures, 0.0f);
-  float b0 = 0.0f, seen0 = 0.0f;
-  {
-    repvar::ReplicatedScope scope(replicas);
-    std::vector<repvar::VariableSpec> specs(3);
-    specs[0] = {.name = w_name, .dtype = repvar::DType::kFloat32, .shape = {kFeatures}};
-    specs[0].aggregation = repvar::Aggregation::kMean;
-    specs[0].initializer = repvar::InitializerSpec::Zeros();
-    specs[1] = {.name = b_name, .dtype = repvar::DType::kFloat32, .shape = {1}};
-    specs[1].aggregation = repvar::Aggregation::kMean;
-    specs[1].initializer = repvar::InitializerSpec::Zeros();
-    specs[2] = {.name = seen_name, .dtype = repvar::DType::kFloat32, .trainable = false};
-    specs[2].aggregation = repvar::Aggregation::kNone;
-    specs[2].initializer = repvar::InitializerSpec::Zeros();
-    auto created = c.CreateVariables(specs);
-    if (!created.ok()) return Fail("create", created.status());
-  }
-  if (auto s = c.Initialize({w_name, b_name, seen_name}); !s.ok())
-    return Fail("initialize", s.status());
-
-  auto last = repvar::LastCommittedStep(c);
+  const int replicas = absl::GetFlag(FLAGS_replicas);
+  const Data data = Generate(replicas * absl::GetFlag(FLAGS_samples_per_replica));
+  Job job{**client,
+          data,
+          replicas,
+          absl::GetFlag(FLAGS_samples_per_replica),
+          static_cast<float>(absl::GetFlag(FLAGS_learning_rate)),
+          prefix + "/w",
+          prefix + "/b",
+          prefix + "/seen",
+          HostsOf(*topo, replicas)};
+  std::cout << "== data-parallel linear regression: " << replicas << " replicas on "
+            << job.hosts.size() << " hosts, " << job.shard
+            << " samples per replica, MEAN aggregation\n";
+  if (absl::Status s = CreateModel(job); !s.ok()) return Fail("create", s);
+  auto last = repvar::LastCommittedStep(job.c);
   if (!last.ok()) return Fail("last committed step", last.status());
   int64_t next_step = *last + 1;
+  int divergences = 0;
   std::vector<std::vector<std::byte>> finals;
-  int divergences_seen = 0;
-
   for (int run = 0; run < absl::GetFlag(FLAGS_runs); ++run) {
-    // Every run starts from the same values (a cross-replica write).
-    if (auto s = c.AssignBatch(
-            {{w_name, repvar::AssignOp::kAssign, std::as_bytes(std::span(w0))},
-             {b_name, repvar::AssignOp::kAssign, std::as_bytes(std::span(&b0, 1))},
-             {seen_name, repvar::AssignOp::kAssign, std::as_bytes(std::span(&seen0, 1))}});
-        !s.ok()) {
-      return Fail("reset", s.status());
-    }
-    std::cout << "\n-- run " << run + 1 << " (steps " << next_step << ".."
-              << next_step + absl::GetFlag(FLAGS_steps) - 1 << ")\n";
-    absl::Time started = absl::Now();
-    for (int k = 1; k <= absl::GetFlag(FLAGS_steps); ++k, ++next_step) {
-      const int64_t step = next_step;
-      const bool inject = run == 0 && k == absl::GetFlag(FLAGS_inject_divergence);
-      std::vector<absl::StatusOr<repvar::StepResult>> results(hosts.size(),
-                                                              absl::UnknownError("not run"));
-      std::vector<std::thread> trainers;
-      for (size_t h = 0; h < hosts.size(); ++h) {
-        trainers.emplace_back([&, h] {
-          auto scope = repvar::StepScope::Begin(c, step, {.worker = hosts[h]});
-          if (!scope.ok()) {
-            results[h] = scope.status();
-            return;
-          }
-          repvar::StepScope& s = **scope;
-          auto local = s.LocalReplicas(w_name);
-          if (!local.ok()) {
-            results[h] = local.status();
-            return;
-          }
-          for (int32_t r : *local) {
-            auto w = s.Read(w_name, r);
-            auto b = s.Read(b_name, r);
-            auto seen = s.Read(seen_name, r);
-            if (!w.ok() || !b.ok() || !seen.ok()) {
-              results[h] = !w.ok() ? w.status() : !b.ok() ? b.status() : seen.status();
-              return;
-            }
-            auto [nw, nb] = Sgd(data, Floats(*w), Floats(*b)[0], r * shard, (r + 1) * shard, lr);
-            float nseen = Floats(*seen)[0] + static_cast<float>(replicas * shard);
-            if (inject && r == replicas - 1) nseen += 1000;  // a replica gone wrong
-            absl::Status st = s.WriteBatch({{w_name, r, std::as_bytes(std::span(nw))},
-                                            {b_name, r, std::as_bytes(std::span(&nb, 1))},
-                                            {seen_name, r, std::as_bytes(std::span(&nseen, 1))}});
-            if (!st.ok()) {
-              results[h] = st;
-              return;
-            }
-          }
-          results[h] = s.Commit();
-        });
-      }
-      for (std::thread& t : trainers) t.join();
-      for (auto& r : results) {
-        if (!r.ok()) return Fail(absl::StrCat("step ", step), r.status());
-      }
-      for (const repvar::StepDivergence& d : results[0]->divergences) {
-        ++divergences_seen;
-        std::cout << "   step " << step << ": DIVERGENCE in " << d.variable << ": replicas";
-        for (size_t i = 0; i < d.replica_checksums.size(); ++i) {
-          std::cout << absl::StrFormat(" %d=%016x", i, d.replica_checksums[i]);
-        }
-        std::cout << "; majority " << absl::StrFormat("%016x", d.chosen_checksum)
-                  << " repaired into replica(s)";
-        for (int32_t r : d.repaired) std::cout << " " << r;
-        std::cout << "\n";
-      }
-      if (k == 1 || k % 5 == 0) {
-        auto w = c.Read(w_name);
-        auto b = c.Read(b_name);
-        if (!w.ok() || !b.ok()) return Fail("read", !w.ok() ? w.status() : b.status());
-        const double loss = Loss(data, Floats(*w), Floats(*b)[0], 0, replicas * shard);
-        // The coordinator's web view draws it.
-        if (absl::Status s = c.PublishScalar("train/loss", step, loss); !s.ok()) {
-          return Fail("publish the loss", s);
-        }
-        if (k == 1 || k % 20 == 0) {
-          std::cout << absl::StrFormat("   step %4d  loss %.6f  (w version %d)\n", step, loss,
-                                       w->version);
-        }
-      }
-    }
-    double secs = absl::ToDoubleSeconds(absl::Now() - started);
-    std::cout << absl::StrFormat("   %d steps in %.2f s (%.1f steps/s)\n",
-                                 absl::GetFlag(FLAGS_steps), secs,
-                                 absl::GetFlag(FLAGS_steps) / secs);
-
-    // Every replica must hold the same bits.
-    auto info = c.GetVariable(w_name);
-    if (!info.ok()) return Fail("get variable", info.status());
-    for (const repvar::ReplicaInfo& r : info->replicas) {
-      if (r.checksum != info->checksum || r.state != repvar::ReplicaState::kUpToDate) {
-        return Fail("replica check",
-                    absl::DataLossError(absl::StrCat(r.name, " differs from the committed value")));
-      }
-    }
-    auto w = c.Read(w_name);
-    if (!w.ok()) return Fail("read", w.status());
-    std::cout << absl::StrFormat("   all %d replicas of %s bit-identical (checksum %016x)\n",
-                                 info->replicas.size(), w_name, info->checksum);
-    std::vector<float> fw = Floats(*w);
-    std::cout << "   learned w:";
-    for (float x : fw) std::cout << absl::StrFormat(" %.3f", x);
-    std::cout << "\n   true    w:";
-    for (float x : data.true_w) std::cout << absl::StrFormat(" %.3f", x);
-    std::cout << "\n";
-    finals.push_back(w->bytes);
+    auto w = Train(job, run, &next_step, &divergences);
+    if (!w.ok()) return Fail(absl::StrCat("run ", run + 1), w.status());
+    finals.push_back(*std::move(w));
   }
   for (size_t i = 1; i < finals.size(); ++i) {
     if (finals[i] != finals[0]) {
@@ -271,7 +295,7 @@ int main(int argc, char** argv) {
     }
   }
   if (finals.size() > 1) std::cout << "\nthe " << finals.size() << " runs are bit-identical\n";
-  if (absl::GetFlag(FLAGS_inject_divergence) > 0 && divergences_seen == 0) {
+  if (absl::GetFlag(FLAGS_inject_divergence) > 0 && divergences == 0) {
     return Fail("divergence check", absl::InternalError("the injected divergence was not seen"));
   }
   return 0;

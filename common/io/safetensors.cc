@@ -13,6 +13,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_util.h"
 #include "common/tensor/dtype.h"
 
 namespace repvar::io {
@@ -187,37 +188,11 @@ std::span<const std::byte> SafetensorsReader::Data(const SafetensorsEntry& entry
   return {map_ + data_start_ + entry.begin, entry.bytes()};
 }
 
-absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
-    const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("open", path);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    absl::Status s = Errno("stat", path);
-    ::close(fd);
-    return s;
-  }
-  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
-  r->map_bytes_ = static_cast<size_t>(st.st_size);
-  if (r->map_bytes_ < 8) {
-    ::close(fd);
-    return Bad(path, absl::StrCat("only ", r->map_bytes_, " bytes: no header length"));
-  }
-  void* m = ::mmap(nullptr, r->map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (m == MAP_FAILED) return Errno("map", path);
-  r->map_ = static_cast<const std::byte*>(m);
+namespace {
 
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(r->map_[i]);
-  if (n > kMaxSafetensorsHeaderBytes || n > r->map_bytes_ - 8) {
-    return Bad(path, absl::StrCat("header length ", n, " does not fit the file (", r->map_bytes_,
-                                  " bytes) or the limit"));
-  }
-  r->data_start_ = 8 + n;
-  const char* text = reinterpret_cast<const char*>(r->map_) + 8;
-  // A name twice would be read as its last entry, the bytes of the first
-  // unnamed: refused.
+// The header's JSON object. A name twice would be read as its last entry,
+// the bytes of the first unnamed: refused.
+absl::StatusOr<Json> ParseHeader(const std::string& path, const char* text, uint64_t n) {
   std::set<std::string> keys;
   std::string twice;
   const Json::parser_callback_t check_keys = [&](int depth, Json::parse_event_t event,
@@ -233,65 +208,122 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
     return Bad(path, "the header is not a JSON object");
   }
   if (!twice.empty()) return Bad(path, absl::StrCat("tensor \"", twice, "\" is named twice"));
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& key = it.key();
-    const Json& value = it.value();
-    if (key == "__metadata__") {
-      if (!value.is_object()) return Bad(path, "__metadata__ is not an object");
-      for (auto kv = value.begin(); kv != value.end(); ++kv) {
-        if (!kv.value().is_string()) {
-          return Bad(path, absl::StrCat("__metadata__[\"", kv.key(), "\"] is not a string"));
-        }
-        r->metadata_[kv.key()] = kv.value().get<std::string>();
-      }
-      continue;
+  return header;
+}
+
+absl::Status ReadMetadata(const std::string& path, const Json& value,
+                          std::map<std::string, std::string>* metadata) {
+  if (!value.is_object()) return Bad(path, "__metadata__ is not an object");
+  for (auto kv = value.begin(); kv != value.end(); ++kv) {
+    if (!kv.value().is_string()) {
+      return Bad(path, absl::StrCat("__metadata__[\"", kv.key(), "\"] is not a string"));
     }
-    SafetensorsEntry e;
-    e.name = key;
-    if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() ||
-        !value.contains("shape") || !value["shape"].is_array() || !value.contains("data_offsets") ||
-        !value["data_offsets"].is_array() || value["data_offsets"].size() != 2) {
-      return Bad(path, absl::StrCat("tensor \"", key, "\" lacks dtype, shape or data_offsets"));
-    }
-    auto dtype = DTypeFromSafetensors(value["dtype"].get<std::string>());
-    if (!dtype.ok())
-      return Bad(path, absl::StrCat("tensor \"", key, "\": ", dtype.status().message()));
-    e.dtype = *dtype;
-    for (const Json& d : value["shape"]) {
-      if (!d.is_number_unsigned()) {
-        return Bad(path, absl::StrCat("tensor \"", key, "\": a dimension is not a natural number"));
-      }
-      e.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
-    }
-    for (const Json& o : value["data_offsets"]) {
-      if (!o.is_number_unsigned()) {
-        return Bad(path, absl::StrCat("tensor \"", key, "\": an offset is not a natural number"));
-      }
-    }
-    e.begin = value["data_offsets"][0].get<uint64_t>();
-    e.end = value["data_offsets"][1].get<uint64_t>();
-    auto bytes = ByteSize(e.dtype, e.shape);
-    if (!bytes.ok() || e.end < e.begin || e.end - e.begin != *bytes) {
-      return Bad(path, absl::StrCat("tensor \"", key, "\": offsets [", e.begin, ", ", e.end,
-                                    ") do not hold its dtype and shape"));
-    }
-    r->entries_.push_back(std::move(e));
+    (*metadata)[kv.key()] = kv.value().get<std::string>();
   }
-  std::sort(r->entries_.begin(), r->entries_.end(),
+  return absl::OkStatus();
+}
+
+// One tensor's entry: its dtype, shape and offsets, which must hold them.
+absl::StatusOr<SafetensorsEntry> ReadEntry(const std::string& path, const std::string& key,
+                                           const Json& value) {
+  SafetensorsEntry e;
+  e.name = key;
+  if (!value.is_object() || !value.contains("dtype") || !value["dtype"].is_string() ||
+      !value.contains("shape") || !value["shape"].is_array() || !value.contains("data_offsets") ||
+      !value["data_offsets"].is_array() || value["data_offsets"].size() != 2) {
+    return Bad(path, absl::StrCat("tensor \"", key, "\" lacks dtype, shape or data_offsets"));
+  }
+  auto dtype = DTypeFromSafetensors(value["dtype"].get<std::string>());
+  if (!dtype.ok())
+    return Bad(path, absl::StrCat("tensor \"", key, "\": ", dtype.status().message()));
+  e.dtype = *dtype;
+  for (const Json& d : value["shape"]) {
+    if (!d.is_number_unsigned()) {
+      return Bad(path, absl::StrCat("tensor \"", key, "\": a dimension is not a natural number"));
+    }
+    e.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+  }
+  for (const Json& o : value["data_offsets"]) {
+    if (!o.is_number_unsigned()) {
+      return Bad(path, absl::StrCat("tensor \"", key, "\": an offset is not a natural number"));
+    }
+  }
+  e.begin = value["data_offsets"][0].get<uint64_t>();
+  e.end = value["data_offsets"][1].get<uint64_t>();
+  auto bytes = ByteSize(e.dtype, e.shape);
+  if (!bytes.ok() || e.end < e.begin || e.end - e.begin != *bytes) {
+    return Bad(path, absl::StrCat("tensor \"", key, "\": offsets [", e.begin, ", ", e.end,
+                                  ") do not hold its dtype and shape"));
+  }
+  return e;
+}
+
+// The tensors, sorted by offset, lie back to back from 0 to `data_bytes`.
+absl::Status CheckLayout(const std::string& path, std::vector<SafetensorsEntry>& entries,
+                         uint64_t data_bytes) {
+  std::sort(entries.begin(), entries.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
   uint64_t at = 0;
-  for (const SafetensorsEntry& e : r->entries_) {
+  for (const SafetensorsEntry& e : entries) {
     if (e.begin != at) {
       return Bad(path, absl::StrCat("tensor \"", e.name, "\" starts at ", e.begin,
                                     " where the data before it ends at ", at));
     }
     at = e.end;
   }
-  if (at != r->map_bytes_ - r->data_start_) {
-    return Bad(path, absl::StrCat("the tensors hold ", at, " bytes of data, the file ",
-                                  r->map_bytes_ - r->data_start_, " (truncated or extended)"));
+  if (at != data_bytes) {
+    return Bad(path, absl::StrCat("the tensors hold ", at, " bytes of data, the file ", data_bytes,
+                                  " (truncated or extended)"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
+    const std::string& path) {
+  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
+  REPVAR_RETURN_IF_ERROR(r->Map(path));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(r->map_[i]);
+  if (n > kMaxSafetensorsHeaderBytes || n > r->map_bytes_ - 8) {
+    return Bad(path, absl::StrCat("header length ", n, " does not fit the file (", r->map_bytes_,
+                                  " bytes) or the limit"));
+  }
+  r->data_start_ = 8 + n;
+  REPVAR_ASSIGN_OR_RETURN(const Json header,
+                          ParseHeader(path, reinterpret_cast<const char*>(r->map_) + 8, n));
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      REPVAR_RETURN_IF_ERROR(ReadMetadata(path, it.value(), &r->metadata_));
+      continue;
+    }
+    REPVAR_ASSIGN_OR_RETURN(SafetensorsEntry e, ReadEntry(path, it.key(), it.value()));
+    r->entries_.push_back(std::move(e));
+  }
+  REPVAR_RETURN_IF_ERROR(CheckLayout(path, r->entries_, r->map_bytes_ - r->data_start_));
   return r;
+}
+
+absl::Status SafetensorsReader::Map(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    absl::Status s = Errno("stat", path);
+    ::close(fd);
+    return s;
+  }
+  map_bytes_ = static_cast<size_t>(st.st_size);
+  if (map_bytes_ < 8) {
+    ::close(fd);
+    return Bad(path, absl::StrCat("only ", map_bytes_, " bytes: no header length"));
+  }
+  void* m = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) return Errno("map", path);
+  map_ = static_cast<const std::byte*>(m);
+  return absl::OkStatus();
 }
 
 }  // namespace repvar::io

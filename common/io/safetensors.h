@@ -108,6 +108,10 @@ class SafetensorsReader {
 
  private:
   SafetensorsReader() = default;
+  // Maps the whole file. Errors: DATA_LOSS (shorter than a header length),
+  // NOT_FOUND, the file system's.
+  absl::Status Map(const std::string& path);
+
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
   const std::byte* map_ = nullptr;

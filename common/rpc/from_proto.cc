@@ -185,8 +185,10 @@ absl::StatusOr<SpecColumn> SpecColumnFromProto(
   return out;
 }
 
-absl::StatusOr<SmallReplicaWrites> SmallWritesFromProto(
-    const v1::WriteSmallReplicasRequest& proto) {
+namespace {
+
+// Every column of a small-writes message has one entry per write.
+absl::Status CheckSmallWriteColumns(const v1::WriteSmallReplicasRequest& proto) {
   const int n = proto.variable_ids_size();
   for (const auto& [column, size] : {std::pair{"names", proto.names_size()},
                                      {"versions", proto.versions_size()},
@@ -199,76 +201,112 @@ absl::StatusOr<SmallReplicaWrites> SmallWritesFromProto(
           absl::StrCat("small writes: ", n, " variable ids but ", size, " ", column));
     }
   }
-  REPVAR_ASSIGN_OR_RETURN(SpecColumn column, SpecColumnFromProto(proto.specs()));
-  SmallReplicaWrites out;
-  out.incarnation = proto.incarnation();
-  out.specs = std::move(column.specs);
-  const std::vector<uint64_t>& sizes = column.bytes;
-  const std::span<const std::byte> data = BytesOf(proto.data());
-  CountReceivedTensorBytes(data.size());
-  const bool shared = proto.value_index_size() > 0;
-  if (shared && proto.value_index_size() != n) {
+  if (proto.value_index_size() > 0 && proto.value_index_size() != n) {
     return absl::InvalidArgumentError(absl::StrCat("small writes: ", n, " variable ids but ",
                                                    proto.value_index_size(), " value_index"));
   }
-  out.items.reserve(n);
-  // The distinct values so far: where each is in `data`, and its spec.
+  return absl::OkStatus();
+}
+
+// Where the walk over a small-writes message's writes is: the distinct
+// values so far (where each is in `data`, and its spec), the next write's
+// first entry in `replicas`, the next value's first byte in `data`.
+struct SmallWriteWalk {
   struct Value {
     std::span<const std::byte> bytes;
     int32_t spec = 0;
   };
+  std::span<const std::byte> data;
+  const std::vector<uint64_t>* sizes = nullptr;  // per spec
   std::vector<Value> values;
-  const size_t replica_entries = static_cast<size_t>(proto.replicas_size());
-  size_t replica = 0;  // the next write's first entry in `replicas`
-  size_t offset = 0;   // the next value's first byte in `data`
-  for (int i = 0; i < n; ++i) {
-    const int32_t count = proto.replica_counts(i);
-    if (count < 0 || static_cast<size_t>(count) > replica_entries - replica) {
-      return absl::InvalidArgumentError(absl::StrCat("small writes: replica_counts[", i, "] is ",
-                                                     count, "; ", replica_entries - replica,
-                                                     " replica entries are left"));
-    }
-    const int32_t spec = proto.spec_index(i);
-    if (spec < 0 || spec >= proto.specs_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("small writes: spec_index[", i, "] is ", spec,
-                                                     " of ", proto.specs_size(), " specs"));
-    }
-    const int32_t value = shared ? proto.value_index(i) : i;
-    if (value < 0 || static_cast<size_t>(value) > values.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("small writes: value_index[", i, "] is ",
-                                                     value, " after ", values.size(), " values"));
-    }
-    if (static_cast<size_t>(value) == values.size()) {  // a new value: its bytes are next
-      if (sizes[spec] > data.size() - offset) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("small writes: value ", value, " is ", sizes[spec], " bytes; ",
-                         data.size() - offset, " bytes of data are left"));
-      }
-      values.push_back(Value{data.subspan(offset, sizes[spec]), spec});
-      offset += sizes[spec];
-    } else if (!(out.specs[values[value].spec] == out.specs[spec])) {
-      return absl::InvalidArgumentError(absl::StrCat("small writes: write ", i, " shares value ",
-                                                     value, " but has spec ", spec, ", not ",
-                                                     values[value].spec));
-    }
-    SmallReplicaWrites::Item item;
-    item.write.variable_id = proto.variable_ids(i);
-    item.write.name = proto.names(i);
-    item.write.version = proto.versions(i);
-    item.write.fence = proto.fences(i);
-    item.write.replicas.assign(proto.replicas().begin() + replica,
-                               proto.replicas().begin() + replica + count);
-    item.spec = static_cast<size_t>(spec);
-    item.checksum = proto.checksums(i);
-    item.value = static_cast<size_t>(value);
-    item.bytes = values[value].bytes;
-    out.items.push_back(std::move(item));
-    replica += count;
+  size_t replica = 0;
+  size_t offset = 0;
+};
+
+// Write `i`'s value: the next in `data` when it is a new one, else one
+// before it of the same spec.
+absl::StatusOr<int32_t> TakeSmallValue(const v1::WriteSmallReplicasRequest& proto, int i,
+                                       int32_t spec, const std::vector<TensorSpec>& specs,
+                                       SmallWriteWalk& walk) {
+  const int32_t value = proto.value_index_size() > 0 ? proto.value_index(i) : i;
+  if (value < 0 || static_cast<size_t>(value) > walk.values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("small writes: value_index[", i, "] is ", value,
+                                                   " after ", walk.values.size(), " values"));
   }
-  if (replica != replica_entries || offset != data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("small writes: ", replica_entries - replica,
-                                                   " replica entries and ", data.size() - offset,
-                                                   " bytes of data belong to no write"));
+  const uint64_t size = (*walk.sizes)[spec];
+  if (static_cast<size_t>(value) == walk.values.size()) {  // a new value: its bytes are next
+    if (size > walk.data.size() - walk.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("small writes: value ", value, " is ", size,
+                                                     " bytes; ", walk.data.size() - walk.offset,
+                                                     " bytes of data are left"));
+    }
+    walk.values.push_back({walk.data.subspan(walk.offset, size), spec});
+    walk.offset += size;
+  } else if (!(specs[walk.values[value].spec] == specs[spec])) {
+    return absl::InvalidArgumentError(absl::StrCat("small writes: write ", i, " shares value ",
+                                                   value, " but has spec ", spec, ", not ",
+                                                   walk.values[value].spec));
+  }
+  return value;
+}
+
+// Write `i` of the message, checked against what the walk has seen.
+absl::StatusOr<SmallReplicaWrites::Item> TakeSmallWrite(const v1::WriteSmallReplicasRequest& proto,
+                                                        int i, const std::vector<TensorSpec>& specs,
+                                                        SmallWriteWalk& walk) {
+  const size_t replica_entries = static_cast<size_t>(proto.replicas_size());
+  const int32_t count = proto.replica_counts(i);
+  if (count < 0 || static_cast<size_t>(count) > replica_entries - walk.replica) {
+    return absl::InvalidArgumentError(absl::StrCat("small writes: replica_counts[", i, "] is ",
+                                                   count, "; ", replica_entries - walk.replica,
+                                                   " replica entries are left"));
+  }
+  const int32_t spec = proto.spec_index(i);
+  if (spec < 0 || spec >= proto.specs_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("small writes: spec_index[", i, "] is ", spec,
+                                                   " of ", proto.specs_size(), " specs"));
+  }
+  REPVAR_ASSIGN_OR_RETURN(const int32_t value, TakeSmallValue(proto, i, spec, specs, walk));
+  SmallReplicaWrites::Item item;
+  item.write.variable_id = proto.variable_ids(i);
+  item.write.name = proto.names(i);
+  item.write.version = proto.versions(i);
+  item.write.fence = proto.fences(i);
+  item.write.replicas.assign(proto.replicas().begin() + walk.replica,
+                             proto.replicas().begin() + walk.replica + count);
+  item.spec = static_cast<size_t>(spec);
+  item.checksum = proto.checksums(i);
+  item.value = static_cast<size_t>(value);
+  item.bytes = walk.values[value].bytes;
+  walk.replica += count;
+  return item;
+}
+
+}  // namespace
+
+absl::StatusOr<SmallReplicaWrites> SmallWritesFromProto(
+    const v1::WriteSmallReplicasRequest& proto) {
+  REPVAR_RETURN_IF_ERROR(CheckSmallWriteColumns(proto));
+  REPVAR_ASSIGN_OR_RETURN(SpecColumn column, SpecColumnFromProto(proto.specs()));
+  SmallReplicaWrites out;
+  out.incarnation = proto.incarnation();
+  out.specs = std::move(column.specs);
+  SmallWriteWalk walk;
+  walk.data = BytesOf(proto.data());
+  walk.sizes = &column.bytes;
+  CountReceivedTensorBytes(walk.data.size());
+  const int n = proto.variable_ids_size();
+  out.items.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    REPVAR_ASSIGN_OR_RETURN(SmallReplicaWrites::Item item,
+                            TakeSmallWrite(proto, i, out.specs, walk));
+    out.items.push_back(std::move(item));
+  }
+  const size_t replica_entries = static_cast<size_t>(proto.replicas_size());
+  if (walk.replica != replica_entries || walk.offset != walk.data.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("small writes: ", replica_entries - walk.replica, " replica entries and ",
+                     walk.data.size() - walk.offset, " bytes of data belong to no write"));
   }
   return out;
 }

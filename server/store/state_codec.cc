@@ -340,6 +340,59 @@ struct ChangeEncoder {
   }
 };
 
+absl::StatusOr<Change> DecodeVariableCreated(const disk::VariableCreated& m, TensorFiles& files,
+                                             const std::vector<Placement>& placements,
+                                             PlacementInterner& interner) {
+  VariableCreated c;
+  c.id = m.id();
+  REPVAR_ASSIGN_OR_RETURN(c.def, Get(m.def()));
+  std::vector<Placement> list;
+  list.reserve(m.placement_size() + m.placement_refs_size());
+  for (const auto& p : m.placement()) list.push_back(Get(p));
+  for (uint32_t ref : m.placement_refs()) {
+    if (ref >= placements.size()) {
+      return Bad(absl::StrCat("variable ", c.def.name, " names placement ", ref, " of ",
+                              placements.size()));
+    }
+    list.push_back(placements[ref]);
+  }
+  if (list.size() != static_cast<size_t>(c.def.replica_count)) {
+    return Bad(absl::StrCat("variable ", c.def.name, " has ", c.def.replica_count, " replicas and ",
+                            list.size(), " placements"));
+  }
+  c.placement = interner.Intern(std::move(list));
+  REPVAR_ASSIGN_OR_RETURN(c.initializer, Get(m.initializer(), files));
+  return Change(std::move(c));
+}
+
+absl::StatusOr<Change> DecodeValueCommitted(const disk::ValueCommitted& m, TensorFiles& files) {
+  ValueCommitted c;
+  c.id = m.id();
+  c.version = m.version();
+  c.checksum = m.checksum();
+  c.holders = GetHolders(m.holders());
+  if (m.has_value()) {
+    REPVAR_ASSIGN_OR_RETURN(c.value, files.Load(m.value()));
+  }
+  if (m.has_initializer()) {
+    REPVAR_ASSIGN_OR_RETURN(c.initializer, Get(m.initializer(), files));
+  }
+  return Change(std::move(c));
+}
+
+absl::StatusOr<Change> DecodeWritePrepared(const disk::WritePrepared& m, TensorFiles& files) {
+  WritePrepared c;
+  c.fence = m.fence();
+  for (const auto& v : m.values()) {
+    if (!v.has_value()) return absl::DataLossError("a prepared write without its value");
+    PreparedValue value{v.id(), v.version(), v.checksum(), nullptr};
+    REPVAR_ASSIGN_OR_RETURN(value.value, files.Load(v.value()));
+    c.values.push_back(std::move(value));
+  }
+  REPVAR_ASSIGN_OR_RETURN(c.outcome, GetRequest(m.outcome()));
+  return Change(std::move(c));
+}
+
 absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files,
                                     const std::vector<Placement>& placements,
                                     PlacementInterner& interner) {
@@ -354,29 +407,8 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files,
       return Change(WorkerDied{Get(in.worker_died().task()), in.worker_died().incarnation()});
     case disk::Change::kWorkerJoined:
       return Change(WorkerJoined{Get(in.worker_joined().task()), in.worker_joined().incarnation()});
-    case disk::Change::kVariableCreated: {
-      const auto& m = in.variable_created();
-      VariableCreated c;
-      c.id = m.id();
-      REPVAR_ASSIGN_OR_RETURN(c.def, Get(m.def()));
-      std::vector<Placement> list;
-      list.reserve(m.placement_size() + m.placement_refs_size());
-      for (const auto& p : m.placement()) list.push_back(Get(p));
-      for (uint32_t ref : m.placement_refs()) {
-        if (ref >= placements.size()) {
-          return Bad(absl::StrCat("variable ", c.def.name, " names placement ", ref, " of ",
-                                  placements.size()));
-        }
-        list.push_back(placements[ref]);
-      }
-      if (list.size() != static_cast<size_t>(c.def.replica_count)) {
-        return Bad(absl::StrCat("variable ", c.def.name, " has ", c.def.replica_count,
-                                " replicas and ", list.size(), " placements"));
-      }
-      c.placement = interner.Intern(std::move(list));
-      REPVAR_ASSIGN_OR_RETURN(c.initializer, Get(m.initializer(), files));
-      return Change(std::move(c));
-    }
+    case disk::Change::kVariableCreated:
+      return DecodeVariableCreated(in.variable_created(), files, placements, interner);
     case disk::Change::kVariableDeleted:
       return Change(VariableDeleted{in.variable_deleted().id()});
     case disk::Change::kValueKept: {
@@ -386,21 +418,8 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files,
       REPVAR_ASSIGN_OR_RETURN(c.value, files.Load(m.value()));
       return Change(std::move(c));
     }
-    case disk::Change::kValueCommitted: {
-      const auto& m = in.value_committed();
-      ValueCommitted c;
-      c.id = m.id();
-      c.version = m.version();
-      c.checksum = m.checksum();
-      c.holders = GetHolders(m.holders());
-      if (m.has_value()) {
-        REPVAR_ASSIGN_OR_RETURN(c.value, files.Load(m.value()));
-      }
-      if (m.has_initializer()) {
-        REPVAR_ASSIGN_OR_RETURN(c.initializer, Get(m.initializer(), files));
-      }
-      return Change(std::move(c));
-    }
+    case disk::Change::kValueCommitted:
+      return DecodeValueCommitted(in.value_committed(), files);
     case disk::Change::kReplicasWritten: {
       const auto& m = in.replicas_written();
       return Change(ReplicasWritten{m.id(), m.version(), m.checksum(), GetHolders(m.holders())});
@@ -419,19 +438,8 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files,
     }
     case disk::Change::kFencesReserved:
       return Change(FencesReserved{in.fences_reserved().up_to()});
-    case disk::Change::kWritePrepared: {
-      const auto& m = in.write_prepared();
-      WritePrepared c;
-      c.fence = m.fence();
-      for (const auto& v : m.values()) {
-        if (!v.has_value()) return absl::DataLossError("a prepared write without its value");
-        PreparedValue value{v.id(), v.version(), v.checksum(), nullptr};
-        REPVAR_ASSIGN_OR_RETURN(value.value, files.Load(v.value()));
-        c.values.push_back(std::move(value));
-      }
-      REPVAR_ASSIGN_OR_RETURN(c.outcome, GetRequest(m.outcome()));
-      return Change(std::move(c));
-    }
+    case disk::Change::kWritePrepared:
+      return DecodeWritePrepared(in.write_prepared(), files);
     case disk::Change::kWriteResolved:
       return Change(WriteResolved{in.write_resolved().fence()});
     case disk::Change::CHANGE_NOT_SET:

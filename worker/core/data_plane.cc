@@ -177,102 +177,125 @@ void Sum(AccumType type, std::byte* out, const std::byte* a, const std::byte* b,
 // the member's whole sums. Each member applies 1/size of the elements,
 // where Allreduce then Apply has every member apply all of them. Throws as
 // gloo does.
-void FoldedRing(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r,
-                RingBuffers& buffers) {
-  const size_t size = static_cast<size_t>(c.size);
-  const size_t rank = static_cast<size_t>(c.rank);
-  const size_t n = r.elements();
-  const AccumType type = r.type();
-  const size_t acc_item = AccumSize(type);
-  const size_t item = r.item_size();
-  const int recv_rank = static_cast<int>((rank + 1) % size);
-  const int send_rank = static_cast<int>((rank + size - 1) % size);
-  const size_t segments = RingSegments(n, acc_item, size);
-  const size_t per_rank = segments / size;
-  const size_t segment = (n + segments - 1) / segments;  // elements
-  const size_t slots = per_rank + 2;
-  const auto timeout = absl::ToChronoMilliseconds(c.timeout);
+// The folded ring as one member runs it: the segments, the slot each
+// round's partial sum arrives in and the lead slot its own contribution is
+// sent from, and which segment each round moves.
+struct RingGeometry {
   struct Range {
     size_t lo = 0, hi = 0;
     bool empty() const { return hi <= lo; }
     size_t count() const { return hi - lo; }
   };
-  auto range = [&](size_t k) {
+
+  RingGeometry(const CollectiveSpec& c, size_t elements, size_t accumulator_item)
+      : size(static_cast<size_t>(c.size)),
+        rank(static_cast<size_t>(c.rank)),
+        n(elements),
+        acc_item(accumulator_item),
+        recv_rank(static_cast<int>((rank + 1) % size)),
+        send_rank(static_cast<int>((rank + size - 1) % size)),
+        segments(RingSegments(n, acc_item, size)),
+        per_rank(segments / size),
+        segment((n + segments - 1) / segments),
+        slots(per_rank + 2),
+        rounds(segments - per_rank + 2) {}
+
+  Range range(size_t k) const {
     const size_t lo = std::min(n, (k % segments) * segment);
     return Range{lo, std::min(n, lo + segment)};
-  };
-  // Offsets, in bytes, of the slot round i's partial sum arrives in, and of
-  // the lead slot round i's own contribution is sent from.
-  auto slot_at = [&](size_t i) { return (i % slots) * segment * acc_item; };
-  auto lead_at = [&](size_t i) { return (i % 2) * segment * acc_item; };
-  auto bytes = [&](const Range& x) { return x.count() * acc_item; };
-  auto slots_buf = ctx.createUnboundBuffer(buffers.slots.data(), buffers.slots.size());
-  auto lead_buf = ctx.createUnboundBuffer(buffers.lead.data(), buffers.lead.size());
-  std::span<std::byte> result = r.result();
-  auto result_buf = ctx.createUnboundBuffer(result.data(), result.size());
-  const size_t rounds = segments - per_rank + 2;
+  }
+  size_t slot_at(size_t i) const { return (i % slots) * segment * acc_item; }
+  size_t lead_at(size_t i) const { return (i % 2) * segment * acc_item; }
+  size_t bytes(const Range& x) const { return x.count() * acc_item; }
 
+  const size_t size, rank, n, acc_item;
+  const int recv_rank, send_rank;
+  const size_t segments, per_rank, segment, slots, rounds;
+};
+
+using UnboundBuffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
+
+// Reduce-scatter: each round receives a partial sum into a slot, adds this
+// member's contribution (two rounds later, while the next arrives) and
+// passes it on; the last per_rank slots end with this member's whole sums.
+void RingReduceScatter(const RingGeometry& g, const CollectiveSpec& c, FoldedReduction& r,
+                       RingBuffers& buffers, UnboundBuffer& slots_buf, UnboundBuffer& lead_buf) {
+  const auto timeout = absl::ToChronoMilliseconds(c.timeout);
   const uint64_t scatter = RingSlot(c.tag, 1);
-  for (size_t i = 0; i < rounds; ++i) {
+  for (size_t i = 0; i < g.rounds; ++i) {
     if (i >= 2) {
       const size_t j = i - 2;
-      const Range got = range((rank + 2) * per_rank + j);
+      const RingGeometry::Range got = g.range((g.rank + 2) * g.per_rank + j);
       if (!got.empty()) {
-        std::byte* partial = buffers.slots.data() + slot_at(j);
-        r.Contribute(got.lo, got.hi, buffers.scratch.span().first(bytes(got)));
+        std::byte* partial = buffers.slots.data() + g.slot_at(j);
+        r.Contribute(got.lo, got.hi, buffers.scratch.span().first(g.bytes(got)));
         ThrowIfAborted(slots_buf->waitRecv(timeout), "a ring receive");
-        Sum(type, partial, buffers.scratch.data(), partial, got.count());
+        Sum(r.type(), partial, buffers.scratch.data(), partial, got.count());
       }
-      if (!range((rank + 1) * per_rank + j).empty()) {
-        ThrowIfAborted((j < per_rank ? lead_buf : slots_buf)->waitSend(timeout), "a ring send");
+      if (!g.range((g.rank + 1) * g.per_rank + j).empty()) {
+        ThrowIfAborted((j < g.per_rank ? lead_buf : slots_buf)->waitSend(timeout), "a ring send");
       }
     }
-    if (i < segments - per_rank) {
-      const Range in = range((rank + 2) * per_rank + i);
-      if (!in.empty()) slots_buf->recv(recv_rank, scatter, slot_at(i), bytes(in));
-      const Range out = range((rank + 1) * per_rank + i);
-      if (!out.empty()) {
-        if (i < per_rank) {
-          r.Contribute(out.lo, out.hi, buffers.lead.span().subspan(lead_at(i), bytes(out)));
-          lead_buf->send(send_rank, scatter, lead_at(i), bytes(out));
-        } else {
-          // Received in round i - P and summed in round i - P + 2 <= i.
-          slots_buf->send(send_rank, scatter, slot_at(i - per_rank), bytes(out));
-        }
-      }
+    if (i >= g.segments - g.per_rank) continue;
+    const RingGeometry::Range in = g.range((g.rank + 2) * g.per_rank + i);
+    if (!in.empty()) slots_buf->recv(g.recv_rank, scatter, g.slot_at(i), g.bytes(in));
+    const RingGeometry::Range out = g.range((g.rank + 1) * g.per_rank + i);
+    if (out.empty()) continue;
+    if (i < g.per_rank) {
+      r.Contribute(out.lo, out.hi, buffers.lead.span().subspan(g.lead_at(i), g.bytes(out)));
+      lead_buf->send(g.send_rank, scatter, g.lead_at(i), g.bytes(out));
+    } else {
+      // Received in round i - P and summed in round i - P + 2 <= i.
+      slots_buf->send(g.send_rank, scatter, g.slot_at(i - g.per_rank), g.bytes(out));
     }
   }
+}
 
+// Allgather: this member applies its whole sums to the begin value, and the
+// applied values go around the ring into every member's result.
+void RingAllGather(const RingGeometry& g, const CollectiveSpec& c, FoldedReduction& r,
+                   RingBuffers& buffers, UnboundBuffer& result_buf) {
+  const auto timeout = absl::ToChronoMilliseconds(c.timeout);
+  const size_t item = r.item_size();
   // Member r's whole sums: segment m of chunk r arrived in round
   // segments - 2P + m.
-  auto sums = [&](size_t m, const Range& x) {
-    return std::span<const std::byte>(buffers.slots.data() + slot_at(segments - 2 * per_rank + m),
-                                      bytes(x));
+  auto sums = [&](size_t m, const RingGeometry::Range& x) {
+    return std::span<const std::byte>(
+        buffers.slots.data() + g.slot_at(g.segments - 2 * g.per_rank + m), g.bytes(x));
   };
   const uint64_t gather = RingSlot(c.tag, 2);
-  for (size_t i = 0; i < rounds; ++i) {
+  for (size_t i = 0; i < g.rounds; ++i) {
     if (i >= 2) {
-      if (!range((rank + 1) * per_rank + i - 2).empty()) {
+      if (!g.range((g.rank + 1) * g.per_rank + i - 2).empty()) {
         ThrowIfAborted(result_buf->waitRecv(timeout), "a ring receive");
       }
-      if (!range(rank * per_rank + i - 2).empty()) {
+      if (!g.range(g.rank * g.per_rank + i - 2).empty()) {
         ThrowIfAborted(result_buf->waitSend(timeout), "a ring send");
       }
     }
-    if (i < segments - per_rank) {
-      const Range in = range((rank + 1) * per_rank + i);
-      if (!in.empty()) result_buf->recv(recv_rank, gather, in.lo * item, in.count() * item);
-      const Range out = range(rank * per_rank + i);
-      if (!out.empty()) {
-        if (i < per_rank) {
-          if (absl::Status s = r.Apply(out.lo, out.hi, sums(i, out)); !s.ok()) {
-            throw std::runtime_error("apply: " + s.ToString());
-          }
-        }
-        result_buf->send(send_rank, gather, out.lo * item, out.count() * item);
+    if (i >= g.segments - g.per_rank) continue;
+    const RingGeometry::Range in = g.range((g.rank + 1) * g.per_rank + i);
+    if (!in.empty()) result_buf->recv(g.recv_rank, gather, in.lo * item, in.count() * item);
+    const RingGeometry::Range out = g.range(g.rank * g.per_rank + i);
+    if (out.empty()) continue;
+    if (i < g.per_rank) {
+      if (absl::Status s = r.Apply(out.lo, out.hi, sums(i, out)); !s.ok()) {
+        throw std::runtime_error("apply: " + s.ToString());
       }
     }
+    result_buf->send(g.send_rank, gather, out.lo * item, out.count() * item);
   }
+}
+
+void FoldedRing(gloo::Context& ctx, const CollectiveSpec& c, FoldedReduction& r,
+                RingBuffers& buffers) {
+  const RingGeometry g(c, r.elements(), AccumSize(r.type()));
+  UnboundBuffer slots_buf = ctx.createUnboundBuffer(buffers.slots.data(), buffers.slots.size());
+  UnboundBuffer lead_buf = ctx.createUnboundBuffer(buffers.lead.data(), buffers.lead.size());
+  std::span<std::byte> result = r.result();
+  UnboundBuffer result_buf = ctx.createUnboundBuffer(result.data(), result.size());
+  RingReduceScatter(g, c, r, buffers, slots_buf, lead_buf);
+  RingAllGather(g, c, r, buffers, result_buf);
 }
 
 // A small reduction (DataPlaneOptions::tree_max_bytes) down a binomial
