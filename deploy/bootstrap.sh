@@ -6,7 +6,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config git clang-format clang-14 libclang-rt-14-dev
+  build-essential cmake ninja-build pkg-config git clang-format clang-tidy clang-14 libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libxxhash-dev librocksdb-dev nlohmann-json3-dev libssl-dev openssl

@@ -22,6 +22,9 @@ cmake --build "$build" -j "$jobs"
 echo "== format check (.clang-format)"
 git ls-files -z -- '*.cc' '*.h' | xargs -0 clang-format --dry-run --Werror
 
+echo "== clang-tidy (.clang-tidy: no function over 80 lines, a few bug checks)"
+tools/tidy.sh "$build"
+
 echo "== C++ tests"
 ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs")
 if [ "${REPVAR_SKIP_LARGE:-0}" = 1 ]; then ctest_args+=(-LE large); fi
