@@ -26,8 +26,9 @@ from repvar.errors import (Error, Cancelled, Unknown, InvalidArgument, DeadlineE
                            NotFound, AlreadyExists, PermissionDenied, ResourceExhausted,
                            FailedPrecondition, Aborted, OutOfRange, Unimplemented, Internal,
                            Unavailable, DataLoss, Unauthenticated, StepFailed)
-from repvar.client import (Client, Step, WriteAck, connect, replicated_scope, zeros, ones,
-                           constant, random_normal, random_uniform, value)
+from repvar.client import (Client, WriteAck, connect, replicated_scope, zeros, ones, constant,
+                           random_normal, random_uniform, value)
+from repvar.step import Step
 
 __all__ = [
     "DTYPES", "checksum", "from_chunks", "to_chunks", "to_tensor", "from_tensor",
