@@ -688,7 +688,7 @@ void StepsPerSecond(int workers, int vars, int steps) {
 
 }  // namespace
 
-// Durable writes (issue 5): a 16-float assign to one replica with the
+// Durable writes: a 16-float assign to one replica with the
 // coordinator on a data dir (synced before the answer), p50/p99 from one
 // client, then assigns per second from 1, 8 and 64 concurrent clients
 // (concurrent records share RocksDB's group commit). Compare with etcd put
@@ -834,7 +834,7 @@ void SecurityCost(int ops, int iters) {
   }
 }
 
-// Restart to serving (issue 5): a coordinator holding 10,000 small variables
+// Restart to serving: a coordinator holding 10,000 small variables
 // and 1 GiB of values (4 x 256 MiB) is killed (SIGKILL) and started again
 // on its data dir; timed from the kill until a read of a recovered variable
 // answers.
@@ -880,8 +880,8 @@ double StatusMib(int pid, const std::string& key) {
   return 0;
 }
 
-// Memory with 1 GiB held (issue 5: the coordinator's copy of a value on
-// disk, RSS <= 64 MiB + metadata; issue 8: each worker <= 1.2 x held +
+// Memory with 1 GiB held (the coordinator's copy of a value on disk,
+// RSS <= 64 MiB + metadata; each worker <= 1.2 x held +
 // 64 MiB): 4 x 256 MiB assigned to 2 replicas on 2 workers (each worker
 // holds 1 GiB), then the coordinator's and the workers' RSS right after
 // the writes and once buffers released by the writes went back (> 10 s).
@@ -924,7 +924,7 @@ void MemoryHeld() {
   report("after_reads");
 }
 
-// Checkpoints (issue 5): repvarctl save / restore of 4 x 64 MiB, next to
+// Checkpoints: repvarctl save / restore of 4 x 64 MiB, next to
 // the same bytes written to a file and fsynced by hand (the disk's part).
 void CheckpointTimes(int iters) {
   repvar::testing::TestCluster cluster(OneTpuPerWorker(2));

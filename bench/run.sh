@@ -130,5 +130,5 @@ if [ -n "$baseline" ]; then
 fi
 
 echo
-echo "== figures and goals (ratios in this run; ../shared/BENCHMARKS.md, \"Output format\")"
+echo "== figures and goals (ratios in this run; bench/README.md, \"Output format\")"
 python3 bench/summarize.py "$results"

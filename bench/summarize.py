@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """Prints bench/run.sh's results: a table of the raw figures, then one line
-per goal of ../shared/BENCHMARKS.md ("Output format"):
+per goal of bench/README.md ("Output format"):
 
     NAME ratio=X goal<=Y [baseline=Z]
 
@@ -105,7 +105,7 @@ def goals(res, who):
     get = redis.get("GET")
     rows.append(("read_vs_redis", s["read_p50_us"] / get if s and get else None, "<=", 1.5, ""))
     bt = first("repvar_batch")
-    # Each batch over one single-variable call of its own kind (BENCHMARKS.md:
+    # Each batch over one single-variable call of its own kind (bench/README.md:
     # "batch of 1,000 / one single call"); over a single create too, the
     # unit of the passes before the eleventh. An older bench (a --baseline
     # build) prints no single initialize or read: its ratio is nan rather

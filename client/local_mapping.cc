@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// In-place access to a local replica (DESIGN.md §4): the worker lends a
+// In-place access to a local replica (docs/architecture.md): the worker lends a
 // buffer of its own (a memfd), the trainer maps it through /proc/<pid>/fd
 // (and keeps the mapping for the next lease of the same buffer: MappingCache).
 #include <fcntl.h>

@@ -4,9 +4,8 @@
 // buffer a trainer wrote becomes the value, the value it replaced the next
 // write lease), so a trainer that keeps their mappings touches warm pages.
 // A fresh mapping's first touch of each page costs far more than the copy
-// into it (in this project's VMs, whose hypervisor builds its page tables on
-// first touch even after MAP_POPULATE: 64 MiB written in 100 ms through a
-// fresh mapping, 3.6 ms through the same mapping again; bench/README.md).
+// into it (a hypervisor may build its page tables on first touch even after
+// MAP_POPULATE; bench/README.md has the figures).
 //
 // An entry is the whole file, mapped shared, keyed by the file's identity
 // (st_dev, st_ino) and the access (read-only or read-write: a read lease

@@ -36,7 +36,7 @@ data=${REPVAR_DATA_DIR:-$root/local-cluster}
 mkdir -p "$data"
 rm -f "$data"/*.port "$data"/*.metrics_port
 # Each run is a new cluster: its workers start empty, and the values steps
-# changed lived only on the previous run's workers (DESIGN.md section 4; a
+# changed lived only on the previous run's workers (docs/architecture.md; a
 # periodic checkpoint is what survives losing every worker). A coordinator
 # kept from that run would rightly report those variables with no
 # up-to-date replica.

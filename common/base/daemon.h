@@ -94,8 +94,8 @@ absl::Status WritePortFile(const std::string& path, int port);
 // What every daemon's main() does first, before any thread starts:
 // BlockShutdownSignals, InstallCrashHandler, and Abseil's deadlock detector
 // off (on in Debian's Abseil build, it walks a global lock graph on every
-// Mutex acquisition: 4 % of a worker's CPU on the step path, and a rescan
-// of every held lock when a batched write holds one per variable). The lock
+// Mutex acquisition, a share of a worker's CPU on the step path, and
+// rescans every held lock when a batched write holds one per variable). The lock
 // order is checked by the tests instead: unit tests keep the detector on,
 // RankedMutex checks ranks, and clang's thread-safety analysis the
 // annotations.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Replicated steps (DESIGN.md S1-S5) as the coordinator, the workers and the
+// Replicated steps (docs/contract.md S1-S5) as the coordinator, the workers and the
 // trainers all see them: a step's layout, the workers' reports, the plan of
 // collectives the barrier decides, the workers' results and the resolution.
 // The state machine that moves a step along is server/core/step_barrier.h.
@@ -171,7 +171,7 @@ struct StepResolution {
 };
 
 // The durable-ready record of one committed step: which replicas now hold
-// which (version, checksum). One per step (DESIGN.md §4: one fsync).
+// which (version, checksum). One per step (docs/architecture.md: one fsync).
 struct StepRecord {
   struct Variable {
     uint64_t id = 0;

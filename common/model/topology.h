@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Who is in the cluster, as the coordinator describes it (DESIGN.md T1-T5).
+// Who is in the cluster, as the coordinator describes it (docs/contract.md T1-T5).
 #ifndef REPVAR_COMMON_MODEL_TOPOLOGY_H_
 #define REPVAR_COMMON_MODEL_TOPOLOGY_H_
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Logical variables and their replicas (DESIGN.md V1-V6, C1-C7): what a
+// Logical variables and their replicas (docs/contract.md V1-V6, C1-C7): what a
 // variable is, how it is seen, and the requests that change it.
 #ifndef REPVAR_COMMON_MODEL_VARIABLE_H_
 #define REPVAR_COMMON_MODEL_VARIABLE_H_

@@ -73,8 +73,8 @@ class DaemonServer {
     }
     // A synchronous method's thread goes back to waiting for calls instead of
     // exiting while fewer than 64 wait (gRPC's default keeps 2): a step's
-    // burst of 32 BeginStep calls otherwise created and joined 30 threads
-    // per step (perf: clone3 and munmap of their stacks in the coordinator).
+    // burst of BeginStep calls, one per trainer, otherwise creates and joins
+    // a thread each, every step.
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 64);
     builder.AddListeningPort(address, ServerCredentialsFor(security), &d->port_);
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);

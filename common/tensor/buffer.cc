@@ -27,8 +27,7 @@ namespace {
 constexpr size_t kAlign = 64;
 // Below this a buffer comes from plain malloc, 16-byte aligned (as every
 // element type needs): glibc's aligned allocation splits a larger block on
-// every call, and a batch of 1,000 small values spent 7 % of a worker's
-// apply there (bench/worker_apply).
+// every call, which a batch of many small values pays for each.
 constexpr size_t kAlignedMinBytes = 4096;
 constexpr size_t kMmapThreshold = 2 << 20;
 // Below this, one madvise costs about what faulting the pages in does.
@@ -41,7 +40,7 @@ constexpr size_t kPrefaultMaxBytes = 16 << 20;
 namespace {
 
 // Large mappings released by Buffers, kept resident for reuse: a variable
-// rewritten again and again then costs no page faults (BENCHMARKS.md: the
+// rewritten again and again then costs no page faults (bench/README.md: the
 // first touch of a page costs more than the copy into it). Bounded in bytes;
 // the oldest mapping goes first. Thread-safe.
 class MappingPool {
@@ -135,9 +134,8 @@ size_t RoundToHugePage(size_t n) {
 // Makes the pages of [p, p + n) resident and writable in one call
 // (MADV_POPULATE_WRITE) rather than one fault per page on first touch;
 // where the kernel lacks it, touches every page. The contents are
-// unchanged. On the bench VM, a fresh 256 MiB advised for huge pages:
-// 13.5-14.5 ms against 16-17 ms touched page by page (14 against 17-438 ms
-// while the kernel compacted memory); 4 KiB pages 0.6 us each against 11.
+// unchanged: one call costs less than a fault per page, for huge pages and
+// 4 KiB pages alike.
 void PopulateForWrite(void* p, size_t n) {
   if (n == 0) return;
   constexpr uintptr_t kPage = 4096;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Resident byte buffers for tensors. The first touch of a fresh page costs
-// more than copying into it (BENCHMARKS.md), so large buffers are pre-faulted
+// more than copying into it (bench/README.md), so large buffers are pre-faulted
 // mappings that go back to a pool when released and are reused.
 #ifndef REPVAR_COMMON_TENSOR_BUFFER_H_
 #define REPVAR_COMMON_TENSOR_BUFFER_H_
@@ -32,23 +32,21 @@ size_t PooledBufferBytes();
 // (TuneMallocForBulkTransfers); below 64 KiB it does nothing, and it
 // populates at most 16 MiB (however many writes a message names).
 void PrefaultHeap(size_t bytes);
-// mallopt settings that keep big message buffers resident (BENCHMARKS.md);
+// mallopt settings that keep big message buffers resident (bench/README.md);
 // daemons call it first thing in main().
 void TuneMallocForBulkTransfers();
 // Reserves room for `n` bytes in `v` (which the caller then fills); when
 // that takes a fresh block of 2 MiB or more, asks the kernel for huge pages
 // in it (MADV_HUGEPAGE on the whole huge pages inside) before anything
 // touches it: faulting 4 KiB pages in one at a time costs far more than
-// copying the bytes (on the bench machine 1.1 s for 256 MiB against
-// 25-50 ms with huge pages). For a value handed to a caller in a
-// std::vector (a read).
+// copying the bytes. For a value handed to a caller in a std::vector (a
+// read).
 void ReserveForBulk(std::vector<std::byte>& v, size_t n);
 // Makes the reserved room of `v` from its end up to `upto` bytes (at most
-// its capacity) resident in one call before bytes are copied into it: on
-// the bench VM a page faulted in on first touch costs 11-17 us, and
-// populating it first roughly halves that for 4 KiB pages and makes huge
-// pages far cheaper. Call it as the bytes arrive (a chunk ahead), not for
-// an announced size.
+// its capacity) resident in one call before bytes are copied into it:
+// cheaper than faulting each page in on first touch, for 4 KiB and huge
+// pages alike. Call it as the bytes arrive (a chunk ahead), not for an
+// announced size.
 void MakeRoomResident(std::vector<std::byte>& v, size_t upto);
 // Makes `v` a copy of `bytes` (in hand, not announced): room reserved as
 // ReserveForBulk does, made resident in one call, then filled; each byte is

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The arithmetic of SUM/MEAN step aggregation (DESIGN.md S4):
+// The arithmetic of SUM/MEAN step aggregation (docs/contract.md S4):
 //
 //   value = begin + reduce_r(local_r - begin)        (SUM)
 //   value = begin + reduce_r(local_r - begin) / R    (MEAN; R: the replicas

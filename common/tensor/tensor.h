@@ -52,9 +52,7 @@ absl::Status CheckByteSize(const TensorSpec& spec, uint64_t byte_size);
 
 // XXH3-64 (seed 0) of `bytes`: the checksum of chunks and whole tensors.
 // Through libxxhash's runtime dispatch, which picks the widest vector unit
-// the CPU has (AVX-512 on this project's machines: 64 MiB in 4.1 ms against
-// 4.9 ms for the library's baseline build; a copy with the hash fused in
-// 6.0 ms against 9.1 ms). Same value on every CPU.
+// the CPU has. Same value on every CPU.
 uint64_t Checksum(std::span<const std::byte> bytes);
 
 // The same checksum over bytes that arrive in pieces (streams, blocks hashed

@@ -15,7 +15,7 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class Step:
-    """A replicated step as a trainer sees it (DESIGN.md S1-S5); use
+    """A replicated step as a trainer sees it (docs/contract.md S1-S5); use
     `client.step(k, worker="tpu_worker:0")` as a context manager. Inside it the
     trainer reads and writes its own host's replicas through the local worker;
     `commit()` returns the step's resolution (the same for every trainer) or

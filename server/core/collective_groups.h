@@ -22,7 +22,7 @@ struct GroupMember {
   uint64_t incarnation = 0;
 };
 
-// The data plane's groups (DESIGN.md §4). gloo needs every member of a group
+// The data plane's groups (docs/architecture.md). gloo needs every member of a group
 // to issue the same collectives in the same order, so the coordinator names
 // each group (its member set and a generation), hands out tags in order and
 // runs cross-replica broadcasts one at a time; after a failure it moves to a

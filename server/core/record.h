@@ -123,7 +123,7 @@ struct StepBegun {
   uint64_t epoch = 0;
 };
 // The step's variable changes ride in the same record (ValueCommitted,
-// ReplicasWritten): one record, one fsync, per step (DESIGN.md §4).
+// ReplicasWritten): one record, one fsync, per step (docs/architecture.md).
 // `changed` is the resolution's list of changed variables: a worker that
 // did not hear how the step ended (the coordinator restarted after this
 // record) is told from it, and installs its values (two-phase commit).

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Cross-replica writes and reads (DESIGN.md C1-C7, F2): a new value is
+// Cross-replica writes and reads (docs/contract.md C1-C7, F2): a new value is
 // computed once, named version n+1, sent to every live replica, and
 // committed only when all of them acknowledged it; reads return the
 // committed value, fetched from an up-to-date replica (primary first) once a
@@ -57,7 +57,7 @@ struct ReplicationOptions {
   uint64_t stage_min_bytes = 1 << 20;
   // How long repair waits for a worker to list its replicas.
   absl::Duration verify_timeout = absl::Seconds(5);
-  // Data plane (DESIGN.md §4): a single write of at least `data_plane_min_bytes`
+  // Data plane (docs/architecture.md): a single write of at least `data_plane_min_bytes`
   // to at least `data_plane_min_workers` workers goes to one root worker, which
   // broadcasts it to the others over gloo. Otherwise the coordinator writes
   // every worker itself.

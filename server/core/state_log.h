@@ -106,7 +106,7 @@ class StateLog {
 };
 
 // Keeps nothing: the coordinator's state lives in memory only and a restart
-// forgets it (the behaviour before issue 5). Counts what it was given.
+// forgets it (--ephemeral). Counts what it was given.
 class VolatileStateLog final : public StateLog {
  public:
   absl::StatusOr<uint64_t> Append(Record&) override { return ++records_; }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The replicated-step state machine (DESIGN.md S1-S5, F1), with no network,
+// The replicated-step state machine (docs/contract.md S1-S5, F1), with no network,
 // no threads and no clock of its own: every call takes `now`.
 //
 // One step is open at a time. Its life:

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Replicated steps on the coordinator (DESIGN.md S1-S5, F1): the
+// Replicated steps on the coordinator (docs/contract.md S1-S5, F1): the
 // StepBarrier (the state machine), the write gate between steps and
 // cross-replica writes, and the waiters of the workers' long polls. Every
 // step that begins, commits or fails is recorded through the registry's

@@ -5,7 +5,7 @@
 //
 // named by their content, so that a value written twice is one file. A blob
 // is written to "tmp-<name>", synced, renamed to its name, and the directory
-// synced before the record that names it is written (RELIABILITY.md §2.1);
+// synced before the record that names it is written (docs/architecture.md, "Durability");
 // a blob that no record or checkpoint names is garbage (CollectGarbage), a
 // record whose blob is missing or damaged is DATA_LOSS, reported with the
 // file and the offset of the damage (each chunk of a blob has its checksum
@@ -25,7 +25,7 @@
 // oldest deleted first), and the next blob of the same size is written over
 // it (ReuseWritableFile, no truncation) instead of into a new file. Writing
 // into pages the page cache holds costs a copy; a new file costs fresh
-// memory, which on the VMs measured in bench/README.md is 10-20x the copy.
+// memory, many times the copy.
 // A blob someone still maps is deleted instead (its inode lives on under
 // the mapping), so no reader ever sees its bytes change. Recycled files
 // give their room back when a change needs it (DropRecycled).
@@ -64,11 +64,8 @@ struct BlobStoreOptions {
   // With `sync`, a blob being written has its pages handed to the disk
   // every this many bytes (sync_file_range(SYNC_FILE_RANGE_WRITE), through
   // FSWritableFile::RangeSync), so that the disk writes while the rest is
-  // copied and the sync at the end waits for the tail (256 MiB written over
-  // an existing file on the bench VM: 209-226 ms to durable without, 163-174
-  // with 8 MiB; a 256 MiB assign's staging in the coordinator, median of 21:
-  // 226 -> 210 ms). It promises nothing: only the sync makes a blob durable.
-  // 0: none.
+  // copied and the sync at the end waits for the tail only. It promises
+  // nothing: only the sync makes a blob durable. 0: none.
   uint64_t range_sync_bytes = 8 << 20;
   // Hold values in blob files as mappings of them (false: in memory, read
   // and checked whole at Load). Only with `sync`: an unsynced file may yet

@@ -20,7 +20,7 @@
 // Failures: no room for a change (free space below the reserve, or RocksDB
 // reporting no space) fails it with RESOURCE_EXHAUSTED before anything is
 // applied; any other write or sync error is fatal: the process stops, and a
-// restart recovers what was synced (RELIABILITY.md §2.1, fsyncgate). RocksDB
+// restart recovers what was synced (docs/architecture.md, "Durability", fsyncgate). RocksDB
 // tolerates a torn tail of its write-ahead log (the record was never
 // acknowledged) and refuses anything else (kTolerateCorruptedTailRecords);
 // a damaged blob or record is DATA_LOSS naming it, and the coordinator does
@@ -61,10 +61,10 @@ struct RocksStateLogOptions {
   std::shared_ptr<rocksdb::FileSystem> fs;
   // A checkpoint after this many records, or once this many bytes of values
   // went to blob files since the last one: only a checkpoint frees the
-  // blobs of the values records replaced, so without the byte bound a
-  // 256 MiB variable assigned 100 times held 25 GiB of disk (and as much
-  // page cache) until its 4,096th record; and freed blobs are what new
-  // values are written over (BlobStoreOptions::recycle_bytes).
+  // blobs of the values records replaced, so without the byte bound a large
+  // variable assigned again and again would hold every old value on disk
+  // (and as much page cache) until the next checkpoint; and freed blobs are
+  // what new values are written over (BlobStoreOptions::recycle_bytes).
   uint64_t checkpoint_every = 4096;
   uint64_t checkpoint_blob_bytes = uint64_t{256} << 20;
   // A change that would leave less free space in the data dir is refused.

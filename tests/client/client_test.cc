@@ -65,7 +65,7 @@ TEST_F(ClientTest, V4_ReplicatedScope_PrefixAndReplicaCount) {
   EXPECT_EQ(topo->infeed_host->job, "tpu_worker");
 }
 
-// S4 (issue 5): a trainer whose host sits the step out (its replicas are
+// S4: a trainer whose host sits the step out (its replicas are
 // being resynced) is refused at begin, naming why, instead of being told
 // COMMITTED at the end for writes that count for nothing.
 TEST_F(ClientTest, S4_TrainerOnAHostSittingTheStepOut_RefusedAtBegin) {

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// X2 and RELIABILITY.md §4: every bad input to every RPC gets its documented
-// status and changes nothing. Raw stubs, one real cluster for the suite.
+// X2: bad inputs that need a sequence, a real stream or memory to watch get
+// their documented status and change nothing (every_rpc_test.cc has a bad
+// input for every method of every service). Raw stubs, one real cluster for
+// the suite.
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -413,8 +415,8 @@ uint64_t RssOf(pid_t pid) {
 }
 
 // A few bytes announcing a GiB, then silence: neither daemon takes the GiB
-// (before issue 5 each pre-faulted it: 27 bytes cost the coordinator 1 GiB,
-// and a worker died of 57). Both serve on afterwards.
+// (memory follows the bytes that arrive, not the header's size). Both serve
+// on afterwards.
 TEST_F(BadInputTest, AnnouncedGiB_NoBytes_MemoryStaysFlat_DaemonsServeOn) {
   const int64_t n = int64_t{1} << 28;  // 1 GiB of float32
   ASSERT_OK(client_->CreateVariable(

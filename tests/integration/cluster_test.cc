@@ -261,7 +261,7 @@ TEST_F(ClusterTest, V6_BatchedRead_LargerThanACallbackAnswer_EachAsReadGivesIt) 
 namespace repvar {
 namespace {
 
-// DESIGN.md §4: a large cross-replica write reaches one root worker, which
+// docs/architecture.md: a large cross-replica write reaches one root worker, which
 // broadcasts it to the others over gloo; every worker verifies the checksum.
 class DataPlaneTest : public StartedCluster {
  protected:

@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // F1, F2 against real processes: a worker paused (SIGSTOP) in the middle of
 // a large broadcast. The write is decided within the heartbeat timeout plus
-// a little (before issue 5 it waited for 30 s RPC and gloo timeouts), and
-// once the worker resumes, every replica holds what the coordinator reports
-// (before issue 5 two workers kept an unacknowledged version while every
-// replica was reported up to date).
+// a little (not after 30 s RPC and gloo timeouts), and once the worker
+// resumes, every replica holds what the coordinator reports (no worker keeps
+// an unacknowledged version while the replicas are reported up to date).
 #include <gtest/gtest.h>
 #include <signal.h>
 

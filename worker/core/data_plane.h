@@ -38,7 +38,7 @@ class ArrivingBytes {
   virtual absl::Status Await(size_t end) = 0;
 };
 
-// A SUM/MEAN step's reduction (DESIGN.md S4) in the pieces a ring works
+// A SUM/MEAN step's reduction (docs/contract.md S4) in the pieces a ring works
 // in: every member's contribution (the sum of its replicas' deltas), then
 // begin + sum / divisor. Elements are the variables', one after the other;
 // a range [lo, hi) of them is hi - lo accumulator elements in `acc` and
@@ -90,21 +90,18 @@ struct DataPlaneOptions {
   // A broadcast to three members or more goes down a pipelined chain when
   // it has at least `chain_min_pieces` pieces of `piece_bytes`; a smaller
   // one goes down gloo's binomial tree. Where links are the limit the chain
-  // is flat in the number of members and the tree is not: 64 MiB over
-  // 1 Gbit/s links (bench/netns_bcast.sh), 2 / 4 / 8 members, chain
-  // 560 / 560 / 578 ms, tree 560 / 1,637 / 3,322. On one 2-core host, where
-  // CPUs are the limit, the tree fills faster for mid sizes (8 members,
-  // 64 MiB: tree 194-211 ms, chain 248-252; 256 MiB: tree 733-763, chain
-  // 680-694); the default is for the links of a cluster.
+  // is flat in the number of members and the tree grows with their log (the
+  // root sends the value once per level); where CPUs are (one host), the
+  // tree can fill faster for mid sizes. The default is for the links of a
+  // cluster (bench/netns_bcast.sh measures both).
   size_t piece_bytes = 4 << 20;
   size_t chain_min_pieces = 2;
   // The chain cuts a value into about `chain_pieces` pieces, each between
   // `min_piece_bytes` and `piece_bytes` (ChainPiece): down a chain of M
   // members the last one holds the value after (pieces + M - 2) piece
   // times, where one link takes `pieces` of them, so T(M)/T(2) is about
-  // 1 + (M - 2) / pieces. 64 MiB to 8 members over 1 Gbit/s links
-  // (bench/netns_bcast.sh): 16 pieces of 4 MiB, T(8)/T(2) 1.33-1.44; 64 of
-  // 1 MiB, 1.10-1.12 (bench/README.md).
+  // 1 + (M - 2) / pieces: more pieces, a flatter chain, until a piece is
+  // too small to keep a link busy.
   size_t chain_pieces = 64;
   size_t min_piece_bytes = 256 << 10;
   // A folded reduction whose sums take at most this many bytes goes down a

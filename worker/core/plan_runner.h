@@ -25,7 +25,7 @@ struct PlanOutput {
   std::map<uint64_t, int64_t> reduced_nonfinite;
 };
 
-// Runs a step plan's collectives in order (DESIGN.md S4), with this
+// Runs a step plan's collectives in order (docs/contract.md S4), with this
 // worker's rank = its participant index:
 //   ALLREDUCE  one fused buffer for the listed SUM/MEAN variables: each
 //              local replica adds (local - begin) in replica order, the

@@ -11,8 +11,8 @@
 
 namespace repvar::worker {
 
-// Takes a step every local device committed to its resolution (DESIGN.md
-// S3-S4):
+// Takes a step every local device committed to its resolution
+// (docs/contract.md S3-S4):
 //
 //   report   one per step: the local replicas whose value changed, with
 //            their checksums (and, outside SUM/MEAN, their first non-finite

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// A worker's side of replicated steps (DESIGN.md S2-S4), as trainers call it:
+// A worker's side of replicated steps (docs/contract.md S2-S4), as trainers call it:
 // the steps this worker knows by epoch, their step-local copies, the buffers
 // lent for in-place access, and who has committed. When every local
 // accelerator has committed, the committing thread hands the step to the

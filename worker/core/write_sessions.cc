@@ -234,8 +234,7 @@ absl::StatusOr<uint64_t> ApplySmallWrites(uint64_t incarnation, SmallReplicaWrit
   REPVAR_RETURN_IF_ERROR(charge.Add(bytes, "small replica writes being received"));
   // Each replica kept takes a few small blocks (its value, its Tensor, the
   // store's entries): one populate for all of them, not a page fault per
-  // fresh page (bench/README.md, sixth pass: a worker's page faults over
-  // 2 s of batches 2,676-3,388 -> 39-132, its CPU 93-108 -> 67-87 ms).
+  // fresh page.
   constexpr size_t kHeldBytesPerReplica = 512;
   PrefaultHeap(bytes + writes.items.size() * kHeldBytesPerReplica);
   std::vector<ReplicaWrite> items;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Replicated steps from a trainer (DESIGN.md S1-S5): inside a StepScope the
+// Replicated steps from a trainer (docs/contract.md S1-S5): inside a StepScope the
 // trainer reads and writes its own host's replicas through the local worker
 // (no byte crosses hosts), then commits; the worker reports, the step's
 // barrier resolves, and the replicas are aggregated per variable.

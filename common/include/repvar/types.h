@@ -23,7 +23,7 @@ enum class DType : int {
   kInt64 = 6,
 };
 
-// How in-step replica values combine when a step commits (DESIGN.md S4).
+// How in-step replica values combine when a step commits (docs/contract.md S4).
 enum class Aggregation : int { kNone = 1, kSum = 2, kMean = 3, kOnlyFirstReplica = 4 };
 
 // What a replica holds, as the coordinator records it (see

@@ -111,7 +111,7 @@ TEST_F(ClusterStateTest, WorkerDeathAndReturn_SameProcessHoldsNewOneIsStale) {
   EXPECT_EQ(StateOf(1), ReplicaState::kStale);
 }
 
-// C6 with issue 5's bound: an answer is kept for the whole window, whatever
+// C6 with its bound: an answer is kept for the whole window, whatever
 // the traffic; at the capacity a new id is refused before anything runs.
 TEST_F(ClusterStateTest, C6_Outcomes_NeverForgottenInsideTheWindow_NewIdsRefusedAtCapacity) {
   const absl::Time t0 = absl::FromUnixSeconds(1000);

@@ -753,7 +753,7 @@ TEST_F(CoordinatorTest, F3_FailedSmallWrite_NotRolledForwardAfterLosingUnsyncedR
 }
 
 // F1: a write waiting on a worker that is declared dead fails then, not at
-// the call's own deadline (30 s and more before issue 5).
+// the call's own deadline (30 s and more).
 TEST_F(CoordinatorTest, F1_WorkerDeclaredDeadMidWrite_CallsCancelled_WriteFailsAtOnce) {
   Create(Def("w", 6));
   ASSERT_OK(Assign("w", F32({1, 2, 3})));

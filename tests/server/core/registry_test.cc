@@ -101,7 +101,7 @@ TEST_F(MembershipTest, T1_Register_SameIncarnationOtherDevices_InvalidArgument) 
   EXPECT_EQ(m_.Snapshot().accelerators.size(), 2u);
 }
 
-// T1 (issue 5): a newer process of a live task supersedes it at once; an
+// T1: a newer process of a live task supersedes it at once; an
 // older one (a paused process coming back) is refused and changes nothing.
 TEST_F(MembershipTest, T1_Register_NewerIncarnationSupersedes_OlderOneAborted) {
   ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 2, 7)));

@@ -290,7 +290,7 @@ void ExpectFoldedRingMatches(DType dtype, size_t n, int members) {
   ExpectFoldedMatches(dtype, n, members, kRingOnly);
 }
 
-// DESIGN.md S4 through the folded ring: two and four segments per member
+// docs/contract.md S4 through the folded ring: two and four segments per member
 // (the partial sums wait in a ring of slots), a partial last one, fewer
 // elements than segments (some empty), float16 summed in float32 (the
 // gathered values are half the bytes of the sums), float64.
@@ -305,7 +305,7 @@ TEST(GlooDataPlane, ReduceApply_FoldedRing_SameBitsAsAllreduceThenApply_EachSumA
   ExpectFoldedRingMatches(DType::kFloat64, 300007, 5);
 }
 
-// DESIGN.md S4 through the tree a small reduction takes: powers of two and
+// docs/contract.md S4 through the tree a small reduction takes: powers of two and
 // not, float16 summed in float32, float64, a single element. Member 0
 // applies every element, and every member ends with its bits, the same as
 // Allreduce then Apply.

@@ -133,7 +133,7 @@ TEST_F(PlanRunnerTest, Allreduce_SeveralVariables_FoldedWhenOneDtypeAndAllHold_S
   }
 }
 
-// S4 (issue 5): MEAN divides by the replicas taking part; replicas on a
+// S4: MEAN divides by the replicas taking part; replicas on a
 // worker that sat the step out (participant -1) are not counted.
 TEST_F(PlanRunnerTest, S4_Mean_DividesByParticipatingReplicasOnly) {
   auto layout = std::make_shared<StepLayout>(*step_.layout);
