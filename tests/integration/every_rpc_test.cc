@@ -7,7 +7,6 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/dynamic_message.h>
 #include <google/protobuf/text_format.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -23,6 +22,7 @@
 #include "repvar/v1/coordinator.grpc.pb.h"
 #include "repvar/v1/worker.grpc.pb.h"
 #include "tests/testing/cluster.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
 
 namespace repvar {
@@ -55,52 +55,6 @@ struct Row {
 
 At Where(const std::string& method) {
   return method.starts_with("Worker") ? At::kWorker : At::kCoordinator;
-}
-
-// Sends `messages` (wire bytes) on `method` (any kind: a unary call is a
-// stream of one message each way) and reads every answer.
-std::pair<grpc::Status, std::vector<std::string>> Call(const std::string& address,
-                                                       const std::string& method,
-                                                       const std::vector<std::string>& messages) {
-  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  grpc::CompletionQueue cq;
-  intptr_t tag = 1;
-  auto next = [&cq, &tag]() {
-    void* got = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(cq.Next(&got, &ok));
-    EXPECT_EQ(reinterpret_cast<intptr_t>(got), tag);
-    return ok;
-  };
-  auto call = generic.PrepareCall(&ctx, "/repvar.v1." + method, &cq);
-  call->StartCall(reinterpret_cast<void*>(tag));
-  EXPECT_TRUE(next());
-  for (const std::string& m : messages) {
-    grpc::Slice slice(m);
-    grpc::ByteBuffer buffer(&slice, 1);
-    call->Write(buffer, reinterpret_cast<void*>(++tag));
-    if (!next()) break;
-  }
-  call->WritesDone(reinterpret_cast<void*>(++tag));
-  next();
-  std::vector<std::string> answers;
-  grpc::ByteBuffer answer;
-  while (true) {
-    call->Read(&answer, reinterpret_cast<void*>(++tag));
-    if (!next()) break;
-    std::vector<grpc::Slice> slices;
-    EXPECT_TRUE(answer.Dump(&slices).ok());
-    answers.emplace_back();
-    for (const grpc::Slice& piece : slices) {
-      answers.back().append(reinterpret_cast<const char*>(piece.begin()), piece.size());
-    }
-  }
-  grpc::Status finished;
-  call->Finish(&finished, reinterpret_cast<void*>(++tag));
-  next();
-  return {finished, answers};
 }
 
 // The wire bytes of `text`, a request of `method`'s input type.
@@ -505,7 +459,7 @@ TEST_F(EveryRpcTest, X2_EveryMethodOfEveryService_HasBadInputRows_EachRefusedNot
     }
     const std::string address =
         Where(r.method) == At::kWorker ? cluster_->worker_address(0) : cluster_->address();
-    auto [status, answers] = Call(address, r.method, wire);
+    auto [status, answers] = testing::RawCall(address, "/repvar.v1." + r.method, wire);
     EXPECT_EQ(status.error_code(), r.code) << name << ": " << status.error_message();
     EXPECT_NE(status.error_message().find(r.message), std::string::npos)
         << name << ": \"" << status.error_message() << "\" does not name \"" << r.message << "\"";
