@@ -10,31 +10,8 @@
 //   StepCoordinator   replicated steps: the StepBarrier, the write gate
 //   CollectiveGroups  the data plane's groups, tags and rendezvous store
 //
-// How a cross-replica write flows (Replication, step by step):
-//   1. register: workers join with their devices (Registry); accelerator
-//      ordinals are the sorted live accelerators; ordinal 0's task is the
-//      infeed host.
-//   2. place: CreateVariables records replica i of a variable on ordinal i
-//      (its device and task); placement never moves afterwards.
-//   3. publish: Assign/Initialize take the variable's write lock, validate,
-//      compute the new value once (AssignAdd: current + delta) and name it
-//      version n+1.
-//   4. replicate: the value goes to every live worker holding replicas, all
-//      at once through the asynchronous WorkerClient: a large write to 3+
-//      workers goes to one root worker, which broadcasts it over the data
-//      plane (gloo).
-//   5. ack: only when every live replica holds version n+1 is it committed,
-//      in one record with the replicas that hold it, and the caller
-//      answered; otherwise the caller gets UNAVAILABLE, the committed version
-//      stays n, the replicas that got n+1 are STALE and the variable is
-//      marked for resync.
-//   6. serve: reads return the committed value: the one kept from the last
-//      cross-replica write, or, once a step has changed the variable, the
-//      one held by an up-to-date replica (primary first).
-//
-// Replicated steps (S1-S5) run on the StepCoordinator: a step opens only when
-// no cross-replica write is in flight, and while it is open cross-replica
-// writes are refused; a committed step is one record.
+// docs/architecture.md walks through a cross-replica write ("The write
+// path") and a replicated step ("A step").
 //
 // Thread-safe. Lifecycle: construct, serve, ShutdownStepWaiters(), destroy.
 #ifndef REPVAR_SERVER_CORE_COORDINATOR_H_

@@ -1,23 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Cross-replica writes and reads (docs/contract.md C1-C7, F2): a new value is
-// computed once, named version n+1, sent to every live replica, and
-// committed only when all of them acknowledged it; reads return the
-// committed value, fetched from an up-to-date replica (primary first) once a
-// step left it on the replicas only; stale replicas on live workers are
-// rewritten (repair) and a returning worker is resynced before it serves.
-//
-//   1. gate      the write enters the step coordinator's write gate (S5)
-//   2. lock      the variables' write locks, in id order (C4: one writer per
-//                variable; held across the broadcast)
-//   3. validate  against the registry's state; AssignAdd/Sub read the base
-//   4. deliver   to every live worker holding replicas, asynchronously
-//                (WorkerClient): a large write to 3+ workers goes to one root
-//                worker that broadcasts it over the data plane (gloo), in the
-//                CollectiveGroups' order; else the coordinator writes each
-//   5. commit    one record: the new version and the replicas that hold it,
-//                with the request's answer (C6); if a live replica missed
-//                it, the replicas that got it and a resync flag instead, and
-//                the caller gets UNAVAILABLE (C2: never silently half-written)
+// Cross-replica writes and reads (docs/contract.md C1-C7, F2, F7): a new
+// value is computed once, named version n+1, sent to every live replica,
+// and committed only when all of them acknowledged it; reads return the
+// committed value; stale replicas on live workers are rewritten (repair)
+// and a returning worker is resynced before it serves. The write path's
+// phases are walked through in docs/architecture.md ("The write path").
 //
 // Thread-safe. A broadcast to N workers uses no thread per worker: the
 // calling thread waits while the WorkerClient's callbacks complete.
@@ -94,7 +81,7 @@ class Replication {
   // broadcast. Errors: NOT_FOUND, FAILED_PRECONDITION (spec mismatch;
   // ADD/SUB of an uninitialized variable; a step is open), INVALID_ARGUMENT
   // (non-finite value or result, reused request id, a name twice),
-  // UNAVAILABLE (see the file comment, step 5).
+  // UNAVAILABLE (a live replica missed it: the variable is marked for resync).
   absl::StatusOr<std::vector<WriteResult>> Assign(const RequestKey& key,
                                                   const std::vector<Assignment>& items);
   // C1. Errors: NOT_FOUND, FAILED_PRECONDITION (uninitialized), UNAVAILABLE
