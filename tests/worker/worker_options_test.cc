@@ -31,8 +31,7 @@ TEST(WorkerOptionsTest, EachBadSetting_RefusedNamingItsFlag) {
       {[](auto& o) { o.coordinator_address.clear(); }, "--coordinator_address"},
       {[](auto& o) { o.job = "TPU"; }, "--job"},
       {[](auto& o) { o.task = -1; }, "--task"},
-      {[](auto& o) { o.devices = "/job:tpu_worker/replica:0/task:3/device:TPU:0"; },
-       "not both"},
+      {[](auto& o) { o.devices = "/job:tpu_worker/replica:0/task:3/device:TPU:0"; }, "not both"},
       {[](auto& o) {
          o.tpu_devices = -1;
          o.devices = "/job:tpu_worker/task:3/device:TPU:0";
