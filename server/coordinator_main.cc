@@ -6,7 +6,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <cstdio>
 #include <memory>
 #include <thread>
 
@@ -299,27 +298,17 @@ int main(int argc, char** argv) {
   repvar::PrepareDaemonProcess();
   repvar::ParseDaemonFlags(argc, argv, "the repvar coordinator daemon (state, placement, steps)");
   const server::CoordinatorDaemonOptions options = server::OptionsFromFlags();
-  auto refuse = [](const absl::Status& s) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  };
   absl::Status started = repvar::StartDaemon("coordinator");
   if (started.ok()) started = server::ValidateOptions(options);
-  if (!started.ok()) return refuse(started);
+  if (!started.ok()) return repvar::RefusedStart(started);
   auto security = repvar::LoadDaemonSecurity(
       repvar::GetSecurityFlags(), repvar::kCoordinatorCertificateName, "worker_token_file",
       options.worker_token_file, options.listen_address);
-  if (!security.ok()) return refuse(security.status());
+  if (!security.ok()) return repvar::RefusedStart(security.status());
   auto log = server::OpenStateLog(options);
-  if (!log.ok()) {
-    spdlog::error("{}", log.status().ToString());
-    return 1;
-  }
+  if (!log.ok()) return repvar::FailedStart(log.status());
   server::CoordinatorDaemon daemon(options, &*security, *std::move(log));
-  if (absl::Status s = daemon.Start(); !s.ok()) {
-    spdlog::error("{}", s.ToString());
-    return 1;
-  }
+  if (absl::Status s = daemon.Start(); !s.ok()) return repvar::FailedStart(s);
   daemon.Run();
   return 0;
 }

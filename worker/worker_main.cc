@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <thread>
@@ -231,23 +230,16 @@ int main(int argc, char** argv) {
   repvar::PrepareDaemonProcess();
   repvar::ParseDaemonFlags(argc, argv, "the repvar worker daemon (replicas of one host)");
   const worker::WorkerDaemonOptions options = worker::OptionsFromFlags();
-  auto refuse = [](const absl::Status& s) {
-    std::fprintf(stderr, "%s\n", s.ToString().c_str());
-    return 2;
-  };
   absl::Status started =
       repvar::StartDaemon(absl::StrCat("worker-", options.job, "-", options.task));
   if (started.ok()) started = worker::ValidateOptions(options);
-  if (!started.ok()) return refuse(started);
+  if (!started.ok()) return repvar::RefusedStart(started);
   auto security = repvar::LoadDaemonSecurity(
       repvar::GetSecurityFlags(),
       repvar::TaskCertificateName(repvar::TaskKey{options.job, options.task}), "token_file",
       options.token_file, options.listen_address);
-  if (!security.ok()) return refuse(security.status());
+  if (!security.ok()) return repvar::RefusedStart(security.status());
   worker::WorkerDaemon daemon(options, &*security);
-  if (absl::Status s = daemon.Start(); !s.ok()) {
-    spdlog::error("{}", s.ToString());
-    return 1;
-  }
+  if (absl::Status s = daemon.Start(); !s.ok()) return repvar::FailedStart(s);
   return daemon.Run();
 }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -179,6 +180,16 @@ absl::Status StartDaemon(const std::string& name) {
   std::sort(given.begin(), given.end());
   spdlog::debug("flags not at their defaults: {}", absl::StrJoin(given, " "));
   return absl::OkStatus();
+}
+
+int RefusedStart(const absl::Status& s) {
+  std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  return 2;
+}
+
+int FailedStart(const absl::Status& s) {
+  spdlog::error("{}", s.ToString());
+  return 1;
 }
 
 void NotifyReady(const std::string& status) {

@@ -62,6 +62,12 @@ absl::Duration ShutdownGrace();
 // naming the logging flag (the daemon exits 2).
 absl::Status StartDaemon(const std::string& logger);
 
+// A daemon main()'s exits before it serves: RefusedStart prints `s` to
+// stderr and returns 2 (bad flags or credentials: the operator's to fix);
+// FailedStart logs `s` and returns 1 (the start itself failed).
+int RefusedStart(const absl::Status& s);
+int FailedStart(const absl::Status& s);
+
 // systemd (Type=notify): READY=1 once the daemon serves, STOPPING=1 when
 // it starts to shut down, with a STATUS line each. No-ops when systemd did
 // not start the process ($NOTIFY_SOCKET unset).
