@@ -29,10 +29,6 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
 
-}  // namespace
-
-namespace {
-
 // The variables a checkpoint's manifest lists, as the file's entries and as
 // its metadata describes them.
 struct ManifestVariables {
@@ -165,43 +161,51 @@ absl::StatusOr<SaveResult> Client::SaveCheckpoint(const std::string& path,
   return result;
 }
 
-absl::StatusOr<RestoreResult> Client::RestoreCheckpoint(const std::string& path,
-                                                        RestoreOptions options) {
-  REPVAR_ASSIGN_OR_RETURN(auto file, io::SafetensorsReader::Open(path));
-  auto saved = io::CheckpointVariables(file->metadata());
+namespace {
+
+// A restore's first phase: every entry checked against its saved checksum
+// and against the cluster, nothing written. Refusals are collected, not
+// returned at the first, so one attempt names them all.
+struct RestorePlan {
+  std::vector<VariableSpec> to_create;
+  std::vector<std::string> refused;
+  uint64_t total_bytes = 0;
+};
+
+absl::StatusOr<RestorePlan> CheckAgainstCluster(Client& client, const std::string& path,
+                                                const io::SafetensorsReader& file,
+                                                const RestoreOptions& options) {
+  auto saved = io::CheckpointVariables(file.metadata());
   if (!saved.ok()) {
     return absl::DataLossError(absl::StrCat(path, ": ", saved.status().message()));
   }
-  // Everything is checked before anything is written.
-  std::vector<VariableSpec> to_create;
-  std::vector<std::string> refused;
-  uint64_t total = 0;
-  for (const io::SafetensorsEntry& e : file->entries()) {
-    total += e.bytes();
+  RestorePlan plan;
+  for (const io::SafetensorsEntry& e : file.entries()) {
+    plan.total_bytes += e.bytes();
     auto it = saved->find(e.name);
     const io::CheckpointVariable s = it == saved->end() ? io::CheckpointVariable{} : it->second;
-    if (s.checksum && Checksum(file->Data(e)) != *s.checksum) {
+    if (s.checksum && Checksum(file.Data(e)) != *s.checksum) {
       return absl::DataLossError(absl::StrCat(path, ": tensor ", e.name,
                                               " does not match the checksum saved with it (the "
                                               "file is damaged at bytes ",
                                               e.begin, "..", e.end, " of its data)"));
     }
-    auto existing = GetVariable(e.name);
+    auto existing = client.GetVariable(e.name);
     if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
     const bool allow_nonfinite = existing.ok() ? existing->spec.allow_nonfinite : s.allow_nonfinite;
-    if (int64_t bad = FirstNonFinite(e.dtype, file->Data(e)); bad >= 0 && !allow_nonfinite) {
-      refused.push_back(absl::StrCat(e.name, " holds a non-finite value at element ", bad,
-                                     " and does not allow them"));
+    if (int64_t bad = FirstNonFinite(e.dtype, file.Data(e)); bad >= 0 && !allow_nonfinite) {
+      plan.refused.push_back(absl::StrCat(e.name, " holds a non-finite value at element ", bad,
+                                          " and does not allow them"));
     }
     if (existing.ok()) {
       if (existing->spec.dtype != e.dtype || existing->spec.shape != e.shape) {
-        refused.push_back(absl::StrCat(e.name, " is ", DTypeName(existing->spec.dtype),
-                                       ShapeText(existing->spec.shape), " in the cluster, ",
-                                       DTypeName(e.dtype), ShapeText(e.shape), " in the file"));
+        plan.refused.push_back(absl::StrCat(
+            e.name, " is ", DTypeName(existing->spec.dtype), ShapeText(existing->spec.shape),
+            " in the cluster, ", DTypeName(e.dtype), ShapeText(e.shape), " in the file"));
       }
       continue;
     }
-    to_create.push_back(VariableSpec{
+    plan.to_create.push_back(VariableSpec{
         .name = e.name,
         .dtype = e.dtype,
         .shape = e.shape,
@@ -211,28 +215,37 @@ absl::StatusOr<RestoreResult> Client::RestoreCheckpoint(const std::string& path,
         .aggregation = s.aggregation,
         .allow_nonfinite = s.allow_nonfinite});
   }
-  if (!refused.empty()) {
+  return plan;
+}
+
+// The second phase: the variables the cluster lacks, created in one call.
+// Returns how many were created (a retried restore finds them made).
+absl::StatusOr<int> CreateMissing(Client& client, const std::string& path,
+                                  std::vector<VariableSpec> to_create) {
+  if (to_create.empty()) return 0;
+  int32_t most = 0;
+  for (const VariableSpec& s : to_create) most = std::max(most, s.replica_count);
+  REPVAR_ASSIGN_OR_RETURN(Topology topo, client.GetTopology());
+  if (static_cast<size_t>(most) > topo.accelerators.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "restore of ", path, " refused, nothing was written: ", absl::StrJoin(refused, "; ")));
+        "restore of ", path, " needs variables with ", most, " replicas; the cluster has ",
+        topo.accelerators.size(), " accelerators (pass fewer replicas), nothing was written"));
   }
-  RestoreResult result;
-  if (!to_create.empty()) {
-    int32_t most = 0;
-    for (const VariableSpec& s : to_create) most = std::max(most, s.replica_count);
-    REPVAR_ASSIGN_OR_RETURN(Topology topo, GetTopology());
-    if (static_cast<size_t>(most) > topo.accelerators.size()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "restore of ", path, " needs variables with ", most, " replicas; the cluster has ",
-          topo.accelerators.size(), " accelerators (pass fewer replicas), nothing was written"));
-    }
-    REPVAR_ASSIGN_OR_RETURN(auto created, CreateVariables(std::move(to_create)));
-    for (const VariableInfo& v : created) result.created += v.created;
-  }
-  CheckpointProgress shown{"", 0, static_cast<int>(file->entries().size()), 0, total};
-  for (const io::SafetensorsEntry& e : file->entries()) {
+  REPVAR_ASSIGN_OR_RETURN(auto created, client.CreateVariables(std::move(to_create)));
+  int count = 0;
+  for (const VariableInfo& v : created) count += v.created;
+  return count;
+}
+
+// The last phase: every value assigned from the mapped file, progress
+// reported before and after each.
+absl::Status AssignAll(Client& client, const io::SafetensorsReader& file, uint64_t total_bytes,
+                       const CheckpointProgressFn& progress) {
+  CheckpointProgress shown{"", 0, static_cast<int>(file.entries().size()), 0, total_bytes};
+  for (const io::SafetensorsEntry& e : file.entries()) {
     shown.variable = e.name;
-    if (options.progress) options.progress(shown);
-    auto ack = Assign(e.name, file->Data(e));
+    if (progress) progress(shown);
+    auto ack = client.Assign(e.name, file.Data(e));
     if (!ack.ok()) {
       return absl::Status(
           ack.status().code(),
@@ -241,10 +254,26 @@ absl::StatusOr<RestoreResult> Client::RestoreCheckpoint(const std::string& path,
     }
     ++shown.variables_done;
     shown.bytes_done += e.bytes();
-    if (options.progress) options.progress(shown);
+    if (progress) progress(shown);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RestoreResult> Client::RestoreCheckpoint(const std::string& path,
+                                                        RestoreOptions options) {
+  REPVAR_ASSIGN_OR_RETURN(auto file, io::SafetensorsReader::Open(path));
+  REPVAR_ASSIGN_OR_RETURN(RestorePlan plan, CheckAgainstCluster(*this, path, *file, options));
+  if (!plan.refused.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "restore of ", path, " refused, nothing was written: ", absl::StrJoin(plan.refused, "; ")));
+  }
+  RestoreResult result;
+  REPVAR_ASSIGN_OR_RETURN(result.created, CreateMissing(*this, path, std::move(plan.to_create)));
+  REPVAR_RETURN_IF_ERROR(AssignAll(*this, *file, plan.total_bytes, options.progress));
   result.variables = static_cast<int>(file->entries().size());
-  result.bytes = total;
+  result.bytes = plan.total_bytes;
   return result;
 }
 
