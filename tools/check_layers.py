@@ -12,7 +12,11 @@ ours with its sources and direct link dependencies. This script checks that
      file includes a gRPC header;
   4. the public headers (client/include, common/include) include only the
      standard library, Abseil and each other: no gRPC, protobuf or internal
-     header.
+     header;
+  5. the cores the simulator runs (docs/simulator.md) wait, lock and start
+     threads only through common/base/sync.h and read time only from a
+     Clock: no absl mutex, condition variable or notification, no
+     std::thread, no absl::Now or absl::SleepFor.
 
 Usage: check_layers.py ROOT LAYERS_JSON    (exit 1 and a list of violations)
        check_layers.py --self-test          (shows that each rule catches a seeded violation)
@@ -28,8 +32,10 @@ import tempfile
 CORE = {"repvar_types", "repvar_base", "repvar_tensor", "repvar_model",
         "repvar_server_core", "repvar_worker_core"}
 PUBLIC_DIRS = ("client/include/", "common/include/")
-SCANNED = ("common/", "server/", "worker/", "client/", "tests/", "bench/")
+SCANNED = ("common/", "server/", "worker/", "client/", "tests/", "bench/", "sim/")
 UNSCANNED = ("bench/peers/",)
+SIMULATED = {"repvar_server_core", "repvar_worker_core"}
+UNSCHEDULED = re.compile(r"\b(absl::(Mutex|MutexLock|CondVar|Notification|SleepFor|Now)\b|std::thread\b)")
 INCLUDE = re.compile(r'^\s*#\s*include\s+([<"])([^">]+)[">]', re.M)
 
 
@@ -90,6 +96,13 @@ def check(root, targets, files):
         me = owner[f]
         allowed = closure(targets, me) | {me}
         text = open(os.path.join(root, f), errors="replace").read()
+        if me in SIMULATED:
+            for n, line in enumerate(text.splitlines(), 1):
+                code = line.split("//")[0]
+                m = UNSCHEDULED.search(code)
+                if m:
+                    errors.append(f"{f}:{n}: {m.group(1)} in a simulated core: use "
+                                  "common/base/sync.h (or the Clock) so the simulator schedules it")
         for kind, inc in INCLUDE.findall(text):
             if inc.startswith(("grpcpp/", "grpc/", "google/protobuf/")):
                 if me in CORE:
@@ -128,7 +141,8 @@ def self_test():
             open(os.path.join(d, path), "w").write(text)
         write("common/model/a.h", '#include "server/rpc/svc.h"\n')          # upward
         write("server/rpc/svc.h", "#include <grpcpp/grpcpp.h>\n")
-        write("server/core/core.cc", "#include <grpcpp/grpcpp.h>\n")         # gRPC in core
+        write("server/core/core.cc", "#include <grpcpp/grpcpp.h>\n"         # gRPC in core
+              "absl::Mutex mu;  // absl::CondVar in a comment is fine\n")  # unscheduled wait
         write("server/core/orphan.h", "\n")                                  # no target
         write("client/include/repvar/client.h", '#include "common/model/a.h"\n')  # internal in public
         layers = [
@@ -148,7 +162,8 @@ def self_test():
                   "core target repvar_server_core includes the gRPC/protobuf header",
                   "server/core/orphan.h belongs to no target",
                   "public header includes the internal header common/model/a.h",
-                  "core target repvar_server_core links gRPC"]
+                  "core target repvar_server_core links gRPC",
+                  "server/core/core.cc:2: absl::Mutex in a simulated core"]
         missing = [e for e in expect if not any(e in x for x in errors)]
         if missing:
             print("self-test FAILED: not reported:", *missing, sep="\n  ")

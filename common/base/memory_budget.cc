@@ -33,7 +33,7 @@ absl::Status MemoryBudget::Charge(uint64_t bytes, absl::string_view what) {
 }
 
 std::shared_ptr<MemoryBudget> ConnectionBudgets::For(const std::string& peer) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (auto b = budgets_[peer].lock()) return b;
   // Forget connections that hold nothing now.
   for (auto it = budgets_.begin(); it != budgets_.end();) {

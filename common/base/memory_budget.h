@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/sync.h"
 
 namespace repvar {
 
@@ -74,7 +74,7 @@ class ConnectionBudgets {
  private:
   MemoryBudget* const daemon_;
   const uint64_t per_connection_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::map<std::string, std::weak_ptr<MemoryBudget>> budgets_ ABSL_GUARDED_BY(mu_);
 };
 

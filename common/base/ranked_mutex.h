@@ -8,7 +8,7 @@
 #define REPVAR_COMMON_BASE_RANKED_MUTEX_H_
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/sync.h"
 
 namespace repvar {
 
@@ -22,7 +22,7 @@ class ABSL_LOCKABLE RankedMutex {
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION();
   void Unlock() ABSL_UNLOCK_FUNCTION();
   // For condition variables and Await (the rank stays held while waiting).
-  absl::Mutex* native() { return &mu_; }
+  Mutex* native() ABSL_LOCK_RETURNED(this) { return &mu_; }
   int rank() const { return rank_; }
   const char* name() const { return name_; }
 
@@ -35,7 +35,7 @@ class ABSL_LOCKABLE RankedMutex {
  private:
   const int rank_;
   const char* const name_;
-  absl::Mutex mu_;
+  Mutex mu_;
 };
 
 // Scoped lock over a RankedMutex.

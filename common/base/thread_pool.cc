@@ -8,7 +8,7 @@ namespace repvar {
 
 ThreadPool::ThreadPool(int threads, int max_threads)
     : max_threads_(std::max({threads, max_threads, 1})) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (int i = 0; i < std::max(threads, 1); ++i) {
     ++idle_;
     threads_.emplace_back([this] { Loop(); });
@@ -16,17 +16,17 @@ ThreadPool::ThreadPool(int threads, int max_threads)
 }
 
 ThreadPool::~ThreadPool() {
-  std::vector<std::thread> threads;
+  std::vector<Thread> threads;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
     threads.swap(threads_);  // none starts once stopping
   }
-  for (std::thread& t : threads) t.join();
+  for (Thread& t : threads) t.join();
 }
 
 void ThreadPool::Schedule(absl::AnyInvocable<void() &&> fn) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   queue_.push_back(std::move(fn));
   if (!stopping_ && static_cast<size_t>(idle_) < queue_.size() &&
       static_cast<int>(threads_.size()) < max_threads_) {
@@ -36,7 +36,7 @@ void ThreadPool::Schedule(absl::AnyInvocable<void() &&> fn) {
 }
 
 int ThreadPool::threads() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(threads_.size());
 }
 
@@ -46,7 +46,7 @@ void ThreadPool::Loop() {
   while (true) {
     absl::AnyInvocable<void() &&> fn;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       mu_.Await(absl::Condition(this, &ThreadPool::ReadyLocked));
       if (queue_.empty()) return;  // stopping, and everything ran
       fn = std::move(queue_.front());
@@ -54,7 +54,7 @@ void ThreadPool::Loop() {
       --idle_;
     }
     std::move(fn)();
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ++idle_;
   }
 }

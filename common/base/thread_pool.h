@@ -12,12 +12,11 @@
 #define REPVAR_COMMON_BASE_THREAD_POOL_H_
 
 #include <deque>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/sync.h"
 
 namespace repvar {
 
@@ -39,12 +38,12 @@ class ThreadPool {
   bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int max_threads_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int idle_ ABSL_GUARDED_BY(mu_) = 0;  // threads not running a closure
   // Last: started once the members above exist.
-  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<Thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace repvar

@@ -7,10 +7,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/base/clock.h"
 #include "common/base/ranked_mutex.h"
+#include "common/base/sync.h"
 #include "server/core/lock_order.h"
 
 namespace repvar::server {

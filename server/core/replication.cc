@@ -22,14 +22,13 @@ Replication::Replication(ReplicationOptions options, Clock* clock, Registry* reg
       workers_(workers),
       budget_(budget) {}
 
-std::vector<std::shared_ptr<absl::Mutex>> Replication::WriteLocksOf(
-    const std::vector<uint64_t>& ids) {
-  std::vector<std::shared_ptr<absl::Mutex>> out;
+std::vector<std::shared_ptr<Mutex>> Replication::WriteLocksOf(const std::vector<uint64_t>& ids) {
+  std::vector<std::shared_ptr<Mutex>> out;
   out.reserve(ids.size());
   RankedLock lock(&mu_);
   for (uint64_t id : ids) {
     auto& mu = write_locks_[id];
-    if (mu == nullptr) mu = std::make_shared<absl::Mutex>();
+    if (mu == nullptr) mu = std::make_shared<Mutex>();
     out.push_back(mu);
   }
   return out;

@@ -22,11 +22,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
 #include "common/base/clock.h"
 #include "common/base/memory_budget.h"
 #include "common/base/ranked_mutex.h"
+#include "common/base/sync.h"
 #include "common/base/thread_pool.h"
 #include "common/model/variable.h"
 #include "server/core/collective_groups.h"
@@ -195,7 +195,7 @@ class Replication {
   // Starts writing the large values to the state log's blob files while the
   // workers take them, so that the commit only syncs its record; `staged`
   // is notified when done (at once when there is nothing to stage).
-  void StageValues(const std::vector<PlannedWrite>& writes, absl::Notification* staged);
+  void StageValues(const std::vector<PlannedWrite>& writes, Notification* staged);
   // Every batch to its worker at once; the WritePrepared at `prepared_at`
   // is synced on this thread meanwhile (into `prepared_durable`). Returns
   // each batch's status.
@@ -239,7 +239,7 @@ class Replication {
   // ---- Shared (replication.cc) ----
   absl::StatusOr<uint64_t> IdOf(absl::string_view name) const;
   // The write lock of each of `ids`, made for those that have none yet.
-  std::vector<std::shared_ptr<absl::Mutex>> WriteLocksOf(const std::vector<uint64_t>& ids)
+  std::vector<std::shared_ptr<Mutex>> WriteLocksOf(const std::vector<uint64_t>& ids)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   const ReplicationOptions options_;
@@ -255,7 +255,7 @@ class Replication {
 
   // State below is protected by mu_.
   RankedMutex mu_{kLeafRank, "Replication::mu_"};
-  absl::flat_hash_map<uint64_t, std::shared_ptr<absl::Mutex>> write_locks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Mutex>> write_locks_ ABSL_GUARDED_BY(mu_);
   // Committed values fetched from replicas (a step left them there): a
   // cache, not state; keyed by variable id, valid for its version; at most
   // options_.read_cache_bytes in all (fetched_bytes_).

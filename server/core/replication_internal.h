@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/sync.h"
 #include "server/core/cluster_state.h"
 #include "server/core/replication.h"
 
@@ -44,7 +44,7 @@ class Replication::WriteLocks {
     mutexes_ = r->WriteLocksOf(ids);
     held_.reserve(mutexes_.size());
     for (const auto& mu : mutexes_) {
-      held_.push_back(std::make_unique<absl::MutexLock>(mu.get()));  // in id order, as every taker
+      held_.push_back(std::make_unique<MutexLock>(mu.get()));  // in id order, as every taker
     }
   }
   ~WriteLocks() {
@@ -54,8 +54,8 @@ class Replication::WriteLocks {
   WriteLocks& operator=(const WriteLocks&) = delete;
 
  private:
-  std::vector<std::shared_ptr<absl::Mutex>> mutexes_;
-  std::vector<std::unique_ptr<absl::MutexLock>> held_;  // one per mutex
+  std::vector<std::shared_ptr<Mutex>> mutexes_;
+  std::vector<std::unique_ptr<MutexLock>> held_;  // one per mutex
 };
 
 }  // namespace repvar::server

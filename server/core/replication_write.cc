@@ -46,7 +46,7 @@ absl::StatusOr<Delivery> Replication::Deliver(const std::vector<PlannedWrite>& w
   REPVAR_ASSIGN_OR_RETURN(const uint64_t prepared_at, Prepare(writes, fence, prepare));
   std::vector<WriteBatch> batches = registry_->Peek(
       [&](const ClusterState& state) { return GroupByWorker(state, writes, fence); });
-  absl::Notification staged;
+  Notification staged;
   StageValues(writes, &staged);
   // The commit that follows finds the values staged.
   absl::Cleanup wait_staged = [&staged] { staged.WaitForNotification(); };
@@ -93,7 +93,7 @@ bool Replication::UseDataPlane(const std::vector<WriteBatch>& batches) const {
   return !steps_->IsOpen();
 }
 
-void Replication::StageValues(const std::vector<PlannedWrite>& writes, absl::Notification* staged) {
+void Replication::StageValues(const std::vector<PlannedWrite>& writes, Notification* staged) {
   std::vector<std::shared_ptr<const Tensor>> to_stage;
   for (const PlannedWrite& w : writes) {
     if (w.value->bytes.size() >= options_.stage_min_bytes) to_stage.push_back(w.value);

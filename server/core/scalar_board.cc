@@ -34,7 +34,7 @@ absl::Status ScalarBoard::Publish(const std::vector<ScalarSample>& samples) {
           absl::StrCat("scalar step must be >= 0, got ", sample.step, " for ", sample.name));
     }
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::set<absl::string_view> added;
   for (const ScalarSample& sample : samples) {
     if (series_.find(sample.name) != series_.end()) continue;
@@ -62,7 +62,7 @@ absl::Status ScalarBoard::Publish(const std::vector<ScalarSample>& samples) {
 }
 
 std::vector<ScalarSeries> ScalarBoard::Snapshot() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<ScalarSeries> out;
   out.reserve(series_.size());
   for (const auto& [name, points] : series_) {

@@ -24,7 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/sync.h"
 
 namespace repvar::server {
 
@@ -68,7 +68,7 @@ class ScalarBoard {
     double sum = 0;
     int64_t count = 0;
   };
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, std::map<int64_t, Sum>, std::less<>> series_ ABSL_GUARDED_BY(mu_);
 };
 

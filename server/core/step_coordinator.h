@@ -171,8 +171,8 @@ class StepCoordinator {
   int holds_ ABSL_GUARDED_BY(mu_) = 0;  // HoldWrites not yet released
   // step_cv_: a step opened, started aggregating or resolved, or
   // writes_in_flight_ or holds_ moved. events_cv_: a step event was recorded.
-  absl::CondVar step_cv_;
-  absl::CondVar events_cv_;
+  CondVar step_cv_;
+  CondVar events_cv_;
   // One-shot callbacks run when the step state changes (see WhenStepPlanned).
   std::vector<std::function<void()>> wakers_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

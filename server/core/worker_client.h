@@ -10,8 +10,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/sync.h"
 #include "common/model/replica_write.h"
 #include "common/model/task.h"
 #include "common/tensor/tensor.h"
@@ -86,13 +86,13 @@ class CallGroup {
 
   WorkerClient::Done Callback(size_t i) {
     return [state = state_, i](absl::Status s) {
-      absl::MutexLock lock(&state->mu);
+      MutexLock lock(&state->mu);
       state->statuses[i] = std::move(s);
       --state->pending;
     };
   }
   std::vector<absl::Status> Wait() {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     state_->mu.Await(absl::Condition(
         +[](size_t* pending) { return *pending == 0; }, &state_->pending));
     return state_->statuses;
@@ -101,7 +101,7 @@ class CallGroup {
  private:
   struct State {
     explicit State(size_t calls) : statuses(calls), pending(calls) {}
-    absl::Mutex mu;
+    Mutex mu;
     std::vector<absl::Status> statuses ABSL_GUARDED_BY(mu);
     size_t pending ABSL_GUARDED_BY(mu);
   };

@@ -430,7 +430,7 @@ absl::Status GlooDataPlane::Broadcast(const CollectiveSpec& c, std::span<std::by
   if (c.size < 1 || c.rank < 0 || c.rank >= c.size || c.root < 0 || c.root >= c.size) {
     return absl::InvalidArgumentError("malformed collective");
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto ctx = ContextFor(c);
   if (!ctx.ok()) return ctx.status();
   if (bytes.empty() || c.size == 1) return absl::OkStatus();
@@ -465,7 +465,7 @@ absl::Status GlooDataPlane::Allreduce(const CollectiveSpec& c, AccumType type,
   }
   const size_t item = AccumSize(type);
   if (bytes.size() % item != 0) return absl::InvalidArgumentError("ragged reduction buffer");
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto ctx = ContextFor(c);
   if (!ctx.ok()) return ctx.status();
   if (bytes.empty() || c.size == 1) return absl::OkStatus();
@@ -528,7 +528,7 @@ absl::Status GlooDataPlane::ReduceApply(const CollectiveSpec& c, FoldedReduction
     REPVAR_ASSIGN_OR_RETURN(ring.lead, Buffer::Allocate(2 * segment_bytes));
     REPVAR_ASSIGN_OR_RETURN(ring.scratch, Buffer::Allocate(segment_bytes));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto ctx = ContextFor(c);
   if (!ctx.ok()) return ctx.status();
   try {

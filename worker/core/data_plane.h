@@ -12,8 +12,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/sync.h"
 #include "common/model/collective.h"
 #include "common/tensor/step_math.h"
 #include "common/tensor/tensor.h"
@@ -162,7 +162,7 @@ class GlooDataPlane final : public Collectives {
   const std::string hostname_;
   RendezvousClient* const store_;
   const DataPlaneOptions options_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::shared_ptr<gloo::transport::Device> device_ ABSL_GUARDED_BY(mu_);
   std::string group_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<gloo::Context> context_ ABSL_GUARDED_BY(mu_);

@@ -11,7 +11,7 @@ namespace repvar::worker {
 absl::Status ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
   // Old values are released after the lock is dropped (munmap can be slow).
   std::vector<std::shared_ptr<const Tensor>> released;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (const ReplicaWrite& item : items) {
     if (item.fence == 0) continue;
     auto f = fences_.find(item.variable_id);
@@ -41,7 +41,7 @@ absl::Status ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
 absl::StatusOr<StoredReplica> ReplicaStore::WaitFor(uint64_t variable_id, int32_t replica,
                                                     int64_t min_version,
                                                     absl::Time deadline) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   bool timed_out = false;
   while (true) {
     // Looked up again after each wait: a Drop meanwhile erases the entry.
@@ -63,12 +63,12 @@ absl::StatusOr<StoredReplica> ReplicaStore::WaitFor(uint64_t variable_id, int32_
 }
 
 int ReplicaStore::Waiting() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return waiting_;
 }
 
 absl::StatusOr<StoredReplica> ReplicaStore::Get(uint64_t variable_id, int32_t replica) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = replicas_.find({variable_id, replica});
   if (it == replicas_.end()) {
     return absl::NotFoundError(
@@ -79,7 +79,7 @@ absl::StatusOr<StoredReplica> ReplicaStore::Get(uint64_t variable_id, int32_t re
 
 void ReplicaStore::Drop(uint64_t variable_id) {
   std::vector<std::shared_ptr<const Tensor>> released;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = replicas_.lower_bound({variable_id, INT32_MIN});
   while (it != replicas_.end() && it->first.first == variable_id) {
     released.push_back(std::move(it->second.value));
@@ -89,7 +89,7 @@ void ReplicaStore::Drop(uint64_t variable_id) {
 }
 
 std::vector<StoredReplica> ReplicaStore::FenceAndList(uint64_t floor) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   fence_floor_ = std::max(fence_floor_, floor);
   std::vector<StoredReplica> out;
   for (const auto& [key, r] : replicas_) out.push_back(r);
@@ -97,14 +97,14 @@ std::vector<StoredReplica> ReplicaStore::FenceAndList(uint64_t floor) {
 }
 
 std::vector<StoredReplica> ReplicaStore::List() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<StoredReplica> out;
   for (const auto& [key, r] : replicas_) out.push_back(r);
   return out;
 }
 
 uint64_t ReplicaStore::BytesHeld() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::set<const Tensor*> seen;
   uint64_t total = 0;
   for (const auto& [key, r] : replicas_) {

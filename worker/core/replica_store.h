@@ -10,7 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/sync.h"
 #include "common/model/replica_write.h"
 #include "common/tensor/tensor.h"
 
@@ -60,8 +60,8 @@ class ReplicaStore {
   uint64_t BytesHeld() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  mutable absl::Mutex mu_;
-  mutable absl::CondVar applied_;  // Apply() ran
+  mutable Mutex mu_;
+  mutable CondVar applied_;  // Apply() ran
   // Ordered (a variable's replicas are adjacent), a few replicas per
   // allocated node rather than one; B-trees also grow without rehashing.
   absl::btree_map<std::pair<uint64_t, int32_t>, StoredReplica> replicas_ ABSL_GUARDED_BY(mu_);

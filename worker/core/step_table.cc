@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "common/base/random.h"
 #include "common/base/status_util.h"
+#include "common/base/sync.h"
 
 namespace repvar::worker {
 namespace {
@@ -79,7 +79,7 @@ StepTable::StepTable(WorkerIdentity me, ReplicaStore* store, StepLink* link, Res
 
 StepTable::~StepTable() {
   waiting_.reset();  // runs the waiting commits out
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](int* resolving) { return *resolving == 0; }, &resolving_));
 }
@@ -88,7 +88,7 @@ absl::StatusOr<std::shared_ptr<LocalStep>> StepTable::Find(int64_t step, uint64_
   if (epoch == 0) return absl::InvalidArgumentError("a step call needs the step's epoch");
   std::shared_ptr<const StepLayout> known;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = steps_.find(epoch);
     if (it != steps_.end()) {
       if (it->second->header.step != step) {
@@ -119,7 +119,7 @@ absl::StatusOr<std::shared_ptr<LocalStep>> StepTable::Find(int64_t step, uint64_
   }
   s->header = std::move(info);
 
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return AddLocked(epoch, std::move(s));
 }
 
@@ -156,7 +156,7 @@ void StepTable::CloseLocked(uint64_t epoch, LocalStep& s, StepResolution resolut
 void StepTable::Hint(int64_t step, uint64_t epoch, uint64_t layout_id,
                      absl::Duration barrier_timeout) {
   if (epoch == 0 || layout_id == 0) return;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (steps_.contains(epoch) || layout_ == nullptr || layout_->info.layout_id != layout_id) {
     return;
   }
@@ -220,7 +220,7 @@ absl::Status StepTable::CheckWrite(const LocalStep& s, const WriteItem& item) co
 
 absl::Status StepTable::Write(int64_t step, uint64_t epoch, std::vector<WriteItem> items) {
   REPVAR_ASSIGN_OR_RETURN(std::shared_ptr<LocalStep> s, Find(step, epoch));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (s->phase != LocalStep::Phase::kOpen) return NoLongerOpen(s->header);
   for (const WriteItem& item : items) REPVAR_RETURN_IF_ERROR(CheckWrite(*s, item));
   for (WriteItem& item : items) {
@@ -260,7 +260,7 @@ absl::StatusOr<StepTable::Lease> StepTable::Map(int64_t step, uint64_t epoch, ui
     lent.writable->bytes = std::move(buf);
     {
       // A write lease must name a replica this trainer may write in this step.
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (s->phase != LocalStep::Phase::kOpen) return NoLongerOpen(s->header);
       REPVAR_RETURN_IF_ERROR(CheckWrite(*s, WriteItem{variable_id, replica, lent.writable}));
     }
@@ -273,7 +273,7 @@ absl::StatusOr<StepTable::Lease> StepTable::Map(int64_t step, uint64_t epoch, ui
     }
   }
   const Tensor& t = write ? *lent.writable : *lent.value;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Lease lease{next_lease_++, t.bytes.shared_fd(), t.bytes.size(), t.checksum, version};
   leases_[lease.id] = std::move(lent);
   return lease;
@@ -283,7 +283,7 @@ absl::StatusOr<uint64_t> StepTable::Unmap(uint64_t lease, bool publish,
                                           std::optional<uint64_t> checksum, bool hash_later) {
   Lent lent;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = leases_.find(lease);
     if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("no lease ", lease));
     lent = std::move(it->second);
@@ -296,7 +296,7 @@ absl::StatusOr<uint64_t> StepTable::Unmap(uint64_t lease, bool publish,
     const std::pair<uint64_t, int32_t> key{lent.variable_id, lent.replica};
     uint64_t number = 0;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (s->phase != LocalStep::Phase::kOpen) return NoLongerOpen(s->header);
       REPVAR_RETURN_IF_ERROR(CheckWrite(*s, WriteItem{key.first, key.second, lent.writable}));
       number = next_publish_++;
@@ -322,7 +322,7 @@ absl::StatusOr<uint64_t> StepTable::Unmap(uint64_t lease, bool publish,
 void StepTable::FinishHashing(const std::shared_ptr<LocalStep>& s, std::pair<uint64_t, int32_t> key,
                               uint64_t publish, const std::shared_ptr<Tensor>& value) {
   value->UpdateChecksum();  // outside the lock: the table goes on meanwhile
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = s->hashing.find(key);
   if (it == s->hashing.end() || it->second != publish) return;  // replaced meanwhile
   s->hashing.erase(it);
@@ -342,7 +342,7 @@ void StepTable::AwaitHashedLocked(const LocalStep& s,
 }
 
 int StepTable::HashWaiters() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return hash_waiters_;
 }
 
@@ -350,7 +350,7 @@ absl::StatusOr<StoredReplica> StepTable::Read(uint64_t epoch, uint64_t variable_
                                               int32_t replica) {
   REPVAR_ASSIGN_OR_RETURN(StoredReplica r, store_->Get(variable_id, replica));
   if (epoch == 0) return r;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = steps_.find(epoch);
   if (it == steps_.end()) return r;                    // nothing written in that step here
   const std::shared_ptr<LocalStep> held = it->second;  // the wait below may unlock
@@ -384,7 +384,7 @@ absl::StatusOr<std::vector<std::string>> StepTable::LocalDevices(
 
 void StepTable::ResolveThenClose(std::shared_ptr<LocalStep> s, CommitDone done) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ++resolving_;
   }
   const LocalStep& step = *s;
@@ -392,7 +392,7 @@ void StepTable::ResolveThenClose(std::shared_ptr<LocalStep> s, CommitDone done) 
       step, [this, s = std::move(s), done = std::move(done)](StepResolution res) mutable {
         StepResolution out;
         {
-          absl::MutexLock lock(&mu_);
+          MutexLock lock(&mu_);
           CloseLocked(s->header.epoch, *s, std::move(res));
           out = *s->resolution;
           --resolving_;  // the last use of the table
@@ -419,7 +419,7 @@ void StepTable::CommitAsync(int64_t step, uint64_t epoch, std::vector<std::strin
   std::shared_ptr<LocalStep> s;
   bool run = false;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = steps_.find(epoch);
     // Known here, and nothing published still being hashed: it enters now.
     if (it != steps_.end() && it->second->header.step == step && it->second->hashing.empty()) {
@@ -448,12 +448,12 @@ absl::StatusOr<StepResolution> StepTable::Commit(int64_t step, uint64_t epoch,
   REPVAR_ASSIGN_OR_RETURN(std::vector<std::string> mine, LocalDevices(devices));
   bool run = false;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     AwaitHashedLocked(*s);  // every value published here is in the report
     run = EnterLocked(*s, mine);
   }
   if (!run) return AwaitResolution(*s, deadline);
-  absl::Notification closed;
+  Notification closed;
   StepResolution out;
   ResolveThenClose(s, [&](absl::StatusOr<StepResolution> r) {
     out = *std::move(r);  // always a resolution
@@ -465,7 +465,7 @@ absl::StatusOr<StepResolution> StepTable::Commit(int64_t step, uint64_t epoch,
 
 absl::StatusOr<StepResolution> StepTable::AwaitResolution(const LocalStep& s, absl::Time deadline) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     while (s.phase != LocalStep::Phase::kDone) {
       if (cv_.WaitWithDeadline(&mu_, deadline)) {
         std::vector<std::string> waiting;
@@ -488,7 +488,7 @@ absl::StatusOr<StepResolution> StepTable::AwaitResolution(const LocalStep& s, ab
 }
 
 void StepTable::Discard(uint64_t epoch) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = steps_.find(epoch);
   if (it == steps_.end() || it->second->phase != LocalStep::Phase::kOpen) return;
   CloseLocked(epoch, *it->second,

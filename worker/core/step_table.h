@@ -46,7 +46,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/base/sync.h"
 #include "common/base/thread_pool.h"
 #include "common/model/step.h"
 #include "worker/core/coordinator_link.h"
@@ -242,8 +242,8 @@ class StepTable {
   Resolver* const resolver_;
 
   // State below is protected by mu_.
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // a step changed phase
+  mutable Mutex mu_;
+  CondVar cv_;  // a step changed phase
   std::map<uint64_t, std::shared_ptr<LocalStep>> steps_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const StepLayout> layout_ ABSL_GUARDED_BY(mu_);  // the last one seen
   struct Lent {

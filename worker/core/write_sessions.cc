@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/base/status_util.h"
+#include "common/base/sync.h"
 
 namespace repvar::worker {
 namespace {
@@ -78,7 +78,7 @@ class ReplicaWriteSession::RootBroadcast final : public ArrivingBytes {
       : c_(std::move(c)), arrived_(arrived) {
     pool->Schedule([this, plane, bytes] {
       absl::Status s = plane->Broadcast(c_, bytes, /*received=*/nullptr, /*arriving=*/this);
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       status_ = std::move(s);
       done_ = true;
     });
@@ -86,20 +86,20 @@ class ReplicaWriteSession::RootBroadcast final : public ArrivingBytes {
   ~RootBroadcast() override { (void)Join(/*abandon=*/true); }
 
   void Arrived(uint64_t bytes) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     arrived_ = bytes;
   }
   // Waits for the broadcast to end. `abandon`: the bytes not yet in place
   // will not come (the broadcast fails if it still needs them).
   absl::Status Join(bool abandon) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (abandon) abandoned_ = true;
     mu_.Await(absl::Condition(&done_));
     return status_;
   }
 
   absl::Status Await(size_t end) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return abandoned_ || arrived_ >= end; };
     if (!mu_.AwaitWithTimeout(absl::Condition(&ready), c_.timeout)) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -111,7 +111,7 @@ class ReplicaWriteSession::RootBroadcast final : public ArrivingBytes {
 
  private:
   const CollectiveSpec c_;
-  absl::Mutex mu_;
+  Mutex mu_;
   uint64_t arrived_ ABSL_GUARDED_BY(mu_);
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
