@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/rpc/access_policy.h"
 #include "common/rpc/certificates.h"
 
@@ -40,6 +41,12 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsFor(const ServerSecuri
 // Messages stay below 32 MiB by design (chunks are at most 4 MiB); the limit
 // leaves headroom for batched calls.
 inline constexpr int kMaxMessageBytes = 64 << 20;
+// Channels ping a quiet connection with calls in flight every
+// kKeepaliveTime and give it up kKeepaliveTimeout later without an
+// answer; servers accept pings that often (kMinPingInterval).
+inline constexpr absl::Duration kKeepaliveTime = absl::Seconds(2);
+inline constexpr absl::Duration kKeepaliveTimeout = absl::Seconds(2);
+inline constexpr absl::Duration kMinPingInterval = absl::Seconds(1);
 grpc::ChannelArguments DefaultChannelArguments();
 
 // Opens a client channel the same way everywhere (coordinator, workers,

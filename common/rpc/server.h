@@ -82,6 +82,10 @@ class DaemonServer {
     // gRPC sets SO_REUSEPORT by default: a second daemon on a busy port would
     // start and share it. A busy port is a startup error instead.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    // Our channels' keepalive pings (credentials.h) are welcome.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                               static_cast<int>(absl::ToInt64Milliseconds(kMinPingInterval)));
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     for (const ServedService& s : d->services_) builder.RegisterService(s.service);
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counting;
     counting.push_back(std::make_unique<RpcMetricsFactory>());
