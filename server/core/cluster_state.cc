@@ -127,21 +127,15 @@ void ClusterState::ApplyChange(const WorkerRegistered& c) {
   w.devices = c.devices;
   w.joining = c.joining;
   membership_changed_ = true;
-  // Its replicas come back: holding what they held when the same process
-  // returns, empty when a new one does (F2: resynced before they serve).
+  // Its replicas come back unverified (F2: fenced off, listed and resynced
+  // before they serve), even from the same process: a write cut off after
+  // its last acknowledgement may have landed since (F7).
   for (auto& [id, v] : variables_) {
     bool touched = false;
     for (size_t i = 0; i < v.placement.size(); ++i) {
       if (v.placement[i].task != c.task) continue;
-      ReplicaRecord& r = v.replicas[i];
-      ReplicaEvent event = ReplicaEvent::kReturnedEmpty;
-      if (v.version == 0) {
-        event = ReplicaEvent::kReturnedUninitialized;
-      } else if (r.incarnation == c.incarnation && r.version == v.version &&
-                 r.checksum == v.checksum) {
-        event = ReplicaEvent::kReturnedHolding;
-      }
-      MoveReplica(v, i, event);
+      MoveReplica(v, i,
+                  v.version == 0 ? ReplicaEvent::kReturnedUninitialized : ReplicaEvent::kReturned);
       touched = true;
     }
     if (touched) Reassess(v);

@@ -21,10 +21,8 @@ const char* ReplicaEventName(ReplicaEvent event) {
       return "missed";
     case E::kLost:
       return "lost";
-    case E::kReturnedHolding:
-      return "returned holding";
-    case E::kReturnedEmpty:
-      return "returned empty";
+    case E::kReturned:
+      return "returned";
     case E::kReturnedUninitialized:
       return "returned uninitialized";
   }
@@ -42,12 +40,9 @@ std::optional<ReplicaState> NextReplicaState(ReplicaState from, ReplicaEvent eve
     case E::kLost:
       if (on_live_worker) return S::kUnavailable;
       return std::nullopt;  // declared dead twice
-    case E::kReturnedHolding:
-      if (!on_live_worker) return S::kUpToDate;
-      return std::nullopt;  // it never left
-    case E::kReturnedEmpty:
+    case E::kReturned:
       if (!on_live_worker) return S::kStale;
-      return std::nullopt;
+      return std::nullopt;  // it never left
     case E::kReturnedUninitialized:
       if (!on_live_worker) return S::kUninitialized;
       return std::nullopt;

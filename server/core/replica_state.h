@@ -14,8 +14,7 @@
 //                               missed '--'
 //
 //   UNINITIALIZED, UP_TO_DATE, STALE --lost--> UNAVAILABLE (missed: stays)
-//   UNAVAILABLE --returned holding-------> UP_TO_DATE
-//   UNAVAILABLE --returned empty---------> STALE
+//   UNAVAILABLE --returned---------------> STALE
 //   UNAVAILABLE --returned uninitialized-> UNINITIALIZED
 //
 //   acked     its worker acknowledged holding the committed value (a
@@ -23,7 +22,10 @@
 //   missed    a value was committed that this replica does not hold (it sat
 //             a step out, or holds an uncommitted version of a failed write)
 //   lost      its worker was declared dead
-//   returned  its worker registered again
+//   returned  its worker registered again; what it holds is known only
+//             once it is fenced off and listed (F2), so it is STALE until
+//             then, even when the same process returns: a write that was
+//             cut off may have landed after its last acknowledgement
 //
 // An event outside the table is a bug in the code that built the record:
 // it crashes, naming the replica, its state and the event.
@@ -41,8 +43,7 @@ enum class ReplicaEvent {
   kAcked,
   kMissed,
   kLost,
-  kReturnedHolding,
-  kReturnedEmpty,
+  kReturned,
   kReturnedUninitialized,
 };
 

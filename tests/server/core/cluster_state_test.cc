@@ -99,16 +99,34 @@ TEST_F(ClusterStateTest, ValueCommitted_HoldersUpToDateOthersStale) {
   EXPECT_EQ(state_.FindId(1)->version, 1);
 }
 
-TEST_F(ClusterStateTest, WorkerDeathAndReturn_SameProcessHoldsNewOneIsStale) {
+// F2/F7: a returning worker's replicas are unverified until it is fenced
+// off and listed, whichever process returns.
+TEST_F(ClusterStateTest, WorkerDeathAndReturn_EveryReplicaStaleUntilVerified) {
   Commit(1, F32({1, 2}), {{0, Inc(0)}, {1, Inc(1)}});
   state_.Apply(Record{{Died(0, Inc(0)), Died(1, Inc(1))}});
   EXPECT_EQ(StateOf(0), ReplicaState::kUnavailable);
   EXPECT_EQ(StateOf(1), ReplicaState::kUnavailable);
-  // The same incarnation comes back holding the committed value; a new one is empty.
   state_.Apply(Record{{Registered(0, Inc(0))}});
   state_.Apply(Record{{Registered(1, 999)}});
-  EXPECT_EQ(StateOf(0), ReplicaState::kUpToDate);
+  EXPECT_EQ(StateOf(0), ReplicaState::kStale);
   EXPECT_EQ(StateOf(1), ReplicaState::kStale);
+}
+
+// The shape the simulator found (seed 1781): replica 0 acknowledged an
+// uncommitted (v2, A) of a write that failed elsewhere; a later write B
+// was sent to it but not answered (its worker paused), then declared dead;
+// the retry of A committed (v2, A) on replica 1 alone. B may have landed
+// on replica 0 meanwhile: when the same process returns, the record's
+// (v2, A) for replica 0 proves nothing.
+TEST_F(ClusterStateTest, F7_SameProcessReturns_AfterAnUnansweredWrite_NotUpToDate) {
+  Commit(1, F32({1, 2}), {{0, Inc(0)}, {1, Inc(1)}});
+  const auto a = F32({3, 4});
+  state_.Apply({{ReplicasWritten{1, 2, a->checksum, {{0, Inc(0)}}}, ResyncFlagged{1, true}}});
+  state_.Apply(Record{{Died(0, Inc(0))}});
+  Commit(2, a, {{1, Inc(1)}});
+  state_.Apply(Record{{Registered(0, Inc(0))}});
+  EXPECT_EQ(StateOf(0), ReplicaState::kStale);
+  EXPECT_EQ(StateOf(1), ReplicaState::kUpToDate);
 }
 
 // C6 with its bound: an answer is kept for the whole window, whatever
