@@ -12,7 +12,7 @@ std::string CollectiveGroups::GroupLocked(const std::vector<GroupMember>& member
     absl::StrAppend(&set, m.task.ToString(), "@", m.incarnation, ";");
   }
   std::string group = absl::StrCat(
-      "g", generation_, "-", absl::Hex(Checksum(std::as_bytes(std::span(set.data(), set.size())))));
+      "g", life_, ".", generation_, "-", absl::Hex(Checksum(std::as_bytes(std::span(set.data(), set.size())))));
   if (group != group_) {
     if (!group_.empty()) store_.DeletePrefix(group_ + "/");
     group_ = group;

@@ -33,6 +33,12 @@ struct GroupMember {
 // Thread-safe (a monitor, rank kGroupsRank).
 class CollectiveGroups {
  public:
+  // `life` tells this coordinator process's groups from those of an
+  // earlier one (the clock in microseconds at its start): a restart must
+  // never hand out a (group, tag) that workers may still hold from before
+  // it, with members waiting in a collective that will never complete.
+  explicit CollectiveGroups(uint64_t life) : life_(life) {}
+
   RendezvousStore& store() { return store_; }
 
   // A cross-replica write over the data plane among `members` (in rank
@@ -55,6 +61,7 @@ class CollectiveGroups {
   std::string GroupLocked(const std::vector<GroupMember>& members)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const uint64_t life_;
   RendezvousStore store_;
 
   // State below is protected by mu_.

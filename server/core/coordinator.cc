@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/core/coordinator.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
 #include "spdlog/spdlog.h"
@@ -34,6 +36,7 @@ Coordinator::Coordinator(CoordinatorOptions options, Clock* clock, WorkerClient*
       owned_log_(log == nullptr ? std::make_unique<VolatileStateLog>() : nullptr),
       log_(log != nullptr ? log : owned_log_.get()),
       registry_(RegistryOptionsOf(options), clock, log_),
+      groups_(static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixMicros(clock->Now())))),
       steps_(clock, &registry_, &groups_),
       replication_(options.replication, clock, &registry_, log_, &steps_, &groups_, workers,
                    &budget_) {}

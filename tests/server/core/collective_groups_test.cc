@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "server/core/coordinator.h"
 #include "tests/testing/fake_clock.h"
@@ -71,8 +73,25 @@ TEST(DataPlaneTest, LargeWrite_OneRootGetsBytesAllMembersGetOneGroupAndTag) {
   EXPECT_NE(after.back().second.group, c[0].second.group);
 }
 
+// The simulator's seed 1616: a coordinator restarted with its workers
+// still running handed out the groups and tags of its earlier life, which
+// workers still held from before the crash; every large write then timed
+// out in its collective. A new life never repeats a group name.
+TEST(CollectiveGroupsTest, ANewCoordinatorLife_NeverRepeatsAGroup) {
+  std::vector<GroupMember> members = {{{"tpu_worker", 0}, 1}, {{"tpu_worker", 1}, 2}};
+  CollectiveGroups before(/*life=*/1000);
+  CollectiveGroups after(/*life=*/2000);
+  std::set<std::string> seen;
+  for (int i = 0; i < 3; ++i) {
+    seen.insert(before.ForStep(members, 1, /*fresh=*/true).first);
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(seen.contains(after.ForStep(members, 1, /*fresh=*/true).first));
+  }
+}
+
 TEST(CollectiveGroupsTest, ForStep_ConsecutiveTags_FreshStartsANewGeneration_OldKeysDeleted) {
-  CollectiveGroups groups;
+  CollectiveGroups groups(/*life=*/7);
   std::vector<GroupMember> members = {{{"tpu_worker", 0}, 1}, {{"tpu_worker", 1}, 2}};
   auto [g1, t1] = groups.ForStep(members, 3, /*fresh=*/false);
   auto [g2, t2] = groups.ForStep(members, 1, /*fresh=*/false);
