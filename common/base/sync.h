@@ -54,6 +54,14 @@ inline Cooperative* Current() {
 
 }  // namespace sync_internal
 
+// The time the waits below measure deadlines by: the simulation's inside
+// one, absl::Now() otherwise. For a core that turns a timeout into a
+// deadline; code with a Clock uses it.
+inline absl::Time WaitClockNow() {
+  if (sync_internal::Cooperative* c = sync_internal::Current()) return c->Now();
+  return absl::Now();
+}
+
 class ABSL_LOCKABLE Mutex {
  public:
   Mutex() = default;

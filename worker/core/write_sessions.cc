@@ -73,11 +73,14 @@ absl::Status CheckIncarnation(uint64_t meant_for, uint64_t ours) {
 // coordinator is still sending them.
 class ReplicaWriteSession::RootBroadcast final : public ArrivingBytes {
  public:
+  // The collective's timeout runs from now, not from when a pool thread
+  // takes it: a broadcast queued behind a stuck one gets what is left of
+  // it (nothing: it fails at once), so stuck broadcasts cannot convoy.
   RootBroadcast(ThreadPool* pool, Collectives* plane, CollectiveSpec c, std::span<std::byte> bytes,
                 uint64_t arrived)
-      : c_(std::move(c)), arrived_(arrived) {
+      : c_(std::move(c)), deadline_(WaitClockNow() + c_.timeout), arrived_(arrived) {
     pool->Schedule([this, plane, bytes] {
-      absl::Status s = plane->Broadcast(c_, bytes, /*received=*/nullptr, /*arriving=*/this);
+      absl::Status s = Broadcast(plane, bytes);
       MutexLock lock(&mu_);
       status_ = std::move(s);
       done_ = true;
@@ -101,7 +104,7 @@ class ReplicaWriteSession::RootBroadcast final : public ArrivingBytes {
   absl::Status Await(size_t end) override {
     MutexLock lock(&mu_);
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return abandoned_ || arrived_ >= end; };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), c_.timeout)) {
+    if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline_)) {
       return absl::DeadlineExceededError(absl::StrCat(
           "bytes up to ", end, " did not arrive within ", absl::FormatDuration(c_.timeout)));
     }
@@ -110,7 +113,19 @@ class ReplicaWriteSession::RootBroadcast final : public ArrivingBytes {
   }
 
  private:
+  absl::Status Broadcast(Collectives* plane, std::span<std::byte> bytes) {
+    CollectiveSpec c = c_;
+    c.timeout = deadline_ - WaitClockNow();
+    if (c.timeout <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat("the broadcast of ", c.group, "/", c.tag,
+                                                      " waited ", absl::FormatDuration(c_.timeout),
+                                                      " for a data-plane thread"));
+    }
+    return plane->Broadcast(c, bytes, /*received=*/nullptr, /*arriving=*/this);
+  }
+
   const CollectiveSpec c_;
+  const absl::Time deadline_;
   Mutex mu_;
   uint64_t arrived_ ABSL_GUARDED_BY(mu_);
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;
