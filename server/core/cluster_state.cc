@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/seeded_bug.h"
 #include "common/base/status_util.h"
 
 namespace repvar::server {
@@ -134,6 +135,12 @@ void ClusterState::ApplyChange(const WorkerRegistered& c) {
     bool touched = false;
     for (size_t i = 0; i < v.placement.size(); ++i) {
       if (v.placement[i].task != c.task) continue;
+      if (BugSeeded(SeededBug::kReturnedReplicasTrusted) && v.version != 0 &&
+          v.replicas[i].incarnation == c.incarnation && v.replicas[i].version == v.version &&
+          v.replicas[i].checksum == v.checksum) {
+        v.replicas[i].state = ReplicaState::kUpToDate;
+        continue;
+      }
       MoveReplica(v, i,
                   v.version == 0 ? ReplicaEvent::kReturnedUninitialized : ReplicaEvent::kReturned);
       touched = true;

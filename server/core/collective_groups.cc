@@ -2,6 +2,7 @@
 #include "server/core/collective_groups.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/base/seeded_bug.h"
 #include "common/tensor/tensor.h"
 
 namespace repvar::server {
@@ -12,7 +13,8 @@ std::string CollectiveGroups::GroupLocked(const std::vector<GroupMember>& member
     absl::StrAppend(&set, m.task.ToString(), "@", m.incarnation, ";");
   }
   std::string group = absl::StrCat(
-      "g", life_, ".", generation_, "-", absl::Hex(Checksum(std::as_bytes(std::span(set.data(), set.size())))));
+      "g", BugSeeded(SeededBug::kGroupsReusedAcrossRestarts) ? 0 : life_, ".", generation_, "-",
+      absl::Hex(Checksum(std::as_bytes(std::span(set.data(), set.size())))));
   if (group != group_) {
     if (!group_.empty()) store_.DeletePrefix(group_ + "/");
     group_ = group;

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/seeded_bug.h"
 #include "common/base/status_util.h"
 #include "server/core/placement.h"
 #include "spdlog/spdlog.h"
@@ -47,7 +48,7 @@ absl::Status Registry::Recover() {
         const VariableRecord* now = state_.FindId(v.id);
         follows = follows && now != nullptr && now->version + 1 == v.version;
       }
-      if (follows) {
+      if (follows && !BugSeeded(SeededBug::kNoRollForward)) {
         for (const PreparedValue& v : p.values) {
           // No holders: which replicas took it is verified after recovery.
           record.changes.push_back(ValueCommitted{v.id, v.version, v.checksum, v.value, {}, {}});
@@ -128,7 +129,7 @@ absl::StatusOr<uint64_t> Registry::Commit(Builder build, Durability durability) 
 
 absl::Status Registry::AwaitDurable(uint64_t position) const {
   if (position == kEverythingApplied) position = required_;
-  if (position == 0) return absl::OkStatus();
+  if (position == 0 || BugSeeded(SeededBug::kAnsweredBeforeSync)) return absl::OkStatus();
   return log_->Durable(position);
 }
 

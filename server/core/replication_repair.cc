@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/metrics.h"
+#include "common/base/seeded_bug.h"
 #include "common/base/status_util.h"
 #include "server/core/core_metrics.h"
 #include "server/core/replication.h"
@@ -168,7 +169,9 @@ absl::Status Replication::Reconcile(const WorkerTarget& target,
                 auto it = by.find({id, static_cast<int32_t>(i)});
                 const int64_t version = it == by.end() ? 0 : it->second->version;
                 const uint64_t checksum = it == by.end() ? 0 : it->second->checksum;
-                const bool holds = version == v.version && checksum == v.checksum;
+                const bool holds =
+                    version == v.version &&
+                    (checksum == v.checksum || BugSeeded(SeededBug::kVerifyIgnoresChecksums));
                 const ReplicaState state_now = v.replicas[i].state;
                 if ((state_now == ReplicaState::kUpToDate && !holds) ||
                     (state_now == ReplicaState::kStale && holds)) {

@@ -7,6 +7,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/seeded_bug.h"
 #include "common/base/status_util.h"
 #include "common/tensor/element_math.h"
 #include "server/core/replication.h"
@@ -199,7 +200,7 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
   // was applied (its first answer lost, or too late for its caller) gets
   // that answer, even if a step opened since (S5) or the variable is gone.
   REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> earlier, registry_->Outcome(key, op));
-  if (earlier) return Answered(*earlier);
+  if (earlier && !BugSeeded(SeededBug::kRetriesReapplied)) return Answered(*earlier);
   REPVAR_RETURN_IF_ERROR(steps_->EnterWriteGate());
   absl::Cleanup leave = [this] { steps_->LeaveWriteGate(); };
   // The decisions below read the state without waiting for it to be durable
@@ -216,7 +217,7 @@ absl::StatusOr<std::vector<WriteResult>> Replication::AssignInGate(
   WriteLocks locks(this, ids);
   // Again under the locks: an attempt that was still running has finished.
   REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> earlier, registry_->Outcome(key, op));
-  if (earlier) return Answered(*earlier);
+  if (earlier && !BugSeeded(SeededBug::kRetriesReapplied)) return Answered(*earlier);
   // The write locks are held: versions and values cannot move under us.
   REPVAR_ASSIGN_OR_RETURN(const std::vector<AssignTarget> targets, CheckAssignments(items, ids));
   Record keep;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/base/seeded_bug.h"
 #include "common/base/status_util.h"
 #include "common/base/sync.h"
 
@@ -116,6 +117,7 @@ class ReplicaWriteSession::RootBroadcast final : public ArrivingBytes {
   absl::Status Broadcast(Collectives* plane, std::span<std::byte> bytes) {
     CollectiveSpec c = c_;
     c.timeout = deadline_ - WaitClockNow();
+    if (BugSeeded(SeededBug::kQueuedBroadcastWaitsAnotherTimeout)) c.timeout = c_.timeout;
     if (c.timeout <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(absl::StrCat("the broadcast of ", c.group, "/", c.tag,
                                                       " waited ", absl::FormatDuration(c_.timeout),

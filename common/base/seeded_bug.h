@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// Past bugs, kept behind a test-only switch so that the cluster simulator
+// can show it still finds each one (`repvar-sim --seeded_bug=NAME`,
+// docs/simulator.md). Nothing but the simulator sets the switch: in the
+// daemons every BugSeeded() is false, one relaxed load.
+#ifndef REPVAR_COMMON_BASE_SEEDED_BUG_H_
+#define REPVAR_COMMON_BASE_SEEDED_BUG_H_
+
+#include <atomic>
+#include <string_view>
+
+namespace repvar {
+
+enum class SeededBug : int {
+  kNone = 0,
+  // F7: a worker that registers again with the same incarnation gets its
+  // replicas back as recorded, unverified (fixed in 7a21734).
+  kReturnedReplicasTrusted,
+  // Collective groups named from 0 again after a coordinator restart
+  // (fixed in d1c0631).
+  kGroupsReusedAcrossRestarts,
+  // A root broadcast's timeout counted from when a pool thread takes it
+  // (fixed in 297bd26).
+  kQueuedBroadcastWaitsAnotherTimeout,
+  // F6: a worker applies a write fenced below one it applied or below the
+  // floor repair set.
+  kFencesIgnored,
+  // F7: repair's verification compares versions, not checksums.
+  kVerifyIgnoresChecksums,
+  // C6: the retry of an applied write is applied again.
+  kRetriesReapplied,
+  // F3: a restart does not roll a durable WritePrepared forward.
+  kNoRollForward,
+  // F3: nothing waits for the state log's sync (answers before records
+  // are durable).
+  kAnsweredBeforeSync,
+};
+
+inline constexpr std::string_view kSeededBugNames[] = {
+    "none",
+    "returned_replicas_trusted",
+    "groups_reused_across_restarts",
+    "queued_broadcast_waits_another_timeout",
+    "fences_ignored",
+    "verify_ignores_checksums",
+    "retries_reapplied",
+    "no_roll_forward",
+    "answered_before_sync",
+};
+
+namespace seeded_bug_internal {
+inline std::atomic<int> seeded{0};
+}  // namespace seeded_bug_internal
+
+inline bool BugSeeded(SeededBug bug) {
+  return seeded_bug_internal::seeded.load(std::memory_order_relaxed) == static_cast<int>(bug);
+}
+
+// For the simulator only.
+inline void SeedBug(SeededBug bug) {
+  seeded_bug_internal::seeded.store(static_cast<int>(bug), std::memory_order_relaxed);
+}
+
+}  // namespace repvar
+
+#endif  // REPVAR_COMMON_BASE_SEEDED_BUG_H_
