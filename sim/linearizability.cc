@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tests/testing/linearizability.h"
+#include "sim/linearizability.h"
 
 #include <xxhash.h>
 
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace repvar::testing {
+namespace repvar::sim {
 namespace {
 
 const char* KindName(RegisterOp::Kind k) {
@@ -119,4 +119,4 @@ absl::Status CheckLinearizable(const std::vector<RegisterOp>& history,
                    search.deepest(), "; near there: ", absl::StrJoin(around, "; ")));
 }
 
-}  // namespace repvar::testing
+}  // namespace repvar::sim

@@ -12,8 +12,8 @@
 // making version + 1; Read returns it. Answers carry the version and the
 // checksum of the value (XXH3-64 of its bytes), so a stale read, a lost or
 // doubled write or a version that went back all fail the check.
-#ifndef REPVAR_TESTS_TESTING_LINEARIZABILITY_H_
-#define REPVAR_TESTS_TESTING_LINEARIZABILITY_H_
+#ifndef REPVAR_SIM_LINEARIZABILITY_H_
+#define REPVAR_SIM_LINEARIZABILITY_H_
 
 #include <cstdint>
 #include <limits>
@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 
-namespace repvar::testing {
+namespace repvar::sim {
 
 struct RegisterState {
   int64_t version = 0;
@@ -50,6 +50,6 @@ absl::Status CheckLinearizable(const std::vector<RegisterOp>& history,
 // The checksum the register's answers carry for `value`.
 uint64_t ChecksumOf(const std::vector<float>& value);
 
-}  // namespace repvar::testing
+}  // namespace repvar::sim
 
-#endif  // REPVAR_TESTS_TESTING_LINEARIZABILITY_H_
+#endif  // REPVAR_SIM_LINEARIZABILITY_H_

@@ -97,6 +97,8 @@ void Scheduler::Pause(ProcessId p, absl::Time until) {
   processes_.at(p).paused_until = std::max(processes_.at(p).paused_until, until);
 }
 
+void Scheduler::Resume(ProcessId p) { processes_.at(p).paused_until = absl::InfinitePast(); }
+
 bool Scheduler::Alive(ProcessId p) const { return processes_.at(p).alive; }
 
 const std::string& Scheduler::ProcessName(ProcessId p) const { return processes_.at(p).name; }
@@ -140,6 +142,16 @@ ProcessId Scheduler::CurrentProcess() const {
   return timer_process_;
 }
 
+void Scheduler::Halt() {
+  auto* t = static_cast<SimThread*>(tl_thread);
+  if (t == nullptr || tl_scheduler != this) Fatal("Halt on a thread the simulator does not run");
+  Kill(t->process);
+  t->state = SimThread::State::kBlocked;
+  t->wait = SimThread::Wait::kSleep;
+  t->deadline = absl::InfiniteFuture();
+  while (true) Yield(t);  // never picked again: its process is dead
+}
+
 bool Scheduler::Runs() const { return tl_scheduler == this && tl_thread != nullptr; }
 
 void Scheduler::Yield(SimThread* t) {
@@ -162,6 +174,7 @@ void Scheduler::Lock(absl::Mutex& mu) {
     t->deadline = absl::InfiniteFuture();
     Yield(t);
   }
+  taker_[&mu] = t->id;
 }
 
 bool Scheduler::Await(absl::Mutex& mu, const absl::Condition& cond, absl::Time deadline) {
@@ -178,6 +191,7 @@ bool Scheduler::Await(absl::Mutex& mu, const absl::Condition& cond, absl::Time d
     Yield(t);
     // Picked because the lock was free and nothing has run since.
     if (!mu.TryLock()) Fatal(absl::StrCat(t->name, ": its lock was taken while it was picked"));
+    taker_[&mu] = t->id;
   }
 }
 
@@ -297,12 +311,26 @@ Scheduler::Stop Scheduler::Run(absl::FunctionRef<bool()> done, absl::Time until)
 std::vector<std::string> Scheduler::Waiting() const {
   std::vector<std::string> lines;
   for (const SimThread* t : threads_) {
-    if (t->state != SimThread::State::kBlocked || !processes_[t->process].alive) continue;
+    if (t->state == SimThread::State::kDone || !processes_[t->process].alive) continue;
+    if (t->state == SimThread::State::kRunnable) {
+      lines.push_back(
+          absl::StrCat(processes_[t->process].name, "/", t->name, " (thread ", t->id, ") may run"));
+      continue;
+    }
     const char* what = t->wait == SimThread::Wait::kLock    ? "a lock"
                        : t->wait == SimThread::Wait::kSleep ? "time to pass"
                                                             : "a condition";
+    std::string holder;
+    if (t->wait == SimThread::Wait::kLock) {
+      if (auto it = taker_.find(t->mu); it != taker_.end()) {
+        const SimThread* h = threads_[it->second];
+        holder =
+            absl::StrCat(" (last taken by ", processes_[h->process].name, "/", h->name, ", thread ",
+                         h->id, processes_[h->process].alive ? "" : ", dead", ")");
+      }
+    }
     lines.push_back(absl::StrCat(processes_[t->process].name, "/", t->name, " (thread ", t->id,
-                                 ") waits for ", what,
+                                 ") waits for ", what, holder,
                                  t->deadline == absl::InfiniteFuture()
                                      ? ""
                                      : absl::StrCat(" until ", absl::FormatTime(t->deadline))));

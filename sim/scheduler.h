@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
 #include "absl/time/time.h"
@@ -65,7 +66,10 @@ class Scheduler final : public sync_internal::Cooperative {
   void Kill(ProcessId p);
   // Its threads and timers wait until `until` (SIGSTOP, then SIGCONT).
   void Pause(ProcessId p, absl::Time until);
+  // Lifts a pause now.
+  void Resume(ProcessId p);
   bool Alive(ProcessId p) const;
+  bool Paused(ProcessId p) const { return processes_.at(p).paused_until > now_; }
   const std::string& ProcessName(ProcessId p) const;
 
   // Starts `body` on a new thread of `p` (it runs when picked).
@@ -76,6 +80,9 @@ class Scheduler final : public sync_internal::Cooperative {
   void At(ProcessId p, absl::Time when, absl::AnyInvocable<void() &&> fn);
   // The process of the running thread (on the driving thread: the timer's).
   ProcessId CurrentProcess() const;
+  // On a simulated thread: its process stops (killed, as by its own exit)
+  // and the thread never runs again.
+  [[noreturn]] void Halt();
 
   enum class Stop { kDone, kIdle, kDeadlock, kTooManySteps, kTimeLimit };
   // Runs threads and timers until `done()` (checked after every pick)
@@ -152,6 +159,8 @@ class Scheduler final : public sync_internal::Cooperative {
   std::binary_semaphore driver_{0};
   uint64_t digest_ = 0;
   uint64_t steps_ = 0;
+  // The thread that last took each lock (a deadlock's report).
+  absl::flat_hash_map<const absl::Mutex*, int> taker_;
 };
 
 }  // namespace repvar::sim

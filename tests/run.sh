@@ -30,6 +30,9 @@ ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs")
 if [ "${REPVAR_SKIP_LARGE:-0}" = 1 ]; then ctest_args+=(-LE large); fi
 ctest "${ctest_args[@]}"
 
+echo "== cluster simulator: 1,000 seeds (tests/sim.sh; docs/simulator.md)"
+REPVAR_BUILD_DIR="$build" tests/sim.sh --seeds=1000
+
 echo "== core tests with clang: -Wthread-safety -Werror, AddressSanitizer + UndefinedBehaviorSanitizer"
 # (Not ThreadSanitizer: Debian's Abseil is built without TSan annotations, so
 # absl::Mutex hand-offs are invisible to it and every guarded field reports a
@@ -38,8 +41,8 @@ if [ "${REPVAR_SKIP_SANITIZERS:-0}" != 1 ]; then
   asan=${build}-asan
   CC=clang-14 CXX=clang++-14 cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DREPVAR_WERROR=ON -DREPVAR_SANITIZE="address;undefined" -DREPVAR_BUILD_BENCH=OFF >/dev/null
-  cmake --build "$asan" -j "$jobs" --target repvar_common_test repvar_rpc_test repvar_server_test repvar_store_test repvar_worker_test repvar_history_test
-  for t in repvar_common_test repvar_rpc_test repvar_server_test repvar_store_test repvar_worker_test repvar_history_test; do
+  cmake --build "$asan" -j "$jobs" --target repvar_common_test repvar_rpc_test repvar_server_test repvar_store_test repvar_worker_test repvar_history_test repvar_sim_test
+  for t in repvar_common_test repvar_rpc_test repvar_server_test repvar_store_test repvar_worker_test repvar_history_test repvar_sim_test; do
     UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" "$asan/tests/$t" --gtest_brief=1
   done
 fi

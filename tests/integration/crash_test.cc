@@ -28,16 +28,16 @@
 #include "absl/strings/str_cat.h"
 #include "repvar/client.h"
 #include "repvar/step.h"
-#include "tests/testing/linearizability.h"
+#include "sim/linearizability.h"
 #include "tests/testing/started_cluster.h"
 #include "tests/testing/status_matchers.h"
 
 namespace repvar {
 namespace {
 
-using ::repvar::testing::CheckLinearizable;
-using ::repvar::testing::RegisterOp;
-using ::repvar::testing::RegisterState;
+using ::repvar::sim::CheckLinearizable;
+using ::repvar::sim::RegisterOp;
+using ::repvar::sim::RegisterState;
 
 constexpr int kVariables = 3;
 constexpr int kClients = 4;
@@ -177,7 +177,7 @@ class CrashTest : public testing::StartedCluster {
         if (change == nullptr) continue;  // the majority kept the committed value
         op.version = change->version;
         op.checksum = change->checksum;
-        EXPECT_EQ(op.checksum, testing::ChecksumOf(op.arg)) << "a value no trainer wrote";
+        EXPECT_EQ(op.checksum, sim::ChecksumOf(op.arg)) << "a value no trainer wrote";
       } else if (!unknown) {
         continue;  // refused: it changed nothing
       }
@@ -263,7 +263,7 @@ class CrashTest : public testing::StartedCluster {
       last.ret = Now();
       if (s.ok()) {
         last.version = s->version;
-        last.checksum = testing::ChecksumOf(s->value);
+        last.checksum = sim::ChecksumOf(s->value);
         history[v].push_back(last);
       }
       for (const RegisterOp& op : history[v]) {

@@ -2,15 +2,16 @@
 // The history checker catches what it checks: each kind of anomaly the
 // crash trials look for, seeded into a small history, is rejected, next to
 // the same history without it, accepted.
-#include "tests/testing/linearizability.h"
+#include "sim/linearizability.h"
 
 #include <gtest/gtest.h>
 
 #include "tests/testing/status_matchers.h"
 
-namespace repvar::testing {
+namespace repvar::sim {
 namespace {
 
+using ::repvar::testing::StatusIs;
 using Kind = RegisterOp::Kind;
 
 RegisterOp Op(Kind kind, std::vector<float> arg, int64_t call, int64_t ret, int64_t version,
@@ -85,4 +86,4 @@ TEST(Linearizability, AddAppliedTwice_Rejected_VersionThatGoesBack_Rejected) {
 }
 
 }  // namespace
-}  // namespace repvar::testing
+}  // namespace repvar::sim

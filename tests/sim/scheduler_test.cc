@@ -94,7 +94,7 @@ TEST(SchedulerTest, TimeMovesOnlyWhenNothingCanRun) {
   const ProcessId p = s.NewProcess("p");
   std::vector<absl::Duration> woke;
   Mutex mu;
-  bool never ABSL_GUARDED_BY(mu) = false;
+  bool never = false;  // under mu
   s.Spawn(p, "sleeper", [&] {
     s.clock()->SleepFor(absl::Seconds(30));
     woke.push_back(s.Now() - start);
@@ -133,8 +133,9 @@ TEST(SchedulerTest, KilledProcess_ItsThreadsAndTimersNeverRunAgain) {
   const ProcessId other = s.NewProcess("other");
   int victim_ticks = 0;
   int other_ticks = 0;
-  for (auto [p, ticks] : {std::pair{victim, &victim_ticks}, std::pair{other, &other_ticks}}) {
-    s.Spawn(p, "ticker", [&s, ticks] {
+  for (const auto& [p, counter] :
+       {std::pair{victim, &victim_ticks}, std::pair{other, &other_ticks}}) {
+    s.Spawn(p, "ticker", [&s, ticks = counter] {
       for (int i = 0; i < 10; ++i) {
         s.clock()->SleepFor(absl::Seconds(1));
         ++*ticks;

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+// repvar-sim: runs the cluster simulator (docs/simulator.md) over a range
+// of seeds, each in a forked child so that one seed's leaked threads and
+// state never touch the next, and ends with
+//
+//   sim: N seeds, F failures, digest HEX
+//
+// HEX mixes every seed's digest in seed order, so two runs of the same
+// seeds on the same commit print the same line. `--seed=S --verbose`
+// replays one seed with its history on stderr.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/base/seeded_bug.h"
+#include "sim/world.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+using repvar::sim::SeedResult;
+using repvar::sim::World;
+using repvar::sim::WorldOptions;
+
+// What a child writes back: one line, "ok digest steps" or
+// "FAIL digest steps invariant\tdetail".
+std::string Encode(const SeedResult& r) {
+  return absl::StrFormat("%s %016x %d %s\t%s\n", r.ok ? "ok" : "FAIL", r.digest, r.steps,
+                         r.invariant, r.detail);
+}
+
+SeedResult Decode(uint64_t seed, const std::string& line, int wait_status) {
+  SeedResult r;
+  r.seed = seed;
+  std::vector<std::string> head = absl::StrSplit(line.substr(0, line.find('\t')), ' ');
+  if (head.size() < 3 || !WIFEXITED(wait_status) || WEXITSTATUS(wait_status) != 0) {
+    r.ok = false;
+    r.invariant = "crashed";
+    r.detail = WIFSIGNALED(wait_status)
+                   ? absl::StrCat("the simulation died of signal ", WTERMSIG(wait_status))
+                   : absl::StrCat("the simulation exited with ", WEXITSTATUS(wait_status));
+    return r;
+  }
+  r.ok = head[0] == "ok";
+  r.digest = std::strtoull(head[1].c_str(), nullptr, 16);
+  r.steps = std::strtoull(head[2].c_str(), nullptr, 10);
+  if (!r.ok) {
+    r.invariant = head.size() > 3 ? head[3] : "";
+    for (size_t i = 4; i < head.size(); ++i) absl::StrAppend(&r.invariant, " ", head[i]);
+    const size_t tab = line.find('\t');
+    r.detail = tab == std::string::npos ? "" : line.substr(tab + 1);
+    while (!r.detail.empty() && r.detail.back() == '\n') r.detail.pop_back();
+  }
+  return r;
+}
+
+struct Child {
+  uint64_t seed;
+  pid_t pid;
+  int fd;
+  std::string out;
+};
+
+// Forks one seed; the child runs it and writes its result to a pipe.
+Child Launch(const WorldOptions& base, uint64_t seed) {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    std::perror("pipe");
+    std::exit(1);
+  }
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    std::perror("fork");
+    std::exit(1);
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    WorldOptions o = base;
+    o.seed = seed;
+    const std::string line = Encode(World(o).Run());
+    if (write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(3);
+    _exit(0);  // the world's leaked threads are never joined
+  }
+  close(fds[1]);
+  return Child{seed, pid, fds[0], {}};
+}
+
+SeedResult Collect(Child& c) {
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(c.fd, buf, sizeof(buf))) > 0) c.out.append(buf, static_cast<size_t>(n));
+  close(c.fd);
+  int status = 0;
+  waitpid(c.pid, &status, 0);
+  return Decode(c.seed, c.out, status);
+}
+
+uint64_t MixDigest(uint64_t acc, uint64_t seed_digest) {
+  acc ^= seed_digest + 0x9e3779b97f4a7c15 + (acc << 6) + (acc >> 2);
+  return acc * 0xff51afd7ed558ccd;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"repvar-sim: the cluster simulator"};
+  uint64_t seeds = 1;
+  uint64_t first_seed = 1;
+  int jobs = 2;
+  WorldOptions o;
+  app.add_option("--seeds", seeds, "how many seeds to run")->check(CLI::Range(1, 1'000'000'000));
+  app.add_option("--first_seed", first_seed, "the first seed");
+  app.add_option("--jobs", jobs, "seeds run at once")->check(CLI::Range(1, 256));
+  app.add_option("--workers", o.workers, "worker hosts")->check(CLI::Range(1, 64));
+  app.add_option("--devices_per_worker", o.devices_per_worker)->check(CLI::Range(1, 16));
+  app.add_option("--clients", o.clients, "client hosts")->check(CLI::Range(1, 16));
+  app.add_option("--variables", o.variables)->check(CLI::Range(1, 1000));
+  app.add_option("--ops_per_client", o.ops_per_client)->check(CLI::Range(0, 100000));
+  app.add_option("--faults", o.faults, "the nemesis's faults per seed")->check(CLI::Range(0, 1000));
+  app.add_flag("--verbose", o.verbose, "print every seed's history on stderr");
+  bool stop_at_failure = false;
+  app.add_flag("--stop_at_failure", stop_at_failure,
+               "launch no seed after the first failure (the line counts the seeds run)");
+  std::string bug = "none";
+  app.add_option("--seeded_bug", bug,
+                 "re-inject a past bug (common/base/seeded_bug.h) to show the seeds find it")
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(repvar::kSeededBugNames),
+                                                     std::end(repvar::kSeededBugNames))));
+  CLI11_PARSE(app, argc, argv);
+  // The cores' own log lines carry wall-clock stamps: shown when replaying,
+  // never part of a digest.
+  spdlog::set_level(o.verbose ? spdlog::level::info : spdlog::level::off);
+  for (size_t i = 0; i < std::size(repvar::kSeededBugNames); ++i) {
+    if (repvar::kSeededBugNames[i] == bug) repvar::SeedBug(static_cast<repvar::SeededBug>(i));
+  }
+
+  std::map<uint64_t, SeedResult> done;
+  std::map<uint64_t, Child> running;
+  uint64_t next = first_seed;
+  const uint64_t end = first_seed + seeds;
+  bool failed = false;
+  while (next < end || !running.empty()) {
+    while (next < end && !(stop_at_failure && failed) && static_cast<int>(running.size()) < jobs) {
+      Child c = Launch(o, next);
+      running.emplace(next++, std::move(c));
+    }
+    if (running.empty()) break;  // stopped at a failure
+    // Collect the oldest: results come back in seed order.
+    auto it = running.begin();
+    SeedResult r = Collect(it->second);
+    running.erase(it);
+    if (!r.ok) {
+      failed = true;
+      std::printf("seed %llu FAILED: %s: %s\n", static_cast<unsigned long long>(r.seed),
+                  r.invariant.c_str(), r.detail.c_str());
+      std::fflush(stdout);
+    }
+    done.emplace(r.seed, std::move(r));
+  }
+  uint64_t digest = 0;
+  uint64_t failures = 0;
+  for (const auto& [seed, r] : done) {
+    digest = MixDigest(digest, r.digest);
+    failures += r.ok ? 0 : 1;
+  }
+  std::printf("sim: %llu seeds, %llu failures, digest %016llx\n",
+              static_cast<unsigned long long>(done.size()),
+              static_cast<unsigned long long>(failures), static_cast<unsigned long long>(digest));
+  return failures == 0 ? 0 : 1;
+}
