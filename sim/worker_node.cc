@@ -11,6 +11,7 @@
 #include "common/rpc/to_proto.h"
 #include "repvar/v1/step.pb.h"
 #include "repvar/v1/worker.pb.h"
+#include "server/rpc/step_info_cache.h"
 #include "sim/coordinator_node.h"
 #include "sim/data_plane.h"
 #include "sim/world.h"
@@ -25,13 +26,6 @@ constexpr size_t kMaxInlineBytes = 64 << 10;  // as the coordinator's client sen
 
 // A step message as the wire carries it: through its proto and back, so
 // that what the proto leaves out is left out here too.
-StepInfo OverTheWire(const StepInfo& info) {
-  v1::StepInfo proto;
-  StepInfoToProto(info, &proto);
-  auto back = StepInfoFromProto(proto);
-  return back.ok() ? *std::move(back) : StepInfo{};
-}
-
 std::variant<StepPlan, StepResolution> OverTheWire(const StepPlan& plan) {
   v1::StepPlan proto;
   PlanToProto(plan, &proto);
@@ -44,23 +38,14 @@ StepResolution OverTheWire(const StepResolution& r) {
   return ResolutionFromProto(proto);
 }
 
-// StepInfoCache::Answer's shape: the header alone when the caller holds
-// the layout.
+// What the coordinator's GetStep answers, through its proto and back: the
+// header alone when the caller holds the layout (server/rpc's cache).
 StepInfo Described(const server::SharedStep& step, uint64_t known_layout) {
-  const StepInfo& info = *step.info;
-  StepInfo out;
-  if (known_layout != 0 && known_layout == info.layout_id) {
-    out.step = info.step;
-    out.epoch = info.epoch;
-    out.barrier_timeout = info.barrier_timeout;
-    out.begun = info.begun;
-    out.layout_id = info.layout_id;
-    out.layout_omitted = true;
-  } else {
-    out = OverTheWire(info);
-  }
-  out.state = step.state;
-  return OverTheWire(out);
+  server::StepInfoCache cache;
+  v1::StepInfo proto;
+  cache.Answer(step, known_layout, &proto);
+  auto back = StepInfoFromProto(proto);
+  return back.ok() ? *std::move(back) : StepInfo{};
 }
 
 // The worker's calls to the coordinator over the simulated network, each
