@@ -34,6 +34,11 @@ enum class SeededBug : int {
   // F3: nothing waits for the state log's sync (answers before records
   // are durable).
   kAnsweredBeforeSync,
+  // F3/F7: a restarted coordinator trusts its records of what the workers
+  // hold, though a write in flight at the crash may have reached some.
+  kNotVerifiedAtRecovery,
+  // F2/F7: a worker lists its replicas while writes to them are in flight.
+  kListedUnderWrites,
 };
 
 inline constexpr std::string_view kSeededBugNames[] = {
@@ -46,6 +51,8 @@ inline constexpr std::string_view kSeededBugNames[] = {
     "retries_reapplied",
     "no_roll_forward",
     "answered_before_sync",
+    "not_verified_at_recovery",
+    "listed_under_writes",
 };
 
 namespace seeded_bug_internal {

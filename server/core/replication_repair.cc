@@ -4,6 +4,7 @@
 // writes of Replication are in replication.cc (initialize in
 // initialize.cc), its reads in reads.cc.
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -134,7 +135,8 @@ absl::Status Replication::VerifyTask(const TaskKey& task, absl::Time deadline) {
   const WorkerTarget target{task, live->address, live->incarnation};
   // No write of ours to it is in flight while it lists (a write that was
   // cut off is: the fence keeps it from landing later).
-  WriteLocks locks(this, IdsOn(task));
+  std::optional<WriteLocks> locks;
+  if (!BugSeeded(SeededBug::kListedUnderWrites)) locks.emplace(this, IdsOn(task));
   REPVAR_ASSIGN_OR_RETURN(const uint64_t floor, registry_->NextFence());
   REPVAR_ASSIGN_OR_RETURN(std::vector<WorkerClient::HeldReplica> held,
                           ListNow(workers_, target, floor, deadline));
