@@ -116,6 +116,9 @@ uint64_t MixDigest(uint64_t acc, uint64_t seed_digest) {
 
 int main(int argc, char** argv) {
   CLI::App app{"repvar-sim: the cluster simulator"};
+  // A flag given twice takes its last value (tests/sim.sh sets defaults
+  // that its caller's flags override).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   uint64_t seeds = 1;
   uint64_t first_seed = 1;
   int jobs = 2;

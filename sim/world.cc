@@ -242,7 +242,7 @@ void World::PlanNemesis(ProcessId nemesis) {
   const absl::Time start = scheduler_.Now();
   for (int i = 0; i < options_.faults; ++i) {
     const absl::Time at = start + random_.Between(absl::ZeroDuration(), kStormWindow);
-    const int kind = static_cast<int>(random_.Uniform(7));
+    const int kind = static_cast<int>(random_.Uniform(8));
     const int w = static_cast<int>(random_.Uniform(workers_.size()));
     const absl::Duration lasting = random_.Between(absl::Milliseconds(100), absl::Seconds(3));
     scheduler_.At(nemesis, at,
@@ -251,60 +251,65 @@ void World::PlanNemesis(ProcessId nemesis) {
 }
 
 void World::Strike(ProcessId nemesis, int kind, int w, absl::Duration lasting) {
+  if (kind < 4) return StrikeProcess(nemesis, kind, w, lasting);
+  if (kind < 7) return StrikeNetwork(nemesis, kind, w, lasting);
+  Log(absl::StrCat("nemesis: the state log fails its next sync"));
+  DiskFaults f;
+  f.sync_error = 1;
+  disk_.SetFaults(f);
+  scheduler_.At(nemesis, scheduler_.Now() + absl::Milliseconds(1), [this] { disk_.SetFaults({}); });
+}
+
+void World::StrikeProcess(ProcessId nemesis, int kind, int w, absl::Duration lasting) {
   const absl::Time until = scheduler_.Now() + lasting;
   WorkerNode& worker = *workers_[w];
-  switch (kind) {
-    case 0:
-      if (!coordinator_->up()) return;
-      Log("nemesis: crash the coordinator");
-      CrashCoordinator();
-      scheduler_.At(nemesis, until, [this] {
-        if (!coordinator_->up()) coordinator_->Start();
-      });
-      return;
-    case 1:
-      if (!worker.up()) return;
-      Log(absl::StrCat("nemesis: crash worker ", w));
-      worker.Crash();
-      scheduler_.At(nemesis, until, [&worker] {
-        if (!worker.up()) worker.Start();
-      });
-      return;
-    case 2:
-      if (!worker.up()) return;
-      Log(absl::StrCat("nemesis: pause worker ", w, " for ", absl::FormatDuration(lasting)));
-      scheduler_.Pause(worker.process(), until);
-      return;
-    case 3:
-      if (!coordinator_->up()) return;
-      Log(absl::StrCat("nemesis: pause the coordinator for ", absl::FormatDuration(lasting)));
-      scheduler_.Pause(coordinator_->process(), until);
-      return;
-    case 4:
-      Log(absl::StrCat("nemesis: cut worker ", w, " off for ", absl::FormatDuration(lasting)));
-      network_.Partition({worker.node()});
-      scheduler_.At(nemesis, until, [this] { network_.Heal(); });
-      return;
-    case 5: {
-      NetworkFaults f = network_.faults();
-      f.loss = random_.Between(1, 20) / 100.0;
-      f.duplicate = random_.Between(1, 20) / 100.0;
-      Log(absl::StrCat("nemesis: lossy network (", f.loss, " lost, ", f.duplicate,
-                       " duplicated) for ", absl::FormatDuration(lasting)));
-      network_.SetFaults(f);
-      scheduler_.At(nemesis, until, [this] { network_.SetFaults({}); });
-      return;
-    }
-    default: {
-      Log(absl::StrCat("nemesis: the state log fails its next sync"));
-      DiskFaults f;
-      f.sync_error = 1;
-      disk_.SetFaults(f);
-      scheduler_.At(nemesis, scheduler_.Now() + absl::Milliseconds(1),
-                    [this] { disk_.SetFaults({}); });
-      return;
-    }
+  const bool coordinator = kind == 0 || kind == 3;
+  if (coordinator ? !coordinator_->up() : !worker.up()) return;
+  if (kind == 0) {
+    Log("nemesis: crash the coordinator");
+    CrashCoordinator();
+    scheduler_.At(nemesis, until, [this] {
+      if (!coordinator_->up()) coordinator_->Start();
+    });
+  } else if (kind == 1) {
+    Log(absl::StrCat("nemesis: crash worker ", w));
+    worker.Crash();
+    scheduler_.At(nemesis, until, [&worker] {
+      if (!worker.up()) worker.Start();
+    });
+  } else if (kind == 2) {
+    Log(absl::StrCat("nemesis: pause worker ", w, " for ", absl::FormatDuration(lasting)));
+    scheduler_.Pause(worker.process(), until);
+  } else {
+    Log(absl::StrCat("nemesis: pause the coordinator for ", absl::FormatDuration(lasting)));
+    scheduler_.Pause(coordinator_->process(), until);
   }
+}
+
+void World::StrikeNetwork(ProcessId nemesis, int kind, int w, absl::Duration lasting) {
+  const absl::Time until = scheduler_.Now() + lasting;
+  if (kind == 4) {
+    Log(absl::StrCat("nemesis: cut worker ", w, " off for ", absl::FormatDuration(lasting)));
+    network_.Partition({workers_[w]->node()});
+    scheduler_.At(nemesis, until, [this] { network_.Heal(); });
+    return;
+  }
+  NetworkFaults f = network_.faults();
+  if (kind == 5) {
+    f.loss = random_.Between(1, 20) / 100.0;
+    f.duplicate = random_.Between(1, 20) / 100.0;
+    Log(absl::StrCat("nemesis: lossy network (", f.loss, " lost, ", f.duplicate,
+                     " duplicated) for ", absl::FormatDuration(lasting)));
+  } else {
+    // Congestion: messages arrive seconds late, some after their callers
+    // gave up (a write landing after its failure).
+    f.min_delay = absl::Milliseconds(1);
+    f.max_delay = random_.Between(absl::Milliseconds(500), absl::Seconds(8));
+    Log(absl::StrCat("nemesis: slow network (up to ", absl::FormatDuration(f.max_delay), ") for ",
+                     absl::FormatDuration(lasting)));
+  }
+  network_.SetFaults(f);
+  scheduler_.At(nemesis, until, [this] { network_.SetFaults({}); });
 }
 
 void World::Heal() {
@@ -384,8 +389,33 @@ void World::CheckReplicaTruth() {
 }
 
 void World::CheckAtEnd() {
+  if (!failed()) CheckReplicasAtRest();
   if (absl::Status s = history_.Check(); !s.ok()) {
     Fail("C4 linearizability", std::string(s.message()));
+  }
+}
+
+void World::CheckReplicasAtRest() {
+  // F7 once nothing is in flight: every replica holds exactly the
+  // committed version and checksum (no newer value of a write that was
+  // cut off, which CheckReplicaTruth must allow while writes travel).
+  for (const auto& [id, v] : mirror_->variables()) {
+    if (v.version == 0) continue;
+    for (size_t i = 0; i < v.replicas.size(); ++i) {
+      WorkerNode* w = WorkerAt(NodeOfTask(v.placement[i].task));
+      worker::ReplicaStore* store = w == nullptr ? nullptr : w->store();
+      if (store == nullptr) continue;
+      auto held = store->Get(id, static_cast<int32_t>(i));
+      if (!held.ok() || held->version != v.version || held->checksum != v.checksum) {
+        Fail("F7 replica truth (at rest)",
+             absl::StrCat(v.def.name, "/", i, " is committed at version ", v.version, " (checksum ",
+                          v.checksum, ") but its worker holds ",
+                          held.ok() ? absl::StrCat("version ", held->version, " (checksum ",
+                                                   held->checksum, ")")
+                                    : held.status().ToString()));
+        return;
+      }
+    }
   }
 }
 

@@ -113,13 +113,19 @@ class World {
   // restarts it.
   void OnSyncError();
   void PlanNemesis(ProcessId nemesis);
+  // Fault `kind` (of 8) against worker `w` (when it names one), lasting
+  // `lasting`: 0-3 crash or pause the coordinator or a worker, 4-6 cut a
+  // worker off or make the network lossy or slow, 7 fails a sync.
   void Strike(ProcessId nemesis, int kind, int w, absl::Duration lasting);
+  void StrikeProcess(ProcessId nemesis, int kind, int w, absl::Duration lasting);
+  void StrikeNetwork(ProcessId nemesis, int kind, int w, absl::Duration lasting);
   void Heal();
   bool Converged();
   // Checks after every scheduling pick (cheap ones) and at the end.
   void CheckAfterEvent();
   void CheckReplicaTruth();
   void CheckAtEnd();
+  void CheckReplicasAtRest();
   // Runs until `done` or `limit` of simulated time; false on the latter.
   bool RunPhase(absl::FunctionRef<bool()> done, absl::Duration limit);
   SeedResult Result();

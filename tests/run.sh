@@ -31,7 +31,7 @@ if [ "${REPVAR_SKIP_LARGE:-0}" = 1 ]; then ctest_args+=(-LE large); fi
 ctest "${ctest_args[@]}"
 
 echo "== cluster simulator: 1,000 seeds (tests/sim.sh; docs/simulator.md)"
-REPVAR_BUILD_DIR="$build" tests/sim.sh --seeds=1000
+REPVAR_BUILD_DIR="$build" tests/sim.sh
 
 echo "== core tests with clang: -Wthread-safety -Werror, AddressSanitizer + UndefinedBehaviorSanitizer"
 # (Not ThreadSanitizer: Debian's Abseil is built without TSan annotations, so
