@@ -228,9 +228,6 @@ StepResult StepResultOf(const StepResolution& r) {
     out.divergences.push_back(
         StepDivergence{d.name, d.replica_checksums, d.chosen_checksum, d.repaired});
   }
-  for (const auto& [task, latency] : r.latencies) {
-    out.latencies.push_back(StepWorkerLatency{task.job, task.task, latency});
-  }
   return out;
 }
 
@@ -269,10 +266,16 @@ StepsSummary StepsSummaryOf(const StepsStatus& st) {
     }
   }
   for (const StepResolution& r : st.recent) {
-    out.recent.push_back({r.step, r.epoch, r.state == StepState::kCommitted,
+    out.recent.push_back({r.step,
+                          r.epoch,
+                          r.state == StepState::kCommitted,
                           r.status.ok() ? "" : r.status.ToString(),
                           static_cast<int>(r.changed.size()),
-                          static_cast<int>(r.divergences.size())});
+                          static_cast<int>(r.divergences.size()),
+                          {}});
+    for (const auto& [task, latency] : r.latencies) {
+      out.recent.back().latencies.push_back(StepWorkerLatency{task.job, task.task, latency});
+    }
   }
   return out;
 }

@@ -26,15 +26,16 @@ constexpr size_t kMaxInlineBytes = 64 << 10;  // as the coordinator's client sen
 
 // A step message as the wire carries it: through its proto and back, so
 // that what the proto leaves out is left out here too.
-std::variant<StepPlan, StepResolution> OverTheWire(const StepPlan& plan) {
+absl::StatusOr<std::variant<StepPlan, StepResolution>> OverTheWire(const StepPlan& plan) {
   v1::StepPlan proto;
   PlanToProto(plan, &proto);
   return PlanFromProto(proto);
 }
 
-StepResolution OverTheWire(const StepResolution& r) {
+// In the short form workers get.
+StepResolution OverTheWire(const StepResolution& r, bool whole = false) {
   v1::StepResolution proto;
-  StepResolutionToProto(r, &proto);
+  StepResolutionToProto(r, &proto, /*short_form=*/!whole);
   return ResolutionFromProto(proto);
 }
 
@@ -89,7 +90,7 @@ class SimCoordinatorLink final : public worker::CoordinatorLink, public worker::
         "ReportStep", timeout, [report](server::Coordinator* core, Network::Answer<Plan> answer) {
           if (absl::Status s = core->ReportStep(report); !s.ok()) return answer(s);
           core->WhenStepPlanned(
-              report.epoch,
+              report.epoch, report.detailed,
               [answer, step = report.step, epoch = report.epoch](
                   absl::StatusOr<std::variant<StepPlan, server::StepCoordinator::SharedResolution>>
                       got) {
@@ -100,7 +101,7 @@ class SimCoordinatorLink final : public worker::CoordinatorLink, public worker::
                 proto.set_step(step);
                 proto.set_epoch(epoch);
                 StepResolutionToProto(*std::get<server::StepCoordinator::SharedResolution>(*got),
-                                      proto.mutable_resolution());
+                                      proto.mutable_resolution(), /*short_form=*/true);
                 answer(PlanFromProto(proto));
               });
         });
@@ -118,19 +119,20 @@ class SimCoordinatorLink final : public worker::CoordinatorLink, public worker::
               });
         });
   }
-  absl::StatusOr<StepResolution> WaitStep(uint64_t epoch, absl::Duration timeout) override {
+  absl::StatusOr<StepResolution> WaitStep(uint64_t epoch, absl::Duration timeout,
+                                          bool whole) override {
     // As the real link: a coordinator being restarted is waited for.
     Scheduler& s = world_->scheduler();
     const absl::Time deadline = s.Now() + timeout;
     while (true) {
       auto r = Call<StepResolution>(
           "WaitStep", std::max(deadline - s.Now(), absl::ZeroDuration()) + absl::Seconds(5),
-          [epoch, deadline](server::Coordinator* core, Network::Answer<StepResolution> answer) {
-            (void)deadline;
+          [epoch, whole](server::Coordinator* core, Network::Answer<StepResolution> answer) {
             core->WhenStepResolved(
-                epoch, [answer](absl::StatusOr<server::StepCoordinator::SharedResolution> got) {
+                epoch,
+                [answer, whole](absl::StatusOr<server::StepCoordinator::SharedResolution> got) {
                   if (!got.ok()) return answer(got.status());
-                  answer(OverTheWire(**got));
+                  answer(OverTheWire(**got, whole));
                 });
           });
       if (!absl::IsUnavailable(r.status()) || s.Now() >= deadline) return r;

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/base/shared_vector.h"
+#include "common/model/index_ranges.h"
 #include "common/model/task.h"
 #include "common/tensor/tensor.h"
 #include "repvar/types.h"
@@ -74,6 +75,21 @@ struct StepInfo {
 // checksums left out).
 uint64_t LayoutId(const StepInfo& info);
 
+// A step's digests (docs/architecture.md, "A step"): the wrapping sum of
+// DigestTerm(id, checksum) over a set of variables.
+uint64_t DigestTerm(uint64_t variable_id, uint64_t checksum);
+// The participant that reports the checksum of `var`, the variable at
+// `index` in its step's layout: the holder of replica `index mod replicas`
+// when it takes part, else of the first replica that does; -1 when none
+// does. Spreads the variables evenly over the holders.
+int32_t ReporterOf(const StepVariable& var, uint32_t index);
+
+struct VariableChecksum {
+  uint64_t variable_id = 0;
+  uint64_t checksum = 0;
+  friend bool operator==(const VariableChecksum&, const VariableChecksum&) = default;
+};
+
 // A trainer's in-step write of one local replica, as its header announces
 // it. A trainer's calls name the step as BeginStep described it; a worker
 // holding layout `layout_id` already needs not ask the coordinator.
@@ -95,21 +111,42 @@ struct ReplicaReport {
   friend bool operator==(const ReplicaReport&, const ReplicaReport&) = default;
 };
 
-// A worker's one report for a step: its replicas whose value changed.
+// A worker's one report for a step, a summary of its replicas whose value
+// changed (docs/architecture.md, "A step").
 struct WorkerReport {
   int64_t step = 0;
   uint64_t epoch = 0;
   TaskKey task;
   uint64_t incarnation = 0;
+  // Layout indices of the variables changed uniformly here: SUM/MEAN, any
+  // local replica changed; NONE/ONLY_FIRST_REPLICA, every local replica
+  // taking part changed, to one finite value (or allowed non-finite).
+  IndexRanges changed;
+  // Sum of DigestTerm over the NONE/ONLY_FIRST_REPLICA variables in
+  // `changed`, with the value their local replicas hold.
+  uint64_t digest = 0;
+  // The checksums of the NONE/ONLY_FIRST_REPLICA variables in `changed`
+  // this worker is the reporter of (ReporterOf), by id.
+  std::vector<VariableChecksum> shard;
+  // The other changed NONE/ONLY_FIRST_REPLICA replicas, one by one; with
+  // `detailed` (the barrier asked), every changed one.
   std::vector<ReplicaReport> replicas;
+  bool detailed = false;
 };
+
+// A worker's report from its changed replicas, each a replica this worker (participant `me`) holds
+// in the step of layout `variables`: the summary docs/architecture.md ("A step") describes;
+// `detailed` lists every NONE/ONLY_FIRST_REPLICA replica too. The header fields (step, epoch, task,
+// incarnation) are left to the caller.
+WorkerReport SummarizeReport(const SharedVector<StepVariable>& variables, int32_t me,
+                             std::vector<ReplicaReport> changed, bool detailed);
 
 struct StepCollective {
   enum class Kind { kAllreduce = 1, kBroadcast = 2 };
   Kind kind = Kind::kAllreduce;
   uint32_t tag = 0;
-  std::vector<uint64_t> variable_ids;
-  int32_t root = 0;  // broadcast: the rank holding the winning value
+  IndexRanges variables;  // layout indices; a broadcast's one variable
+  int32_t root = 0;       // broadcast: the rank holding the winning value
   int32_t source_replica = 0;
   uint64_t checksum = 0;
   std::vector<int32_t> targets;  // broadcast: replicas to overwrite
@@ -123,10 +160,11 @@ struct StepPlan {
   std::string group;
   absl::Duration timeout;
   std::vector<StepCollective> collectives;
-  // Variables the step changes or repairs, with the value they end with when
-  // already known (0: the reduction decides).
-  std::vector<uint64_t> changed_ids;
-  std::vector<uint64_t> changed_checksums;
+  // Layout indices of the variables the step changes or repairs.
+  IndexRanges changed;
+  // Not a plan: the barrier asks every worker for its report again, with
+  // every changed replica listed (a digest did not hold).
+  bool send_detail = false;
 };
 
 struct PreparedVariable {
@@ -136,14 +174,25 @@ struct PreparedVariable {
   int32_t nonfinite_replica = -1;  // a local replica whose own value was non-finite
 };
 
+// A worker's values after the plan, summarized as its report is.
 struct WorkerFinish {
   int64_t step = 0;
   uint64_t epoch = 0;
   TaskKey task;
   uint64_t incarnation = 0;
-  std::vector<PreparedVariable> variables;
+  IndexRanges held;                     // the plan's changed variables this worker holds
+  uint64_t digest = 0;                  // sum of DigestTerm over `held`, with the values here
+  std::vector<VariableChecksum> shard;  // those of `held` it is the reporter of
+  // Those of `held` whose value is non-finite where the variable refuses it.
+  std::vector<PreparedVariable> nonfinite;
   std::string error;  // non-empty: the worker could not run the plan
 };
+
+// A worker's finish from the values of the plan's changed variables it
+// holds (checksum, and the non-finite element where there is one).
+// Header fields and `error` are left to the caller.
+WorkerFinish SummarizeFinish(const SharedVector<StepVariable>& variables, int32_t me,
+                             std::vector<PreparedVariable> values);
 
 struct Divergence {
   uint64_t variable_id = 0;
@@ -160,6 +209,9 @@ struct CommittedVariable {
   uint64_t checksum = 0;
 };
 
+// A step's outcome. Workers get the short form (`short_form`): the changed
+// variables as layout ranges with their digest, without the per-variable
+// list and the latencies, which grow with the variables and the workers.
 struct StepResolution {
   int64_t step = 0;
   uint64_t epoch = 0;
@@ -168,6 +220,13 @@ struct StepResolution {
   std::vector<std::pair<TaskKey, absl::Duration>> latencies;  // report time from begin
   std::vector<Divergence> divergences;
   std::vector<CommittedVariable> changed;
+  // The variables that moved to version + 1, as layout indices of layout
+  // `layout_id`, and the sum of DigestTerm over them with their committed
+  // checksums.
+  IndexRanges changed_ranges;
+  uint64_t changed_digest = 0;
+  uint64_t layout_id = 0;
+  bool short_form = false;
 };
 
 // The durable-ready record of one committed step: which replicas now hold

@@ -2,6 +2,7 @@
 #include "common/rpc/from_proto.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -356,12 +357,35 @@ absl::StatusOr<StepInfo> StepInfoFromProto(const v1::StepInfo& proto) {
   return info;
 }
 
-WorkerReport ReportFromProto(const v1::ReportStepRequest& req) {
+namespace {
+
+absl::StatusOr<IndexRanges> RangesFromProto(const google::protobuf::RepeatedField<uint32_t>& p) {
+  // Checked against the layout's size by whoever holds the layout.
+  return IndexRanges::FromBounds({p.begin(), p.end()}, std::numeric_limits<uint32_t>::max());
+}
+
+template <typename P>
+std::vector<VariableChecksum> ShardFromProto(const P& proto) {
+  std::vector<VariableChecksum> out;
+  out.reserve(proto.shard_size());
+  for (const v1::VariableChecksum& c : proto.shard()) {
+    out.push_back(VariableChecksum{c.variable_id(), c.checksum()});
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerReport> ReportFromProto(const v1::ReportStepRequest& req) {
   WorkerReport r;
   r.step = req.step();
   r.epoch = req.epoch();
   r.task = TaskKey{req.job(), req.task()};
   r.incarnation = req.incarnation();
+  REPVAR_ASSIGN_OR_RETURN(r.changed, RangesFromProto(req.changed_ranges()));
+  r.digest = req.digest();
+  r.shard = ShardFromProto(req);
+  r.detailed = req.detailed();
   r.replicas.reserve(req.replicas_size());
   for (const v1::ReplicaReport& rr : req.replicas()) {
     r.replicas.push_back(
@@ -369,21 +393,22 @@ WorkerReport ReportFromProto(const v1::ReportStepRequest& req) {
   }
   return r;
 }
-
-WorkerFinish FinishFromProto(const v1::FinishStepRequest& req) {
+absl::StatusOr<WorkerFinish> FinishFromProto(const v1::FinishStepRequest& req) {
   WorkerFinish f;
   f.step = req.step();
   f.epoch = req.epoch();
   f.task = TaskKey{req.job(), req.task()};
   f.incarnation = req.incarnation();
   f.error = req.error();
-  for (const v1::PreparedVariable& p : req.variables()) {
-    f.variables.push_back(PreparedVariable{p.variable_id(), p.checksum(), p.first_nonfinite(),
+  REPVAR_ASSIGN_OR_RETURN(f.held, RangesFromProto(req.held_ranges()));
+  f.digest = req.digest();
+  f.shard = ShardFromProto(req);
+  for (const v1::PreparedVariable& p : req.nonfinite()) {
+    f.nonfinite.push_back(PreparedVariable{p.variable_id(), p.checksum(), p.first_nonfinite(),
                                            p.has_nonfinite_replica() ? p.nonfinite_replica() : -1});
   }
   return f;
 }
-
 StepResolution ResolutionFromProto(const v1::StepResolution& proto) {
   StepResolution r;
   r.step = proto.step();
@@ -408,10 +433,22 @@ StepResolution ResolutionFromProto(const v1::StepResolution& proto) {
   for (const v1::CommittedVariable& c : proto.changed()) {
     r.changed.push_back(CommittedVariable{c.variable_id(), c.name(), c.version(), c.checksum()});
   }
+  r.changed_digest = proto.changed_digest();
+  r.layout_id = proto.layout_id();
+  r.short_form = proto.short_form();
+  absl::StatusOr<IndexRanges> ranges = RangesFromProto(proto.changed_ranges());
+  if (ranges.ok()) {
+    r.changed_ranges = *std::move(ranges);
+  } else if (r.state == StepState::kCommitted) {
+    // Only a broken coordinator sends this; nothing of it is installed.
+    r.state = StepState::kFailed;
+    r.status = absl::DataLossError(
+        absl::StrCat("a malformed step resolution: ", ranges.status().message()));
+  }
   return r;
 }
 
-std::variant<StepPlan, StepResolution> PlanFromProto(const v1::StepPlan& proto) {
+absl::StatusOr<std::variant<StepPlan, StepResolution>> PlanFromProto(const v1::StepPlan& proto) {
   if (proto.has_resolution()) return ResolutionFromProto(proto.resolution());
   StepPlan plan;
   plan.step = proto.step();
@@ -423,15 +460,15 @@ std::variant<StepPlan, StepResolution> PlanFromProto(const v1::StepPlan& proto) 
     sc.kind = c.kind() == v1::StepCollective::BROADCAST ? StepCollective::Kind::kBroadcast
                                                         : StepCollective::Kind::kAllreduce;
     sc.tag = c.tag();
-    sc.variable_ids.assign(c.variable_ids().begin(), c.variable_ids().end());
+    REPVAR_ASSIGN_OR_RETURN(sc.variables, RangesFromProto(c.variable_ranges()));
     sc.root = c.root();
     sc.source_replica = c.source_replica();
     sc.checksum = c.checksum();
     sc.targets.assign(c.targets().begin(), c.targets().end());
     plan.collectives.push_back(std::move(sc));
   }
-  plan.changed_ids.assign(proto.changed_ids().begin(), proto.changed_ids().end());
-  plan.changed_checksums.assign(proto.changed_checksums().begin(), proto.changed_checksums().end());
+  REPVAR_ASSIGN_OR_RETURN(plan.changed, RangesFromProto(proto.changed_ranges()));
+  plan.send_detail = proto.send_detail();
   return plan;
 }
 

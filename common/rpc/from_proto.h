@@ -59,12 +59,14 @@ absl::StatusOr<StepWriteHeader> StepWriteHeaderFromProto(const v1::StepWriteHead
 
 // Steps. Errors: INVALID_ARGUMENT (a bad spec in the layout).
 absl::StatusOr<StepInfo> StepInfoFromProto(const v1::StepInfo& proto);
-WorkerReport ReportFromProto(const v1::ReportStepRequest& proto);
-WorkerFinish FinishFromProto(const v1::FinishStepRequest& proto);
+// Errors: INVALID_ARGUMENT (malformed index ranges).
+absl::StatusOr<WorkerReport> ReportFromProto(const v1::ReportStepRequest& proto);
+absl::StatusOr<WorkerFinish> FinishFromProto(const v1::FinishStepRequest& proto);
 StepResolution ResolutionFromProto(const v1::StepResolution& proto);
 // The answer to a report: the plan, or the resolution when there is nothing
-// to run (or the step failed).
-std::variant<StepPlan, StepResolution> PlanFromProto(const v1::StepPlan& proto);
+// to run (or the step failed). Errors: INVALID_ARGUMENT (malformed index
+// ranges).
+absl::StatusOr<std::variant<StepPlan, StepResolution>> PlanFromProto(const v1::StepPlan& proto);
 // Errors: as StepInfoFromProto.
 absl::StatusOr<StepsStatus> StepsStatusFromProto(const v1::StepsStatus& proto);
 

@@ -263,12 +263,33 @@ void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto) {
   }
 }
 
+namespace {
+
+void RangesToProto(const IndexRanges& r, google::protobuf::RepeatedField<uint32_t>* proto) {
+  proto->Add(r.bounds().begin(), r.bounds().end());
+}
+
+template <typename P>
+void ShardToProto(const std::vector<VariableChecksum>& shard, P* proto) {
+  for (const VariableChecksum& c : shard) {
+    v1::VariableChecksum* p = proto->add_shard();
+    p->set_variable_id(c.variable_id);
+    p->set_checksum(c.checksum);
+  }
+}
+
+}  // namespace
+
 void ReportToProto(const WorkerReport& report, v1::ReportStepRequest* proto) {
   proto->set_step(report.step);
   proto->set_epoch(report.epoch);
   proto->set_job(report.task.job);
   proto->set_task(report.task.task);
   proto->set_incarnation(report.incarnation);
+  RangesToProto(report.changed, proto->mutable_changed_ranges());
+  proto->set_digest(report.digest);
+  ShardToProto(report.shard, proto);
+  proto->set_detailed(report.detailed);
   for (const ReplicaReport& r : report.replicas) {
     v1::ReplicaReport* p = proto->add_replicas();
     p->set_variable_id(r.variable_id);
@@ -285,8 +306,11 @@ void FinishToProto(const WorkerFinish& finish, v1::FinishStepRequest* proto) {
   proto->set_task(finish.task.task);
   proto->set_incarnation(finish.incarnation);
   proto->set_error(finish.error);
-  for (const PreparedVariable& v : finish.variables) {
-    v1::PreparedVariable* p = proto->add_variables();
+  RangesToProto(finish.held, proto->mutable_held_ranges());
+  proto->set_digest(finish.digest);
+  ShardToProto(finish.shard, proto);
+  for (const PreparedVariable& v : finish.nonfinite) {
+    v1::PreparedVariable* p = proto->add_nonfinite();
     p->set_variable_id(v.variable_id);
     p->set_checksum(v.checksum);
     p->set_first_nonfinite(v.first_nonfinite);
@@ -304,28 +328,29 @@ void PlanToProto(const StepPlan& plan, v1::StepPlan* proto) {
     pc->set_kind(c.kind == StepCollective::Kind::kAllreduce ? v1::StepCollective::ALLREDUCE
                                                             : v1::StepCollective::BROADCAST);
     pc->set_tag(c.tag);
-    for (uint64_t id : c.variable_ids) pc->add_variable_ids(id);
+    RangesToProto(c.variables, pc->mutable_variable_ranges());
     pc->set_root(c.root);
     pc->set_source_replica(c.source_replica);
     pc->set_checksum(c.checksum);
     for (int32_t t : c.targets) pc->add_targets(t);
   }
-  for (uint64_t id : plan.changed_ids) proto->add_changed_ids(id);
-  for (uint64_t c : plan.changed_checksums) proto->add_changed_checksums(c);
+  RangesToProto(plan.changed, proto->mutable_changed_ranges());
+  proto->set_send_detail(plan.send_detail);
 }
 
-void StepResolutionToProto(const StepResolution& r, v1::StepResolution* proto) {
+void StepResolutionToProto(const StepResolution& r, v1::StepResolution* proto, bool short_form) {
   proto->set_step(r.step);
   proto->set_epoch(r.epoch);
   proto->set_state(static_cast<v1::StepState>(r.state));
   proto->set_code(static_cast<int32_t>(r.status.code()));
   proto->set_message(std::string(r.status.message()));
-  for (const auto& [task, latency] : r.latencies) {
-    v1::WorkerStepLatency* l = proto->add_latencies();
-    l->set_job(task.job);
-    l->set_task(task.task);
-    l->set_report_ms(absl::ToInt64Milliseconds(latency));
-  }
+  RangesToProto(r.changed_ranges, proto->mutable_changed_ranges());
+  proto->set_changed_digest(r.changed_digest);
+  proto->set_layout_id(r.layout_id);
+  // A resolution without ranges (one an earlier run committed, answered
+  // from its record) goes whole: its list is all there is.
+  short_form = short_form && (r.short_form || !r.changed_ranges.empty() || r.changed.empty());
+  proto->set_short_form(short_form);
   for (const Divergence& d : r.divergences) {
     v1::Divergence* pd = proto->add_divergences();
     pd->set_variable_id(d.variable_id);
@@ -333,6 +358,13 @@ void StepResolutionToProto(const StepResolution& r, v1::StepResolution* proto) {
     for (uint64_t c : d.replica_checksums) pd->add_replica_checksums(c);
     pd->set_chosen_checksum(d.chosen_checksum);
     for (int32_t i : d.repaired) pd->add_repaired(i);
+  }
+  if (short_form) return;
+  for (const auto& [task, latency] : r.latencies) {
+    v1::WorkerStepLatency* l = proto->add_latencies();
+    l->set_job(task.job);
+    l->set_task(task.task);
+    l->set_report_ms(absl::ToInt64Milliseconds(latency));
   }
   for (const CommittedVariable& c : r.changed) {
     v1::CommittedVariable* pc = proto->add_changed();

@@ -44,7 +44,9 @@ void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto);
 void ReportToProto(const WorkerReport& report, v1::ReportStepRequest* proto);
 void FinishToProto(const WorkerFinish& finish, v1::FinishStepRequest* proto);
 void PlanToProto(const StepPlan& plan, v1::StepPlan* proto);
-void StepResolutionToProto(const StepResolution& r, v1::StepResolution* proto);
+// `short_form`: as workers get it (StepResolution::short_form).
+void StepResolutionToProto(const StepResolution& r, v1::StepResolution* proto,
+                           bool short_form = false);
 void StepEventToProto(const StepEvent& e, v1::StepEvent* proto);
 void StepsStatusToProto(const StepsStatus& st, v1::StepsStatus* proto);
 

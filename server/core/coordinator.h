@@ -200,8 +200,8 @@ class Coordinator {
   absl::Status FinishStep(const WorkerFinish& finish) { return steps_.FinishStep(finish); }
   // The step's plan, or its resolution, once its barrier resolves
   // (StepCoordinator::WhenStepPlanned); `done` is called exactly once.
-  void WhenStepPlanned(uint64_t epoch, StepCoordinator::PlanCallback done) {
-    steps_.WhenStepPlanned(epoch, std::move(done));
+  void WhenStepPlanned(uint64_t epoch, bool detailed, StepCoordinator::PlanCallback done) {
+    steps_.WhenStepPlanned(epoch, detailed, std::move(done));
   }
   // The step's resolution once it resolves (StepCoordinator::WhenStepResolved).
   void WhenStepResolved(uint64_t epoch, StepCoordinator::ResolutionCallback done) {

@@ -53,7 +53,21 @@ uint64_t StepBarrier::Open(StepInfo info, absl::Time now) {
   open_ = std::make_shared<StepInfo>(std::move(info));
   open_state_ = StepState::kOpen;
   progress_.assign(open_->participants.size(), Progress{});
+  if (!held_.variables.SharesWith(open_->variables) || held_.layout_id != open_->layout_id) {
+    held_.variables = open_->variables;
+    held_.layout_id = open_->layout_id;
+    held_.held.assign(open_->participants.size(), IndexRanges());
+    for (uint32_t i = 0; i < open_->variables.size(); ++i) {
+      for (int32_t p : open_->variables[i].replica_participant) {
+        IndexRanges& h = held_.held[static_cast<size_t>(p)];
+        if (p >= 0 && !h.Contains(i)) h.Append(i);
+      }
+    }
+  }
+  detail_wanted_ = false;
   plan_.reset();
+  changed_list_.clear();
+  expected_.clear();
   divergences_.clear();
   warned_ = false;
   Emit(NewEvent(StepEvent::Kind::kBegun, now));
@@ -90,6 +104,86 @@ absl::StatusOr<size_t> StepBarrier::CheckCaller(int64_t step, uint64_t epoch, co
       what, " from ", task.ToString(), ": not a participant of ", StepName(step, epoch)));
 }
 
+absl::Status StepBarrier::CheckReport(const WorkerReport& r, size_t me) const {
+  const std::string from = absl::StrCat("report from ", r.task.ToString());
+  if (!r.changed.empty() && r.changed.bounds().back() > open_->variables.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        from, " names variable index ", r.changed.bounds().back() - 1, "; ",
+        StepName(open_->step, open_->epoch), " has ", open_->variables.size(), " variables"));
+  }
+  if (!r.changed.IsSubsetOf(held_.held[me])) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(from, " names variables this worker holds no replica of in this step"));
+  }
+  for (size_t i = 0; i < r.replicas.size(); ++i) {
+    const ReplicaReport& rr = r.replicas[i];
+    if (i > 0 && rr.variable_id == r.replicas[i - 1].variable_id &&
+        rr.replica == r.replicas[i - 1].replica) {
+      return absl::InvalidArgumentError(absl::StrCat(from, " names variable ", rr.variable_id,
+                                                     " replica ", rr.replica, " twice"));
+    }
+    const StepVariable* v = FindVariable(rr.variable_id);
+    if (v == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(from, " names variable id ", rr.variable_id, ", which is not in ",
+                       StepName(open_->step, open_->epoch),
+                       " (variables created or initialized during a step join the next one)"));
+    }
+    if (rr.replica < 0 || static_cast<size_t>(rr.replica) >= v->replica_participant.size() ||
+        v->replica_participant[rr.replica] != static_cast<int32_t>(me)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(from, " names ", v->name, "/", rr.replica,
+                       ", a replica this worker does not hold in this step"));
+    }
+    if (!r.detailed && r.changed.Contains(IndexOf(v->id))) {
+      return absl::InvalidArgumentError(absl::StrCat(from, " lists ", v->name, "/", rr.replica,
+                                                     " one by one and in its changed ranges too"));
+    }
+  }
+  for (size_t i = 0; i < r.shard.size(); ++i) {
+    const VariableChecksum& c = r.shard[i];
+    const StepVariable* v = FindVariable(c.variable_id);
+    if (v == nullptr || (i > 0 && c.variable_id <= r.shard[i - 1].variable_id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          from, ": its reported checksums must name variables of the step, by id, once each"));
+    }
+    const uint32_t index = IndexOf(v->id);
+    if (!r.changed.Contains(index) || ReporterOf(*v, index) != static_cast<int32_t>(me) ||
+        v->aggregation == Aggregation::kSum || v->aggregation == Aggregation::kMean) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(from, " reports the checksum of ", v->name,
+                       ", which is not a NONE or ONLY_FIRST_REPLICA variable it changed and "
+                       "reports for"));
+    }
+  }
+  if (r.detailed) {
+    // The detail must be the summary's: each NONE/ONLY_FIRST_REPLICA
+    // variable of the ranges listed with one value, summing to the digest.
+    uint64_t digest = 0;
+    size_t at = 0;
+    absl::Status bad;
+    r.changed.ForEach([&](uint32_t index) {
+      const StepVariable& v = open_->variables[index];
+      if (!bad.ok() || v.aggregation == Aggregation::kSum || v.aggregation == Aggregation::kMean) {
+        return;
+      }
+      while (at < r.replicas.size() && r.replicas[at].variable_id < v.id) ++at;
+      if (at == r.replicas.size() || r.replicas[at].variable_id != v.id) {
+        bad = absl::InvalidArgumentError(
+            absl::StrCat(from, ": the detailed report does not list ", v.name));
+        return;
+      }
+      digest += DigestTerm(v.id, r.replicas[at].checksum);
+    });
+    REPVAR_RETURN_IF_ERROR(bad);
+    if (digest != r.digest) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(from, ": the detailed report's values do not sum to its digest"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepBarrier::Report(const WorkerReport& report, absl::Time now) {
   auto who = CheckCaller(report.step, report.epoch, report.task, report.incarnation, "report");
   if (!who.ok()) return who.status();
@@ -100,63 +194,74 @@ absl::Status StepBarrier::Report(const WorkerReport& report, absl::Time now) {
   std::sort(r.replicas.begin(), r.replicas.end(), [](const auto& a, const auto& b) {
     return std::tie(a.variable_id, a.replica) < std::tie(b.variable_id, b.replica);
   });
-  for (size_t i = 0; i < r.replicas.size(); ++i) {
-    const ReplicaReport& rr = r.replicas[i];
-    if (i > 0 && rr.variable_id == r.replicas[i - 1].variable_id &&
-        rr.replica == r.replicas[i - 1].replica) {
-      return absl::InvalidArgumentError(absl::StrCat("report from ", r.task.ToString(),
-                                                     " names variable ", rr.variable_id,
-                                                     " replica ", rr.replica, " twice"));
-    }
-    const StepVariable* v = FindVariable(rr.variable_id);
-    if (v == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("report from ", r.task.ToString(), " names variable id ", rr.variable_id,
-                       ", which is not in ", StepName(open_->step, open_->epoch),
-                       " (variables created or initialized during a step join the next one)"));
-    }
-    if (rr.replica < 0 || static_cast<size_t>(rr.replica) >= v->replica_participant.size() ||
-        v->replica_participant[rr.replica] != static_cast<int32_t>(me)) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("report from ", r.task.ToString(), " names ", v->name, "/", rr.replica,
-                       ", a replica this worker does not hold in this step"));
-    }
-  }
+  std::sort(r.shard.begin(), r.shard.end(),
+            [](const auto& a, const auto& b) { return a.variable_id < b.variable_id; });
+  REPVAR_RETURN_IF_ERROR(CheckReport(r, me));
   Progress& p = progress_[me];
   if (p.report) {
-    if (p.report->replicas == r.replicas) return absl::OkStatus();  // a retry
-    return absl::AlreadyExistsError(absl::StrCat(
-        r.task.ToString(), " already reported for ", StepName(open_->step, open_->epoch),
-        " with different contents; a worker sends one report per step"));
+    const bool same_summary = p.report->changed == r.changed && p.report->digest == r.digest &&
+                              p.report->shard == r.shard;
+    if (same_summary && p.report->detailed == r.detailed && p.report->replicas == r.replicas) {
+      return absl::OkStatus();  // a retry
+    }
+    if (!same_summary || p.report->detailed) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          r.task.ToString(), " already reported for ", StepName(open_->step, open_->epoch),
+          " with different contents; a worker sends one report per step"));
+    }
+    if (!r.detailed) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          r.task.ToString(), " already reported for ", StepName(open_->step, open_->epoch),
+          " with other exceptions; a worker sends one report per step"));
+    }
+    // The same report in detail: it takes the summary's place.
   }
   if (open_state_ != StepState::kOpen) {
     return absl::FailedPreconditionError("the step's barrier already resolved");
   }
+  const bool first = !p.report;
   p.report = std::move(r);
-  p.reported_at = now;
-  StepEvent e = NewEvent(StepEvent::Kind::kReported, now);
-  e.task = report.task;
-  Emit(std::move(e));
+  if (first) {
+    p.reported_at = now;
+    StepEvent e = NewEvent(StepEvent::Kind::kReported, now);
+    e.task = report.task;
+    Emit(std::move(e));
+  }
   for (const Progress& q : progress_) {
-    if (!q.report) return absl::OkStatus();
+    if (!q.report || (detail_wanted_ && !q.report->detailed)) return absl::OkStatus();
   }
   ResolveBarrier(now);
   return absl::OkStatus();
 }
 
 void StepBarrier::ResolveBarrier(absl::Time now) {
-  absl::StatusOr<std::vector<ChangedVariable>> changed = MergeReports();
+  absl::StatusOr<std::optional<std::vector<ChangedVariable>>> changed = MergeReports();
   if (!changed.ok()) {
     Fail(changed.status(), now);
     return;
   }
-  StepDecision decision = PlanCollectives(*changed);
+  if (!*changed) {
+    // A digest did not hold (or a checksum had no reporter): every worker
+    // sends its report again, in detail.
+    spdlog::warn("{}: the workers' digests disagree; asking for detailed reports",
+                 StepName(open_->step, open_->epoch));
+    detail_wanted_ = true;
+    detail_request_ = StepPlan{};
+    detail_request_.step = open_->step;
+    detail_request_.epoch = open_->epoch;
+    detail_request_.send_detail = true;
+    return;
+  }
+  StepDecision decision = PlanCollectives(**changed);
   ReportDivergences(decision.divergences);
   StepPlan plan;
   plan.step = open_->step;
   plan.epoch = open_->epoch;
-  plan.changed_ids = std::move(decision.changed_ids);
-  plan.changed_checksums = std::move(decision.changed_checksums);
+  plan.changed = std::move(decision.changed);
+  changed_list_.clear();
+  changed_list_.reserve(decision.expected.size());
+  plan.changed.ForEach([&](uint32_t i) { changed_list_.push_back(i); });
+  expected_ = std::move(decision.expected);
   plan.collectives = std::move(decision.collectives);
   divergences_ = std::move(decision.divergences);
   if (plan.collectives.empty()) {
@@ -179,42 +284,111 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
   Emit(NewEvent(StepEvent::Kind::kAggregating, now));
 }
 
-absl::StatusOr<std::vector<ChangedVariable>> StepBarrier::MergeReports() const {
-  // Only the variables some worker reported are walked (a report names the
-  // replicas whose value changed): the barrier's work follows what changed,
-  // not the step's size. Reports are sorted by (variable, replica): one
-  // merge walk over them, in variable order.
-  std::vector<uint64_t> reported;
-  for (const Progress& p : progress_) {
-    for (const ReplicaReport& rr : p.report->replicas) reported.push_back(rr.variable_id);
-  }
-  std::sort(reported.begin(), reported.end());
-  reported.erase(std::unique(reported.begin(), reported.end()), reported.end());
-  std::vector<size_t> cursor(progress_.size(), 0);
-  std::vector<ChangedVariable> changed;
-  for (uint64_t id : reported) {
-    const StepVariable& v = *FindVariable(id);  // Report checked it is in the step
-    const uint64_t begin_checksum = BeginOf(v).checksum;
-    ChangedVariable c{&v, std::vector<uint64_t>(v.replica_participant.size(), begin_checksum)};
-    bool differs = false;
-    for (size_t w = 0; w < progress_.size(); ++w) {
-      const std::vector<ReplicaReport>& reports = progress_[w].report->replicas;
-      for (; cursor[w] < reports.size() && reports[cursor[w]].variable_id == v.id; ++cursor[w]) {
-        const ReplicaReport& rr = reports[cursor[w]];
-        if (rr.first_nonfinite >= 0 && !v.allow_nonfinite) {
-          const TaskKey& t = open_->participants[v.replica_participant[rr.replica]].task;
-          return absl::InvalidArgumentError(
-              absl::StrCat(StepName(open_->step, open_->epoch), " failed: ", v.name, "/",
-                           rr.replica, " on ", t.ToString(), " has a non-finite value at element ",
-                           rr.first_nonfinite, " (allow_nonfinite is off); nothing changed"));
-        }
-        c.checksums[rr.replica] = rr.checksum;
-        differs = differs || rr.checksum != begin_checksum;
-      }
+absl::StatusOr<std::optional<std::vector<ChangedVariable>>> StepBarrier::MergeReports() const {
+  // The work follows what changed and how many workers there are, not the
+  // number of variables times replicas: per-replica merging is left to the
+  // variables some report names one replica at a time (docs/architecture.md).
+  const SharedVector<StepVariable>& vars = open_->variables;
+  const auto reduced = [](const StepVariable& v) {
+    return v.aggregation == Aggregation::kSum || v.aggregation == Aggregation::kMean;
+  };
+  // 1. What changed anywhere, each reporter's checksums, the exceptions.
+  IndexRanges changed;
+  IndexRanges listed;
+  std::vector<uint64_t> reported(vars.size(), 0);
+  std::vector<uint8_t> has_reported(vars.size(), 0);
+  struct Entry {
+    size_t participant;
+    const ReplicaReport* report;
+  };
+  std::map<uint32_t, std::vector<Entry>> entries;  // by variable index
+  for (size_t w = 0; w < progress_.size(); ++w) {
+    const WorkerReport& r = *progress_[w].report;
+    changed = changed.Union(r.changed);
+    for (const VariableChecksum& c : r.shard) {
+      const uint32_t i = IndexOf(c.variable_id);
+      reported[i] = c.checksum;
+      has_reported[i] = 1;
     }
-    if (differs) changed.push_back(std::move(c));
+    for (const ReplicaReport& rr : r.replicas) {
+      const uint32_t i = IndexOf(rr.variable_id);
+      const StepVariable& v = vars[i];
+      if (rr.first_nonfinite >= 0 && !v.allow_nonfinite && !reduced(v)) {
+        const TaskKey& t = open_->participants[w].task;
+        return absl::InvalidArgumentError(
+            absl::StrCat(StepName(open_->step, open_->epoch), " failed: ", v.name, "/", rr.replica,
+                         " on ", t.ToString(), " has a non-finite value at element ",
+                         rr.first_nonfinite, " (allow_nonfinite is off); nothing changed"));
+      }
+      entries[i].push_back(Entry{w, &rr});
+    }
   }
-  return changed;
+  for (const auto& [i, e] : entries) listed.Append(i);
+  changed = changed.Union(listed);
+
+  // 2. Each summary's digest against the reporters' checksums: computed
+  // once per distinct set of changed variables.
+  std::map<std::vector<uint32_t>, std::optional<uint64_t>> expected;
+  for (const Progress& p : progress_) {
+    const WorkerReport& r = *p.report;
+    if (r.detailed) continue;
+    auto [at, fresh] = expected.try_emplace(r.changed.bounds());
+    if (fresh) {
+      uint64_t sum = 0;
+      bool known = true;
+      r.changed.ForEach([&](uint32_t i) {
+        if (reduced(vars[i])) return;
+        known = known && has_reported[i] != 0;
+        sum += DigestTerm(vars[i].id, reported[i]);
+      });
+      if (known) at->second = sum;
+    }
+    if (!at->second || *at->second != r.digest) return std::nullopt;
+  }
+
+  // 3. The NONE/ONLY_FIRST_REPLICA variables to merge replica by replica:
+  // those listed, and those a holder changed while another did not.
+  std::vector<uint8_t> exceptional(vars.size(), 0);
+  for (const auto& [i, e] : entries) exceptional[i] = 1;
+  for (size_t w = 0; w < progress_.size(); ++w) {
+    const WorkerReport& r = *progress_[w].report;
+    if (r.changed == changed) continue;
+    changed.Minus(r.changed).Intersect(held_.held[w]).ForEach([&](uint32_t i) {
+      exceptional[i] = 1;
+    });
+  }
+
+  // 4. The changed variables, in layout order.
+  std::vector<ChangedVariable> out;
+  changed.ForEach([&](uint32_t i) {
+    const StepVariable& v = vars[i];
+    ChangedVariable c{&v, i, std::nullopt, {}};
+    if (reduced(v)) {
+      out.push_back(std::move(c));
+      return;
+    }
+    if (!exceptional[i]) {
+      c.agreed = reported[i];  // every holder's digest covers it
+      out.push_back(std::move(c));
+      return;
+    }
+    const uint64_t begin_checksum = BeginOf(v).checksum;
+    c.checksums.assign(v.replica_participant.size(), begin_checksum);
+    for (size_t k = 0; k < v.replica_participant.size(); ++k) {
+      const int32_t p = v.replica_participant[k];
+      if (p < 0) continue;
+      const WorkerReport& r = *progress_[static_cast<size_t>(p)].report;
+      if (!r.detailed && r.changed.Contains(i)) c.checksums[k] = reported[i];
+    }
+    if (auto e = entries.find(i); e != entries.end()) {
+      for (const Entry& x : e->second)
+        c.checksums[static_cast<size_t>(x.report->replica)] = x.report->checksum;
+    }
+    const bool differs = std::any_of(c.checksums.begin(), c.checksums.end(),
+                                     [&](uint64_t x) { return x != begin_checksum; });
+    if (differs) out.push_back(std::move(c));
+  });
+  return out;
 }
 
 void StepBarrier::ReportDivergences(const std::vector<Divergence>& divergences) const {
@@ -241,16 +415,39 @@ absl::Status StepBarrier::Finish(const WorkerFinish& finish, absl::Time now) {
   }
   Progress& p = progress_[*who];
   if (p.finish) return absl::OkStatus();  // a retry
-  p.finish = finish;
-  std::sort(p.finish->variables.begin(), p.finish->variables.end(),
-            [](const auto& a, const auto& b) { return a.variable_id < b.variable_id; });
   if (!finish.error.empty()) {
+    p.finish = finish;
     Fail(absl::UnavailableError(absl::StrCat(StepName(open_->step, open_->epoch),
                                              " failed: ", finish.task.ToString(),
                                              " could not aggregate: ", finish.error)),
          now);
     return absl::OkStatus();
   }
+  const std::string from = absl::StrCat("finish from ", finish.task.ToString());
+  if (finish.held != plan_->changed.Intersect(held_.held[*who])) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(from, ": its ranges are not the plan's changed variables this worker holds"));
+  }
+  WorkerFinish f = finish;
+  std::sort(f.shard.begin(), f.shard.end(),
+            [](const auto& a, const auto& b) { return a.variable_id < b.variable_id; });
+  for (size_t i = 0; i < f.shard.size(); ++i) {
+    const StepVariable* v = FindVariable(f.shard[i].variable_id);
+    const bool ordered = i == 0 || f.shard[i].variable_id > f.shard[i - 1].variable_id;
+    if (v == nullptr || !ordered || !f.held.Contains(IndexOf(v->id)) ||
+        ReporterOf(*v, IndexOf(v->id)) != static_cast<int32_t>(*who)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          from, ": a reported checksum of a variable it does not report for, or twice"));
+    }
+  }
+  for (const PreparedVariable& pv : f.nonfinite) {
+    const StepVariable* v = FindVariable(pv.variable_id);
+    if (v == nullptr || !f.held.Contains(IndexOf(v->id))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(from, ": a non-finite value of a variable it does not hold changed"));
+    }
+  }
+  p.finish = std::move(f);
   for (const Progress& q : progress_) {
     if (!q.finish) return absl::OkStatus();
   }
@@ -258,65 +455,117 @@ absl::Status StepBarrier::Finish(const WorkerFinish& finish, absl::Time now) {
   return absl::OkStatus();
 }
 
+size_t StepBarrier::ChangedPosition(uint32_t index) const {
+  return static_cast<size_t>(std::lower_bound(changed_list_.begin(), changed_list_.end(), index) -
+                             changed_list_.begin());
+}
+
 void StepBarrier::ResolveFinish(absl::Time now) {
-  // Every worker holding a replica of a changed variable must end with the
-  // same value (and the planned one when the plan named it).
-  for (size_t c = 0; c < plan_->changed_ids.size(); ++c) {
-    const uint64_t id = plan_->changed_ids[c];
-    const StepVariable* v = FindVariable(id);
-    std::optional<uint64_t> agreed;
-    if (plan_->changed_checksums[c] != 0) agreed = plan_->changed_checksums[c];
-    for (size_t w = 0; w < progress_.size(); ++w) {
-      bool holds = std::find(v->replica_participant.begin(), v->replica_participant.end(),
-                             static_cast<int32_t>(w)) != v->replica_participant.end();
-      if (!holds) continue;
-      const std::vector<PreparedVariable>& prepared = progress_[w].finish->variables;
-      auto it = std::lower_bound(
-          prepared.begin(), prepared.end(), id,
-          [](const PreparedVariable& x, uint64_t want) { return x.variable_id < want; });
-      const PreparedVariable* pv = it != prepared.end() && it->variable_id == id ? &*it : nullptr;
-      const TaskKey& t = open_->participants[w].task;
-      if (pv == nullptr) {
-        Fail(absl::InternalError(absl::StrCat(StepName(open_->step, open_->epoch),
-                                              " failed: ", t.ToString(),
-                                              " did not report its value of ", v->name)),
-             now);
-        return;
-      }
-      if (pv->first_nonfinite >= 0 && !v->allow_nonfinite) {
-        // Name the replica whose own value was non-finite, if any worker
-        // found one; otherwise the sum itself overflowed.
-        for (size_t x = 0; x < progress_.size(); ++x) {
-          for (const PreparedVariable& other : progress_[x].finish->variables) {
-            if (other.variable_id != id || other.nonfinite_replica < 0) continue;
-            Fail(absl::InvalidArgumentError(absl::StrCat(
-                     StepName(open_->step, open_->epoch), " failed: ", v->name, "/",
-                     other.nonfinite_replica, " on ", open_->participants[x].task.ToString(),
-                     " has a non-finite value at element ", other.first_nonfinite,
-                     " (allow_nonfinite is off); nothing changed")),
-                 now);
-            return;
-          }
-        }
-        Fail(absl::InvalidArgumentError(absl::StrCat(
-                 StepName(open_->step, open_->epoch), " failed: the aggregated value of ", v->name,
-                 " is non-finite at element ", pv->first_nonfinite, " (on ", t.ToString(),
-                 "; every replica's own value was finite, so the sum overflowed)")),
-             now);
-        return;
-      }
-      if (!agreed) agreed = pv->checksum;
-      if (pv->checksum != *agreed) {
-        Fail(absl::DataLossError(
-                 absl::StrCat(StepName(open_->step, open_->epoch), " failed: ", t.ToString(),
-                              " ended with a different value of ", v->name, " (checksum ",
-                              absl::Hex(pv->checksum), ", expected ", absl::Hex(*agreed), ")")),
-             now);
-        return;
+  const std::string step = StepName(open_->step, open_->epoch);
+  // 1. Non-finite results, in variable order: name the replica whose own
+  // value was non-finite when a worker found one; else the sum overflowed.
+  std::map<size_t, std::vector<std::pair<size_t, const PreparedVariable*>>> nonfinite;
+  for (size_t w = 0; w < progress_.size(); ++w) {
+    for (const PreparedVariable& pv : progress_[w].finish->nonfinite) {
+      if (!FindVariable(pv.variable_id)->allow_nonfinite) {
+        nonfinite[ChangedPosition(IndexOf(pv.variable_id))].emplace_back(w, &pv);
       }
     }
-    plan_->changed_checksums[c] = agreed.value_or(BeginOf(*v).checksum);
   }
+  if (!nonfinite.empty()) {
+    const auto& found = nonfinite.begin()->second;
+    const StepVariable& v = *FindVariable(found.front().second->variable_id);
+    for (const auto& [w, pv] : found) {
+      if (pv->nonfinite_replica < 0) continue;
+      Fail(absl::InvalidArgumentError(absl::StrCat(
+               step, " failed: ", v.name, "/", pv->nonfinite_replica, " on ",
+               open_->participants[w].task.ToString(), " has a non-finite value at element ",
+               pv->first_nonfinite, " (allow_nonfinite is off); nothing changed")),
+           now);
+      return;
+    }
+    Fail(absl::InvalidArgumentError(
+             absl::StrCat(step, " failed: the aggregated value of ", v.name,
+                          " is non-finite at element ", found.front().second->first_nonfinite,
+                          " (on ", open_->participants[found.front().first].task.ToString(),
+                          "; every replica's own value was finite, so the sum overflowed)")),
+         now);
+    return;
+  }
+  // 2. The value each changed variable ends with: the plan's where it named
+  // one, else its reporter's.
+  std::vector<uint64_t> final_checksums = expected_;
+  std::vector<uint8_t> known(expected_.size(), 0);
+  for (size_t k = 0; k < expected_.size(); ++k) known[k] = expected_[k] != 0 ? 1 : 0;
+  for (size_t w = 0; w < progress_.size(); ++w) {
+    for (const VariableChecksum& c : progress_[w].finish->shard) {
+      const size_t k = ChangedPosition(IndexOf(c.variable_id));
+      if (known[k] != 0 && final_checksums[k] != c.checksum) {
+        const StepVariable& v = *FindVariable(c.variable_id);
+        Fail(absl::DataLossError(absl::StrCat(
+                 step, " failed: ", open_->participants[w].task.ToString(),
+                 " ended with a different value of ", v.name, " (checksum ", absl::Hex(c.checksum),
+                 ", expected ", absl::Hex(final_checksums[k]), ")")),
+             now);
+        return;
+      }
+      final_checksums[k] = c.checksum;
+      known[k] = 1;
+    }
+  }
+  for (size_t k = 0; k < known.size(); ++k) {
+    if (known[k] != 0) continue;
+    const StepVariable& v = open_->variables[changed_list_[k]];
+    const int32_t reporter = ReporterOf(v, changed_list_[k]);
+    Fail(absl::InternalError(absl::StrCat(
+             step, " failed: ",
+             reporter >= 0 ? open_->participants[static_cast<size_t>(reporter)].task.ToString()
+                           : std::string("nobody"),
+             " did not report its value of ", v.name)),
+         now);
+    return;
+  }
+  // 3. Every worker's digest over the values it holds: computed once per
+  // distinct set of held variables. A worker whose digest differs ended
+  // with other values than the reporters': name those outside the
+  // majority of their set (the reporters, when theirs were the odd ones).
+  std::map<std::vector<uint32_t>, uint64_t> expected;
+  std::map<std::vector<uint32_t>, std::map<uint64_t, std::vector<size_t>>> by_digest;
+  bool mismatch = false;
+  for (size_t w = 0; w < progress_.size(); ++w) {
+    const WorkerFinish& f = *progress_[w].finish;
+    auto [at, fresh] = expected.try_emplace(f.held.bounds(), 0);
+    if (fresh) {
+      f.held.ForEach([&](uint32_t i) {
+        at->second += DigestTerm(open_->variables[i].id, final_checksums[ChangedPosition(i)]);
+      });
+    }
+    mismatch = mismatch || at->second != f.digest;
+    by_digest[f.held.bounds()][f.digest].push_back(w);
+  }
+  if (mismatch) {
+    std::vector<std::string> odd;
+    for (const auto& [held, digests] : by_digest) {
+      size_t majority = 0;
+      for (const auto& [d, workers] : digests) majority = std::max(majority, workers.size());
+      bool skipped = false;  // the first set of the majority's size
+      for (const auto& [d, workers] : digests) {
+        if (workers.size() == majority && !skipped) {
+          skipped = true;
+          continue;
+        }
+        for (size_t w : workers) odd.push_back(open_->participants[w].task.ToString());
+      }
+    }
+    Fail(absl::DataLossError(absl::StrCat(
+             step,
+             " failed: ", odd.empty() ? std::string("the reporters") : absl::StrJoin(odd, ", "),
+             " ended with values that differ from the other replicas' (the digests over the "
+             "variables they hold do not match)")),
+         now);
+    return;
+  }
+  expected_ = std::move(final_checksums);
   Commit(std::move(divergences_), now);
 }
 
@@ -326,15 +575,21 @@ void StepBarrier::Commit(std::vector<Divergence> divergences, absl::Time now) {
   res.step = open_->step;
   res.epoch = open_->epoch;
   res.state = StepState::kCommitted;
-  for (size_t c = 0; c < plan_->changed_ids.size(); ++c) {
-    const uint64_t id = plan_->changed_ids[c];
-    const StepVariable& v = *FindVariable(id);
+  res.layout_id = open_->layout_id;
+  for (size_t c = 0; c < changed_list_.size(); ++c) {
+    const uint32_t index = changed_list_[c];
+    const StepVariable& v = open_->variables[index];
+    const uint64_t id = v.id;
     StepRecord::Variable rv;
     rv.id = id;
-    rv.checksum = plan_->changed_checksums[c];
+    rv.checksum = expected_[c];
     const VariableBegin& begin = BeginOf(v);
     rv.changed = rv.checksum != begin.checksum;
     rv.version = begin.version + (rv.changed ? 1 : 0);
+    if (rv.changed) {
+      res.changed_ranges.Append(index);
+      res.changed_digest += DigestTerm(id, rv.checksum);
+    }
     for (size_t i = 0; i < v.replica_participant.size(); ++i) {
       if (v.replica_participant[i] < 0) continue;
       rv.replicas.emplace_back(static_cast<int32_t>(i),
@@ -471,9 +726,15 @@ const StepVariable* StepBarrier::FindVariable(uint64_t id) const {
   return v != open_->variables.end() && v->id == id ? &*v : nullptr;
 }
 
-const StepPlan* StepBarrier::plan(uint64_t epoch) const {
-  if (open_ && open_->epoch == epoch && open_state_ == StepState::kAggregating) return &*plan_;
+const StepPlan* StepBarrier::plan(uint64_t epoch, bool detailed) const {
+  if (!open_ || open_->epoch != epoch) return nullptr;
+  if (open_state_ == StepState::kAggregating) return &*plan_;
+  if (open_state_ == StepState::kOpen && detail_wanted_ && !detailed) return &detail_request_;
   return nullptr;
+}
+
+uint32_t StepBarrier::IndexOf(uint64_t id) const {
+  return static_cast<uint32_t>(FindVariable(id) - open_->variables.view().data());
 }
 
 std::shared_ptr<const StepResolution> StepBarrier::resolution(uint64_t epoch) const {

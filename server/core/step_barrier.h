@@ -20,6 +20,14 @@
 // late worker or trainer gets the same answer. Committed step ids strictly
 // increase; a failed step's id may be opened again, under a new epoch.
 //
+// Reports are summaries (docs/architecture.md, "A step"): each worker's
+// changed variables as layout index ranges, a digest of its NONE and
+// ONLY_FIRST_REPLICA values and the checksums it is the reporter of. When
+// the last report arrives and a digest does not hold, the step stays OPEN
+// and asks every worker for its report again in detail (plan() answers a
+// summary's waiter with send_detail); the barrier resolves when the last
+// detailed report arrives.
+//
 // Aggregation (decided when the last report arrives):
 //   NONE               every participating replica must agree; otherwise the
 //                      majority value wins (ties: the lowest replica, so the
@@ -119,8 +127,12 @@ class StepBarrier {
   // open_state()).
   const StepInfo* open() const { return open_ ? &*open_ : nullptr; }
   StepState open_state() const { return open_state_; }
-  // The plan of the open step once it is aggregating.
-  const StepPlan* plan(uint64_t epoch) const;
+  // Whether the open step asks for detailed reports.
+  bool detail_wanted() const { return open_ != nullptr && detail_wanted_; }
+  // The answer for a waiter of the open step's barrier: its plan once it is
+  // aggregating; for a summary's waiter (`detailed` false), the request for
+  // detail while one is out. Null otherwise.
+  const StepPlan* plan(uint64_t epoch, bool detailed) const;
   // A recent step's resolution, shared as it was closed: it never changes,
   // so every waiter of the step gets it without a copy. Null when the step
   // is open or unknown.
@@ -142,20 +154,27 @@ class StepBarrier {
     absl::Time reported_at;
   };
 
+  // Checks what a report names against the layout (nothing changes).
+  absl::Status CheckReport(const WorkerReport& r, size_t me) const;
   // Validates step/epoch/task/incarnation; returns the participant index.
   absl::StatusOr<size_t> CheckCaller(int64_t step, uint64_t epoch, const TaskKey& task,
                                      uint64_t incarnation, absl::string_view what) const;
   // The open step's variable `id` (they are sorted by id), or null.
   const StepVariable* FindVariable(uint64_t id) const;
+  // Its index in the layout (`id` must be in the step).
+  uint32_t IndexOf(uint64_t id) const;
+  // Its position in plan_->changed (`index` must be in it).
+  size_t ChangedPosition(uint32_t index) const;
   // The committed version and checksum of `v`, a variable of the open step,
   // when it began.
   const VariableBegin& BeginOf(const StepVariable& v) const;
   // Every participant reported: the plan (MergeReports, then
   // PlanCollectives), or the commit when it needs no collective.
   void ResolveBarrier(absl::Time now);
-  // The variables the reports changed (step_plan.h). INVALID_ARGUMENT: a
-  // non-finite value where the variable refuses them.
-  absl::StatusOr<std::vector<ChangedVariable>> MergeReports() const;
+  // The variables the reports changed (step_plan.h); nullopt when a digest
+  // does not hold (detail is needed). INVALID_ARGUMENT: a non-finite value
+  // where the variable refuses them.
+  absl::StatusOr<std::optional<std::vector<ChangedVariable>>> MergeReports() const;
   void ReportDivergences(const std::vector<Divergence>& divergences) const;
   void ResolveFinish(absl::Time now);
   void Fail(absl::Status status, absl::Time now);
@@ -173,7 +192,21 @@ class StepBarrier {
   std::shared_ptr<StepInfo> open_;
   StepState open_state_ = StepState::kOpen;
   std::vector<Progress> progress_;
+  // Per participant, the variables it holds a replica of that takes part
+  // (layout indices); rebuilt only when the layout changes.
+  struct HeldIndex {
+    SharedVector<StepVariable> variables;  // the layout's, shared
+    uint64_t layout_id = 0;
+    std::vector<IndexRanges> held;
+  };
+  HeldIndex held_;
+  bool detail_wanted_ = false;
+  StepPlan detail_request_;  // the plan with send_detail, while detail_wanted_
   std::optional<StepPlan> plan_;
+  // plan_->changed one by one, and the checksum each ends with (0: the
+  // reduction decides, until the finishes say).
+  std::vector<uint32_t> changed_list_;
+  std::vector<uint64_t> expected_;
   std::vector<Divergence> divergences_;  // found at the barrier
   bool warned_ = false;
   bool last_plan_failed_ = false;

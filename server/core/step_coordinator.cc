@@ -16,7 +16,8 @@ StepCoordinator::ChangeMark StepCoordinator::MarkLocked() const {
   const StepInfo* open = steps_.open();
   return ChangeMark{
       steps_.next_event_seq(),
-      open ? std::pair<uint64_t, int>{open->epoch, static_cast<int>(steps_.open_state())}
+      open ? std::pair<uint64_t, int>{open->epoch, static_cast<int>(steps_.open_state()) * 2 +
+                                                       (steps_.detail_wanted() ? 1 : 0)}
            : std::pair<uint64_t, int>{0, 0}};
 }
 
@@ -371,13 +372,13 @@ absl::Status StepCoordinator::FinishStep(const WorkerFinish& finish) {
   return finished;
 }
 
-void StepCoordinator::WhenStepPlanned(uint64_t epoch, PlanCallback done) {
+void StepCoordinator::WhenStepPlanned(uint64_t epoch, bool detailed, PlanCallback done) {
   absl::StatusOr<std::variant<StepPlan, SharedResolution>> ready;
   {
     RankedLock lock(&mu_);
     if (shut_down_) {
       ready = absl::UnavailableError("the coordinator is shutting down");
-    } else if (const StepPlan* p = steps_.plan(epoch)) {
+    } else if (const StepPlan* p = steps_.plan(epoch, detailed)) {
       ready = *p;
     } else if (SharedResolution r = steps_.resolution(epoch)) {
       ready = std::move(r);
@@ -390,7 +391,7 @@ void StepCoordinator::WhenStepPlanned(uint64_t epoch, PlanCallback done) {
       }
     } else {
       // Checked and registered under one lock: no change can slip between.
-      wakers_.push_back([this, epoch, done] { WhenStepPlanned(epoch, done); });
+      wakers_.push_back([this, epoch, detailed, done] { WhenStepPlanned(epoch, detailed, done); });
       return;
     }
   }

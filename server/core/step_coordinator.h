@@ -90,15 +90,15 @@ class StepCoordinator {
   absl::Status FinishStep(const WorkerFinish& finish) ABSL_LOCKS_EXCLUDED(mu_);
   // The barrier of `epoch`, once it resolves: the plan (the step is
   // aggregating) or its resolution (StepPlanned), and the resolution
-  // (StepResolved). `done` is called exactly once, on this thread when the
-  // answer is ready now, else from the thread that changes the step
-  // (outside every lock), or with UNAVAILABLE after ShutdownWaiters(). A
-  // resolution is shared by every waiter of the step, not copied for each.
-  // NOT_FOUND: unknown epoch.
+  // (StepResolved). For the waiter of a summary report (`detailed` false),
+  // the barrier's request for detail is an answer too (StepPlan::send_detail). `done` is called
+  // exactly once, on this thread when the answer is ready now, else from the thread that changes
+  // the step (outside every lock), or with UNAVAILABLE after ShutdownWaiters(). A resolution is
+  // shared by every waiter of the step, not copied for each. NOT_FOUND: unknown epoch.
   using SharedResolution = std::shared_ptr<const StepResolution>;
   using PlanCallback =
       std::function<void(absl::StatusOr<std::variant<StepPlan, SharedResolution>>)>;
-  void WhenStepPlanned(uint64_t epoch, PlanCallback done) ABSL_LOCKS_EXCLUDED(mu_);
+  void WhenStepPlanned(uint64_t epoch, bool detailed, PlanCallback done) ABSL_LOCKS_EXCLUDED(mu_);
   using ResolutionCallback = std::function<void(absl::StatusOr<SharedResolution>)>;
   void WhenStepResolved(uint64_t epoch, ResolutionCallback done) ABSL_LOCKS_EXCLUDED(mu_);
   // Answers every pending When* with UNAVAILABLE, and any later one at once.
@@ -130,7 +130,8 @@ class StepCoordinator {
   // watchers of events wait on events_cv_.
   struct ChangeMark {
     int64_t event_seq = 0;
-    std::pair<uint64_t, int> open;  // the open step's epoch and state
+    // The open step's epoch, and its state * 2 + whether it wants detail.
+    std::pair<uint64_t, int> open;
   };
   ChangeMark MarkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the waiters of what changed since `before`; the registered

@@ -35,11 +35,11 @@ namespace {
 
 // The repair of a NONE or ONLY_FIRST_REPLICA variable: the voters that do
 // not hold the source's value get it from there (no targets: none needed).
-StepCollective Repair(const StepVariable& v, const std::vector<int32_t>& voters,
+StepCollective Repair(const StepVariable& v, uint32_t index, const std::vector<int32_t>& voters,
                       const std::vector<uint64_t>& checksums, int32_t source) {
   StepCollective b;
   b.kind = StepCollective::Kind::kBroadcast;
-  b.variable_ids = {v.id};
+  b.variables.Append(index);
   b.root = v.replica_participant[source];
   b.source_replica = source;
   b.checksum = checksums[source];
@@ -53,31 +53,35 @@ StepCollective Repair(const StepVariable& v, const std::vector<int32_t>& voters,
 
 StepDecision PlanCollectives(const std::vector<ChangedVariable>& changed) {
   StepDecision d;
-  std::map<AccumType, std::vector<uint64_t>> reduce;
+  std::map<AccumType, IndexRanges> reduce;
   std::vector<StepCollective> repairs;
+  d.expected.reserve(changed.size());
   for (const ChangedVariable& c : changed) {
     const StepVariable& v = *c.variable;
+    d.changed.Append(c.index);
     if (v.aggregation == Aggregation::kSum || v.aggregation == Aggregation::kMean) {
-      reduce[AccumTypeFor(v.spec.dtype)].push_back(v.id);
-      d.changed_ids.push_back(v.id);
-      d.changed_checksums.push_back(0);
+      reduce[AccumTypeFor(v.spec.dtype)].Append(c.index);
+      d.expected.push_back(0);
+      continue;
+    }
+    if (c.agreed) {  // every replica holds it: nothing to repair
+      d.expected.push_back(*c.agreed);
       continue;
     }
     const std::vector<int32_t> voters = Voters(v);
     StepCollective b =
-        Repair(v, voters, c.checksums, PickSource(v.aggregation, voters, c.checksums));
-    d.changed_ids.push_back(v.id);
-    d.changed_checksums.push_back(b.checksum);
+        Repair(v, c.index, voters, c.checksums, PickSource(v.aggregation, voters, c.checksums));
+    d.expected.push_back(b.checksum);
     if (b.targets.empty()) continue;
     if (v.aggregation == Aggregation::kNone) {
       d.divergences.push_back(Divergence{v.id, v.name, c.checksums, b.checksum, b.targets});
     }
     repairs.push_back(std::move(b));
   }
-  for (auto& [type, ids] : reduce) {
+  for (auto& [type, indices] : reduce) {
     StepCollective c;
     c.kind = StepCollective::Kind::kAllreduce;
-    c.variable_ids = std::move(ids);
+    c.variables = std::move(indices);
     d.collectives.push_back(std::move(c));
   }
   for (StepCollective& b : repairs) d.collectives.push_back(std::move(b));

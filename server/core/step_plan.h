@@ -7,6 +7,7 @@
 #define REPVAR_SERVER_CORE_STEP_PLAN_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/model/step.h"
@@ -16,8 +17,12 @@ namespace repvar::server {
 // A variable some replica changed in the step, as the reports left it.
 struct ChangedVariable {
   const StepVariable* variable = nullptr;
+  uint32_t index = 0;  // in the layout
+  // NONE/ONLY_FIRST_REPLICA: the checksum every replica taking part holds,
+  // when the digests showed they agree; else `checksums`.
+  std::optional<uint64_t> agreed;
   // Per replica: its reported checksum, or the begin value's where it
-  // reported none.
+  // reported none (NONE/ONLY_FIRST_REPLICA without `agreed` only).
   std::vector<uint64_t> checksums;
 };
 
@@ -31,13 +36,14 @@ std::vector<int32_t> Voters(const StepVariable& v);
 int32_t PickSource(Aggregation aggregation, const std::vector<int32_t>& voters,
                    const std::vector<uint64_t>& checksums);
 
-// What the barrier decided: the changed variables with the checksum they
-// end with (0 for SUM and MEAN: the reduction decides it), the collectives
-// (fused reductions by accumulator type, then repairs by variable id), and
-// the NONE variables whose replicas disagreed.
+// What the barrier decided: the changed variables (layout indices) with the
+// checksum each ends with, in order (0 for SUM and MEAN: the reduction
+// decides it), the collectives (fused reductions by accumulator type, then
+// repairs by variable), and the NONE variables whose replicas disagreed.
+// `changed` is in layout order.
 struct StepDecision {
-  std::vector<uint64_t> changed_ids;
-  std::vector<uint64_t> changed_checksums;
+  IndexRanges changed;
+  std::vector<uint64_t> expected;
   std::vector<StepCollective> collectives;
   std::vector<Divergence> divergences;
 };

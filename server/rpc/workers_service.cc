@@ -86,8 +86,12 @@ void WorkersService::ServeGetStep(const v1::GetStepRequest& req, v1::StepInfo* o
 
 void WorkersService::ServeReport(const grpc::ServerContextBase& ctx,
                                  const v1::ReportStepRequest& req, v1::StepPlan* out, Done done) {
-  WorkerReport report = ReportFromProto(req);
-  if (grpc::Status s = CheckCallerIsTask(ctx, report.task); !s.ok()) return done(s);
+  if (grpc::Status s = CheckCallerIsTask(ctx, TaskKey{req.job(), req.task()}); !s.ok()) {
+    return done(s);
+  }
+  absl::StatusOr<WorkerReport> parsed = ReportFromProto(req);
+  if (!parsed.ok()) return done(ToGrpcStatus(parsed.status()));
+  const WorkerReport& report = *parsed;
   if (absl::Status s = core_->ReportStep(report); !s.ok()) {
     spdlog::debug("ReportStep from {} refused: {}", report.task.ToString(), s.ToString());
     return done(ToGrpcStatus(s));
@@ -95,7 +99,7 @@ void WorkersService::ServeReport(const grpc::ServerContextBase& ctx,
   // Answered when the barrier resolves (the coordinator's ticker fails it at
   // its timeout), from the thread that resolves it.
   core_->WhenStepPlanned(
-      req.epoch(),
+      req.epoch(), req.detailed(),
       [out, done = std::move(done), step = req.step(), epoch = req.epoch()](
           absl::StatusOr<std::variant<StepPlan, StepCoordinator::SharedResolution>> got) {
         if (!got.ok()) return done(ToGrpcStatus(got.status()));
@@ -105,7 +109,7 @@ void WorkersService::ServeReport(const grpc::ServerContextBase& ctx,
           out->set_step(step);
           out->set_epoch(epoch);
           StepResolutionToProto(*std::get<StepCoordinator::SharedResolution>(*got),
-                                out->mutable_resolution());
+                                out->mutable_resolution(), /*short_form=*/true);
         }
         done(grpc::Status::OK);
       });
@@ -117,13 +121,13 @@ void WorkersService::ServeFinish(const grpc::ServerContextBase& ctx,
   if (grpc::Status s = CheckCallerIsTask(ctx, TaskKey{req.job(), req.task()}); !s.ok()) {
     return done(s);
   }
-  if (absl::Status s = core_->FinishStep(FinishFromProto(req)); !s.ok()) {
-    return done(ToGrpcStatus(s));
-  }
+  absl::StatusOr<WorkerFinish> finish = FinishFromProto(req);
+  if (!finish.ok()) return done(ToGrpcStatus(finish.status()));
+  if (absl::Status s = core_->FinishStep(*finish); !s.ok()) return done(ToGrpcStatus(s));
   core_->WhenStepResolved(req.epoch(), [out, done = std::move(done)](
                                            absl::StatusOr<StepCoordinator::SharedResolution> r) {
     if (!r.ok()) return done(ToGrpcStatus(r.status()));
-    StepResolutionToProto(**r, out);
+    StepResolutionToProto(**r, out, /*short_form=*/true);
     done(grpc::Status::OK);
   });
 }
@@ -363,7 +367,7 @@ grpc::Status WorkersService::WaitStep(grpc::ServerContext* ctx, const v1::WaitSt
     return grpc::Status(grpc::StatusCode::CANCELLED, "the call or the server ended");
   }
   if (!slot->answer.ok()) return ToGrpcStatus(slot->answer.status());
-  StepResolutionToProto(**slot->answer, resp);
+  StepResolutionToProto(**slot->answer, resp, /*short_form=*/!req->whole());
   return grpc::Status::OK;
 }
 

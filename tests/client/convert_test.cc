@@ -167,7 +167,6 @@ TEST(ClientConvert, StepResolution_ToResultAndLines) {
   ASSERT_EQ(out.changed.size(), 1u);
   EXPECT_EQ(out.changed[0].variable, "w");
   EXPECT_EQ(out.divergences[0].repaired, (std::vector<int32_t>{1}));
-  EXPECT_EQ(out.latencies[0].report, absl::Milliseconds(12));
   EXPECT_EQ(ResolutionLine(r),
             "step 3 (epoch 11): committed, 1 variable(s) changed, 1 divergence(s) repaired; "
             "reports: tpu_worker:1 12 ms");
@@ -178,6 +177,10 @@ TEST(ClientConvert, StepResolution_ToResultAndLines) {
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0], "last committed step: 3");
   EXPECT_EQ(lines[1], "no step is open");
+  StepsSummary summary = StepsSummaryOf(st);
+  ASSERT_EQ(summary.recent.size(), 1u);
+  ASSERT_EQ(summary.recent[0].latencies.size(), 1u);
+  EXPECT_EQ(summary.recent[0].latencies[0].report, absl::Milliseconds(12));
 }
 
 }  // namespace

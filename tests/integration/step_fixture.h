@@ -93,6 +93,17 @@ class StepTest : public testing::StartedCluster {
     ASSERT_OK(client_->Initialize({name}));
   }
 
+  // How many workers' report latencies the coordinator keeps for the step
+  // of `epoch` (one per reporting host).
+  size_t ReportLatencies(uint64_t epoch) {
+    auto summary = GetStepsSummary(*client_);
+    EXPECT_TRUE(summary.ok());
+    if (!summary.ok()) return 0;
+    for (const StepsSummary::Resolution& r : summary->recent) {
+      if (r.epoch == epoch) return r.latencies.size();
+    }
+    return 0;
+  }
   StepOptions Options(int host, absl::Duration timeout = absl::Seconds(20)) {
     return StepOptions{.worker = Host(host), .barrier_timeout = Scaled(timeout)};
   }

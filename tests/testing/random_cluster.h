@@ -164,36 +164,72 @@ class RandomCluster {
       (void)core_->AbortStep(info->epoch, "test");
       return;
     }
+    std::vector<std::vector<ReplicaReport>> changed(info->participants.size());
     for (size_t p = 0; p < info->participants.size(); ++p) {
-      WorkerReport report{info->step,
-                          info->epoch,
-                          info->participants[p].task,
-                          info->participants[p].incarnation,
-                          {}};
       for (const StepVariable& v : info->variables) {
         for (size_t r = 0; r < v.replica_participant.size(); ++r) {
           if (v.replica_participant[r] == static_cast<int32_t>(p) && Pick(3) == 0) {
-            report.replicas.push_back(ReplicaReport{v.id, static_cast<int32_t>(r),
-                                                    static_cast<uint64_t>(1 + Pick(3)), -1});
+            changed[p].push_back(ReplicaReport{v.id, static_cast<int32_t>(r),
+                                               static_cast<uint64_t>(1 + Pick(3)), -1});
           }
         }
       }
-      (void)core_->ReportStep(report);
     }
+    auto report = [&](size_t p, bool detailed) {
+      WorkerReport r =
+          SummarizeReport(info->variables, static_cast<int32_t>(p), changed[p], detailed);
+      r.step = info->step;
+      r.epoch = info->epoch;
+      r.task = info->participants[p].task;
+      r.incarnation = info->participants[p].incarnation;
+      (void)core_->ReportStep(r);
+    };
+    for (size_t p = 0; p < info->participants.size(); ++p) report(p, false);
     auto plan = testing::PlanNow(*core_, info->epoch);
+    if (plan.ok() && std::holds_alternative<StepPlan>(*plan) &&
+        std::get<StepPlan>(*plan).send_detail) {
+      for (size_t p = 0; p < info->participants.size(); ++p) report(p, true);
+      plan = testing::PlanNow(*core_, info->epoch, /*detailed=*/true);
+    }
     if (!plan.ok() || !std::holds_alternative<StepPlan>(*plan)) return;
     const StepPlan& p = std::get<StepPlan>(*plan);
     // The value the workers agree on, a real tensor: installed on them when
     // the step commits, so that later reads and writes find it there.
     const std::shared_ptr<const Tensor> agreed_value = Value(n_);
     const uint64_t agreed = agreed_value->checksum;
-    for (const StepParticipant& part : info->participants) {
-      WorkerFinish finish{info->step, info->epoch, part.task, part.incarnation, {}, ""};
-      for (size_t c = 0; c < p.changed_ids.size(); ++c) {
-        uint64_t sum = p.changed_checksums[c] != 0 ? p.changed_checksums[c] : agreed;
+    // What each changed variable ends with: the repair's value, else the
+    // reduction's (`agreed`).
+    std::map<uint32_t, uint64_t> repaired;
+    for (const StepCollective& c : p.collectives) {
+      if (c.kind == StepCollective::Kind::kBroadcast)
+        repaired[c.variables.bounds()[0]] = c.checksum;
+    }
+    for (size_t w = 0; w < info->participants.size(); ++w) {
+      const StepParticipant& part = info->participants[w];
+      std::vector<PreparedVariable> values;
+      p.changed.ForEach([&](uint32_t i) {
+        const StepVariable& v = info->variables[i];
+        if (std::find(v.replica_participant.begin(), v.replica_participant.end(),
+                      static_cast<int32_t>(w)) == v.replica_participant.end()) {
+          return;
+        }
+        uint64_t sum = agreed;
+        if (auto r = repaired.find(i); r != repaired.end()) {
+          sum = r->second;
+        } else if (v.aggregation != Aggregation::kSum && v.aggregation != Aggregation::kMean) {
+          // Agreed at the barrier: the value every replica reported.
+          for (const auto& rr : changed[w]) {
+            if (rr.variable_id == v.id) sum = rr.checksum;
+          }
+        }
         if (Pick(20) == 0) sum ^= 1;  // a worker that disagrees fails the step
-        finish.variables.push_back(PreparedVariable{p.changed_ids[c], sum, -1, -1});
-      }
+        values.push_back(PreparedVariable{v.id, sum, -1, -1});
+      });
+      WorkerFinish finish = SummarizeFinish(info->variables, static_cast<int32_t>(w), values);
+      finish.step = info->step;
+      finish.epoch = info->epoch;
+      finish.task = part.task;
+      finish.incarnation = part.incarnation;
       (void)core_->FinishStep(finish);
     }
     auto resolution = testing::ResolutionNow(*core_, info->epoch);

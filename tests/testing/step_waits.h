@@ -45,13 +45,23 @@ inline absl::StatusOr<StepResolution> ResolutionNow(server::Coordinator& core, u
   return **got;
 }
 
+// The ids of the variables at `indices` of a step's layout.
+inline std::vector<uint64_t> IdsOf(const SharedVector<StepVariable>& variables,
+                                   const IndexRanges& indices) {
+  std::vector<uint64_t> ids;
+  indices.ForEach([&](uint32_t i) { ids.push_back(variables[i].id); });
+  return ids;
+}
+
 // The plan of `epoch`, or its resolution, if its barrier resolved by now.
+// `detailed`: as the waiter of a detailed report.
 inline absl::StatusOr<std::variant<StepPlan, StepResolution>> PlanNow(server::Coordinator& core,
-                                                                      uint64_t epoch) {
+                                                                      uint64_t epoch,
+                                                                      bool detailed = false) {
   using Answer = absl::StatusOr<std::variant<StepPlan, StepResolution>>;
   auto got = std::make_shared<std::optional<Answer>>();
   core.WhenStepPlanned(
-      epoch,
+      epoch, detailed,
       [got](absl::StatusOr<std::variant<StepPlan, server::StepCoordinator::SharedResolution>> r) {
         if (!r.ok()) {
           got->emplace(r.status());

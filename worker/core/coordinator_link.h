@@ -54,8 +54,11 @@ class StepLink {
   // After the plan: this worker's values; answers with the resolution.
   virtual absl::StatusOr<StepResolution> FinishStep(const WorkerFinish& finish,
                                                     absl::Duration timeout) = 0;
-  // DEADLINE_EXCEEDED when not resolved within `timeout`.
-  virtual absl::StatusOr<StepResolution> WaitStep(uint64_t epoch, absl::Duration timeout) = 0;
+  // DEADLINE_EXCEEDED when not resolved within `timeout`. `whole`: with the
+  // per-variable list (a worker holding no replica in the step, for its
+  // trainers); else the short form (StepResolution::short_form).
+  virtual absl::StatusOr<StepResolution> WaitStep(uint64_t epoch, absl::Duration timeout,
+                                                  bool whole) = 0;
 };
 
 // The data plane's rendezvous: where workers meet to build a gloo context

@@ -118,7 +118,10 @@ absl::StatusOr<PlanOutput> PlanRunner::Run(const LocalStep& s, const StepPlan& p
   const int32_t size = static_cast<int32_t>(s.layout->info.participants.size());
   for (const StepCollective& c : plan.collectives) {
     CollectiveSpec spec{plan.group, s.layout->me, size, c.root, c.tag, plan.timeout};
-    if (c.variable_ids.empty()) return absl::InvalidArgumentError("a collective without variables");
+    if (c.variables.empty()) return absl::InvalidArgumentError("a collective without variables");
+    if (c.variables.bounds().back() > s.layout->info.variables.size()) {
+      return absl::InvalidArgumentError("plan names a variable index past the layout");
+    }
     if (c.kind == StepCollective::Kind::kAllreduce) {
       REPVAR_RETURN_IF_ERROR(RunAllreduce(s, spec, c, out));
     } else {
@@ -207,11 +210,8 @@ absl::Status PlanRunner::RunFolded(const LocalStep& s, const CollectiveSpec& spe
 absl::Status PlanRunner::RunAllreduce(const LocalStep& s, const CollectiveSpec& spec,
                                       const StepCollective& c, PlanOutput& out) const {
   std::vector<const StepVariable*> vars;
-  for (uint64_t id : c.variable_ids) {
-    const StepVariable* var = s.layout->Find(id);
-    if (var == nullptr) return absl::InvalidArgumentError("plan names an unknown variable");
-    vars.push_back(var);
-  }
+  vars.reserve(c.variables.count());
+  c.variables.ForEach([&](uint32_t i) { vars.push_back(&s.layout->info.variables[i]); });
   // Folded into the ring (ReduceApply) when the variables have one dtype
   // and every participant holds each of them: every member then takes the
   // same way, from the same plan and layout.
@@ -264,8 +264,7 @@ absl::Status PlanRunner::RunAllreduce(const LocalStep& s, const CollectiveSpec& 
 
 absl::Status PlanRunner::RunBroadcast(const LocalStep& s, const CollectiveSpec& spec,
                                       const StepCollective& c, PlanOutput& out) const {
-  const StepVariable* var = s.layout->Find(c.variable_ids.front());
-  if (var == nullptr) return absl::InvalidArgumentError("plan names an unknown variable");
+  const StepVariable* var = &s.layout->info.variables[c.variables.bounds().front()];
   std::shared_ptr<const Tensor> value;
   uint64_t checksum = 0;  // of the bytes this member holds, summed here
   if (spec.rank == c.root) {

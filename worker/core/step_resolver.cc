@@ -20,59 +20,71 @@ bool Reduced(const StepVariable& var) {
 
 }  // namespace
 
-WorkerReport StepResolver::BuildReport(const LocalStep& s) const {
-  WorkerReport report;
-  report.step = s.header.step;
-  report.epoch = s.header.epoch;
-  report.task = TaskKey{me_.job, me_.task};
-  report.incarnation = me_.incarnation;
+WorkerReport StepResolver::BuildReport(const LocalStep& s, bool detailed) const {
+  std::vector<ReplicaReport> changed;
   for (const auto& [key, value] : s.written) {
     const StepVariable& var = *s.layout->Find(key.first);
     auto stored = store_->Get(key.first, key.second);
     if (stored.ok() && value->checksum == stored->checksum) continue;  // unchanged
     // SUM/MEAN values are scanned once reduced (a non-finite local value
     // makes the result non-finite), in the pass that applies the reduction.
-    report.replicas.push_back(ReplicaReport{key.first, key.second, value->checksum,
-                                            Reduced(var) ? -1 : NonFinite(*value)});
+    changed.push_back(ReplicaReport{key.first, key.second, value->checksum,
+                                    Reduced(var) ? -1 : NonFinite(*value)});
   }
+  WorkerReport report =
+      SummarizeReport(s.layout->info.variables, s.layout->me, std::move(changed), detailed);
+  report.step = s.header.step;
+  report.epoch = s.header.epoch;
+  report.task = TaskKey{me_.job, me_.task};
+  report.incarnation = me_.incarnation;
   return report;
 }
 
 WorkerFinish StepResolver::BuildFinish(const LocalStep& s, const StepPlan& plan,
                                        PlanOutput& prepared) const {
+  std::vector<PreparedVariable> values;
+  absl::Status failed;
+  plan.changed.ForEach([&](uint32_t index) {
+    if (!failed.ok()) return;
+    if (index >= s.layout->info.variables.size()) {
+      failed = absl::InvalidArgumentError("plan names a variable past the layout");
+      return;
+    }
+    const StepVariable& var = s.layout->info.variables[index];
+    if (s.layout->LocalReplicas(var).empty()) return;
+    auto value = FinalValue(s, var, prepared);
+    if (!value.ok()) {
+      failed = value.status();
+      return;
+    }
+    prepared.values[var.id] = *value;
+    PreparedVariable pv{var.id, (*value)->checksum, -1, -1};
+    if (!var.allow_nonfinite) {
+      auto scanned = prepared.reduced_nonfinite.find(var.id);
+      pv.first_nonfinite =
+          scanned != prepared.reduced_nonfinite.end() ? scanned->second : NonFinite(**value);
+      if (pv.first_nonfinite >= 0 && scanned != prepared.reduced_nonfinite.end()) {
+        // Which local replica brought it in, if one did.
+        for (int32_t r : s.layout->LocalReplicas(var)) {
+          auto w = s.written.find({var.id, r});
+          if (w == s.written.end()) continue;
+          if (int64_t bad = NonFinite(*w->second); bad >= 0) {
+            pv.nonfinite_replica = r;
+            pv.first_nonfinite = bad;
+            break;
+          }
+        }
+      }
+    }
+    values.push_back(pv);
+  });
   WorkerFinish finish;
+  if (failed.ok()) finish = SummarizeFinish(s.layout->info.variables, s.layout->me, values);
   finish.step = s.header.step;
   finish.epoch = s.header.epoch;
   finish.task = TaskKey{me_.job, me_.task};
   finish.incarnation = me_.incarnation;
-  for (uint64_t id : plan.changed_ids) {
-    const StepVariable& var = *s.layout->Find(id);
-    if (s.layout->LocalReplicas(var).empty()) continue;
-    auto value = FinalValue(s, var, prepared);
-    if (!value.ok()) {
-      finish.error = value.status().ToString();
-      finish.variables.clear();
-      return finish;
-    }
-    prepared.values[id] = *value;
-    PreparedVariable pv{id, (*value)->checksum, -1, -1};
-    auto scanned = prepared.reduced_nonfinite.find(id);
-    pv.first_nonfinite =
-        scanned != prepared.reduced_nonfinite.end() ? scanned->second : NonFinite(**value);
-    if (pv.first_nonfinite >= 0 && scanned != prepared.reduced_nonfinite.end()) {
-      // Which local replica brought it in, if one did.
-      for (int32_t r : s.layout->LocalReplicas(var)) {
-        auto w = s.written.find({id, r});
-        if (w == s.written.end()) continue;
-        if (int64_t bad = NonFinite(*w->second); bad >= 0) {
-          pv.nonfinite_replica = r;
-          pv.first_nonfinite = bad;
-          break;
-        }
-      }
-    }
-    finish.variables.push_back(pv);
-  }
+  if (!failed.ok()) finish.error = failed.ToString();
   return finish;
 }
 
@@ -82,7 +94,8 @@ StepResolution StepResolver::Ask(const LocalStep& s, const absl::Status& why, co
   // is restarting). Only the coordinator decides: a step it says committed
   // is installed with what this worker has of it, as if the answer had not
   // been lost (two-phase commit); its committed value may live nowhere else.
-  auto r = link_->WaitStep(s.header.epoch, s.header.barrier_timeout + kLinkSlack);
+  auto r = link_->WaitStep(s.header.epoch, s.header.barrier_timeout + kLinkSlack,
+                           /*whole=*/s.layout->me < 0);
   if (!r.ok()) return LocalFailure(s.header, why);
   if (r->state == StepState::kCommitted) Install(s, plan, *r, prepared);
   return *std::move(r);
@@ -94,7 +107,8 @@ StepResolution StepResolver::Resolve(const LocalStep& s) {
     return Ask(s, absl::UnavailableError("the coordinator did not say how the step ended"),
                StepPlan{}, PlanOutput{});
   }
-  return AfterReport(s, link_->ReportStep(BuildReport(s), s.header.barrier_timeout + kLinkSlack));
+  return AfterReport(s, link_->ReportStep(BuildReport(s, /*detailed=*/false),
+                                          s.header.barrier_timeout + kLinkSlack));
 }
 
 void StepResolver::ResolveAsync(const LocalStep& s, Done done) {
@@ -103,7 +117,7 @@ void StepResolver::ResolveAsync(const LocalStep& s, Done done) {
         [this, &s, done = std::move(done)]() mutable { std::move(done)(Resolve(s)); });
     return;
   }
-  link_->ReportStepAsync(BuildReport(s), s.header.barrier_timeout + kLinkSlack,
+  link_->ReportStepAsync(BuildReport(s, /*detailed=*/false), s.header.barrier_timeout + kLinkSlack,
                          [this, &s, done = std::move(done)](StepLink::ReportAnswer answer) mutable {
                            if (answer.ok() && std::holds_alternative<StepResolution>(*answer)) {
                              // Nothing to run: installed here, without waiting on anything.
@@ -117,7 +131,8 @@ void StepResolver::ResolveAsync(const LocalStep& s, Done done) {
                          });
 }
 
-StepResolution StepResolver::AfterReport(const LocalStep& s, StepLink::ReportAnswer answer) {
+StepResolution StepResolver::AfterReport(const LocalStep& s, StepLink::ReportAnswer answer,
+                                         bool detailed) {
   if (!answer.ok()) {
     spdlog::warn("{}: report refused: {}", StepName(s.header), answer.status().ToString());
     return Ask(s, answer.status(), StepPlan{}, PlanOutput{});
@@ -125,6 +140,17 @@ StepResolution StepResolver::AfterReport(const LocalStep& s, StepLink::ReportAns
   if (auto* res = std::get_if<StepResolution>(&*answer)) {
     if (res->state == StepState::kCommitted) Install(s, StepPlan{}, *res, PlanOutput{});
     return std::move(*res);
+  }
+  if (std::get<StepPlan>(*answer).send_detail) {
+    // A digest did not hold at the barrier: the same report, in detail.
+    if (detailed) {
+      return Ask(s, absl::InternalError("the coordinator asked twice for a detailed report"),
+                 StepPlan{}, PlanOutput{});
+    }
+    return AfterReport(
+        s,
+        link_->ReportStep(BuildReport(s, /*detailed=*/true), s.header.barrier_timeout + kLinkSlack),
+        /*detailed=*/true);
   }
   const StepPlan& plan = std::get<StepPlan>(*answer);
   PlanOutput prepared;
@@ -157,19 +183,60 @@ absl::StatusOr<std::shared_ptr<const Tensor>> StepResolver::FinalValue(
   return r.value;
 }
 
-void StepResolver::Install(const LocalStep& s, const StepPlan& plan, const StepResolution& res,
+void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolution& res,
                            const PlanOutput& prepared) const {
   std::map<uint64_t, std::pair<int64_t, uint64_t>> target;  // id -> (version, checksum)
-  for (uint64_t id : plan.changed_ids) {
+  plan.changed.ForEach([&](uint32_t index) {
     // Repaired but unchanged: the replicas keep their version and value.
-    const StepVariable& var = *s.layout->Find(id);
+    if (index >= s.layout->info.variables.size()) return;
+    const StepVariable& var = s.layout->info.variables[index];
     std::vector<int32_t> local = s.layout->LocalReplicas(var);
-    if (local.empty()) continue;
+    if (local.empty()) return;
     auto stored = store_->Get(var.id, local.front());
     if (stored.ok()) target[var.id] = {stored->version, stored->checksum};
-  }
-  for (const CommittedVariable& c : res.changed) {
-    target[c.variable_id] = {c.version, c.checksum};
+  });
+  std::vector<CommittedVariable> changed_here;
+  if (!res.changed.empty()) {
+    // By id, with versions: an earlier run's step, answered from its record.
+    for (const CommittedVariable& c : res.changed) {
+      target[c.variable_id] = {c.version, c.checksum};
+    }
+  } else if (!res.changed_ranges.empty()) {
+    // The short form: each changed variable moved to version + 1, and this
+    // worker's values are the ones every replica agreed on.
+    if (res.layout_id != s.layout->info.layout_id ||
+        res.changed_ranges.bounds().back() > s.layout->info.variables.size()) {
+      spdlog::error("{}: the resolution names another layout; nothing installed",
+                    StepName(s.header));
+      return;
+    }
+    uint64_t digest = 0;
+    bool holds_all = true;
+    absl::Status missing;
+    res.changed_ranges.ForEach([&](uint32_t index) {
+      const StepVariable& var = s.layout->info.variables[index];
+      std::vector<int32_t> local = s.layout->LocalReplicas(var);
+      if (local.empty()) {
+        holds_all = false;
+        return;
+      }
+      auto stored = store_->Get(var.id, local.front());
+      auto value = FinalValue(s, var, prepared);
+      if (!stored.ok() || !value.ok()) {
+        missing = !stored.ok() ? stored.status() : value.status();
+        return;
+      }
+      target[var.id] = {stored->version + 1, (*value)->checksum};
+      digest += DigestTerm(var.id, (*value)->checksum);
+    });
+    if (!missing.ok() || (holds_all && digest != res.changed_digest)) {
+      // Cannot happen unless memory is corrupted: the coordinator checked
+      // every worker's digest. Leave the replicas alone, loudly.
+      spdlog::error("{}: the local values do not match the committed digest{}; not installed",
+                    StepName(s.header),
+                    missing.ok() ? "" : absl::StrCat(" (", missing.ToString(), ")"));
+      return;
+    }
   }
   std::vector<ReplicaWrite> items;
   for (const auto& [id, vc] : target) {
@@ -185,11 +252,18 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, const StepR
                     StepName(s.header), var->name);
       continue;
     }
+    if (res.short_form &&
+        res.changed_ranges.Contains(static_cast<uint32_t>(s.layout->vars.at(id)))) {
+      changed_here.push_back(CommittedVariable{id, var->name, vc.first, vc.second});
+    }
     items.push_back(ReplicaWrite{id, var->name, vc.first, std::move(local), *value,
                                  /*fence=*/0, std::nullopt});
   }
   // Unfenced: installing a step's result cannot be refused.
   (void)store_->Apply(std::move(items));
+  // The trainers of this host get what it holds of the step, variable by
+  // variable.
+  if (res.short_form) res.changed = std::move(changed_here);
 }
 
 }  // namespace repvar::worker

@@ -14,9 +14,10 @@ namespace repvar::worker {
 // Takes a step every local device committed to its resolution
 // (docs/contract.md S3-S4):
 //
-//   report   one per step: the local replicas whose value changed, with
-//            their checksums (and, outside SUM/MEAN, their first non-finite
-//            element); an empty report when nothing changed
+//   report   one per step: a summary of the local replicas whose value
+//            changed (their layout ranges, a digest, the checksums this
+//            worker reports, the exceptions replica by replica); again in
+//            detail when the barrier asks
 //   barrier  the coordinator answers with the plan, or with the resolution
 //            when there is nothing to run
 //   plan     PlanRunner runs the collectives; the worker finishes with the
@@ -44,17 +45,23 @@ class StepResolver final : public Resolver {
  private:
   // What follows the report: install the resolution, or run the plan and
   // finish, or ask how the step ended after a refusal.
-  StepResolution AfterReport(const LocalStep& s, StepLink::ReportAnswer answer);
+  // `detailed`: the answer is to a detailed report (StepPlan::send_detail).
+  StepResolution AfterReport(const LocalStep& s, StepLink::ReportAnswer answer,
+                             bool detailed = false);
   // Asks the coordinator how the step ended; installs a commit.
   StepResolution Ask(const LocalStep& s, const absl::Status& why, const StepPlan& plan,
                      const PlanOutput& prepared);
-  WorkerReport BuildReport(const LocalStep& s) const;
+  // The summary (docs/architecture.md, "A step"); `detailed`: every changed
+  // NONE/ONLY_FIRST_REPLICA replica listed too.
+  WorkerReport BuildReport(const LocalStep& s, bool detailed) const;
   WorkerFinish BuildFinish(const LocalStep& s, const StepPlan& plan, PlanOutput& prepared) const;
   // What every local participating replica of `var` ends with.
   absl::StatusOr<std::shared_ptr<const Tensor>> FinalValue(const LocalStep& s,
                                                            const StepVariable& var,
                                                            const PlanOutput& prepared) const;
-  void Install(const LocalStep& s, const StepPlan& plan, const StepResolution& res,
+  // Installs a committed step; a short-form resolution gets the list of
+  // the changed variables this worker holds (for its trainers).
+  void Install(const LocalStep& s, const StepPlan& plan, StepResolution& res,
                const PlanOutput& prepared) const;
 
   const WorkerIdentity me_;

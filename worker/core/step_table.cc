@@ -481,8 +481,9 @@ absl::StatusOr<StepResolution> StepTable::AwaitResolution(const LocalStep& s, ab
     if (s.resolution) return *s.resolution;
   }
   // The step was already over when this worker first heard of it (a late
-  // trainer): the coordinator has its resolution.
-  auto r = link_->WaitStep(s.header.epoch, absl::Seconds(5));
+  // trainer): the coordinator has its resolution, whole (nothing of it was
+  // installed here to list).
+  auto r = link_->WaitStep(s.header.epoch, absl::Seconds(5), /*whole=*/true);
   if (r.ok()) return *std::move(r);
   return LocalFailure(s.header, absl::AbortedError("the step was discarded on this worker"));
 }

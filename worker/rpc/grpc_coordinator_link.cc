@@ -79,7 +79,8 @@ void GrpcCoordinatorLink::ReportStepAsync(const WorkerReport& report, absl::Dura
                        std::move(done)(answer.status());
                        return;
                      }
-                     std::move(done)(PlanFromProto(answer->plan()));
+                     ReportAnswer plan = PlanFromProto(answer->plan());
+                     std::move(done)(std::move(plan));
                    });
 }
 
@@ -91,10 +92,11 @@ absl::StatusOr<StepResolution> GrpcCoordinatorLink::FinishStep(const WorkerFinis
   return ResolutionFromProto(resp.resolution());
 }
 
-absl::StatusOr<StepResolution> GrpcCoordinatorLink::WaitStep(uint64_t epoch,
-                                                             absl::Duration timeout) {
+absl::StatusOr<StepResolution> GrpcCoordinatorLink::WaitStep(uint64_t epoch, absl::Duration timeout,
+                                                             bool whole) {
   v1::WaitStepRequest req;
   req.set_epoch(epoch);
+  req.set_whole(whole);
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   // A coordinator being restarted is waited for: how the step ended is
   // its answer alone (a restarted one knows its last committed step).

@@ -32,7 +32,8 @@ class GrpcCoordinatorLink final : public CoordinatorLink, public StepLink, publi
                        absl::AnyInvocable<void(ReportAnswer) &&> done) override;
   absl::StatusOr<StepResolution> FinishStep(const WorkerFinish& finish,
                                             absl::Duration timeout) override;
-  absl::StatusOr<StepResolution> WaitStep(uint64_t epoch, absl::Duration timeout) override;
+  absl::StatusOr<StepResolution> WaitStep(uint64_t epoch, absl::Duration timeout,
+                                          bool whole) override;
 
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;

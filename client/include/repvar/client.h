@@ -183,6 +183,12 @@ struct Topology {
   std::vector<std::string> missing_tasks;
 };
 
+struct StepWorkerLatency {
+  std::string job;
+  int32_t task = 0;
+  absl::Duration report;  // from BeginStep to its report
+};
+
 // The open step's progress per participant and the last resolutions
 // (repvarctl steps and status).
 struct StepsSummary {
@@ -206,6 +212,7 @@ struct StepsSummary {
     std::string error;  // when it failed
     int variables_changed = 0;
     int divergences_repaired = 0;
+    std::vector<StepWorkerLatency> latencies;
   };
   int64_t last_committed_step = 0;
   std::optional<Open> open;

@@ -62,25 +62,20 @@ struct StepDivergence {
   std::vector<int32_t> repaired;
 };
 
-struct StepWorkerLatency {
-  std::string job;
-  int32_t task = 0;
-  absl::Duration report;  // from BeginStep to its report
-};
-
 struct StepChange {
   std::string variable;
   int64_t version = 0;
   uint64_t checksum = 0;
 };
 
-// A committed step's resolution, the same for every trainer.
+// A committed step's resolution, the same for every trainer of a host:
+// `changed` lists the variables this host holds that the step changed. How
+// long each worker took to report is the coordinator's (GetStepsSummary).
 struct StepResult {
   int64_t step = 0;
   uint64_t epoch = 0;
   std::vector<StepChange> changed;
   std::vector<StepDivergence> divergences;
-  std::vector<StepWorkerLatency> latencies;
 };
 
 // A local replica mapped into this process: the worker's own shared buffer,

@@ -220,37 +220,73 @@ TEST(Convert, StepInfo_RoundTrips) {
   EXPECT_TRUE(back->variables[0].allow_nonfinite);
 }
 
+IndexRanges Ranges(std::vector<uint32_t> bounds) {
+  return *IndexRanges::FromBounds(std::move(bounds), 1000);
+}
+
 TEST(Convert, ReportsFinishesPlansResolutions_RoundTrip) {
-  WorkerReport report{3, 11, TaskKey{"w", 0}, 5, {ReplicaReport{4, 1, 77, -1}}};
+  WorkerReport report;
+  report.step = 3;
+  report.epoch = 11;
+  report.task = TaskKey{"w", 0};
+  report.incarnation = 5;
+  report.changed = Ranges({0, 3, 7, 9});
+  report.digest = 0xfeed;
+  report.shard = {{2, 0xbeef}};
+  report.replicas = {ReplicaReport{4, 1, 77, -1}};
+  report.detailed = true;
   v1::ReportStepRequest rp;
   ReportToProto(report, &rp);
-  WorkerReport rback = ReportFromProto(rp);
-  EXPECT_EQ(rback.task, report.task);
-  EXPECT_EQ(rback.replicas, report.replicas);
+  absl::StatusOr<WorkerReport> rback = ReportFromProto(rp);
+  ASSERT_OK(rback);
+  EXPECT_EQ(rback->task, report.task);
+  EXPECT_EQ(rback->changed, report.changed);
+  EXPECT_EQ(rback->digest, report.digest);
+  EXPECT_EQ(rback->shard, report.shard);
+  EXPECT_EQ(rback->replicas, report.replicas);
+  EXPECT_TRUE(rback->detailed);
+  rp.add_changed_ranges(8);  // an odd count: not (begin, end) pairs
+  EXPECT_THAT(ReportFromProto(rp), StatusIs(absl::StatusCode::kInvalidArgument));
 
-  WorkerFinish finish{3, 11, TaskKey{"w", 0}, 5, {PreparedVariable{4, 88, 2, 1}}, ""};
+  WorkerFinish finish;
+  finish.held = Ranges({4, 5});
+  finish.digest = 0xabc;
+  finish.shard = {{4, 88}};
+  finish.nonfinite = {PreparedVariable{4, 88, 2, 1}};
   v1::FinishStepRequest fp;
   FinishToProto(finish, &fp);
-  WorkerFinish fback = FinishFromProto(fp);
-  ASSERT_EQ(fback.variables.size(), 1u);
-  EXPECT_EQ(fback.variables[0].nonfinite_replica, 1);
-  EXPECT_EQ(fback.variables[0].first_nonfinite, 2);
+  absl::StatusOr<WorkerFinish> fback = FinishFromProto(fp);
+  ASSERT_OK(fback);
+  EXPECT_EQ(fback->held, finish.held);
+  EXPECT_EQ(fback->digest, finish.digest);
+  EXPECT_EQ(fback->shard, finish.shard);
+  ASSERT_EQ(fback->nonfinite.size(), 1u);
+  EXPECT_EQ(fback->nonfinite[0].nonfinite_replica, 1);
+  EXPECT_EQ(fback->nonfinite[0].first_nonfinite, 2);
+  fp.add_held_ranges(2);
+  fp.add_held_ranges(1);  // backwards
+  EXPECT_THAT(FinishFromProto(fp), StatusIs(absl::StatusCode::kInvalidArgument));
 
   StepPlan plan;
   plan.step = 3;
   plan.group = "g1";
   plan.timeout = absl::Seconds(2);
   plan.collectives.push_back(
-      StepCollective{StepCollective::Kind::kBroadcast, 7, {4}, 1, 2, 99, {0, 3}});
-  plan.changed_ids = {4};
-  plan.changed_checksums = {99};
+      StepCollective{StepCollective::Kind::kBroadcast, 7, Ranges({4, 5}), 1, 2, 99, {0, 3}});
+  plan.changed = Ranges({0, 10});
+  plan.send_detail = true;
   v1::StepPlan pp;
   PlanToProto(plan, &pp);
-  auto pback = std::get<StepPlan>(PlanFromProto(pp));
-  EXPECT_EQ(pback.group, "g1");
-  ASSERT_EQ(pback.collectives.size(), 1u);
-  EXPECT_EQ(pback.collectives[0].kind, StepCollective::Kind::kBroadcast);
-  EXPECT_EQ(pback.collectives[0].targets, (std::vector<int32_t>{0, 3}));
+  auto pback = PlanFromProto(pp);
+  ASSERT_OK(pback);
+  const StepPlan& got = std::get<StepPlan>(*pback);
+  EXPECT_EQ(got.group, "g1");
+  EXPECT_EQ(got.changed, plan.changed);
+  EXPECT_TRUE(got.send_detail);
+  ASSERT_EQ(got.collectives.size(), 1u);
+  EXPECT_EQ(got.collectives[0].kind, StepCollective::Kind::kBroadcast);
+  EXPECT_EQ(got.collectives[0].variables, plan.collectives[0].variables);
+  EXPECT_EQ(got.collectives[0].targets, (std::vector<int32_t>{0, 3}));
 
   StepResolution failed;
   failed.state = StepState::kFailed;
@@ -262,7 +298,43 @@ TEST(Convert, ReportsFinishesPlansResolutions_RoundTrip) {
   sp.set_code(0);  // a failure without a code reads as UNKNOWN, never OK
   EXPECT_THAT(ResolutionFromProto(sp).status, StatusIs(absl::StatusCode::kUnknown));
   *pp.mutable_resolution() = sp;
-  EXPECT_TRUE(std::holds_alternative<StepResolution>(PlanFromProto(pp)));
+  auto answered = PlanFromProto(pp);
+  ASSERT_OK(answered);
+  EXPECT_TRUE(std::holds_alternative<StepResolution>(*answered));
+}
+
+// Workers get a resolution's short form: the changed ranges and their
+// digest, without the per-variable list and the latencies, which grow with
+// the variables and the workers. One without ranges (an earlier run's,
+// from its record) goes whole.
+TEST(Convert, StepResolution_ShortForm_LeavesOutWhatGrowsWithTheCluster) {
+  StepResolution r;
+  r.state = StepState::kCommitted;
+  r.changed_ranges = Ranges({0, 2});
+  r.changed_digest = 0x1234;
+  r.layout_id = 9;
+  r.changed = {CommittedVariable{1, "a", 2, 3}, CommittedVariable{2, "b", 2, 4}};
+  r.latencies.emplace_back(TaskKey{"w", 0}, absl::Milliseconds(3));
+  v1::StepResolution full, short_form;
+  StepResolutionToProto(r, &full);
+  StepResolutionToProto(r, &short_form, /*short_form=*/true);
+  EXPECT_EQ(full.changed_size(), 2);
+  EXPECT_EQ(full.latencies_size(), 1);
+  EXPECT_EQ(short_form.changed_size(), 0);
+  EXPECT_EQ(short_form.latencies_size(), 0);
+  StepResolution back = ResolutionFromProto(short_form);
+  EXPECT_TRUE(back.short_form);
+  EXPECT_EQ(back.changed_ranges, r.changed_ranges);
+  EXPECT_EQ(back.changed_digest, 0x1234u);
+  EXPECT_EQ(back.layout_id, 9u);
+
+  StepResolution earlier;  // answered from the record: no ranges
+  earlier.state = StepState::kCommitted;
+  earlier.changed = r.changed;
+  v1::StepResolution whole;
+  StepResolutionToProto(earlier, &whole, /*short_form=*/true);
+  EXPECT_EQ(whole.changed_size(), 2);
+  EXPECT_FALSE(whole.short_form());
 }
 
 TEST(Chunks, SendChunks_SplitsInOrderAndStopsAtTheFirstFailedWrite) {

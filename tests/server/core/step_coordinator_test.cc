@@ -2,6 +2,9 @@
 // Replicated steps (S1-S5) against the coordinator core: beginning a step,
 // reports, the barrier's resolution and its waiters. Reads, writes beside
 // steps and restarts are in step_coordinator_writes_test.cc.
+#include <tuple>
+
+#include "common/rpc/to_proto.h"
 #include "tests/server/core/step_core_fixture.h"
 
 namespace repvar::server {
@@ -291,7 +294,8 @@ TEST_F(StepCoreTest, S3_OneReportPerWorker_RefusalsHaveDistinctStatuses) {
   EXPECT_THAT(core_.ReportStep(closed), StatusIs(absl::StatusCode::kFailedPrecondition));
   WorkerReport unknown = Report(*s, 0, {{w + 100, 0, kA, -1}});
   EXPECT_THAT(core_.ReportStep(unknown), StatusIs(absl::StatusCode::kInvalidArgument));
-  WorkerReport twice = Report(*s, 0, {{w, 0, kA, -1}, {w, 0, kA, -1}});
+  WorkerReport twice = Report(*s, 0);
+  twice.replicas = {{w, 0, kA, -1}, {w, 0, kA, -1}};
   EXPECT_THAT(core_.ReportStep(twice), StatusIs(absl::StatusCode::kInvalidArgument));
 
   ASSERT_OK(core_.ReportStep(good));
@@ -352,7 +356,8 @@ TEST_F(StepCoreTest, S4_WhenStepResolved_EachWaiterAnsweredOnce_AllShareOneResol
     });
   }
   core_.WhenStepPlanned(
-      s->epoch, [&](absl::StatusOr<std::variant<StepPlan, StepCoordinator::SharedResolution>> r) {
+      s->epoch, /*detailed=*/false,
+      [&](absl::StatusOr<std::variant<StepPlan, StepCoordinator::SharedResolution>> r) {
         ++answers;
         ASSERT_OK(r);
         ASSERT_TRUE(std::holds_alternative<StepCoordinator::SharedResolution>(*r))
@@ -394,10 +399,19 @@ TEST_F(StepCoreTest, S4_NoneDivergence_TieGoesToPrimary_RepairPlanned) {
   auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   // 3 replicas say A (0, 1, 2), 3 say B (3, 4, 5): a tie, so the primary's A.
-  ASSERT_OK(core_.ReportStep(Report(*s, 0, {{w, 0, kA, -1}, {w, 1, kA, -1}})));
-  ASSERT_OK(core_.ReportStep(Report(*s, 1, {{w, 2, kA, -1}, {w, 3, kB, -1}})));
-  ASSERT_OK(core_.ReportStep(Report(*s, 2, {{w, 4, kB, -1}, {w, 5, kB, -1}})));
-  StepPlan plan = Plan(s->epoch);
+  const std::vector<std::vector<ReplicaReport>> changed = {{{w, 0, kA, -1}, {w, 1, kA, -1}},
+                                                           {{w, 2, kA, -1}, {w, 3, kB, -1}},
+                                                           {{w, 4, kB, -1}, {w, 5, kB, -1}}};
+  for (int t = 0; t < 3; ++t) ASSERT_OK(core_.ReportStep(Report(*s, t, changed[t])));
+  // tpu_worker:2's digest says B where w's reporter (tpu_worker:0) says A:
+  // the barrier asks for the reports in detail before it decides.
+  StepPlan ask = Plan(s->epoch);
+  EXPECT_TRUE(ask.send_detail);
+  EXPECT_TRUE(ask.collectives.empty());
+  for (int t = 0; t < 3; ++t) {
+    ASSERT_OK(core_.ReportStep(Report(*s, t, changed[t], /*detailed=*/true)));
+  }
+  StepPlan plan = Plan(s->epoch, /*detailed=*/true);
   ASSERT_EQ(plan.collectives.size(), 1u);
   const StepCollective& c = plan.collectives[0];
   EXPECT_EQ(c.kind, StepCollective::Kind::kBroadcast);
@@ -425,8 +439,10 @@ TEST_F(StepCoreTest, S4_Mean_FusedAllreducePlanned_WorkersMustAgree) {
   StepPlan plan = Plan(s->epoch);
   // One fused reduction per accumulator type, variables in id order.
   ASSERT_EQ(plan.collectives.size(), 2u);
-  EXPECT_EQ(plan.collectives[0].variable_ids, (std::vector<uint64_t>{a, b}));
-  EXPECT_EQ(plan.collectives[1].variable_ids, (std::vector<uint64_t>{c}));
+  EXPECT_EQ(testing::IdsOf(s->variables, plan.collectives[0].variables),
+            (std::vector<uint64_t>{a, b}));
+  EXPECT_EQ(testing::IdsOf(s->variables, plan.collectives[1].variables),
+            (std::vector<uint64_t>{c}));
   EXPECT_NE(plan.collectives[0].tag, plan.collectives[1].tag);
   ASSERT_OK(core_.FinishStep(Finish(*s, 0, {{a, 1, -1}, {b, 2, -1}, {c, 3, -1}})));
   ASSERT_OK(core_.FinishStep(Finish(*s, 1, {{a, 1, -1}, {b, 2, -1}, {c, 3, -1}})));
@@ -437,15 +453,128 @@ TEST_F(StepCoreTest, S4_Mean_FusedAllreducePlanned_WorkersMustAgree) {
   EXPECT_EQ(core_.GetVariable("b")->version, 1);  // nothing changed
 }
 
+// A worker whose values differ is named even when it is the one that
+// reported the variable's checksum (the others then disagree with it).
+TEST_F(StepCoreTest, S4_Finish_TheOddWorkerIsNamed_EvenWhenItIsTheReporter) {
+  uint64_t a = Create("a", Aggregation::kSum);
+  uint64_t b = Create("b", Aggregation::kSum);
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
+  ASSERT_OK(s);
+  ASSERT_EQ(ReporterOf(s->variables[1], 1), Me(*s, 0)) << "b's reporter is tpu_worker:0";
+  for (int t = 0; t < 3; ++t) ASSERT_OK(core_.ReportStep(Report(*s, t, {{b, 2 * t, kA, -1}})));
+  (void)Plan(s->epoch);
+  ASSERT_OK(core_.FinishStep(Finish(*s, 0, {{b, 9, -1}})));
+  ASSERT_OK(core_.FinishStep(Finish(*s, 1, {{b, 2, -1}})));
+  ASSERT_OK(core_.FinishStep(Finish(*s, 2, {{b, 2, -1}})));
+  StepResolution r = Resolution(s->epoch);
+  EXPECT_EQ(r.state, StepState::kFailed);
+  EXPECT_THAT(r.status, StatusIs(absl::StatusCode::kDataLoss, "failed: tpu_worker:0 ended with"));
+  EXPECT_EQ(core_.GetVariable("b")->version, 1);
+  (void)a;
+}
+
+// What a summary or a finish claims is checked against the layout before
+// anything changes; a valid one from the same worker is accepted after.
+TEST_F(StepCoreTest, S3_Summaries_ClaimsCheckedAgainstTheLayout) {
+  uint64_t n = Create("n", Aggregation::kNone);
+  uint64_t m = Create("m", Aggregation::kMean);
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
+  ASSERT_OK(s);
+  WorkerReport past = Report(*s, 0);
+  past.changed = IndexRanges::All(3);  // the layout has 2 variables
+  EXPECT_THAT(core_.ReportStep(past), StatusIs(absl::StatusCode::kInvalidArgument, "index 2"));
+  // n's reporter is tpu_worker:0 (replica 0); tpu_worker:1 may not report it.
+  WorkerReport not_reporter = Report(*s, 1, {{n, 2, kA, -1}, {n, 3, kA, -1}});
+  not_reporter.shard = {{n, kA}};
+  EXPECT_THAT(core_.ReportStep(not_reporter),
+              StatusIs(absl::StatusCode::kInvalidArgument, "reports the checksum of n"));
+  WorkerReport wrong_detail = Report(*s, 0, {{n, 0, kA, -1}, {n, 1, kA, -1}}, true);
+  wrong_detail.replicas[0].checksum = kB;
+  EXPECT_THAT(core_.ReportStep(wrong_detail),
+              StatusIs(absl::StatusCode::kInvalidArgument, "do not sum to its digest"));
+  WorkerReport both = Report(*s, 0, {{n, 0, kA, -1}, {n, 1, kA, -1}});
+  both.replicas = {{n, 0, kA, -1}};
+  EXPECT_THAT(core_.ReportStep(both),
+              StatusIs(absl::StatusCode::kInvalidArgument, "in its changed ranges too"));
+  // A detailed report may take its own summary's place, not another's.
+  ASSERT_OK(core_.ReportStep(Report(*s, 0, {{n, 0, kA, -1}, {n, 1, kA, -1}, {m, 0, kA, -1}})));
+  EXPECT_THAT(core_.ReportStep(Report(*s, 0, {{n, 0, kB, -1}, {n, 1, kB, -1}}, true)),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_OK(
+      core_.ReportStep(Report(*s, 0, {{n, 0, kA, -1}, {n, 1, kA, -1}, {m, 0, kA, -1}}, true)));
+  for (int t = 1; t < 3; ++t) {
+    ASSERT_OK(core_.ReportStep(Report(*s, t, {{n, 2 * t, kA, -1}, {n, 2 * t + 1, kA, -1}})));
+  }
+  StepPlan plan = Plan(s->epoch);
+  ASSERT_EQ(plan.changed, IndexRanges::All(2));
+  WorkerFinish short_of_one = Finish(*s, 1, {{m, 5, -1}});  // n left out
+  EXPECT_THAT(core_.FinishStep(short_of_one),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not the plan's changed variables"));
+  for (int t = 0; t < 3; ++t) ASSERT_OK(core_.FinishStep(Finish(*s, t, {{n, kA, -1}, {m, 5, -1}})));
+  StepResolution r = Resolution(s->epoch);
+  ASSERT_EQ(r.state, StepState::kCommitted) << r.status;
+  EXPECT_EQ(r.changed_ranges, IndexRanges::All(2));
+  EXPECT_EQ(r.changed_digest, DigestTerm(n, kA) + DigestTerm(m, 5));
+}
+
+// When every variable changes and the replicas agree, what a worker sends
+// and receives about a step does not grow with the number of variables:
+// one range, one digest; only the checksums it reports (its share of
+// them) grow, by the variables over the workers.
+TEST_F(StepCoreTest, S4_Messages_DoNotGrowWithTheVariables_WhenReplicasAgree) {
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 60; ++i) ids.push_back(Create(absl::StrCat("v", i), Aggregation::kMean));
+  auto sizes = [&](size_t count, int64_t step) {
+    auto s = testing::BeginStep(core_, step, absl::Seconds(10));
+    EXPECT_OK(s);
+    size_t report_bytes = 0, finish_bytes = 0;
+    for (int t = 0; t < 3; ++t) {
+      std::vector<ReplicaReport> rr;
+      for (size_t i = 0; i < count; ++i) rr.push_back({ids[i], 2 * t, kA, -1});
+      WorkerReport report = Report(*s, t, rr);
+      v1::ReportStepRequest proto;
+      ReportToProto(report, &proto);
+      report_bytes = std::max(report_bytes, proto.ByteSizeLong());
+      EXPECT_OK(core_.ReportStep(report));
+    }
+    StepPlan plan = Plan(s->epoch);
+    v1::StepPlan plan_proto;
+    PlanToProto(plan, &plan_proto);
+    for (int t = 0; t < 3; ++t) {
+      std::vector<PreparedVariable> pv;
+      for (size_t i = 0; i < count; ++i) pv.push_back({ids[i], 1000 + i, -1});
+      WorkerFinish finish = Finish(*s, t, pv);
+      v1::FinishStepRequest proto;
+      FinishToProto(finish, &proto);
+      finish_bytes = std::max(finish_bytes, proto.ByteSizeLong());
+      EXPECT_OK(core_.FinishStep(finish));
+    }
+    StepResolution r = Resolution(s->epoch);
+    EXPECT_EQ(r.state, StepState::kCommitted) << r.status;
+    v1::StepResolution res;
+    StepResolutionToProto(r, &res, /*short_form=*/true);
+    return std::make_tuple(report_bytes, plan_proto.ByteSizeLong(), finish_bytes,
+                           res.ByteSizeLong());
+  };
+  const auto [report6, plan6, finish6, res6] = sizes(6, 1);
+  const auto [report60, plan60, finish60, res60] = sizes(60, 2);
+  EXPECT_EQ(report6, report60);
+  EXPECT_LE(plan60, plan6 + 2);  // a range bound may take a byte more
+  EXPECT_LE(res60, res6 + 2);
+  // 60 variables over 3 workers: 20 checksums each, about 12 bytes apiece.
+  EXPECT_LE(finish60, finish6 + 18 * 14);
+}
+
 TEST_F(StepCoreTest, S4_NonFinite_LocalValueNamesReplica_ResultNamesVariable) {
   uint64_t w = Create("w", Aggregation::kMean);
+  uint64_t n = Create("n", Aggregation::kNone);
   auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   ASSERT_OK(core_.ReportStep(Report(*s, 0)));
-  ASSERT_OK(core_.ReportStep(Report(*s, 1, {{w, 3, kA, 1}})));
+  ASSERT_OK(core_.ReportStep(Report(*s, 1, {{n, 2, kA, 1}, {n, 3, kA, 1}})));
   ASSERT_OK(core_.ReportStep(Report(*s, 2)));
   EXPECT_THAT(Resolution(s->epoch).status,
-              StatusIs(absl::StatusCode::kInvalidArgument, "w/3 on tpu_worker:1"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "n/2 on tpu_worker:1"));
 
   auto s2 = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s2);

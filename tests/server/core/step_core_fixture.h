@@ -94,11 +94,31 @@ class StepCoreTest : public ::testing::Test {
     return CreateZeroed(core_, name, agg, dtype);
   }
 
-  WorkerReport Report(const StepInfo& s, int task, std::vector<ReplicaReport> rr = {}) {
-    return WorkerReport{s.step, s.epoch, TaskKey{"tpu_worker", task}, Inc(task), std::move(rr)};
+  // Task `task`'s participant index in `s`.
+  static int32_t Me(const StepInfo& s, int task) {
+    for (size_t i = 0; i < s.participants.size(); ++i) {
+      if (s.participants[i].task == TaskKey{"tpu_worker", task}) return static_cast<int32_t>(i);
+    }
+    return -1;
   }
+  // The report a worker sends with these replicas changed (SummarizeReport).
+  WorkerReport Report(const StepInfo& s, int task, std::vector<ReplicaReport> rr = {},
+                      bool detailed = false) {
+    WorkerReport r = SummarizeReport(s.variables, Me(s, task), std::move(rr), detailed);
+    r.step = s.step;
+    r.epoch = s.epoch;
+    r.task = TaskKey{"tpu_worker", task};
+    r.incarnation = Inc(task);
+    return r;
+  }
+  // The finish a worker sends with these values (SummarizeFinish).
   WorkerFinish Finish(const StepInfo& s, int task, std::vector<PreparedVariable> pv) {
-    return WorkerFinish{s.step, s.epoch, TaskKey{"tpu_worker", task}, Inc(task), std::move(pv), ""};
+    WorkerFinish f = SummarizeFinish(s.variables, Me(s, task), std::move(pv));
+    f.step = s.step;
+    f.epoch = s.epoch;
+    f.task = TaskKey{"tpu_worker", task};
+    f.incarnation = Inc(task);
+    return f;
   }
   // Step `step` commits with every replica of `w` (NONE) reporting `value`.
   void CommitAgreedStep(uint64_t w, int64_t step, const Tensor& value, StepInfo* out) {
@@ -128,8 +148,8 @@ class StepCoreTest : public ::testing::Test {
     EXPECT_OK(r);
     return r.ok() ? *r : StepResolution{};
   }
-  StepPlan Plan(uint64_t epoch) {
-    auto p = testing::PlanNow(core_, epoch);
+  StepPlan Plan(uint64_t epoch, bool detailed = false) {
+    auto p = testing::PlanNow(core_, epoch, detailed);
     EXPECT_OK(p);
     EXPECT_TRUE(p.ok() && std::holds_alternative<StepPlan>(*p));
     return p.ok() && std::holds_alternative<StepPlan>(*p) ? std::get<StepPlan>(*p) : StepPlan{};

@@ -42,24 +42,35 @@ TEST(StepPlanTest, S4_PlanCollectives_ReductionsThenRepairs_DivergencesNamed) {
   const StepVariable diverged = Var(3, Aggregation::kNone, {0, 1, 1});
   const StepVariable agreed = Var(4, Aggregation::kNone, {0, 1});
   const StepVariable first = Var(5, Aggregation::kOnlyFirstReplica, {0, 1});
-  const StepDecision d = PlanCollectives({{&mean, {1, 2}},
-                                          {&sum64, {1, 2}},
-                                          {&diverged, {8, 6, 6}},
-                                          {&agreed, {4, 4}},
-                                          {&first, {3, 5}}});
-  EXPECT_EQ(d.changed_ids, (std::vector<uint64_t>{1, 2, 3, 4, 5}));
-  EXPECT_EQ(d.changed_checksums, (std::vector<uint64_t>{0, 0, 6, 4, 3}));
+  const StepDecision d = PlanCollectives({{&mean, 0, std::nullopt, {}},
+                                          {&sum64, 1, std::nullopt, {}},
+                                          {&diverged, 2, std::nullopt, {8, 6, 6}},
+                                          {&agreed, 3, std::nullopt, {4, 4}},
+                                          {&first, 4, std::nullopt, {3, 5}}});
+  EXPECT_EQ(d.changed, IndexRanges::All(5));
+  EXPECT_EQ(d.expected, (std::vector<uint64_t>{0, 0, 6, 4, 3}));
   ASSERT_EQ(d.collectives.size(), 4u);
   EXPECT_EQ(d.collectives[0].kind, StepCollective::Kind::kAllreduce);
   EXPECT_EQ(d.collectives[1].kind, StepCollective::Kind::kAllreduce);
-  EXPECT_EQ(d.collectives[2].variable_ids, (std::vector<uint64_t>{3}));
+  EXPECT_EQ(d.collectives[2].variables.bounds(), (std::vector<uint32_t>{2, 3}));
   EXPECT_EQ(d.collectives[2].source_replica, 1);
   EXPECT_EQ(d.collectives[2].targets, (std::vector<int32_t>{0}));
-  EXPECT_EQ(d.collectives[3].variable_ids, (std::vector<uint64_t>{5}));
+  EXPECT_EQ(d.collectives[3].variables.bounds(), (std::vector<uint32_t>{4, 5}));
   EXPECT_EQ(d.collectives[3].targets, (std::vector<int32_t>{1}));
   ASSERT_EQ(d.divergences.size(), 1u) << "ONLY_FIRST_REPLICA disagreeing is no divergence";
   EXPECT_EQ(d.divergences[0].variable_id, 3u);
   EXPECT_EQ(d.divergences[0].chosen_checksum, 6u);
+}
+
+// Variables the digests showed agreeing go without a per-replica merge
+// and without a collective.
+TEST(StepPlanTest, S4_PlanCollectives_AgreedNoneVariable_ChangesWithoutACollective) {
+  const StepVariable agreed = Var(7, Aggregation::kNone, {0, 1, 2});
+  const StepDecision d = PlanCollectives({{&agreed, 5, 42, {}}});
+  EXPECT_EQ(d.changed.bounds(), (std::vector<uint32_t>{5, 6}));
+  EXPECT_EQ(d.expected, (std::vector<uint64_t>{42}));
+  EXPECT_TRUE(d.collectives.empty());
+  EXPECT_TRUE(d.divergences.empty());
 }
 
 }  // namespace

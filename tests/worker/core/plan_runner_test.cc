@@ -76,7 +76,8 @@ TEST_F(PlanRunnerTest, Allreduce_BeginPlusSumOfDeltasOverReplicaCount) {
   collectives_.others = 8;              // the other host's deltas
   StepPlan plan;
   plan.group = "g";
-  plan.collectives.push_back(StepCollective{StepCollective::Kind::kAllreduce, 4, {1}, 0, 0, 0, {}});
+  plan.collectives.push_back(
+      StepCollective{StepCollective::Kind::kAllreduce, 4, IndexRanges::All(1), 0, 0, 0, {}});
   auto out = runner_.Run(step_, plan);
   ASSERT_OK(out);
   EXPECT_EQ(Floats(*out->values.at(1)), (std::vector<float>{4, 5}));  // 1,2 + 12/4
@@ -121,7 +122,7 @@ TEST_F(PlanRunnerTest, Allreduce_SeveralVariables_FoldedWhenOneDtypeAndAllHold_S
     StepPlan plan;
     plan.group = "g";
     plan.collectives.push_back(
-        StepCollective{StepCollective::Kind::kAllreduce, 4, {1, 2}, 0, 0, 0, {}});
+        StepCollective{StepCollective::Kind::kAllreduce, 4, IndexRanges::All(2), 0, 0, 0, {}});
     auto out = runner_.Run(step_, plan);
     ASSERT_OK(out);
     EXPECT_EQ(collectives_.folded, b_dtype == DType::kFloat32 ? 1 : 0);
@@ -143,7 +144,8 @@ TEST_F(PlanRunnerTest, S4_Mean_DividesByParticipatingReplicasOnly) {
   collectives_.others = 0;              // nobody else contributes
   StepPlan plan;
   plan.group = "g";
-  plan.collectives.push_back(StepCollective{StepCollective::Kind::kAllreduce, 4, {1}, 0, 0, 0, {}});
+  plan.collectives.push_back(
+      StepCollective{StepCollective::Kind::kAllreduce, 4, IndexRanges::All(1), 0, 0, 0, {}});
   auto out = runner_.Run(step_, plan);
   ASSERT_OK(out);
   EXPECT_EQ(Floats(*out->values.at(1)), (std::vector<float>{3, 4}));  // 1,2 + 4/2, not 4/4
@@ -161,7 +163,8 @@ TEST_F(PlanRunnerTest, LargeReducedValue_InSharedMemory_SmallOneNot) {
   step_.written[{1, 2}] = F32(threes);  // +2 each
   StepPlan plan;
   plan.group = "g";
-  plan.collectives.push_back(StepCollective{StepCollective::Kind::kAllreduce, 4, {1}, 0, 0, 0, {}});
+  plan.collectives.push_back(
+      StepCollective{StepCollective::Kind::kAllreduce, 4, IndexRanges::All(1), 0, 0, 0, {}});
   auto out = runner_.Run(step_, plan);
   ASSERT_OK(out);
   const Tensor& big = *out->values.at(1);
@@ -182,7 +185,7 @@ TEST_F(PlanRunnerTest, Broadcast_ReceivedValueCheckedAgainstThePlannedChecksum) 
   StepPlan plan;
   plan.collectives.push_back(StepCollective{StepCollective::Kind::kBroadcast,
                                             0,
-                                            {1},
+                                            IndexRanges::All(1),
                                             /*root=*/0,
                                             0,
                                             collectives_.root->checksum,
@@ -192,8 +195,9 @@ TEST_F(PlanRunnerTest, Broadcast_ReceivedValueCheckedAgainstThePlannedChecksum) 
   EXPECT_EQ(Floats(*out->values.at(1)), (std::vector<float>{7, 7}));
   plan.collectives[0].checksum ^= 1;
   EXPECT_THAT(runner_.Run(step_, plan), StatusIs(absl::StatusCode::kDataLoss, "bad checksum"));
-  plan.collectives[0].variable_ids = {99};
-  EXPECT_THAT(runner_.Run(step_, plan), StatusIs(absl::StatusCode::kInvalidArgument, "unknown"));
+  plan.collectives[0].variables = IndexRanges::All(99);
+  EXPECT_THAT(runner_.Run(step_, plan),
+              StatusIs(absl::StatusCode::kInvalidArgument, "past the layout"));
 }
 
 // A repair broadcast: the root sends the winning value itself and keeps it
@@ -204,7 +208,7 @@ TEST_F(PlanRunnerTest, Broadcast_RootKeepsItsValueUncopied_LargeReceivedValueSha
   StepPlan plan;
   plan.collectives.push_back(StepCollective{StepCollective::Kind::kBroadcast,
                                             0,
-                                            {1},
+                                            IndexRanges::All(1),
                                             /*root=*/1,
                                             /*source_replica=*/2,
                                             winner->checksum,
@@ -220,8 +224,9 @@ TEST_F(PlanRunnerTest, Broadcast_RootKeepsItsValueUncopied_LargeReceivedValueSha
   layout->info.variables.Own()[0].spec = TensorSpec{DType::kFloat32, {n}};
   step_.layout = layout;
   collectives_.root = F32(std::vector<float>(n, 2.0f));
-  plan.collectives[0] = StepCollective{StepCollective::Kind::kBroadcast, 0,     {1}, /*root=*/0, 0,
-                                       collectives_.root->checksum,      {2, 3}};
+  plan.collectives[0] =
+      StepCollective{StepCollective::Kind::kBroadcast, 0,     IndexRanges::All(1), /*root=*/0, 0,
+                     collectives_.root->checksum,      {2, 3}};
   auto big = runner_.Run(step_, plan);
   ASSERT_OK(big);
   EXPECT_GE(big->values.at(1)->bytes.shared_fd(), 0);

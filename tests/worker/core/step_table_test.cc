@@ -73,7 +73,9 @@ class FakeLink final : public StepLink {
     if (!finish_error.ok()) return finish_error;
     return resolution;
   }
-  absl::StatusOr<StepResolution> WaitStep(uint64_t, absl::Duration) override { return resolution; }
+  absl::StatusOr<StepResolution> WaitStep(uint64_t, absl::Duration, bool) override {
+    return resolution;
+  }
 
   absl::Mutex mu;
   StepInfo info;
@@ -140,10 +142,9 @@ class LocalStepsTest : public ::testing::Test {
     plan.timeout = absl::Seconds(1);
     StepCollective c;
     c.kind = StepCollective::Kind::kAllreduce;
-    c.variable_ids = {kW};
+    c.variables = IndexRanges::All(1);  // w, the layout's one variable
     plan.collectives.push_back(c);
-    plan.changed_ids = {kW};
-    plan.changed_checksums = {0};
+    plan.changed = IndexRanges::All(1);
     link_.plan = plan;
     ASSERT_OK(steps_.Write(3, 11, {{kW, 0, F32({5, 6})}}));
     ASSERT_OK(steps_.Write(3, 11, {{kW, 1, F32({9, 10})}}));
@@ -246,9 +247,8 @@ TEST_F(LocalStepsTest, S3_TwoTrainersPerHost_OneReportOnceEveryDeviceCommitted) 
   ASSERT_EQ(link_.reports.size(), 1u);
   const WorkerReport& r = link_.reports[0];
   EXPECT_EQ(r.incarnation, kInc);
-  ASSERT_EQ(r.replicas.size(), 1u);
-  EXPECT_EQ(r.replicas[0].replica, 1);
-  EXPECT_EQ(r.replicas[0].checksum, F32({3, 4})->checksum);
+  EXPECT_EQ(r.changed, IndexRanges::All(1)) << "w (MEAN) changed here";
+  EXPECT_TRUE(r.replicas.empty());
   EXPECT_THAT(Commit(3, 11, {"GPU:0"}, absl::Seconds(1)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
@@ -352,14 +352,61 @@ TEST_F(LocalStepsTest, S4_MeanPlan_BeginPlusMeanOfDeltas_InstalledWithNewVersion
   auto r = Commit(3, 11, {}, absl::Seconds(30));
   ASSERT_OK(r);
   ASSERT_EQ(link_.finishes.size(), 1u);
-  ASSERT_EQ(link_.finishes[0].variables.size(), 1u);
-  EXPECT_EQ(link_.finishes[0].variables[0].checksum, expected->checksum);
+  EXPECT_EQ(link_.finishes[0].held, IndexRanges::All(1));
+  EXPECT_EQ(link_.finishes[0].digest, DigestTerm(kW, expected->checksum));
+  ASSERT_EQ(link_.finishes[0].shard.size(), 1u) << "this worker reports w (replica 0 is its)";
+  EXPECT_EQ(link_.finishes[0].shard[0].checksum, expected->checksum);
   for (int32_t replica : {0, 1}) {
     auto got = store_.Get(kW, replica);
     ASSERT_OK(got);
     EXPECT_EQ(got->version, 6);
     EXPECT_EQ(Floats(*got->value), (std::vector<float>{7, 8}));
   }
+}
+
+// The short form workers get: the changed variables as layout ranges and
+// a digest; each is installed at its version + 1 with the value computed
+// here, and the trainers get the list of what this host holds.
+TEST_F(LocalStepsTest, S4_ShortResolution_InstalledAtVersionPlusOne_TrainersGetTheList) {
+  WriteMeanStep();
+  auto expected = F32({7, 8});
+  StepResolution& res = link_.resolution;
+  res.state = StepState::kCommitted;
+  res.short_form = true;
+  res.layout_id = 77;
+  res.changed_ranges = IndexRanges::All(1);
+  res.changed_digest = DigestTerm(kW, expected->checksum);
+  auto r = Commit(3, 11, {}, absl::Seconds(30));
+  ASSERT_OK(r);
+  ASSERT_EQ(r->changed.size(), 1u);
+  EXPECT_EQ(r->changed[0].name, "w");
+  EXPECT_EQ(r->changed[0].version, 6);
+  EXPECT_EQ(r->changed[0].checksum, expected->checksum);
+  for (int32_t replica : {0, 1}) {
+    auto got = store_.Get(kW, replica);
+    ASSERT_OK(got);
+    EXPECT_EQ(got->version, 6);
+    EXPECT_EQ(Floats(*got->value), (std::vector<float>{7, 8}));
+  }
+}
+
+// A short resolution whose digest is not that of the values here is not
+// installed: the replicas stay as committed before the step.
+TEST_F(LocalStepsTest, S4_ShortResolution_DigestMismatch_NothingInstalled) {
+  WriteMeanStep();
+  auto expected = F32({7, 8});
+  StepResolution& res = link_.resolution;
+  res.state = StepState::kCommitted;
+  res.short_form = true;
+  res.layout_id = 77;
+  res.changed_ranges = IndexRanges::All(1);
+  res.changed_digest = DigestTerm(kW, expected->checksum) + 1;
+  auto r = Commit(3, 11, {}, absl::Seconds(30));
+  ASSERT_OK(r);
+  auto got = store_.Get(kW, 0);
+  ASSERT_OK(got);
+  EXPECT_EQ(got->version, 5);
+  EXPECT_EQ(Floats(*got->value), (std::vector<float>{1, 2}));
 }
 
 // Two-phase commit: the answer to this worker's finish was lost (the
@@ -473,7 +520,7 @@ TEST_F(HashLaterTest, S2_DiscardedWhileHashing_ThePublishIsDropped) {
   EXPECT_EQ(Floats(*later_.Read(11, kW, 0)->value), (std::vector<float>{1, 2}));
 }
 
-TEST_F(HashLaterTest, S3_CommitWaitsForTheHash_TheReportNamesThePublishedValue) {
+TEST_F(HashLaterTest, S3_CommitWaitsForTheHash_TheReportCountsThePublishedValue) {
   PlannedResolution().state = StepState::kCommitted;
   PlannedResolution().step = 3;
   PublishLater(1, {3, 4});
@@ -492,9 +539,8 @@ TEST_F(HashLaterTest, S3_CommitWaitsForTheHash_TheReportNamesThePublishedValue) 
   t.join();
   ASSERT_OK(r);
   ASSERT_EQ(link_.reports.size(), 1u);
-  ASSERT_EQ(link_.reports[0].replicas.size(), 1u);
-  EXPECT_EQ(link_.reports[0].replicas[0].replica, 1);
-  EXPECT_EQ(link_.reports[0].replicas[0].checksum, F32({3, 4})->checksum);
+  // Without the hashed copy the report would say nothing changed.
+  EXPECT_EQ(link_.reports[0].changed, IndexRanges::All(1));
 }
 
 }  // namespace

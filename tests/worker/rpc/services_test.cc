@@ -73,7 +73,7 @@ class OneStepLink final : public StepLink {
   absl::StatusOr<StepResolution> FinishStep(const WorkerFinish&, absl::Duration) override {
     return absl::UnimplementedError("the resolver is a fake");
   }
-  absl::StatusOr<StepResolution> WaitStep(uint64_t, absl::Duration) override {
+  absl::StatusOr<StepResolution> WaitStep(uint64_t, absl::Duration, bool) override {
     return absl::UnimplementedError("the resolver is a fake");
   }
 };
