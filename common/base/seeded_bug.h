@@ -39,6 +39,13 @@ enum class SeededBug : int {
   kNotVerifiedAtRecovery,
   // F2/F7: a worker lists its replicas while writes to them are in flight.
   kListedUnderWrites,
+  // C6: a retry runs beside an earlier attempt of its request still
+  // running, and is refused at the write gate while that attempt goes on
+  // to apply the write (found by the simulator with steps).
+  kAttemptsOverlap,
+  // S4: the barrier takes the workers' summaries without checking their
+  // digests (replicas that disagree are never repaired).
+  kDigestsUnchecked,
 };
 
 inline constexpr std::string_view kSeededBugNames[] = {
@@ -53,6 +60,8 @@ inline constexpr std::string_view kSeededBugNames[] = {
     "answered_before_sync",
     "not_verified_at_recovery",
     "listed_under_writes",
+    "attempts_overlap",
+    "digests_unchecked",
 };
 
 namespace seeded_bug_internal {

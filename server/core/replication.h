@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -264,6 +265,11 @@ class Replication {
   // Variables whose workers may hold a value the log failed to record:
   // repair verifies their workers (not state: a restart verifies them all).
   std::set<uint64_t> suspect_ ABSL_GUARDED_BY(mu_);
+  // C6: the request ids an Assign attempt is running for. A retry that
+  // arrives while an earlier attempt still runs (its caller gave up
+  // waiting) is told to retry: a refusal could be contradicted by what
+  // that attempt still does.
+  absl::flat_hash_set<std::string> running_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace repvar::server

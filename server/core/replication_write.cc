@@ -201,6 +201,20 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
   // that answer, even if a step opened since (S5) or the variable is gone.
   REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> earlier, registry_->Outcome(key, op));
   if (earlier && !BugSeeded(SeededBug::kRetriesReapplied)) return Answered(*earlier);
+  // One attempt of a request at a time: an earlier one still running may
+  // yet apply the write, so a later one must not be refused meanwhile.
+  {
+    RankedLock lock(&mu_);
+    if (!running_.insert(key.id).second && !BugSeeded(SeededBug::kAttemptsOverlap)) {
+      return absl::UnavailableError(
+          absl::StrCat("an earlier attempt of request \"", key.id,
+                       "\" is still running; retry with the same request id for its answer"));
+    }
+  }
+  absl::Cleanup finished = [this, &key] {
+    RankedLock lock(&mu_);
+    running_.erase(key.id);
+  };
   REPVAR_RETURN_IF_ERROR(steps_->EnterWriteGate());
   absl::Cleanup leave = [this] { steps_->LeaveWriteGate(); };
   // The decisions below read the state without waiting for it to be durable

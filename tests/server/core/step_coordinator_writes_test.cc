@@ -173,6 +173,41 @@ TEST_F(StepCoreTest, C6_RetryOfAnAppliedWrite_AnsweredWhileAStepIsOpen) {
               StatusIs(absl::StatusCode::kFailedPrecondition, "step 1 is open"));
 }
 
+// C6 with S5: a retry that arrives while an earlier attempt of its request
+// still runs (its caller gave up waiting) is told to retry, not refused at
+// the write gate a beginning step closed: that attempt goes on to apply
+// the write, and the request's answer is then its answer. Found by the
+// simulator once it ran steps beside writes.
+TEST_F(StepCoreTest, C6_RetryWhileAnEarlierAttemptRuns_UnavailableNeverRefused) {
+  const uint64_t w = Create("w", Aggregation::kMean);
+  Create("u", Aggregation::kMean);
+  const RequestKey key{"assign-1", 7};
+  workers_.HoldWritesOf(w);
+  absl::StatusOr<WriteResult> first;
+  std::thread attempt([&] { first = core_.Assign(key, {"w", AssignOp::kAssign, F32({3, 4})}); });
+  while (workers_.parked() == 0) std::this_thread::yield();
+  absl::StatusOr<SharedStep> begun;
+  std::thread step([&] { begun = core_.BeginStep(1, absl::Seconds(10)); });
+  // Until the step is beginning (waiting for the write in flight): a new
+  // write of another variable is refused then.
+  for (int n = 0;; ++n) {
+    auto probe =
+        core_.Assign({absl::StrCat("probe-", n), 7}, {"u", AssignOp::kAssign, F32({1, 2})});
+    if (absl::IsFailedPrecondition(probe.status())) break;
+    std::this_thread::yield();
+  }
+  EXPECT_THAT(core_.Assign(key, {"w", AssignOp::kAssign, F32({3, 4})}).status(),
+              StatusIs(absl::StatusCode::kUnavailable, "still running"));
+  workers_.ReleaseWrites();
+  attempt.join();
+  step.join();
+  ASSERT_OK(first);
+  ASSERT_OK(begun);
+  auto retry = core_.Assign(key, {"w", AssignOp::kAssign, F32({3, 4})});
+  ASSERT_OK(retry);
+  EXPECT_EQ(retry->version, first->version);
+}
+
 // Two-phase commit across a restart: a worker that did not hear how its
 // step ended asks the restarted coordinator, which answers the last step
 // committed before the restart as committed, with what it changed (so the
