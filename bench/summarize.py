@@ -143,6 +143,13 @@ def goals(res, who):
                  if st else "not run"))
     rows.append(("coordinator_cpu_32x1000",
                  st["coordinator_cpu_share"] / 0.5 if st else None, "<=", 1, ""))
+    sw = first("repvar_steps", writes=1)
+    rows.append(("steps_all_changed_vs_none",
+                 sw["steps_per_s"] / st["steps_per_s"] if sw and st else None, ">=", 0.8,
+                 (f"{sw['steps_per_s']:.2f} / {st['steps_per_s']:.1f} steps/s; coordinator CPU "
+                  f"{sw['coordinator_cpu_ms_per_step']:.1f} / "
+                  f"{st['coordinator_cpu_ms_per_step']:.1f} ms per step")
+                 if sw and st else "not run (--step_write_path)"))
     mean = first("repvar_mean_step")
     ga = gloo.get((int(mean["workers"]), int(mean["mib"])), (None, None))[1] if mean else None
     rows.append(("mean_64m_8r_vs_gloo", mean["commit_ms"] / ga if mean and ga else None, "<=",

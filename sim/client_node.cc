@@ -76,15 +76,15 @@ absl::StatusOr<T> ClientNode::Retried(
   return r;
 }
 
-void ClientNode::StartSetup(int variables, int accelerators) {
+void ClientNode::StartSetup(int variables, int step_variables, int accelerators) {
   process_ = world_->network().Start(node_, absl::StrCat("client", index_));
-  world_->scheduler().Spawn(process_, "setup", [this, variables, accelerators] {
-    Setup(variables, accelerators);
+  world_->scheduler().Spawn(process_, "setup", [this, variables, step_variables, accelerators] {
+    Setup(variables, step_variables, accelerators);
     done_ = true;
   });
 }
 
-void ClientNode::Setup(int variables, int accelerators) {
+void ClientNode::Setup(int variables, int step_variables, int accelerators) {
   Scheduler& s = world_->scheduler();
   // The cluster first: every accelerator listed.
   while (true) {
@@ -107,6 +107,23 @@ void ClientNode::Setup(int variables, int accelerators) {
     items.push_back(item);
     inits.push_back({item.def.name, std::nullopt});
     variables_.push_back(item.def.name);
+  }
+  constexpr Aggregation kAggregations[] = {Aggregation::kNone, Aggregation::kSum,
+                                           Aggregation::kMean, Aggregation::kOnlyFirstReplica};
+  for (int i = 0; i < step_variables; ++i) {
+    CreateItem item;
+    item.def.name = absl::StrCat("s", i);
+    item.def.tensor = TensorSpec{DType::kFloat32, {kElements}};
+    // On two hosts at least (replicas fill a host's devices first), so that
+    // a step's value, which lives on the replicas alone, outlives a host.
+    const int two_hosts = std::min(accelerators, world_->options().devices_per_worker + 1);
+    item.def.replica_count =
+        static_cast<int32_t>(world_->random().Between(two_hosts, accelerators));
+    item.def.aggregation = kAggregations[i % 4];
+    item.initializer.kind = InitializerKind::kConstant;
+    item.initializer.constant = i + 1;
+    items.push_back(item);
+    inits.push_back({item.def.name, std::nullopt});
   }
   const server::RequestKey create{NewRequestId(), 1};
   while (!Retried<CreateResult>(

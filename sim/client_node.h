@@ -23,16 +23,18 @@ class ClientNode {
   ClientNode(World* world, NodeId node, int index) : world_(world), node_(node), index_(index) {}
 
   // SETUP, by one client: waits for every worker, creates `variables`
-  // float32[2] variables and initializes them, and records their state as
-  // each history's start. `done` once it succeeded.
-  void StartSetup(int variables, int accelerators);
+  // float32[2] variables "v<i>" and initializes them, and records their
+  // state as each history's start; and `step_variables` more, "s<i>" of
+  // each aggregation in turn, for the trainers' steps alone. `done` once
+  // it succeeded.
+  void StartSetup(int variables, int step_variables, int accelerators);
   // STORM: `ops` random operations on the variables.
   void StartWorkload(int ops);
   bool done() const { return done_; }
   const std::vector<std::string>& variables() const { return variables_; }
 
  private:
-  void Setup(int variables, int accelerators);
+  void Setup(int variables, int step_variables, int accelerators);
   void Workload(int ops);
   // One operation of the workload, recorded in the history.
   void Write(const std::string& name, AssignOp op, std::vector<float> value);

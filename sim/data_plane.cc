@@ -52,12 +52,13 @@ absl::Status DataPlaneHub::Meet(const CollectiveSpec& c, Kind kind, AccumType ty
   std::shared_ptr<Meeting> m = slot;
   if (m->done || m->nodes[c.rank] >= 0 || m->kind != kind ||
       m->buffers.size() != static_cast<size_t>(c.size) ||
-      (m->arrived > 0 && m->buffers[0].size() != bytes.size() && kind == Kind::kAllreduce)) {
+      (m->arrived > 0 && m->bytes != bytes.size() && kind == Kind::kAllreduce)) {
     absl::Status refused = absl::UnavailableError(absl::StrCat(
         "data plane: collective ", c.group, "/", c.tag, " does not match rank ", c.rank, "'s"));
     if (trace_) trace_(std::string(refused.message()));
     return refused;
   }
+  if (m->arrived == 0) m->bytes = bytes.size();
   m->buffers[c.rank] = bytes;
   m->nodes[c.rank] = node;
   if (++m->arrived == c.size) {

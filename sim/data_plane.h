@@ -44,6 +44,7 @@ class DataPlaneHub {
     std::vector<std::span<std::byte>> buffers;  // by rank
     std::vector<NodeId> nodes;
     int arrived = 0;
+    size_t bytes = 0;  // the first member's buffer size (allreduce: everyone's)
     bool done = false;
     absl::Status status;
   };

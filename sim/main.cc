@@ -131,6 +131,12 @@ int main(int argc, char** argv) {
   app.add_option("--clients", o.clients, "client hosts")->check(CLI::Range(1, 16));
   app.add_option("--variables", o.variables)->check(CLI::Range(1, 1000));
   app.add_option("--ops_per_client", o.ops_per_client)->check(CLI::Range(0, 100000));
+  app.add_option("--steps", o.steps, "replicated steps per seed (0: no trainers)")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--step_variables", o.step_variables,
+                 "the trainers' variables, of each "
+                 "aggregation in turn")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--faults", o.faults, "the nemesis's faults per seed")->check(CLI::Range(0, 1000));
   app.add_flag("--verbose", o.verbose, "print every seed's history on stderr");
   bool stop_at_failure = false;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "sim/client_node.h"
 #include "sim/coordinator_node.h"
+#include "sim/trainer_node.h"
 #include "sim/worker_node.h"
 
 namespace repvar::sim {
@@ -85,6 +86,17 @@ std::string Describe(const server::Record& record) {
   return absl::StrJoin(parts, "; ");
 }
 
+// A value a step committed lives on the replicas alone (the coordinator
+// keeps no copy): when every replica that held it was lost, so is it, and
+// the coordinator says so (none up to date). Not a failure to converge.
+bool LostWithItsReplicas(const server::VariableRecord& v) {
+  if (v.version == 0 || v.value != nullptr) return false;
+  for (const server::ReplicaRecord& r : v.replicas) {
+    if (r.state == ReplicaState::kUpToDate) return false;
+  }
+  return true;
+}
+
 constexpr absl::Duration kStormWindow = absl::Seconds(4);
 // Once healed, the cluster settles within a few of its longest timeouts
 // (a data-plane collective's, a call's).
@@ -112,6 +124,9 @@ World::World(WorldOptions options)
   }
   for (int c = 0; c < options_.clients; ++c) {
     clients_.push_back(std::make_unique<ClientNode>(this, options_.workers + 1 + c, c));
+  }
+  if (options_.steps > 0) {
+    trainers_ = std::make_unique<TrainerNode>(this, options_.workers + options_.clients + 1);
   }
 }
 
@@ -188,7 +203,8 @@ SeedResult World::Run() {
   StartCluster();
   const int accelerators = options_.workers * options_.devices_per_worker;
   Log("SETUP");
-  clients_[0]->StartSetup(options_.variables, accelerators);
+  clients_[0]->StartSetup(options_.variables, trainers_ ? options_.step_variables : 0,
+                          accelerators);
   if (!RunPhase([&] { return clients_[0]->done(); }, absl::Minutes(5))) {
     Fail("liveness",
          absl::StrCat("setup did not finish; waiting: ", WaitingSummary(scheduler_.Waiting())));
@@ -198,11 +214,12 @@ SeedResult World::Run() {
   const ProcessId nemesis = scheduler_.NewProcess("nemesis");
   PlanNemesis(nemesis);
   for (auto& c : clients_) c->StartWorkload(options_.ops_per_client);
+  if (trainers_) trainers_->StartWorkload(options_.steps);
   auto clients_done = [&] {
     for (auto& c : clients_) {
       if (!c->done()) return false;
     }
-    return true;
+    return !trainers_ || trainers_->done();
   };
   if (!RunPhase(clients_done, options_.time_limit)) {
     Fail("liveness", absl::StrCat("the workload did not finish; waiting: ",
@@ -339,7 +356,7 @@ bool World::Converged() {
     }
   }
   for (const auto& [id, v] : mirror_->variables()) {
-    if (v.version == 0) continue;
+    if (v.version == 0 || LostWithItsReplicas(v)) continue;
     for (size_t i = 0; i < v.replicas.size(); ++i) {
       const server::ReplicaRecord& rep = v.replicas[i];
       if (rep.state != ReplicaState::kUpToDate || rep.version != v.version ||
@@ -373,6 +390,8 @@ void World::CheckReplicaTruth() {
       if (w == nullptr || !w->up() || w->incarnation() != rep.incarnation) continue;
       worker::ReplicaStore* store = w->store();
       if (store == nullptr) continue;
+      // A step it took part in may be committed and not installed yet.
+      if (w->steps() != nullptr && w->steps()->Settling()) continue;
       auto held = store->Get(id, static_cast<int32_t>(i));
       if (!held.ok() || held->version < rep.version ||
           (held->version == rep.version && held->checksum != rep.checksum)) {
@@ -401,6 +420,10 @@ void World::CheckReplicasAtRest() {
   // cut off, which CheckReplicaTruth must allow while writes travel).
   for (const auto& [id, v] : mirror_->variables()) {
     if (v.version == 0) continue;
+    if (LostWithItsReplicas(v)) {
+      Log(absl::StrCat(v.def.name, ": its committed value was lost with every replica holding it"));
+      continue;
+    }
     for (size_t i = 0; i < v.replicas.size(); ++i) {
       WorkerNode* w = WorkerAt(NodeOfTask(v.placement[i].task));
       worker::ReplicaStore* store = w == nullptr ? nullptr : w->store();

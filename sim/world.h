@@ -39,6 +39,7 @@ namespace repvar::sim {
 class CoordinatorNode;
 class WorkerNode;
 class ClientNode;
+class TrainerNode;
 
 struct WorldOptions {
   uint64_t seed = 1;
@@ -47,6 +48,10 @@ struct WorldOptions {
   int clients = 2;
   int variables = 3;
   int ops_per_client = 40;
+  // Replicated steps the trainers take in the storm, over `step_variables`
+  // variables of their own (0 steps: no trainers).
+  int steps = 6;
+  int step_variables = 4;
   // The nemesis's faults in the storm (0: none).
   int faults = 4;
   absl::Duration heartbeat_timeout = absl::Seconds(2);
@@ -141,6 +146,7 @@ class World {
   std::unique_ptr<CoordinatorNode> coordinator_;
   std::vector<std::unique_ptr<WorkerNode>> workers_;
   std::vector<std::unique_ptr<ClientNode>> clients_;
+  std::unique_ptr<TrainerNode> trainers_;
   ProcessId supervisor_ = 0;
   std::optional<std::pair<std::string, std::string>> failure_;
   std::string unconverged_;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/metrics.h"
+#include "common/base/seeded_bug.h"
 #include "common/base/status_util.h"
 #include "server/core/core_metrics.h"
 #include "server/core/step_plan.h"
@@ -343,7 +344,9 @@ absl::StatusOr<std::optional<std::vector<ChangedVariable>>> StepBarrier::MergeRe
       });
       if (known) at->second = sum;
     }
-    if (!at->second || *at->second != r.digest) return std::nullopt;
+    if ((!at->second || *at->second != r.digest) && !BugSeeded(SeededBug::kDigestsUnchecked)) {
+      return std::nullopt;
+    }
   }
 
   // 3. The NONE/ONLY_FIRST_REPLICA variables to merge replica by replica:

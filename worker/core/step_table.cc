@@ -387,6 +387,7 @@ void StepTable::ResolveThenClose(std::shared_ptr<LocalStep> s, CommitDone done) 
     MutexLock lock(&mu_);
     ++resolving_;
   }
+  unsettled_.fetch_add(1);
   const LocalStep& step = *s;
   resolver_->ResolveAsync(
       step, [this, s = std::move(s), done = std::move(done)](StepResolution res) mutable {
@@ -395,6 +396,7 @@ void StepTable::ResolveThenClose(std::shared_ptr<LocalStep> s, CommitDone done) 
           MutexLock lock(&mu_);
           CloseLocked(s->header.epoch, *s, std::move(res));
           out = *s->resolution;
+          unsettled_.fetch_sub(1);
           --resolving_;  // the last use of the table
         }
         std::move(done)(std::move(out));

@@ -33,6 +33,7 @@
 #ifndef REPVAR_WORKER_CORE_STEP_TABLE_H_
 #define REPVAR_WORKER_CORE_STEP_TABLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -196,6 +197,11 @@ class StepTable {
 
   // Calls waiting now for a published value's hash (a test seam).
   int HashWaiters() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether a step's outcome is being decided or installed here: its
+  // replicas may be behind a commit the coordinator recorded (two-phase
+  // commit). Without the lock, for a checker that may not wait (a test
+  // seam).
+  bool Settling() const { return unsettled_.load() > 0; }
 
  private:
   // The step `epoch`, fetched from the coordinator on first sight.
@@ -260,6 +266,7 @@ class StepTable {
   uint64_t next_publish_ ABSL_GUARDED_BY(mu_) = 1;  // numbers deferred publishes
   int hash_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   int resolving_ ABSL_GUARDED_BY(mu_) = 0;  // ResolveThenClose not done yet
+  std::atomic<int> unsettled_{0};           // the same, read without mu_ (Settling)
 
   // Last: destroyed first, so that the hashing it still runs finds the
   // table whole.
