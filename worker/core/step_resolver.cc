@@ -215,18 +215,19 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolut
     absl::Status missing;
     res.changed_ranges.ForEach([&](uint32_t index) {
       const StepVariable& var = s.layout->info.variables[index];
-      std::vector<int32_t> local = s.layout->LocalReplicas(var);
-      if (local.empty()) {
+      auto begin = s.begin_versions.find(var.id);
+      if (begin == s.begin_versions.end()) {
         holds_all = false;
         return;
       }
-      auto stored = store_->Get(var.id, local.front());
       auto value = FinalValue(s, var, prepared);
-      if (!stored.ok() || !value.ok()) {
-        missing = !stored.ok() ? stored.status() : value.status();
+      if (!value.ok()) {
+        missing = value.status();
         return;
       }
-      target[var.id] = {stored->version + 1, (*value)->checksum};
+      target[var.id] = {begin->second + 1, (*value)->checksum};
+      changed_here.push_back(
+          CommittedVariable{var.id, var.name, begin->second + 1, (*value)->checksum});
       digest += DigestTerm(var.id, (*value)->checksum);
     });
     if (!missing.ok() || (holds_all && digest != res.changed_digest)) {
@@ -244,6 +245,14 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolut
     if (var == nullptr) continue;
     std::vector<int32_t> local = s.layout->LocalReplicas(*var);
     if (local.empty()) continue;
+    // Replicas that moved on since the step left OPEN (a resync after the
+    // commit, a newer write) already hold the commit or what followed it.
+    auto stored = store_->Get(id, local.front());
+    auto begin = s.begin_versions.find(id);
+    if (stored.ok() && (stored->version > vc.first ||
+                        (begin != s.begin_versions.end() && stored->version != begin->second))) {
+      continue;
+    }
     auto value = FinalValue(s, *var, prepared);
     if (!value.ok() || (*value)->checksum != vc.second) {
       // Cannot happen unless memory is corrupted: the coordinator checked
@@ -251,10 +260,6 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolut
       spdlog::error("{}: local value of {} does not match the committed checksum; not installed",
                     StepName(s.header), var->name);
       continue;
-    }
-    if (res.short_form &&
-        res.changed_ranges.Contains(static_cast<uint32_t>(s.layout->vars.at(id)))) {
-      changed_here.push_back(CommittedVariable{id, var->name, vc.first, vc.second});
     }
     items.push_back(ReplicaWrite{id, var->name, vc.first, std::move(local), *value,
                                  /*fence=*/0, std::nullopt});

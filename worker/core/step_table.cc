@@ -388,6 +388,14 @@ void StepTable::ResolveThenClose(std::shared_ptr<LocalStep> s, CommitDone done) 
     ++resolving_;
   }
   unsettled_.fetch_add(1);
+  if (s->layout->me >= 0) {
+    for (const StepVariable& var : s->layout->info.variables) {
+      const std::vector<int32_t> local = s->layout->LocalReplicas(var);
+      if (local.empty()) continue;
+      if (auto r = store_->Get(var.id, local.front()); r.ok())
+        s->begin_versions[var.id] = r->version;
+    }
+  }
   const LocalStep& step = *s;
   resolver_->ResolveAsync(
       step, [this, s = std::move(s), done = std::move(done)](StepResolution res) mutable {

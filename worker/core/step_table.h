@@ -87,6 +87,11 @@ struct LocalStep {
   // hashed, unless a later write or publish of the replica took its place.
   std::map<std::pair<uint64_t, int32_t>, uint64_t> hashing;
   std::set<std::string> committed;  // devices
+  // When the step left OPEN: the version of each step variable's local
+  // replicas (they move together). A commit is installed at version + 1 on
+  // the replicas still there; one that moved since (a resync after the
+  // commit, a newer write) is left as it is.
+  std::map<uint64_t, int64_t> begin_versions;
   Phase phase = Phase::kOpen;
   std::optional<StepResolution> resolution;
 };

@@ -68,6 +68,7 @@ class FakeLink final : public StepLink {
     deferred = std::move(done);
   }
   absl::StatusOr<StepResolution> FinishStep(const WorkerFinish& finish, absl::Duration) override {
+    if (before_answer) before_answer();
     absl::MutexLock lock(&mu);
     finishes.push_back(finish);
     if (!finish_error.ok()) return finish_error;
@@ -81,7 +82,8 @@ class FakeLink final : public StepLink {
   StepInfo info;
   std::variant<StepPlan, StepResolution> plan;
   StepResolution resolution;
-  absl::Status finish_error;  // FinishStep fails with it (the answer was lost)
+  absl::Status finish_error;            // FinishStep fails with it (the answer was lost)
+  std::function<void()> before_answer;  // runs as FinishStep is answered
   std::vector<WorkerReport> reports;
   std::vector<WorkerFinish> finishes;
   std::vector<uint64_t> known_layouts;
@@ -387,6 +389,33 @@ TEST_F(LocalStepsTest, S4_ShortResolution_InstalledAtVersionPlusOne_TrainersGetT
     ASSERT_OK(got);
     EXPECT_EQ(got->version, 6);
     EXPECT_EQ(Floats(*got->value), (std::vector<float>{7, 8}));
+  }
+}
+
+// A replica the coordinator rewrote with the committed value before this
+// worker heard the answer (a resync after the commit) stays at the
+// committed version: the commit lands at the version the step began from,
+// plus one, and only where the replica still is at it.
+TEST_F(LocalStepsTest, S4_ShortResolution_AReplicaResyncedMeanwhile_KeepsTheCommittedVersion) {
+  WriteMeanStep();
+  auto expected = F32({7, 8});
+  StepResolution& res = link_.resolution;
+  res.state = StepState::kCommitted;
+  res.short_form = true;
+  res.layout_id = 77;
+  res.changed_ranges = IndexRanges::All(1);
+  res.changed_digest = DigestTerm(kW, expected->checksum);
+  link_.before_answer = [&] {
+    ASSERT_TRUE(store_.Apply({ReplicaWrite{kW, "w", 6, {0, 1}, expected}}).ok());
+  };
+  auto r = Commit(3, 11, {}, absl::Seconds(30));
+  ASSERT_OK(r);
+  ASSERT_EQ(r->changed.size(), 1u);
+  EXPECT_EQ(r->changed[0].version, 6);
+  for (int32_t replica : {0, 1}) {
+    auto got = store_.Get(kW, replica);
+    ASSERT_OK(got);
+    EXPECT_EQ(got->version, 6) << "not 7: the resync's version is the commit's";
   }
 }
 
