@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -98,14 +99,19 @@ bool TrainerNode::RunStep(int64_t step) {
   for (const StepVariable& v : info->variables) {
     if (v.name.rfind("s", 0) != 0) continue;  // the clients' variables stay out of steps
     const float agreed = static_cast<float>(random.Between(-8, 8));
-    int32_t odd = -1;  // NONE: the replica that writes another value
+    // NONE: the replica that writes another value, or every replica of one
+    // host (its summary then agrees with itself: only the digests show it).
+    int32_t odd = -1, odd_host = -1;
     if (v.aggregation == Aggregation::kNone && diverge) {
       odd = static_cast<int32_t>(random.Uniform(v.replica_participant.size()));
+      if (random.Uniform(2) == 0) std::swap(odd, odd_host);
+      if (odd_host >= 0) odd_host = v.replica_participant[static_cast<size_t>(odd_host)];
     }
     for (size_t r = 0; r < v.replica_participant.size(); ++r) {
       const int32_t p = v.replica_participant[r];
       if (p < 0 || random.Uniform(8) == 0) continue;  // sitting out, or not written
-      float x = v.aggregation == Aggregation::kNone && static_cast<int32_t>(r) != odd
+      const bool odd_one = static_cast<int32_t>(r) == odd || p == odd_host;
+      float x = v.aggregation == Aggregation::kNone && !odd_one
                     ? agreed
                     : static_cast<float>(random.Between(-8, 8));
       if (nonfinite && v.aggregation == Aggregation::kNone && r == 0) {

@@ -46,6 +46,14 @@ enum class SeededBug : int {
   // S4: the barrier takes the workers' summaries without checking their
   // digests (replicas that disagree are never repaired).
   kDigestsUnchecked,
+  // S4/F7: a worker installs a short resolution at its replica's version
+  // now + 1, over a replica a resync moved to the commit meanwhile (found
+  // by the simulator in 97df4fb, fixed in 022282d).
+  kInstallOverMovedReplicas,
+  // C6: a refused request's attempt that arrives after the refusal (a
+  // duplicate, or one queued while the coordinator was paused) applies the
+  // write (found by the simulator, fixed with Replication::refused_).
+  kRefusalsForgotten,
 };
 
 inline constexpr std::string_view kSeededBugNames[] = {
@@ -62,6 +70,8 @@ inline constexpr std::string_view kSeededBugNames[] = {
     "listed_under_writes",
     "attempts_overlap",
     "digests_unchecked",
+    "install_over_moved_replicas",
+    "refusals_forgotten",
 };
 
 namespace seeded_bug_internal {

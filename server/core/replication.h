@@ -12,6 +12,7 @@
 #define REPVAR_SERVER_CORE_REPLICATION_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -270,6 +271,13 @@ class Replication {
   // waiting) is told to retry: a refusal could be contradicted by what
   // that attempt still does.
   absl::flat_hash_set<std::string> running_ ABSL_GUARDED_BY(mu_);
+  // C6: the refusals Assign answered lately, by request id, oldest first in
+  // `refusal_order_`: an attempt of the request that arrives after its
+  // refusal (delayed, duplicated, or queued while the coordinator was
+  // paused) gets the same refusal, not a chance to apply. In memory, for
+  // kRememberRefusals and at most kMaxRefusals of them.
+  absl::flat_hash_map<std::string, absl::Status> refused_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<absl::Time, std::string>> refusal_order_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace repvar::server

@@ -192,6 +192,20 @@ absl::Status Replication::CommitWrites(const std::vector<PlannedWrite>& writes,
 
 // ---- Assign ----
 
+namespace {
+
+// How long, and how many, refusals are remembered (Replication::refused_):
+// longer than any attempt of a request stays in flight.
+constexpr absl::Duration kRememberRefusals = absl::Minutes(10);
+constexpr size_t kMaxRefusals = 100'000;
+
+// A refusal that says the write changed nothing and never will.
+bool Refusal(const absl::Status& s) {
+  return absl::IsFailedPrecondition(s) || absl::IsNotFound(s) || absl::IsInvalidArgument(s);
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& key,
                                                              const std::vector<Assignment>& items) {
   if (items.empty()) return absl::InvalidArgumentError("assign needs at least one variable");
@@ -202,26 +216,45 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
   REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> earlier, registry_->Outcome(key, op));
   if (earlier && !BugSeeded(SeededBug::kRetriesReapplied)) return Answered(*earlier);
   // One attempt of a request at a time: an earlier one still running may
-  // yet apply the write, so a later one must not be refused meanwhile.
+  // yet apply the write, so a later one must not be refused meanwhile. And
+  // a request refused stays refused: an attempt arriving after the refusal
+  // (delayed, duplicated, queued while the coordinator was paused) gets it.
   {
     RankedLock lock(&mu_);
+    if (auto r = refused_.find(key.id);
+        r != refused_.end() && !BugSeeded(SeededBug::kRefusalsForgotten)) {
+      return r->second;
+    }
     if (!running_.insert(key.id).second && !BugSeeded(SeededBug::kAttemptsOverlap)) {
       return absl::UnavailableError(
           absl::StrCat("an earlier attempt of request \"", key.id,
                        "\" is still running; retry with the same request id for its answer"));
     }
   }
-  absl::Cleanup finished = [this, &key] {
+  absl::Status refusal;  // set when this attempt refuses the request
+  absl::Cleanup finished = [this, &key, &refusal] {
     RankedLock lock(&mu_);
     running_.erase(key.id);
+    if (refusal.ok()) return;
+    const absl::Time now = clock_->Now();
+    while (!refusal_order_.empty() && (refusal_order_.front().first < now - kRememberRefusals ||
+                                       refusal_order_.size() >= kMaxRefusals)) {
+      refused_.erase(refusal_order_.front().second);
+      refusal_order_.pop_front();
+    }
+    if (refused_.emplace(key.id, refusal).second) refusal_order_.emplace_back(now, key.id);
   };
-  REPVAR_RETURN_IF_ERROR(steps_->EnterWriteGate());
+  if (absl::Status gate = steps_->EnterWriteGate(); !gate.ok()) {
+    refusal = gate;
+    return gate;
+  }
   absl::Cleanup leave = [this] { steps_->LeaveWriteGate(); };
   // The decisions below read the state without waiting for it to be durable
   // (Registry::Peek): the commit at the end waits for all of it. A refusal
   // reports what was read, so it waits first.
   absl::StatusOr<std::vector<WriteResult>> done = AssignInGate(key, items, op);
   if (!done.ok()) REPVAR_RETURN_IF_ERROR(registry_->AwaitDurable());
+  if (!done.ok() && Refusal(done.status())) refusal = done.status();
   return done;
 }
 

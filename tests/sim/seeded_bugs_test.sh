@@ -23,10 +23,13 @@ while IFS='|' read -r bug invariant flags; do
   fi
   echo "ok   $bug: found by seed $seed ($invariant) ${flags}; the seed passes without it"
 done <<'BUGS'
-returned_replicas_trusted|F7 replica truth|--faults=16
+attempts_overlap|C4 linearizability|
+install_over_moved_replicas|S4 version + 1|--faults=16
 retries_reapplied|C4 linearizability|
 no_roll_forward|C4 linearizability|
 answered_before_sync|C4 linearizability|
 fences_ignored|F7 replica truth|
+groups_reused_across_restarts|F7 replica truth (at rest)|--faults=16
+refusals_forgotten|C4 linearizability|--faults=16
 BUGS
 exit $status

@@ -2,6 +2,7 @@
 #include "worker/core/step_resolver.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/base/seeded_bug.h"
 #include "common/base/status_util.h"
 #include "common/tensor/element_math.h"
 #include "spdlog/spdlog.h"
@@ -225,9 +226,13 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolut
         missing = value.status();
         return;
       }
-      target[var.id] = {begin->second + 1, (*value)->checksum};
-      changed_here.push_back(
-          CommittedVariable{var.id, var.name, begin->second + 1, (*value)->checksum});
+      int64_t version = begin->second + 1;
+      if (BugSeeded(SeededBug::kInstallOverMovedReplicas)) {
+        auto now = store_->Get(var.id, s.layout->LocalReplicas(var).front());
+        if (now.ok()) version = now->version + 1;
+      }
+      target[var.id] = {version, (*value)->checksum};
+      changed_here.push_back(CommittedVariable{var.id, var.name, version, (*value)->checksum});
       digest += DigestTerm(var.id, (*value)->checksum);
     });
     if (!missing.ok() || (holds_all && digest != res.changed_digest)) {
@@ -249,8 +254,9 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolut
     // commit, a newer write) already hold the commit or what followed it.
     auto stored = store_->Get(id, local.front());
     auto begin = s.begin_versions.find(id);
-    if (stored.ok() && (stored->version > vc.first ||
-                        (begin != s.begin_versions.end() && stored->version != begin->second))) {
+    if (stored.ok() && !BugSeeded(SeededBug::kInstallOverMovedReplicas) &&
+        (stored->version > vc.first ||
+         (begin != s.begin_versions.end() && stored->version != begin->second))) {
       continue;
     }
     auto value = FinalValue(s, *var, prepared);

@@ -208,6 +208,25 @@ TEST_F(StepCoreTest, C6_RetryWhileAnEarlierAttemptRuns_UnavailableNeverRefused) 
   EXPECT_EQ(retry->version, first->version);
 }
 
+// C6 with S5: a request refused while a step was open stays refused; an
+// attempt of it that arrives once the step resolved (delayed, duplicated,
+// queued while the coordinator was paused) gets the same refusal and
+// changes nothing. A new request goes through. Found by the simulator.
+TEST_F(StepCoreTest, C6_ARefusedRequest_StaysRefused_ALateAttemptChangesNothing) {
+  Create("w", Aggregation::kMean);
+  const int64_t before = core_.GetVariable("w")->version;
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
+  ASSERT_OK(s);
+  const RequestKey key{"assign-1", 7};
+  EXPECT_THAT(core_.Assign(key, {"w", AssignOp::kAssign, F32({3, 4})}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "step 1 is open"));
+  ASSERT_OK(core_.AbortStep(s->epoch, "test"));
+  EXPECT_THAT(core_.Assign(key, {"w", AssignOp::kAssign, F32({3, 4})}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "step 1 is open"));
+  EXPECT_EQ(core_.GetVariable("w")->version, before);
+  EXPECT_OK(core_.Assign({"assign-2", 7}, {"w", AssignOp::kAssign, F32({3, 4})}));
+}
+
 // Two-phase commit across a restart: a worker that did not hear how its
 // step ended asks the restarted coordinator, which answers the last step
 // committed before the restart as committed, with what it changed (so the
