@@ -29,71 +29,19 @@ std::shared_ptr<const Tensor> FloatTensor(const std::vector<float>& v) {
   return std::make_shared<const Tensor>(*std::move(t));
 }
 
-// What one host's trainer heard.
-struct Heard {
-  bool answered = false;  // Commit returned (else the host died, or no answer in time)
-  absl::StatusOr<StepResolution> result = absl::UnavailableError("not run");
+// One replica's write in a step: the host (participant) that makes it.
+struct PlannedWrite {
+  size_t host;
+  worker::StepTable::WriteItem item;
 };
 
-}  // namespace
+using Heard = TrainerNode::Heard;
 
-void TrainerNode::StartWorkload(int steps) {
-  done_ = false;
-  if (process_ < 0) process_ = world_->network().Start(node_, "trainers");
-  world_->scheduler().Spawn(process_, "trainer driver", [this, steps] {
-    Workload(steps);
-    done_ = true;
-  });
-}
-
-void TrainerNode::Workload(int steps) {
-  for (const auto& [id, v] : world_->mirror().variables()) {
-    if (v.def.name.rfind("s", 0) == 0) versions_[v.def.name] = v.version;
-  }
-  int64_t step = last_committed_ + 1;
-  for (int i = 0; i < steps; ++i) {
-    if (RunStep(step)) ++step;
-    world_->scheduler().clock()->SleepFor(
-        world_->random().Between(absl::ZeroDuration(), absl::Milliseconds(300)));
-  }
-}
-
-bool TrainerNode::RunStep(int64_t step) {
-  World* w = world_;
-  Scheduler& s = w->scheduler();
-  Random& random = w->random();
-  auto begun = w->network().CallAndWait<server::SharedStep>(
-      World::kCoordinatorNode, s.Now() + absl::Seconds(10), "BeginStep",
-      [w, step](ProcessId callee, Network::Answer<server::SharedStep> answer) {
-        auto core = w->coordinator().Serving(callee);
-        if (!core.ok()) return answer(core.status());
-        answer((*core)->BeginStep(step, kBarrierTimeout));
-      });
-  if (!begun.ok()) {
-    w->Log(absl::StrCat("trainers: begin step ", step, " -> ", begun.status().ToString()));
-    if (absl::IsFailedPrecondition(begun.status()) &&
-        begun.status().message().find("is open") != std::string::npos) {
-      // An earlier step of ours is still open (its trainers gave up): abort it.
-      (void)w->network().CallAndWait<Nothing>(
-          World::kCoordinatorNode, s.Now() + absl::Seconds(10), "GetSteps",
-          [w](ProcessId callee, Network::Answer<Nothing> answer) {
-            auto core = w->coordinator().Serving(callee);
-            if (!core.ok()) return answer(core.status());
-            StepsStatus st = (*core)->GetSteps();
-            if (st.open) (void)(*core)->AbortStep(st.open->epoch, "the trainers gave up");
-            answer(Nothing{});
-          });
-    }
-    return false;
-  }
-  const std::shared_ptr<const StepInfo> info = begun->info;
-  const int64_t hosts = static_cast<int64_t>(info->participants.size());
+std::vector<PlannedWrite> PlanWrites(World* w, const StepInfo& step) {
   // What every replica writes, decided here (the driver's picks).
-  struct Write {
-    size_t host;
-    worker::StepTable::WriteItem item;
-  };
-  std::vector<Write> writes;
+  Random& random = w->random();
+  const StepInfo* info = &step;
+  std::vector<PlannedWrite> writes;
   const bool diverge = random.Uniform(4) == 0;
   const bool nonfinite = random.Uniform(12) == 0;
   for (const StepVariable& v : info->variables) {
@@ -121,6 +69,15 @@ bool TrainerNode::RunStep(int64_t step) {
           {static_cast<size_t>(p), {v.id, static_cast<int32_t>(r), FloatTensor({x, x + 1})}});
     }
   }
+  return writes;
+}
+
+// Starts each host's trainer (in its worker's process) and waits until
+// every one heard, or the hosts of those that did not died.
+std::vector<Heard> RunTrainers(World* w, const std::shared_ptr<const StepInfo>& info,
+                               const std::vector<PlannedWrite>& writes) {
+  Scheduler& s = w->scheduler();
+  const int64_t hosts = static_cast<int64_t>(info->participants.size());
   auto heard = std::make_shared<std::vector<Heard>>(static_cast<size_t>(hosts));
   auto running = std::make_shared<int>(0);
   for (int64_t h = 0; h < hosts; ++h) {
@@ -130,7 +87,7 @@ bool TrainerNode::RunStep(int64_t step) {
       continue;  // that host's process is gone: its trainer with it
     }
     std::vector<worker::StepTable::WriteItem> mine;
-    for (const Write& x : writes) {
+    for (const PlannedWrite& x : writes) {
       if (x.host == static_cast<size_t>(h)) mine.push_back(x.item);
     }
     ++*running;
@@ -154,7 +111,70 @@ bool TrainerNode::RunStep(int64_t step) {
   // Until every trainer heard, or the hosts of those that did not died.
   const absl::Time give_up = s.Now() + kCommitWait + absl::Seconds(10);
   while (*running > 0 && s.Now() < give_up) s.clock()->SleepFor(absl::Milliseconds(20));
+  return *heard;
+}
 
+}  // namespace
+
+void TrainerNode::StartWorkload(int steps) {
+  done_ = false;
+  if (process_ < 0) process_ = world_->network().Start(node_, "trainers");
+  world_->scheduler().Spawn(process_, "trainer driver", [this, steps] {
+    Workload(steps);
+    done_ = true;
+  });
+}
+
+void TrainerNode::Workload(int steps) {
+  for (const auto& [id, v] : world_->mirror().variables()) {
+    if (v.def.name.rfind("s", 0) == 0) versions_[v.def.name] = v.version;
+  }
+  int64_t step = last_committed_ + 1;
+  for (int i = 0; i < steps; ++i) {
+    if (RunStep(step)) ++step;
+    world_->scheduler().clock()->SleepFor(
+        world_->random().Between(absl::ZeroDuration(), absl::Milliseconds(300)));
+  }
+}
+
+bool TrainerNode::RunStep(int64_t step) {
+  World* w = world_;
+  Scheduler& s = w->scheduler();
+  auto begun = w->network().CallAndWait<server::SharedStep>(
+      World::kCoordinatorNode, s.Now() + absl::Seconds(10), "BeginStep",
+      [w, step](ProcessId callee, Network::Answer<server::SharedStep> answer) {
+        auto core = w->coordinator().Serving(callee);
+        if (!core.ok()) return answer(core.status());
+        answer((*core)->BeginStep(step, kBarrierTimeout));
+      });
+  if (!begun.ok()) {
+    w->Log(absl::StrCat("trainers: begin step ", step, " -> ", begun.status().ToString()));
+    if (absl::IsFailedPrecondition(begun.status()) &&
+        begun.status().message().find("is open") != std::string::npos) {
+      // An earlier step of ours is still open (its trainers gave up): abort it.
+      (void)w->network().CallAndWait<Nothing>(
+          World::kCoordinatorNode, s.Now() + absl::Seconds(10), "GetSteps",
+          [w](ProcessId callee, Network::Answer<Nothing> answer) {
+            auto core = w->coordinator().Serving(callee);
+            if (!core.ok()) return answer(core.status());
+            StepsStatus st = (*core)->GetSteps();
+            if (st.open) (void)(*core)->AbortStep(st.open->epoch, "the trainers gave up");
+            answer(Nothing{});
+          });
+    }
+    return false;
+  }
+  const std::shared_ptr<const StepInfo> info = begun->info;
+  const std::vector<Heard> heard = RunTrainers(world_, info, PlanWrites(world_, *info));
+  return CheckOutcome(step, *info, heard);
+}
+
+bool TrainerNode::CheckOutcome(int64_t step, const StepInfo& step_info,
+                               const std::vector<Heard>& heard_list) {
+  World* w = world_;
+  const StepInfo* info = &step_info;
+  const std::vector<Heard>* heard = &heard_list;
+  const int64_t hosts = static_cast<int64_t>(info->participants.size());
   // S4: the trainers that heard the coordinator's outcome heard the same.
   std::vector<std::string> outcomes;
   const StepResolution* committed = nullptr;

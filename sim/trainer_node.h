@@ -19,7 +19,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
+#include "common/model/step.h"
 #include "sim/network.h"
 
 namespace repvar::sim {
@@ -34,10 +37,19 @@ class TrainerNode {
   void StartWorkload(int steps);
   bool done() const { return done_; }
 
+  // What one host's trainer heard of a step.
+  struct Heard {
+    bool answered = false;  // Commit returned (else the host died, or no answer in time)
+    absl::StatusOr<StepResolution> result = absl::UnavailableError("not run");
+  };
+
  private:
   void Workload(int steps);
-  // One step: true when it committed.
+  // One step: true when it committed. Its phases: begin, PlanWrites,
+  // RunTrainers (trainer_node.cc), then CheckOutcome.
   bool RunStep(int64_t step);
+  // The checks of a step's outcome (see above); true when it committed.
+  bool CheckOutcome(int64_t step, const StepInfo& info, const std::vector<Heard>& heard);
 
   World* const world_;
   const NodeId node_;

@@ -285,93 +285,113 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
   Emit(NewEvent(StepEvent::Kind::kAggregating, now));
 }
 
-absl::StatusOr<std::optional<std::vector<ChangedVariable>>> StepBarrier::MergeReports() const {
-  // The work follows what changed and how many workers there are, not the
-  // number of variables times replicas: per-replica merging is left to the
-  // variables some report names one replica at a time (docs/architecture.md).
-  const SharedVector<StepVariable>& vars = open_->variables;
-  const auto reduced = [](const StepVariable& v) {
-    return v.aggregation == Aggregation::kSum || v.aggregation == Aggregation::kMean;
-  };
-  // 1. What changed anywhere, each reporter's checksums, the exceptions.
-  IndexRanges changed;
-  IndexRanges listed;
-  std::vector<uint64_t> reported(vars.size(), 0);
-  std::vector<uint8_t> has_reported(vars.size(), 0);
+namespace {
+
+bool Reduced(const StepVariable& v) {
+  return v.aggregation == Aggregation::kSum || v.aggregation == Aggregation::kMean;
+}
+
+}  // namespace
+
+// What the reports say together: what changed anywhere, each reporter's
+// checksums, the replicas listed one by one (by variable index).
+struct StepBarrier::Gathered {
   struct Entry {
     size_t participant;
     const ReplicaReport* report;
   };
-  std::map<uint32_t, std::vector<Entry>> entries;  // by variable index
+  IndexRanges changed;
+  std::vector<uint64_t> reported;
+  std::vector<uint8_t> has_reported;
+  std::map<uint32_t, std::vector<Entry>> entries;
+};
+
+absl::StatusOr<StepBarrier::Gathered> StepBarrier::GatherReports() const {
+  const SharedVector<StepVariable>& vars = open_->variables;
+  Gathered g;
+  g.reported.assign(vars.size(), 0);
+  g.has_reported.assign(vars.size(), 0);
   for (size_t w = 0; w < progress_.size(); ++w) {
     const WorkerReport& r = *progress_[w].report;
-    changed = changed.Union(r.changed);
+    g.changed = g.changed.Union(r.changed);
     for (const VariableChecksum& c : r.shard) {
       const uint32_t i = IndexOf(c.variable_id);
-      reported[i] = c.checksum;
-      has_reported[i] = 1;
+      g.reported[i] = c.checksum;
+      g.has_reported[i] = 1;
     }
     for (const ReplicaReport& rr : r.replicas) {
       const uint32_t i = IndexOf(rr.variable_id);
       const StepVariable& v = vars[i];
-      if (rr.first_nonfinite >= 0 && !v.allow_nonfinite && !reduced(v)) {
+      if (rr.first_nonfinite >= 0 && !v.allow_nonfinite && !Reduced(v)) {
         const TaskKey& t = open_->participants[w].task;
         return absl::InvalidArgumentError(
             absl::StrCat(StepName(open_->step, open_->epoch), " failed: ", v.name, "/", rr.replica,
                          " on ", t.ToString(), " has a non-finite value at element ",
                          rr.first_nonfinite, " (allow_nonfinite is off); nothing changed"));
       }
-      entries[i].push_back(Entry{w, &rr});
+      g.entries[i].push_back(Gathered::Entry{w, &rr});
     }
   }
-  for (const auto& [i, e] : entries) listed.Append(i);
-  changed = changed.Union(listed);
+  IndexRanges listed;
+  for (const auto& [i, e] : g.entries) listed.Append(i);
+  g.changed = g.changed.Union(listed);
+  return g;
+}
 
-  // 2. Each summary's digest against the reporters' checksums: computed
-  // once per distinct set of changed variables.
+bool StepBarrier::DigestsHold(const Gathered& g) const {
+  // Each summary's digest against the reporters' checksums: computed once
+  // per distinct set of changed variables.
+  const SharedVector<StepVariable>& vars = open_->variables;
   std::map<std::vector<uint32_t>, std::optional<uint64_t>> expected;
   for (const Progress& p : progress_) {
     const WorkerReport& r = *p.report;
     if (r.detailed) continue;
-    auto [at, fresh] = expected.try_emplace(r.changed.bounds());
-    if (fresh) {
+    auto found = expected.find(r.changed.bounds());
+    if (found == expected.end()) {
       uint64_t sum = 0;
       bool known = true;
       r.changed.ForEach([&](uint32_t i) {
-        if (reduced(vars[i])) return;
-        known = known && has_reported[i] != 0;
-        sum += DigestTerm(vars[i].id, reported[i]);
+        if (Reduced(vars[i])) return;
+        known = known && g.has_reported[i] != 0;
+        sum += DigestTerm(vars[i].id, g.reported[i]);
       });
-      if (known) at->second = sum;
+      found = expected.emplace(r.changed.bounds(), known ? std::optional(sum) : std::nullopt).first;
     }
-    if ((!at->second || *at->second != r.digest) && !BugSeeded(SeededBug::kDigestsUnchecked)) {
-      return std::nullopt;
-    }
+    const bool holds = found->second && *found->second == r.digest;
+    if (!holds && !BugSeeded(SeededBug::kDigestsUnchecked)) return false;
   }
+  return true;
+}
 
-  // 3. The NONE/ONLY_FIRST_REPLICA variables to merge replica by replica:
+std::vector<uint8_t> StepBarrier::Exceptional(const Gathered& g) const {
+  // The NONE/ONLY_FIRST_REPLICA variables to merge replica by replica:
   // those listed, and those a holder changed while another did not.
-  std::vector<uint8_t> exceptional(vars.size(), 0);
-  for (const auto& [i, e] : entries) exceptional[i] = 1;
+  std::vector<uint8_t> exceptional(open_->variables.size(), 0);
+  for (const auto& [i, e] : g.entries) exceptional[i] = 1;
   for (size_t w = 0; w < progress_.size(); ++w) {
     const WorkerReport& r = *progress_[w].report;
-    if (r.changed == changed) continue;
-    changed.Minus(r.changed).Intersect(held_.held[w]).ForEach([&](uint32_t i) {
+    if (r.changed == g.changed) continue;
+    g.changed.Minus(r.changed).Intersect(held_.held[w]).ForEach([&](uint32_t i) {
       exceptional[i] = 1;
     });
   }
+  return exceptional;
+}
 
-  // 4. The changed variables, in layout order.
+absl::StatusOr<std::optional<std::vector<ChangedVariable>>> StepBarrier::MergeReports() const {
+  // The work follows what changed and how many workers there are, not the
+  // number of variables times replicas: per-replica merging is left to the
+  // variables some report names one replica at a time (docs/architecture.md).
+  REPVAR_ASSIGN_OR_RETURN(const Gathered g, GatherReports());
+  if (!DigestsHold(g)) return std::nullopt;
+  const std::vector<uint8_t> exceptional = Exceptional(g);
   std::vector<ChangedVariable> out;
-  changed.ForEach([&](uint32_t i) {
-    const StepVariable& v = vars[i];
+  g.changed.ForEach([&](uint32_t i) {
+    const StepVariable& v = open_->variables[i];
     ChangedVariable c{&v, i, std::nullopt, {}};
-    if (reduced(v)) {
-      out.push_back(std::move(c));
-      return;
-    }
-    if (!exceptional[i]) {
-      c.agreed = reported[i];  // every holder's digest covers it
+    if (!Reduced(v) && !exceptional[i])
+      c.agreed = g.reported[i];  // every holder's digest covers it
+    if (Reduced(v) || !exceptional[i]) {
       out.push_back(std::move(c));
       return;
     }
@@ -381,11 +401,12 @@ absl::StatusOr<std::optional<std::vector<ChangedVariable>>> StepBarrier::MergeRe
       const int32_t p = v.replica_participant[k];
       if (p < 0) continue;
       const WorkerReport& r = *progress_[static_cast<size_t>(p)].report;
-      if (!r.detailed && r.changed.Contains(i)) c.checksums[k] = reported[i];
+      if (!r.detailed && r.changed.Contains(i)) c.checksums[k] = g.reported[i];
     }
-    if (auto e = entries.find(i); e != entries.end()) {
-      for (const Entry& x : e->second)
+    if (auto e = g.entries.find(i); e != g.entries.end()) {
+      for (const Gathered::Entry& x : e->second) {
         c.checksums[static_cast<size_t>(x.report->replica)] = x.report->checksum;
+      }
     }
     const bool differs = std::any_of(c.checksums.begin(), c.checksums.end(),
                                      [&](uint64_t x) { return x != begin_checksum; });
@@ -463,10 +484,10 @@ size_t StepBarrier::ChangedPosition(uint32_t index) const {
                              changed_list_.begin());
 }
 
-void StepBarrier::ResolveFinish(absl::Time now) {
+bool StepBarrier::ResultsFinite(absl::Time now) {
+  // In variable order: name the replica whose own value was non-finite when
+  // a worker found one; else the sum itself overflowed.
   const std::string step = StepName(open_->step, open_->epoch);
-  // 1. Non-finite results, in variable order: name the replica whose own
-  // value was non-finite when a worker found one; else the sum overflowed.
   std::map<size_t, std::vector<std::pair<size_t, const PreparedVariable*>>> nonfinite;
   for (size_t w = 0; w < progress_.size(); ++w) {
     for (const PreparedVariable& pv : progress_[w].finish->nonfinite) {
@@ -475,28 +496,31 @@ void StepBarrier::ResolveFinish(absl::Time now) {
       }
     }
   }
-  if (!nonfinite.empty()) {
-    const auto& found = nonfinite.begin()->second;
-    const StepVariable& v = *FindVariable(found.front().second->variable_id);
-    for (const auto& [w, pv] : found) {
-      if (pv->nonfinite_replica < 0) continue;
-      Fail(absl::InvalidArgumentError(absl::StrCat(
-               step, " failed: ", v.name, "/", pv->nonfinite_replica, " on ",
-               open_->participants[w].task.ToString(), " has a non-finite value at element ",
-               pv->first_nonfinite, " (allow_nonfinite is off); nothing changed")),
-           now);
-      return;
-    }
-    Fail(absl::InvalidArgumentError(
-             absl::StrCat(step, " failed: the aggregated value of ", v.name,
-                          " is non-finite at element ", found.front().second->first_nonfinite,
-                          " (on ", open_->participants[found.front().first].task.ToString(),
-                          "; every replica's own value was finite, so the sum overflowed)")),
+  if (nonfinite.empty()) return true;
+  const auto& found = nonfinite.begin()->second;
+  const StepVariable& v = *FindVariable(found.front().second->variable_id);
+  for (const auto& [w, pv] : found) {
+    if (pv->nonfinite_replica < 0) continue;
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+             step, " failed: ", v.name, "/", pv->nonfinite_replica, " on ",
+             open_->participants[w].task.ToString(), " has a non-finite value at element ",
+             pv->first_nonfinite, " (allow_nonfinite is off); nothing changed")),
          now);
-    return;
+    return false;
   }
-  // 2. The value each changed variable ends with: the plan's where it named
+  Fail(absl::InvalidArgumentError(
+           absl::StrCat(step, " failed: the aggregated value of ", v.name,
+                        " is non-finite at element ", found.front().second->first_nonfinite,
+                        " (on ", open_->participants[found.front().first].task.ToString(),
+                        "; every replica's own value was finite, so the sum overflowed)")),
+       now);
+  return false;
+}
+
+std::optional<std::vector<uint64_t>> StepBarrier::FinalChecksums(absl::Time now) {
+  // The value each changed variable ends with: the plan's where it named
   // one, else its reporter's.
+  const std::string step = StepName(open_->step, open_->epoch);
   std::vector<uint64_t> final_checksums = expected_;
   std::vector<uint8_t> known(expected_.size(), 0);
   for (size_t k = 0; k < expected_.size(); ++k) known[k] = expected_[k] != 0 ? 1 : 0;
@@ -510,7 +534,7 @@ void StepBarrier::ResolveFinish(absl::Time now) {
                  " ended with a different value of ", v.name, " (checksum ", absl::Hex(c.checksum),
                  ", expected ", absl::Hex(final_checksums[k]), ")")),
              now);
-        return;
+        return std::nullopt;
       }
       final_checksums[k] = c.checksum;
       known[k] = 1;
@@ -526,9 +550,13 @@ void StepBarrier::ResolveFinish(absl::Time now) {
                            : std::string("nobody"),
              " did not report its value of ", v.name)),
          now);
-    return;
+    return std::nullopt;
   }
-  // 3. Every worker's digest over the values it holds: computed once per
+  return final_checksums;
+}
+
+bool StepBarrier::FinishDigestsHold(const std::vector<uint64_t>& final_checksums, absl::Time now) {
+  // Every worker's digest over the values it holds: computed once per
   // distinct set of held variables. A worker whose digest differs ended
   // with other values than the reporters': name those outside the
   // majority of their set (the reporters, when theirs were the odd ones).
@@ -537,38 +565,45 @@ void StepBarrier::ResolveFinish(absl::Time now) {
   bool mismatch = false;
   for (size_t w = 0; w < progress_.size(); ++w) {
     const WorkerFinish& f = *progress_[w].finish;
-    auto [at, fresh] = expected.try_emplace(f.held.bounds(), 0);
-    if (fresh) {
+    auto found = expected.find(f.held.bounds());
+    if (found == expected.end()) {
+      uint64_t sum = 0;
       f.held.ForEach([&](uint32_t i) {
-        at->second += DigestTerm(open_->variables[i].id, final_checksums[ChangedPosition(i)]);
+        sum += DigestTerm(open_->variables[i].id, final_checksums[ChangedPosition(i)]);
       });
+      found = expected.emplace(f.held.bounds(), sum).first;
     }
-    mismatch = mismatch || at->second != f.digest;
+    mismatch = mismatch || found->second != f.digest;
     by_digest[f.held.bounds()][f.digest].push_back(w);
   }
-  if (mismatch) {
-    std::vector<std::string> odd;
-    for (const auto& [held, digests] : by_digest) {
-      size_t majority = 0;
-      for (const auto& [d, workers] : digests) majority = std::max(majority, workers.size());
-      bool skipped = false;  // the first set of the majority's size
-      for (const auto& [d, workers] : digests) {
-        if (workers.size() == majority && !skipped) {
-          skipped = true;
-          continue;
-        }
-        for (size_t w : workers) odd.push_back(open_->participants[w].task.ToString());
+  if (!mismatch) return true;
+  std::vector<std::string> odd;
+  for (const auto& [held, digests] : by_digest) {
+    size_t majority = 0;
+    for (const auto& [d, workers] : digests) majority = std::max(majority, workers.size());
+    bool skipped = false;  // the first set of the majority's size
+    for (const auto& [d, workers] : digests) {
+      if (workers.size() == majority && !skipped) {
+        skipped = true;
+        continue;
       }
+      for (size_t w : workers) odd.push_back(open_->participants[w].task.ToString());
     }
-    Fail(absl::DataLossError(absl::StrCat(
-             step,
-             " failed: ", odd.empty() ? std::string("the reporters") : absl::StrJoin(odd, ", "),
-             " ended with values that differ from the other replicas' (the digests over the "
-             "variables they hold do not match)")),
-         now);
-    return;
   }
-  expected_ = std::move(final_checksums);
+  Fail(absl::DataLossError(absl::StrCat(
+           StepName(open_->step, open_->epoch),
+           " failed: ", odd.empty() ? std::string("the reporters") : absl::StrJoin(odd, ", "),
+           " ended with values that differ from the other replicas' (the digests over the "
+           "variables they hold do not match)")),
+       now);
+  return false;
+}
+
+void StepBarrier::ResolveFinish(absl::Time now) {
+  if (!ResultsFinite(now)) return;
+  std::optional<std::vector<uint64_t>> final_checksums = FinalChecksums(now);
+  if (!final_checksums || !FinishDigestsHold(*final_checksums, now)) return;
+  expected_ = *std::move(final_checksums);
   Commit(std::move(divergences_), now);
 }
 

@@ -173,8 +173,19 @@ class StepBarrier {
   void ResolveBarrier(absl::Time now);
   // The variables the reports changed (step_plan.h); nullopt when a digest
   // does not hold (detail is needed). INVALID_ARGUMENT: a non-finite value
-  // where the variable refuses them.
+  // where the variable refuses them. Its phases: GatherReports,
+  // DigestsHold, Exceptional, then the merge.
   absl::StatusOr<std::optional<std::vector<ChangedVariable>>> MergeReports() const;
+  struct Gathered;
+  absl::StatusOr<Gathered> GatherReports() const;
+  bool DigestsHold(const Gathered& g) const;
+  // Per variable: 1 when it is merged replica by replica.
+  std::vector<uint8_t> Exceptional(const Gathered& g) const;
+  // ResolveFinish's phases; each fails the step and returns false (or
+  // nullopt) when it finds a reason to.
+  bool ResultsFinite(absl::Time now);
+  std::optional<std::vector<uint64_t>> FinalChecksums(absl::Time now);
+  bool FinishDigestsHold(const std::vector<uint64_t>& final_checksums, absl::Time now);
   void ReportDivergences(const std::vector<Divergence>& divergences) const;
   void ResolveFinish(absl::Time now);
   void Fail(absl::Status status, absl::Time now);

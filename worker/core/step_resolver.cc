@@ -184,9 +184,52 @@ absl::StatusOr<std::shared_ptr<const Tensor>> StepResolver::FinalValue(
   return r.value;
 }
 
+bool StepResolver::ShortFormTargets(const LocalStep& s, const StepResolution& res,
+                                    const PlanOutput& prepared, Targets& target,
+                                    std::vector<CommittedVariable>& changed_here) const {
+  // Each changed variable moved to version + 1 from where the step began,
+  // and this worker's values are the ones every replica agreed on.
+  if (res.layout_id != s.layout->info.layout_id ||
+      res.changed_ranges.bounds().back() > s.layout->info.variables.size()) {
+    spdlog::error("{}: the resolution names another layout; nothing installed", StepName(s.header));
+    return false;
+  }
+  uint64_t digest = 0;
+  bool holds_all = true;
+  absl::Status missing;
+  res.changed_ranges.ForEach([&](uint32_t index) {
+    const StepVariable& var = s.layout->info.variables[index];
+    auto begin = s.begin_versions.find(var.id);
+    if (begin == s.begin_versions.end()) {
+      holds_all = false;
+      return;
+    }
+    auto value = FinalValue(s, var, prepared);
+    if (!value.ok()) {
+      missing = value.status();
+      return;
+    }
+    int64_t version = begin->second + 1;
+    if (BugSeeded(SeededBug::kInstallOverMovedReplicas)) {
+      auto now = store_->Get(var.id, s.layout->LocalReplicas(var).front());
+      if (now.ok()) version = now->version + 1;
+    }
+    target[var.id] = {version, (*value)->checksum};
+    changed_here.push_back(CommittedVariable{var.id, var.name, version, (*value)->checksum});
+    digest += DigestTerm(var.id, (*value)->checksum);
+  });
+  if (missing.ok() && (!holds_all || digest == res.changed_digest)) return true;
+  // Cannot happen unless memory is corrupted: the coordinator checked every
+  // worker's digest. Leave the replicas alone, loudly.
+  spdlog::error("{}: the local values do not match the committed digest{}; not installed",
+                StepName(s.header),
+                missing.ok() ? "" : absl::StrCat(" (", missing.ToString(), ")"));
+  return false;
+}
+
 void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolution& res,
                            const PlanOutput& prepared) const {
-  std::map<uint64_t, std::pair<int64_t, uint64_t>> target;  // id -> (version, checksum)
+  Targets target;
   plan.changed.ForEach([&](uint32_t index) {
     // Repaired but unchanged: the replicas keep their version and value.
     if (index >= s.layout->info.variables.size()) return;
@@ -202,47 +245,9 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolut
     for (const CommittedVariable& c : res.changed) {
       target[c.variable_id] = {c.version, c.checksum};
     }
-  } else if (!res.changed_ranges.empty()) {
-    // The short form: each changed variable moved to version + 1, and this
-    // worker's values are the ones every replica agreed on.
-    if (res.layout_id != s.layout->info.layout_id ||
-        res.changed_ranges.bounds().back() > s.layout->info.variables.size()) {
-      spdlog::error("{}: the resolution names another layout; nothing installed",
-                    StepName(s.header));
-      return;
-    }
-    uint64_t digest = 0;
-    bool holds_all = true;
-    absl::Status missing;
-    res.changed_ranges.ForEach([&](uint32_t index) {
-      const StepVariable& var = s.layout->info.variables[index];
-      auto begin = s.begin_versions.find(var.id);
-      if (begin == s.begin_versions.end()) {
-        holds_all = false;
-        return;
-      }
-      auto value = FinalValue(s, var, prepared);
-      if (!value.ok()) {
-        missing = value.status();
-        return;
-      }
-      int64_t version = begin->second + 1;
-      if (BugSeeded(SeededBug::kInstallOverMovedReplicas)) {
-        auto now = store_->Get(var.id, s.layout->LocalReplicas(var).front());
-        if (now.ok()) version = now->version + 1;
-      }
-      target[var.id] = {version, (*value)->checksum};
-      changed_here.push_back(CommittedVariable{var.id, var.name, version, (*value)->checksum});
-      digest += DigestTerm(var.id, (*value)->checksum);
-    });
-    if (!missing.ok() || (holds_all && digest != res.changed_digest)) {
-      // Cannot happen unless memory is corrupted: the coordinator checked
-      // every worker's digest. Leave the replicas alone, loudly.
-      spdlog::error("{}: the local values do not match the committed digest{}; not installed",
-                    StepName(s.header),
-                    missing.ok() ? "" : absl::StrCat(" (", missing.ToString(), ")"));
-      return;
-    }
+  } else if (!res.changed_ranges.empty() &&
+             !ShortFormTargets(s, res, prepared, target, changed_here)) {
+    return;
   }
   std::vector<ReplicaWrite> items;
   for (const auto& [id, vc] : target) {
