@@ -136,6 +136,16 @@ class LocalStepsTest : public ::testing::Test {
                                         std::vector<std::string> devices, absl::Duration wait) {
     return steps_.Commit(step, epoch, devices, absl::Now() + wait);
   }
+  // The coordinator answers the finish with a short resolution: w (the
+  // layout's one variable) committed, with `digest`.
+  void AnswerShort(uint64_t digest) {
+    StepResolution& res = link_.resolution;
+    res.state = StepState::kCommitted;
+    res.short_form = true;
+    res.layout_id = 77;
+    res.changed_ranges = IndexRanges::All(1);
+    res.changed_digest = digest;
+  }
   // Step 3 plans a MEAN allreduce of w; this host writes deltas +4
   // (replica 0) and +8 (replica 1), the other host adds 12.
   void WriteMeanStep() {
@@ -372,12 +382,7 @@ TEST_F(LocalStepsTest, S4_MeanPlan_BeginPlusMeanOfDeltas_InstalledWithNewVersion
 TEST_F(LocalStepsTest, S4_ShortResolution_InstalledAtVersionPlusOne_TrainersGetTheList) {
   WriteMeanStep();
   auto expected = F32({7, 8});
-  StepResolution& res = link_.resolution;
-  res.state = StepState::kCommitted;
-  res.short_form = true;
-  res.layout_id = 77;
-  res.changed_ranges = IndexRanges::All(1);
-  res.changed_digest = DigestTerm(kW, expected->checksum);
+  AnswerShort(DigestTerm(kW, expected->checksum));
   auto r = Commit(3, 11, {}, absl::Seconds(30));
   ASSERT_OK(r);
   ASSERT_EQ(r->changed.size(), 1u);
@@ -399,12 +404,7 @@ TEST_F(LocalStepsTest, S4_ShortResolution_InstalledAtVersionPlusOne_TrainersGetT
 TEST_F(LocalStepsTest, S4_ShortResolution_AReplicaResyncedMeanwhile_KeepsTheCommittedVersion) {
   WriteMeanStep();
   auto expected = F32({7, 8});
-  StepResolution& res = link_.resolution;
-  res.state = StepState::kCommitted;
-  res.short_form = true;
-  res.layout_id = 77;
-  res.changed_ranges = IndexRanges::All(1);
-  res.changed_digest = DigestTerm(kW, expected->checksum);
+  AnswerShort(DigestTerm(kW, expected->checksum));
   link_.before_answer = [&] {
     ASSERT_TRUE(store_.Apply({ReplicaWrite{kW, "w", 6, {0, 1}, expected}}).ok());
   };
@@ -424,12 +424,7 @@ TEST_F(LocalStepsTest, S4_ShortResolution_AReplicaResyncedMeanwhile_KeepsTheComm
 TEST_F(LocalStepsTest, S4_ShortResolution_DigestMismatch_NothingInstalled) {
   WriteMeanStep();
   auto expected = F32({7, 8});
-  StepResolution& res = link_.resolution;
-  res.state = StepState::kCommitted;
-  res.short_form = true;
-  res.layout_id = 77;
-  res.changed_ranges = IndexRanges::All(1);
-  res.changed_digest = DigestTerm(kW, expected->checksum) + 1;
+  AnswerShort(DigestTerm(kW, expected->checksum) + 1);
   auto r = Commit(3, 11, {}, absl::Seconds(30));
   ASSERT_OK(r);
   auto got = store_.Get(kW, 0);
