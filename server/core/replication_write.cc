@@ -219,7 +219,9 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
   // yet apply the write, so a later one must not be refused meanwhile. And
   // a request refused stays refused: an attempt arriving after the refusal
   // (delayed, duplicated, queued while the coordinator was paused) gets it.
-  {
+  // (A write without a request id is no request to remember.)
+  const bool remembered = !key.id.empty();
+  if (remembered) {
     RankedLock lock(&mu_);
     if (auto r = refused_.find(key.id);
         r != refused_.end() && !BugSeeded(SeededBug::kRefusalsForgotten)) {
@@ -232,7 +234,8 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
     }
   }
   absl::Status refusal;  // set when this attempt refuses the request
-  absl::Cleanup finished = [this, &key, &refusal] {
+  absl::Cleanup finished = [this, &key, &refusal, remembered] {
+    if (!remembered) return;
     RankedLock lock(&mu_);
     running_.erase(key.id);
     if (refusal.ok()) return;

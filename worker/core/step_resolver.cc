@@ -186,7 +186,8 @@ absl::StatusOr<std::shared_ptr<const Tensor>> StepResolver::FinalValue(
 
 bool StepResolver::ShortFormTargets(const LocalStep& s, const StepResolution& res,
                                     const PlanOutput& prepared, Targets& target,
-                                    std::vector<CommittedVariable>& changed_here) const {
+                                    std::vector<CommittedVariable>& changed_here,
+                                    bool& holds_all) const {
   // Each changed variable moved to version + 1 from where the step began,
   // and this worker's values are the ones every replica agreed on.
   if (res.layout_id != s.layout->info.layout_id ||
@@ -195,7 +196,7 @@ bool StepResolver::ShortFormTargets(const LocalStep& s, const StepResolution& re
     return false;
   }
   uint64_t digest = 0;
-  bool holds_all = true;
+  holds_all = true;
   absl::Status missing;
   res.changed_ranges.ForEach([&](uint32_t index) {
     const StepVariable& var = s.layout->info.variables[index];
@@ -240,13 +241,14 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolut
     if (stored.ok()) target[var.id] = {stored->version, stored->checksum};
   });
   std::vector<CommittedVariable> changed_here;
+  bool holds_all = true;
   if (!res.changed.empty()) {
     // By id, with versions: an earlier run's step, answered from its record.
     for (const CommittedVariable& c : res.changed) {
       target[c.variable_id] = {c.version, c.checksum};
     }
   } else if (!res.changed_ranges.empty() &&
-             !ShortFormTargets(s, res, prepared, target, changed_here)) {
+             !ShortFormTargets(s, res, prepared, target, changed_here, holds_all)) {
     return;
   }
   std::vector<ReplicaWrite> items;
@@ -279,7 +281,13 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolut
   (void)store_->Apply(std::move(items));
   // The trainers of this host get what it holds of the step, variable by
   // variable.
-  if (res.short_form) res.changed = std::move(changed_here);
+  if (!res.short_form) return;
+  res.changed = std::move(changed_here);
+  if (holds_all) return;
+  // This host holds only some of what changed: its trainers get the whole
+  // list, as every trainer of the step does (one call, only here).
+  auto whole = link_->WaitStep(s.header.epoch, absl::Seconds(30), /*whole=*/true);
+  if (whole.ok() && whole->state == StepState::kCommitted) res.changed = std::move(whole->changed);
 }
 
 }  // namespace repvar::worker

@@ -61,10 +61,12 @@ class StepResolver final : public Resolver {
                                                            const PlanOutput& prepared) const;
   // Variable id -> the (version, checksum) its local replicas get.
   using Targets = std::map<uint64_t, std::pair<int64_t, uint64_t>>;
-  // A short-form resolution's targets and the list its trainers get; false
+  // A short-form resolution's targets and the list its trainers get
+  // (`holds_all`: whether this host holds every changed variable); false
   // (logged) when they do not add up to its digest or layout.
   bool ShortFormTargets(const LocalStep& s, const StepResolution& res, const PlanOutput& prepared,
-                        Targets& target, std::vector<CommittedVariable>& changed_here) const;
+                        Targets& target, std::vector<CommittedVariable>& changed_here,
+                        bool& holds_all) const;
   // Installs a committed step; a short-form resolution gets the list of
   // the changed variables this worker holds (for its trainers).
   void Install(const LocalStep& s, const StepPlan& plan, StepResolution& res,
