@@ -29,6 +29,5 @@ no_roll_forward|C4 linearizability|
 answered_before_sync|C4 linearizability|
 fences_ignored|F7 replica truth|
 groups_reused_across_restarts|F7 replica truth (at rest)|--faults=16
-refusals_forgotten|C4 linearizability|--faults=16
 BUGS
 exit $status
