@@ -60,8 +60,9 @@ uint64_t StepBarrier::Open(StepInfo info, absl::Time now) {
     held_.held.assign(open_->participants.size(), IndexRanges());
     for (uint32_t i = 0; i < open_->variables.size(); ++i) {
       for (int32_t p : open_->variables[i].replica_participant) {
+        if (p < 0) continue;  // a replica on no participant
         IndexRanges& h = held_.held[static_cast<size_t>(p)];
-        if (p >= 0 && !h.Contains(i)) h.Append(i);
+        if (!h.Contains(i)) h.Append(i);
       }
     }
   }

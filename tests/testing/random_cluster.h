@@ -7,6 +7,7 @@
 #define REPVAR_TESTS_TESTING_RANDOM_CLUSTER_H_
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <memory>
 #include <random>
@@ -37,6 +38,7 @@ class RandomCluster {
     options.idempotency_capacity = 50;
     core_ = std::make_unique<server::Coordinator>(options, &clock_, &workers_,
                                                   log != nullptr ? log : &log_);
+    for (auto& v : reported_) v = Value(n_);
   }
 
   // Registers the workers, then runs `operations` random operations.
@@ -170,7 +172,7 @@ class RandomCluster {
         for (size_t r = 0; r < v.replica_participant.size(); ++r) {
           if (v.replica_participant[r] == static_cast<int32_t>(p) && Pick(3) == 0) {
             changed[p].push_back(ReplicaReport{v.id, static_cast<int32_t>(r),
-                                               static_cast<uint64_t>(1 + Pick(3)), -1});
+                                               reported_[Pick(kReported)]->checksum, -1});
           }
         }
       }
@@ -235,20 +237,27 @@ class RandomCluster {
     auto resolution = testing::ResolutionNow(*core_, info->epoch);
     if (!resolution.ok() || resolution->state != StepState::kCommitted) return;
     for (const CommittedVariable& c : resolution->changed) {
-      if (c.checksum != agreed) continue;
+      std::shared_ptr<const Tensor> value = c.checksum == agreed ? agreed_value : nullptr;
+      for (const auto& t : reported_) {
+        if (t->checksum == c.checksum) value = t;
+      }
+      if (value == nullptr) continue;  // a repair's value, not a real tensor here
       for (const StepVariable& v : info->variables) {
         if (v.id != c.variable_id) continue;
         for (size_t r = 0; r < v.replica_participant.size(); ++r) {
           if (v.replica_participant[r] < 0) continue;
           workers_.Install(info->participants[v.replica_participant[r]].task.ToString(), v.id,
-                           static_cast<int32_t>(r), c.version, *agreed_value);
+                           static_cast<int32_t>(r), c.version, *value);
         }
       }
     }
   }
 
+  static constexpr int kReported = 3;
   std::mt19937_64 rng_;
   const int n_;
+  // The values workers report for NONE and ONLY_FIRST_REPLICA variables.
+  std::array<std::shared_ptr<const Tensor>, kReported> reported_;
   repvar::testing::FakeClock clock_;
   repvar::testing::FakeWorkerClient workers_;
   server::MemoryStateLog log_;

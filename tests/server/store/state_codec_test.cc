@@ -48,7 +48,9 @@ TEST_F(StateCodecTest, EveryRecord_RoundTrips_ReplayGivesTheSameState) {
     }
     EXPECT_EQ(replayed.Dump(), cluster.CoordinatorState()) << "seed " << seed;
   }
-  EXPECT_EQ(kinds.size(), std::variant_size_v<Change>);
+  for (size_t k = 0; k < std::variant_size_v<Change>; ++k) {
+    EXPECT_TRUE(kinds.contains(k)) << "no record of change kind " << k;
+  }
 }
 
 TEST_F(StateCodecTest, CheckpointRows_RoundTrip_RestoreGivesTheSameState) {
