@@ -7,10 +7,13 @@
 //
 // HEX mixes every seed's digest in seed order, so two runs of the same
 // seeds on the same commit print the same line. `--seed=S --verbose`
-// replays one seed with its history on stderr.
+// replays one seed with its history on stderr. `--scale` measures the
+// coordinator at a thousand hosts instead (sim/scale.h) and prints bench
+// lines.
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/base/seeded_bug.h"
+#include "sim/scale.h"
 #include "sim/world.h"
 #include "spdlog/spdlog.h"
 
@@ -107,6 +111,85 @@ SeedResult Collect(Child& c) {
   return Decode(c.seed, c.out, status);
 }
 
+// Runs `options` in a forked child, so that each size starts from a fresh
+// heap and its resident growth is its own.
+absl::StatusOr<repvar::sim::ScaleResult> ScaleInChild(const repvar::sim::ScaleOptions& options) {
+  using repvar::sim::ScaleResult;
+  int fds[2];
+  if (pipe(fds) != 0) return absl::InternalError("pipe failed");
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    close(fds[0]);
+    absl::StatusOr<ScaleResult> r = repvar::sim::RunScale(options);
+    const std::string line =
+        r.ok() ? absl::StrFormat("ok %.17g %.17g %.17g %.17g %.17g %.17g", r->register_cpu_s,
+                                 r->create_init_cpu_s, r->heartbeat_round_cpu_s, r->step_cpu_ms,
+                                 r->bytes_per_host_step, r->rss_mib)
+               : absl::StrCat("error ", r.status().ToString());
+    if (write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(3);
+    _exit(0);
+  }
+  close(fds[1]);
+  Child c{0, pid, fds[0], {}};
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(c.fd, buf, sizeof(buf))) > 0) c.out.append(buf, static_cast<size_t>(n));
+  close(c.fd);
+  int status = 0;
+  waitpid(c.pid, &status, 0);
+  ScaleResult r;
+  if (std::sscanf(c.out.c_str(), "ok %lg %lg %lg %lg %lg %lg", &r.register_cpu_s,
+                  &r.create_init_cpu_s, &r.heartbeat_round_cpu_s, &r.step_cpu_ms,
+                  &r.bytes_per_host_step, &r.rss_mib) == 6) {
+    return r;
+  }
+  return absl::InternalError(c.out.empty() ? "the scale run died" : c.out);
+}
+
+std::string SizeName(const repvar::sim::ScaleOptions& o) {
+  return absl::StrCat(o.hosts, "h_",
+                      o.variables % 1000 == 0 ? absl::StrCat(o.variables / 1000, "kv")
+                                              : absl::StrCat(o.variables, "v"));
+}
+
+// The three sizes the lines compare: as asked, a tenth of the variables,
+// a tenth of the hosts. Prints each size's figures, then the bench lines
+// (../shared/BENCHMARKS.md's format: X in the unit the goal is in).
+int RunScaleLines(const repvar::sim::ScaleOptions& asked) {
+  using repvar::sim::ScaleOptions;
+  ScaleOptions fewer_variables = asked;
+  fewer_variables.variables = std::max(1, asked.variables / 10);
+  ScaleOptions fewer_hosts = asked;
+  fewer_hosts.hosts = std::max(1, asked.hosts / 10);
+  std::vector<repvar::sim::ScaleResult> results;
+  for (const ScaleOptions& o : {asked, fewer_variables, fewer_hosts}) {
+    absl::StatusOr<repvar::sim::ScaleResult> r = ScaleInChild(o);
+    if (!r.ok()) {
+      std::printf("sim_scale %s FAILED: %s\n", SizeName(o).c_str(), r.status().ToString().c_str());
+      return 1;
+    }
+    std::printf(
+        "sim_scale hosts=%d accelerators=%d variables=%d register_cpu_s=%.3f "
+        "create_init_cpu_s=%.3f heartbeat_core_pct=%.3f step_cpu_ms=%.3f "
+        "bytes_per_host_step=%.0f rss_mib=%.1f\n",
+        o.hosts, o.accelerators, o.variables, r->register_cpu_s, r->create_init_cpu_s,
+        r->heartbeat_round_cpu_s * 100, r->step_cpu_ms, r->bytes_per_host_step, r->rss_mib);
+    std::fflush(stdout);
+    results.push_back(*r);
+  }
+  const std::string size = SizeName(asked);
+  std::printf("sim_step_cpu_%s ratio=%.3f goal<=10\n", size.c_str(), results[0].step_cpu_ms);
+  std::printf("sim_rss_%s ratio=%.1f goal<=256\n", size.c_str(), results[0].rss_mib);
+  std::printf("sim_bytes_per_host_step ratio=%.0f goal<=1024\n", results[0].bytes_per_host_step);
+  std::printf("sim_cpu_flat_in_variables ratio=%.3f goal<=1.2\n",
+              results[0].step_cpu_ms / results[1].step_cpu_ms);
+  std::printf("sim_cpu_linear_in_hosts ratio=%.3f goal<=12\n",
+              results[0].step_cpu_ms / results[2].step_cpu_ms);
+  return 0;
+}
+
 uint64_t MixDigest(uint64_t acc, uint64_t seed_digest) {
   acc ^= seed_digest + 0x9e3779b97f4a7c15 + (acc << 6) + (acc >> 2);
   return acc * 0xff51afd7ed558ccd;
@@ -129,7 +212,21 @@ int main(int argc, char** argv) {
   app.add_option("--workers", o.workers, "worker hosts")->check(CLI::Range(1, 64));
   app.add_option("--devices_per_worker", o.devices_per_worker)->check(CLI::Range(1, 16));
   app.add_option("--clients", o.clients, "client hosts")->check(CLI::Range(1, 16));
-  app.add_option("--variables", o.variables)->check(CLI::Range(1, 1000));
+  int variables = 0;  // 0: each mode's default
+  app.add_option("--variables", variables,
+                 "variables (the simulation's up to 1,000; --scale's, each MEAN with a replica "
+                 "on every accelerator)")
+      ->check(CLI::Range(1, 1000000));
+  bool scale = false;
+  repvar::sim::ScaleOptions scale_options;
+  app.add_flag("--scale", scale,
+               "measure the coordinator at scale (sim/scale.h) and print bench lines instead");
+  app.add_option("--hosts", scale_options.hosts, "--scale: worker hosts")
+      ->check(CLI::Range(10, 100000));
+  app.add_option("--accelerators", scale_options.accelerators, "--scale: per host")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--scale_steps", scale_options.steps, "--scale: steps measured")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--ops_per_client", o.ops_per_client)->check(CLI::Range(0, 100000));
   app.add_option("--steps", o.steps, "replicated steps per seed (0: no trainers)")
       ->check(CLI::Range(0, 100000));
@@ -148,6 +245,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(std::vector<std::string>(std::begin(repvar::kSeededBugNames),
                                                      std::end(repvar::kSeededBugNames))));
   CLI11_PARSE(app, argc, argv);
+  if (scale) {
+    if (variables != 0) scale_options.variables = variables;
+    return RunScaleLines(scale_options);
+  }
+  if (variables > 1000) {
+    std::fprintf(stderr, "--variables: at most 1,000 without --scale\n");
+    return 2;
+  }
+  if (variables != 0) o.variables = variables;
   // The cores' own log lines carry wall-clock stamps: shown when replaying,
   // never part of a digest.
   spdlog::set_level(o.verbose ? spdlog::level::info : spdlog::level::off);
