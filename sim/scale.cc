@@ -193,9 +193,8 @@ absl::Status ScaleRun::BeginStep(int64_t step, uint64_t* bytes, server::SharedSt
     meter_.Start();
     v1::BeginStepRequest parsed;
     parsed.ParseFromString(wire);
-    absl::StatusOr<server::SharedStep> got = t == 0
-                                                 ? core_->BeginStep(step, kBarrierTimeout)
-                                                 : *core_->JoinOpenStep(step, kBarrierTimeout);
+    absl::StatusOr<server::SharedStep> got = t == 0 ? core_->BeginStep(step, kBarrierTimeout)
+                                                    : *core_->JoinOpenStep(step, kBarrierTimeout);
     v1::StepInfo answer;
     if (got.ok()) step_answers_.Answer(*got, parsed.known_layout(), &answer);
     const size_t answer_bytes = answer.ByteSizeLong();
@@ -324,8 +323,8 @@ absl::Status ScaleRun::RunSteps(ScaleResult& result) {
 }  // namespace
 
 absl::StatusOr<ScaleResult> RunScale(const ScaleOptions& options) {
-  if (options.hosts < 1 || options.accelerators < 1 || options.variables < 1 ||
-      options.steps < 1 || options.elements < 1) {
+  if (options.hosts < 1 || options.accelerators < 1 || options.variables < 1 || options.steps < 1 ||
+      options.elements < 1) {
     return absl::InvalidArgumentError("hosts, accelerators, variables, elements, steps: >= 1");
   }
   return ScaleRun(options).Run();

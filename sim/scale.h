@@ -25,12 +25,12 @@ struct ScaleOptions {
 };
 
 struct ScaleResult {
-  double register_cpu_s = 0;       // every host registers
-  double create_init_cpu_s = 0;    // every variable created and initialized
+  double register_cpu_s = 0;         // every host registers
+  double create_init_cpu_s = 0;      // every variable created and initialized
   double heartbeat_round_cpu_s = 0;  // one heartbeat from every host, and a tick
-  double step_cpu_ms = 0;          // median over the measured steps
-  double bytes_per_host_step = 0;  // messages in + out per host, a step's mean
-  double rss_mib = 0;              // resident growth since before the coordinator
+  double step_cpu_ms = 0;            // median over the measured steps
+  double bytes_per_host_step = 0;    // messages in + out per host, a step's mean
+  double rss_mib = 0;                // resident growth since before the coordinator
 };
 
 // Registers the hosts, creates and initializes the variables (all MEAN, a

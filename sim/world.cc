@@ -33,10 +33,11 @@ std::string WaitingSummary(const std::vector<std::string>& lines) {
   return absl::StrJoin(shown, "; ");
 }
 
-std::string Holders(const std::vector<server::Holder>& holders) {
+std::string Holders(const server::Holders& holders) {
   std::vector<std::string> out;
-  for (const server::Holder& h : holders)
+  for (const server::Holder& h : holders.listed)
     out.push_back(absl::StrCat(h.replica, "@", h.incarnation % 10000));
+  if (holders.all_but) return absl::StrCat("all but ", absl::StrJoin(holders.missing, ","));
   return absl::StrJoin(out, ",");
 }
 
@@ -91,8 +92,8 @@ std::string Describe(const server::Record& record) {
 // the coordinator says so (none up to date). Not a failure to converge.
 bool LostWithItsReplicas(const server::VariableRecord& v) {
   if (v.version == 0 || v.value != nullptr) return false;
-  for (const server::ReplicaRecord& r : v.replicas) {
-    if (r.state == ReplicaState::kUpToDate) return false;
+  for (size_t i = 0; i < v.replica_count(); ++i) {
+    if (v.StateOf(i) == ReplicaState::kUpToDate) return false;
   }
   return true;
 }
@@ -357,8 +358,8 @@ bool World::Converged() {
   }
   for (const auto& [id, v] : mirror_->variables()) {
     if (v.version == 0 || LostWithItsReplicas(v)) continue;
-    for (size_t i = 0; i < v.replicas.size(); ++i) {
-      const server::ReplicaRecord& rep = v.replicas[i];
+    for (size_t i = 0; i < v.replica_count(); ++i) {
+      const server::ReplicaRecord rep = mirror_->Replica(v, i);
       if (rep.state != ReplicaState::kUpToDate || rep.version != v.version ||
           rep.checksum != v.checksum) {
         unconverged_ = absl::StrCat(v.def.name, "/", i, " is not up to date");
@@ -383,8 +384,8 @@ void World::CheckReplicaTruth() {
   // F7: a replica recorded up to date by a worker's incarnation is held by
   // that incarnation at the recorded version (or a newer one on its way).
   for (const auto& [id, v] : mirror_->variables()) {
-    for (size_t i = 0; i < v.replicas.size(); ++i) {
-      const server::ReplicaRecord& rep = v.replicas[i];
+    for (size_t i = 0; i < v.replica_count(); ++i) {
+      const server::ReplicaRecord rep = mirror_->Replica(v, i);
       if (rep.state != ReplicaState::kUpToDate) continue;
       WorkerNode* w = WorkerAt(NodeOfTask(v.placement[i].task));
       if (w == nullptr || !w->up() || w->incarnation() != rep.incarnation) continue;
@@ -424,7 +425,7 @@ void World::CheckReplicasAtRest() {
       Log(absl::StrCat(v.def.name, ": its committed value was lost with every replica holding it"));
       continue;
     }
-    for (size_t i = 0; i < v.replicas.size(); ++i) {
+    for (size_t i = 0; i < v.replica_count(); ++i) {
       WorkerNode* w = WorkerAt(NodeOfTask(v.placement[i].task));
       worker::ReplicaStore* store = w == nullptr ? nullptr : w->store();
       if (store == nullptr) continue;

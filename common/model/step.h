@@ -7,6 +7,7 @@
 #define REPVAR_COMMON_MODEL_STEP_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -229,18 +230,23 @@ struct StepResolution {
   bool short_form = false;
 };
 
-// The durable-ready record of one committed step: which replicas now hold
-// which (version, checksum). One per step (docs/architecture.md: one fsync).
+// The durable-ready record of one committed step: which variables now hold
+// which (version, checksum). Every replica of a variable holds it but those
+// that sat the step out and those whose participant is no longer live under
+// the incarnation that took part. One per step (docs/architecture.md: one
+// fsync).
 struct StepRecord {
   struct Variable {
     uint64_t id = 0;
     int64_t version = 0;
     uint64_t checksum = 0;
-    bool changed = false;                                // false: only repaired, version kept
-    std::vector<std::pair<int32_t, uint64_t>> replicas;  // (replica, incarnation)
+    bool changed = false;              // false: only repaired, version kept
+    uint32_t index = 0;                // in the layout
+    std::vector<int32_t> sitting_out;  // replicas on no participant, sorted
   };
   int64_t step = 0;
   uint64_t epoch = 0;
+  std::shared_ptr<const StepInfo> layout;  // participants and replica_participant
   std::vector<Variable> variables;
 };
 

@@ -17,9 +17,41 @@ void ClusterState::Moved() {
 }
 
 void ClusterState::MoveReplica(VariableRecord& v, size_t i, ReplicaEvent event) {
-  if (TransitionReplica(v.replicas[i].state, event, v.def.name, static_cast<int32_t>(i))) {
-    Moved();
+  ReplicaRecord r = Replica(v, i);
+  if (TransitionReplica(r.state, event, v.def.name, static_cast<int32_t>(i))) Moved();
+  SetReplica(v, i, r);
+}
+
+ReplicaRecord ClusterState::Replica(const VariableRecord& v, size_t i) const {
+  if (auto it = v.exceptions.find(static_cast<int32_t>(i)); it != v.exceptions.end()) {
+    return it->second;
   }
+  if (v.version == 0) return ReplicaRecord{};
+  const WorkerRecord* w = Worker(v.placement[i].task);
+  return ReplicaRecord{ReplicaState::kUpToDate, v.version, v.checksum,
+                       w != nullptr ? w->incarnation : 0};
+}
+
+void ClusterState::SetReplica(VariableRecord& v, size_t i, const ReplicaRecord& r) {
+  const auto index = static_cast<int32_t>(i);
+  if (r.state != v.NormState() || r.version != v.version || r.checksum != v.checksum) {
+    v.exceptions[index] = r;
+    return;
+  }
+  // The norm's incarnation: none before the first value, else the live
+  // worker's.
+  const WorkerRecord* w = LiveWorker(v.placement[i].task);
+  const uint64_t norm = v.version == 0 ? 0 : (w != nullptr ? w->incarnation : ~uint64_t{0});
+  if (r.incarnation == norm) {
+    v.exceptions.erase(index);
+  } else {
+    v.exceptions[index] = r;
+  }
+}
+
+void ClusterState::Normalize(VariableRecord& v) {
+  std::vector<std::pair<int32_t, ReplicaRecord>> listed(v.exceptions.begin(), v.exceptions.end());
+  for (const auto& [i, r] : listed) SetReplica(v, static_cast<size_t>(i), r);
 }
 
 absl::Status ClusterState::Restore(ClusterStateData data) {
@@ -35,11 +67,13 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
     if (!names.insert(v.def.name).second) {
       return absl::DataLossError(absl::StrCat("checkpoint: variable name ", v.def.name, " twice"));
     }
-    if (v.placement.size() != v.replicas.size() ||
-        v.placement.size() != static_cast<size_t>(v.def.replica_count)) {
+    const bool in_range = v.exceptions.empty() ||
+                          (v.exceptions.begin()->first >= 0 &&
+                           static_cast<size_t>(v.exceptions.rbegin()->first) < v.placement.size());
+    if (v.placement.size() != static_cast<size_t>(v.def.replica_count) || !in_range) {
       return absl::DataLossError(absl::StrCat(
           "checkpoint: variable ", v.def.name, " has ", v.def.replica_count, " replicas, ",
-          v.placement.size(), " placements and ", v.replicas.size(), " replica records"));
+          v.placement.size(), " placements and replica records out of range"));
     }
   }
   for (const auto& [key, w] : data.workers) {
@@ -72,13 +106,14 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
     }
   }
   variables_ = std::move(data.variables);
+  workers_ = std::move(data.workers);
   for (auto& [id, v] : variables_) {
     names_[v.def.name] = &v;
     ids_[id] = &v;
+    Normalize(v);
     Reassess(v);
   }
   next_variable_id_ = data.next_variable_id;
-  workers_ = std::move(data.workers);
   topology_version_ = data.topology_version;
   last_committed_step_ = data.last_committed_step;
   last_step_ = std::move(data.last_step);
@@ -93,7 +128,7 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
 
 void ClusterState::Reassess(const VariableRecord& v) {
   bool needs = v.needs_resync;
-  for (const ReplicaRecord& r : v.replicas) needs = needs || r.state == ReplicaState::kStale;
+  for (const auto& [i, r] : v.exceptions) needs = needs || r.state == ReplicaState::kStale;
   if (needs) {
     needing_repair_.insert(v.id);
   } else {
@@ -130,22 +165,26 @@ void ClusterState::ApplyChange(const WorkerRegistered& c) {
   membership_changed_ = true;
   // Its replicas come back unverified (F2: fenced off, listed and resynced
   // before they serve), even from the same process: a write cut off after
-  // its last acknowledgement may have landed since (F7).
+  // its last acknowledgement may have landed since (F7). They are all
+  // UNAVAILABLE (it was declared dead, or is new): exceptions.
   for (auto& [id, v] : variables_) {
-    bool touched = false;
-    for (size_t i = 0; i < v.placement.size(); ++i) {
-      if (v.placement[i].task != c.task) continue;
+    std::vector<int32_t> on_task;
+    for (const auto& [i, r] : v.exceptions) {
+      if (v.placement[static_cast<size_t>(i)].task == c.task) on_task.push_back(i);
+    }
+    for (int32_t i : on_task) {
+      const ReplicaRecord& r = v.exceptions.at(i);
       if (BugSeeded(SeededBug::kReturnedReplicasTrusted) && v.version != 0 &&
-          v.replicas[i].incarnation == c.incarnation && v.replicas[i].version == v.version &&
-          v.replicas[i].checksum == v.checksum) {
-        v.replicas[i].state = ReplicaState::kUpToDate;
+          r.incarnation == c.incarnation && r.version == v.version && r.checksum == v.checksum) {
+        ReplicaRecord trusted = r;
+        trusted.state = ReplicaState::kUpToDate;
+        SetReplica(v, static_cast<size_t>(i), trusted);
         continue;
       }
-      MoveReplica(v, i,
+      MoveReplica(v, static_cast<size_t>(i),
                   v.version == 0 ? ReplicaEvent::kReturnedUninitialized : ReplicaEvent::kReturned);
-      touched = true;
     }
-    if (touched) Reassess(v);
+    if (!on_task.empty()) Reassess(v);
   }
 }
 
@@ -155,17 +194,22 @@ void ClusterState::ApplyChange(const WorkerDied& c) {
   REPVAR_CHECK_MSG(it != workers_.end() && it->second.incarnation == c.incarnation,
                    absl::StrCat("WorkerDied names ", c.task.ToString(), " incarnation ",
                                 c.incarnation, ", which is not registered"));
-  TransitionWorker(it->second.state, WorkerEvent::kDeclaredDead, c.task.ToString());
   membership_changed_ = true;
+  // Its replicas, found once per distinct placement list (the variables
+  // created together share one), are lost; while the worker record still
+  // says live, so that those at the norm are read with its incarnation.
+  absl::flat_hash_map<const std::vector<Placement>*, std::vector<size_t>> on_task;
   for (auto& [id, v] : variables_) {
-    bool touched = false;
-    for (size_t i = 0; i < v.placement.size(); ++i) {
-      if (v.placement[i].task != c.task) continue;
-      MoveReplica(v, i, ReplicaEvent::kLost);
-      touched = true;
+    auto [where, fresh] = on_task.try_emplace(&v.placement.list());
+    if (fresh) {
+      for (size_t i = 0; i < v.placement.size(); ++i) {
+        if (v.placement[i].task == c.task) where->second.push_back(i);
+      }
     }
-    if (touched) Reassess(v);
+    for (size_t i : where->second) MoveReplica(v, i, ReplicaEvent::kLost);
+    if (!where->second.empty()) Reassess(v);
   }
+  TransitionWorker(it->second.state, WorkerEvent::kDeclaredDead, c.task.ToString());
 }
 
 void ClusterState::ApplyChange(const WorkerJoined& c) {
@@ -190,7 +234,6 @@ void ClusterState::ApplyChange(const VariableCreated& c) {
   v.def = c.def;
   v.placement = c.placement;
   v.initializer = c.initializer;
-  v.replicas.resize(c.placement.size());
   for (size_t i = 0; i < c.placement.size(); ++i) {
     const WorkerRecord* w = LiveWorker(c.placement[i].task);
     REPVAR_CHECK_MSG(w != nullptr,
@@ -215,17 +258,38 @@ void ClusterState::ApplyChange(const VariableDeleted& c) {
 void ClusterState::Acknowledge(VariableRecord& v, const Holder& h, int64_t version,
                                uint64_t checksum) {
   REPVAR_CHECK_MSG(
-      h.replica >= 0 && static_cast<size_t>(h.replica) < v.replicas.size() &&
+      h.replica >= 0 && static_cast<size_t>(h.replica) < v.replica_count() &&
           IsLive(v.placement[h.replica].task, h.incarnation),
       absl::StrCat("an acknowledgement of ", ReplicaName(v.def.name, h.replica), " by incarnation ",
                    h.incarnation, " of a worker that is not live"));
-  ReplicaRecord& r = v.replicas[h.replica];
+  const auto i = static_cast<size_t>(h.replica);
+  ReplicaRecord r = Replica(v, i);
   r.version = version;
   r.checksum = checksum;
   r.incarnation = h.incarnation;
   const bool committed = version == v.version && checksum == v.checksum && v.version > 0;
-  MoveReplica(v, static_cast<size_t>(h.replica),
-              committed ? ReplicaEvent::kAcked : ReplicaEvent::kMissed);
+  if (TransitionReplica(r.state, committed ? ReplicaEvent::kAcked : ReplicaEvent::kMissed,
+                        v.def.name, h.replica)) {
+    Moved();
+  }
+  SetReplica(v, i, r);
+}
+
+void ClusterState::AcknowledgeAllBut(VariableRecord& v, const std::vector<int32_t>& missing,
+                                     int64_t version, uint64_t checksum) {
+  // Those at the norm hold the committed value already (or take it, below,
+  // when the norm moves); the exceptions acknowledge one by one.
+  std::vector<int32_t> listed;
+  for (const auto& [i, r] : v.exceptions) {
+    if (!std::binary_search(missing.begin(), missing.end(), i)) listed.push_back(i);
+  }
+  for (int32_t i : listed) {
+    const WorkerRecord* w = LiveWorker(v.placement[static_cast<size_t>(i)].task);
+    REPVAR_CHECK_MSG(w != nullptr,
+                     absl::StrCat("an acknowledgement of ", ReplicaName(v.def.name, i),
+                                  " from a worker that is not live"));
+    Acknowledge(v, Holder{i, w->incarnation}, version, checksum);
+  }
 }
 
 void ClusterState::ApplyChange(const ValueCommitted& c) {
@@ -233,18 +297,31 @@ void ClusterState::ApplyChange(const ValueCommitted& c) {
   REPVAR_CHECK_MSG(c.version > v.version,
                    absl::StrCat("ValueCommitted moves ", v.def.name, " from version ", v.version,
                                 " to ", c.version));
+  // The replicas that do not take the value miss it (they sit steps out),
+  // read before the norm moves.
+  std::vector<int32_t> missing = c.holders.missing;
+  if (!c.holders.all_but) {
+    std::vector<bool> holds(v.replica_count(), false);
+    for (const Holder& h : c.holders.listed) {
+      REPVAR_CHECK_MSG(
+          h.replica >= 0 && static_cast<size_t>(h.replica) < holds.size(),
+          absl::StrCat("ValueCommitted names replica ", h.replica, " of ", v.def.name));
+      holds[static_cast<size_t>(h.replica)] = true;
+    }
+    for (size_t i = 0; i < holds.size(); ++i) {
+      if (!holds[i]) missing.push_back(static_cast<int32_t>(i));
+    }
+  }
+  for (int32_t i : missing) MoveReplica(v, static_cast<size_t>(i), ReplicaEvent::kMissed);
+  if (v.version == 0) Moved();  // the norm's replicas leave UNINITIALIZED
   v.version = c.version;
   v.checksum = c.checksum;
   v.value = c.value;
   if (c.initializer) v.initializer = *c.initializer;
-  std::vector<bool> holds(v.replicas.size(), false);
-  for (const Holder& h : c.holders) {
-    Acknowledge(v, h, c.version, c.checksum);
-    holds[h.replica] = true;
-  }
-  for (size_t i = 0; i < v.replicas.size(); ++i) {
-    if (holds[i]) continue;
-    MoveReplica(v, i, ReplicaEvent::kMissed);  // it sits steps out
+  if (c.holders.all_but) {
+    AcknowledgeAllBut(v, missing, c.version, c.checksum);
+  } else {
+    for (const Holder& h : c.holders.listed) Acknowledge(v, h, c.version, c.checksum);
   }
   Reassess(v);
   ++value_revision_;
@@ -279,7 +356,14 @@ void ClusterState::ApplyChange(const WriteResolved& c) {
 
 void ClusterState::ApplyChange(const ReplicasWritten& c) {
   VariableRecord& v = MustFind(c.id, "ReplicasWritten");
-  for (const Holder& h : c.holders) Acknowledge(v, h, c.version, c.checksum);
+  if (c.holders.all_but) {
+    REPVAR_CHECK_MSG(c.version == v.version && c.checksum == v.checksum,
+                     absl::StrCat("ReplicasWritten of every replica of ", v.def.name,
+                                  " with a value that is not the committed one"));
+    AcknowledgeAllBut(v, c.holders.missing, c.version, c.checksum);
+  } else {
+    for (const Holder& h : c.holders.listed) Acknowledge(v, h, c.version, c.checksum);
+  }
   Reassess(v);
 }
 
@@ -374,7 +458,10 @@ VariableView ClusterState::View(const VariableRecord& v, VariableDetail detail) 
   if (detail == VariableDetail::kBasic) return view;
   view.replicas.reserve(v.placement.size());
   for (size_t i = 0; i < v.placement.size(); ++i) {
-    const ReplicaRecord& r = v.replicas[i];
+    auto exception = v.exceptions.find(static_cast<int32_t>(i));
+    const ReplicaRecord r = exception != v.exceptions.end()
+                                ? exception->second
+                                : ReplicaRecord{v.NormState(), v.version, v.checksum, 0};
     ReplicaView rv;
     rv.index = static_cast<int32_t>(i);
     rv.name = ReplicaName(v.def.name, rv.index);
@@ -505,8 +592,8 @@ std::string ClusterState::Dump() const {
                     v.version, " checksum ", v.checksum, " value ",
                     v.value ? absl::StrCat(v.value->checksum) : "replicas", " resync ",
                     v.needs_resync, " init ", static_cast<int>(v.initializer.kind), "\n");
-    for (size_t i = 0; i < v.replicas.size(); ++i) {
-      const ReplicaRecord& r = v.replicas[i];
+    for (size_t i = 0; i < v.replica_count(); ++i) {
+      const ReplicaRecord r = Replica(v, i);
       absl::StrAppend(&out, "  replica ", i, " on ", v.placement[i].device.ToString(), " ",
                       ReplicaStateName(r.state), " ", r.version, " ", r.checksum, " ",
                       r.incarnation, "\n");

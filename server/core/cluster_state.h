@@ -42,8 +42,15 @@ struct ReplicaRecord {
   int64_t version = 0;
   uint64_t checksum = 0;
   uint64_t incarnation = 0;
+  friend bool operator==(const ReplicaRecord&, const ReplicaRecord&) = default;
 };
 
+// A variable's replicas are kept as exceptions to a norm (docs/architecture.md,
+// "Replica state"): a replica not in `exceptions` is UNINITIALIZED (version,
+// checksum and incarnation 0) while the variable is, and afterwards
+// UP_TO_DATE at the committed version and checksum, acknowledged by its
+// worker's incarnation, which is live. A variable whose replicas all hold its
+// value costs nothing per replica, however many it has.
 struct VariableRecord {
   uint64_t id = 0;
   VariableDef def;
@@ -51,9 +58,18 @@ struct VariableRecord {
   Initializer initializer;
   int64_t version = 0;  // 0: uninitialized
   uint64_t checksum = 0;
-  std::shared_ptr<const Tensor> value;  // null once a step changed it
-  std::vector<ReplicaRecord> replicas;
+  std::shared_ptr<const Tensor> value;          // null once a step changed it
+  std::map<int32_t, ReplicaRecord> exceptions;  // by replica index
   bool needs_resync = false;
+
+  size_t replica_count() const { return placement.size(); }
+  ReplicaState NormState() const {
+    return version == 0 ? ReplicaState::kUninitialized : ReplicaState::kUpToDate;
+  }
+  ReplicaState StateOf(size_t i) const {
+    auto it = exceptions.find(static_cast<int32_t>(i));
+    return it == exceptions.end() ? NormState() : it->second.state;
+  }
 };
 
 struct WorkerRecord {
@@ -144,6 +160,9 @@ class ClusterState {
   // Moves whenever a variable's committed version or checksum changes, and
   // with layout_revision().
   uint64_t value_revision() const { return value_revision_; }
+  // Replica `i` of `v` in full: its exception, or the norm with its
+  // worker's incarnation.
+  ReplicaRecord Replica(const VariableRecord& v, size_t i) const;
   // kBasic leaves the replicas out.
   VariableView View(const VariableRecord& v, VariableDetail detail = VariableDetail::kFull) const;
 
@@ -220,6 +239,15 @@ class ClusterState {
   // writer of replica states); a new state moves the layout revision, since
   // a step's layout reads the states.
   void MoveReplica(VariableRecord& v, size_t i, ReplicaEvent event);
+  // Keeps `r` as replica `i` of `v`: an exception unless it is the norm.
+  void SetReplica(VariableRecord& v, size_t i, const ReplicaRecord& r);
+  // Drops the exceptions of `v` that are the norm (a checkpoint's rows list
+  // every replica).
+  void Normalize(VariableRecord& v);
+  // A step's form of ValueCommitted / ReplicasWritten: every replica but
+  // `missing` acknowledges (version, checksum) with its worker's incarnation.
+  void AcknowledgeAllBut(VariableRecord& v, const std::vector<int32_t>& missing, int64_t version,
+                         uint64_t checksum);
 
   const ClusterStateOptions options_;
 

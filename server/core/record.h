@@ -8,6 +8,7 @@
 #define REPVAR_SERVER_CORE_RECORD_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,26 @@ struct Holder {
   uint64_t incarnation = 0;
 };
 
+// The replicas that acknowledged a value: those `listed`, each by the
+// incarnation that did; or (`all_but`, a step's form, whose size does not
+// grow with the replicas) every replica except those in `missing`, each by
+// its worker's incarnation, which is live.
+struct Holders {
+  Holders() = default;
+  Holders(std::vector<Holder> l) : listed(std::move(l)) {}  // NOLINT: a list converts
+  Holders(std::initializer_list<Holder> l) : listed(l) {}
+  static Holders AllBut(std::vector<int32_t> missing) {
+    Holders h;
+    h.all_but = true;
+    h.missing = std::move(missing);
+    return h;
+  }
+
+  std::vector<Holder> listed;
+  bool all_but = false;
+  std::vector<int32_t> missing;  // all_but: sorted
+};
+
 // Changes. Each names what happened, with what Apply needs to redo it.
 struct WorkerRegistered {
   TaskKey task;
@@ -90,7 +111,7 @@ struct ValueCommitted {
   // The value, when the coordinator keeps it (cross-replica writes); null
   // when only the replicas hold it (a step changed it).
   std::shared_ptr<const Tensor> value;
-  std::vector<Holder> holders;
+  Holders holders;
   // Initialize with an initializer of its own: it replaces the one given at
   // create.
   std::optional<Initializer> initializer;
@@ -112,7 +133,7 @@ struct ReplicasWritten {
   uint64_t id = 0;
   int64_t version = 0;
   uint64_t checksum = 0;
-  std::vector<Holder> holders;
+  Holders holders;
 };
 struct ResyncFlagged {
   uint64_t id = 0;

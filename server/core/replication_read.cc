@@ -126,7 +126,7 @@ absl::StatusOr<ReadResult> Replication::CommittedValue(uint64_t id) {
     name = v->def.name;
     if (v->value != nullptr) kept = ReadResult{v->version, v->value};
     for (size_t i = 0; i < v->placement.size(); ++i) {
-      if (v->replicas[i].state != ReplicaState::kUpToDate) continue;
+      if (v->StateOf(i) != ReplicaState::kUpToDate) continue;
       const WorkerRecord& w = *state.Worker(v->placement[i].task);
       sources.push_back(Source{static_cast<int32_t>(i), {w.task, w.address, w.incarnation}});
     }

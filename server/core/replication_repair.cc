@@ -50,7 +50,7 @@ void Replication::ResyncTask(const TaskKey& task) {
       if (v == nullptr || v->version == 0) return out;
       out.first = v->def.name;
       for (size_t i = 0; i < v->placement.size(); ++i) {
-        if (v->placement[i].task == task && v->replicas[i].state == ReplicaState::kStale) {
+        if (v->placement[i].task == task && v->StateOf(i) == ReplicaState::kStale) {
           out.second.push_back(static_cast<int32_t>(i));
         }
       }
@@ -174,7 +174,7 @@ absl::Status Replication::Reconcile(const WorkerTarget& target,
                 const bool holds =
                     version == v.version &&
                     (checksum == v.checksum || BugSeeded(SeededBug::kVerifyIgnoresChecksums));
-                const ReplicaState state_now = v.replicas[i].state;
+                const ReplicaState state_now = v.StateOf(i);
                 if ((state_now == ReplicaState::kUpToDate && !holds) ||
                     (state_now == ReplicaState::kStale && holds)) {
                   found[{version, checksum}].push_back(
@@ -220,7 +220,7 @@ void Replication::MarkUnverified(const TaskKey& task, uint64_t incarnation) {
               if (v.version == 0) continue;
               std::vector<Holder> holders;
               for (size_t i = 0; i < v.placement.size(); ++i) {
-                if (v.placement[i].task == task && v.replicas[i].state == ReplicaState::kUpToDate) {
+                if (v.placement[i].task == task && v.StateOf(i) == ReplicaState::kUpToDate) {
                   holders.push_back(Holder{static_cast<int32_t>(i), incarnation});
                 }
               }
@@ -297,7 +297,7 @@ void Replication::ResyncStale() {
       for (size_t i = 0; i < v.placement.size(); ++i) {
         const WorkerRecord* w = state.LiveWorker(v.placement[i].task);
         if (w == nullptr) continue;
-        if (every_replica || v.needs_resync || v.replicas[i].state == ReplicaState::kStale) {
+        if (every_replica || v.needs_resync || v.StateOf(i) == ReplicaState::kStale) {
           out.insert(v.placement[i].task);
         }
       }
@@ -329,7 +329,7 @@ void Replication::ResyncStale() {
                            for (size_t i = 0; i < v.placement.size() && clean; ++i) {
                              const WorkerRecord* w = state.LiveWorker(v.placement[i].task);
                              if (w == nullptr) continue;  // resynced on return
-                             clean = v.replicas[i].state != ReplicaState::kStale &&
+                             clean = v.StateOf(i) != ReplicaState::kStale &&
                                      verified.contains(v.placement[i].task);
                            }
                            if (clean) record.changes.push_back(ResyncFlagged{id, false});

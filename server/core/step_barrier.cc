@@ -58,10 +58,15 @@ uint64_t StepBarrier::Open(StepInfo info, absl::Time now) {
     held_.variables = open_->variables;
     held_.layout_id = open_->layout_id;
     held_.held.assign(open_->participants.size(), IndexRanges());
+    held_.sitting_out.clear();
     for (uint32_t i = 0; i < open_->variables.size(); ++i) {
-      for (int32_t p : open_->variables[i].replica_participant) {
-        if (p < 0) continue;  // a replica on no participant
-        IndexRanges& h = held_.held[static_cast<size_t>(p)];
+      const std::vector<int32_t>& participant = open_->variables[i].replica_participant;
+      for (size_t r = 0; r < participant.size(); ++r) {
+        if (participant[r] < 0) {  // a replica on no participant
+          held_.sitting_out[i].push_back(static_cast<int32_t>(r));
+          continue;
+        }
+        IndexRanges& h = held_.held[static_cast<size_t>(participant[r])];
         if (!h.Contains(i)) h.Append(i);
       }
     }
@@ -609,7 +614,7 @@ void StepBarrier::ResolveFinish(absl::Time now) {
 }
 
 void StepBarrier::Commit(std::vector<Divergence> divergences, absl::Time now) {
-  StepRecord record{open_->step, open_->epoch, {}};
+  StepRecord record{open_->step, open_->epoch, open_, {}};
   StepResolution res;
   res.step = open_->step;
   res.epoch = open_->epoch;
@@ -629,10 +634,9 @@ void StepBarrier::Commit(std::vector<Divergence> divergences, absl::Time now) {
       res.changed_ranges.Append(index);
       res.changed_digest += DigestTerm(id, rv.checksum);
     }
-    for (size_t i = 0; i < v.replica_participant.size(); ++i) {
-      if (v.replica_participant[i] < 0) continue;
-      rv.replicas.emplace_back(static_cast<int32_t>(i),
-                               open_->participants[v.replica_participant[i]].incarnation);
+    rv.index = index;
+    if (auto out = held_.sitting_out.find(index); out != held_.sitting_out.end()) {
+      rv.sitting_out = out->second;
     }
     if (rv.changed) res.changed.push_back(CommittedVariable{id, v.name, rv.version, rv.checksum});
     record.variables.push_back(std::move(rv));

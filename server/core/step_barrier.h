@@ -54,6 +54,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/base/status_util.h"
@@ -204,11 +205,13 @@ class StepBarrier {
   StepState open_state_ = StepState::kOpen;
   std::vector<Progress> progress_;
   // Per participant, the variables it holds a replica of that takes part
-  // (layout indices); rebuilt only when the layout changes.
+  // (layout indices), and per variable the replicas that sit the step out
+  // (sorted; absent when none); rebuilt only when the layout changes.
   struct HeldIndex {
     SharedVector<StepVariable> variables;  // the layout's, shared
     uint64_t layout_id = 0;
     std::vector<IndexRanges> held;
+    absl::flat_hash_map<uint32_t, std::vector<int32_t>> sitting_out;
   };
   HeldIndex held_;
   bool detail_wanted_ = false;

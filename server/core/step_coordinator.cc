@@ -207,7 +207,7 @@ StepInfo LayoutOf(const ClusterState& state) {
     sv.replica_participant.reserve(v.placement.size());
     for (size_t i = 0; i < v.placement.size(); ++i) {
       const int32_t l = replica_live[i];
-      const bool up = l >= 0 && v.replicas[i].state == ReplicaState::kUpToDate;
+      const bool up = l >= 0 && v.StateOf(i) == ReplicaState::kUpToDate;
       // For now the index in `live`; remapped to participants below.
       sv.replica_participant.push_back(up ? l : -1);
       if (up) holds[l] = true;
@@ -248,6 +248,21 @@ std::vector<VariableBegin> CommittedOf(const ClusterState& state,
     begin.push_back(VariableBegin{v->version, v->checksum});
   }
   return begin;
+}
+
+// The replicas of `v` that miss a step's values: those that sat it out,
+// and those whose participant is `gone` (sorted).
+std::vector<int32_t> MissingWith(const std::vector<int32_t>& sitting_out, const StepVariable& v,
+                                 const std::vector<bool>& gone) {
+  std::vector<int32_t> missing;
+  for (size_t r = 0; r < v.replica_participant.size(); ++r) {
+    const int32_t p = v.replica_participant[r];
+    if (p >= 0 && gone[static_cast<size_t>(p)]) missing.push_back(static_cast<int32_t>(r));
+  }
+  std::vector<int32_t> all;
+  std::merge(sitting_out.begin(), sitting_out.end(), missing.begin(), missing.end(),
+             std::back_inserter(all));
+  return all;
 }
 
 }  // namespace
@@ -476,30 +491,33 @@ std::pair<std::string, uint32_t> StepCoordinator::Group(
 absl::Status StepCoordinator::RecordCommit(const StepRecord& step) {
   return registry_
       ->Commit([&](const ClusterState& state) -> absl::StatusOr<Record> {
+        // Only a worker still live under the incarnation that took part
+        // acknowledges; any other misses the values (and is resynced).
+        const std::vector<StepParticipant>& participants = step.layout->participants;
+        std::vector<bool> gone(participants.size(), false);
+        bool any_gone = false;
+        for (size_t p = 0; p < participants.size(); ++p) {
+          gone[p] = !state.IsLive(participants[p].task, participants[p].incarnation);
+          any_gone = any_gone || gone[p];
+        }
         Record record;
         StepCommitted committed{step.step, step.epoch, {}};
         for (const StepRecord::Variable& rv : step.variables) {
           const VariableRecord* v = state.FindId(rv.id);
           if (v == nullptr) continue;  // deleted since (not while in the step: refused)
+          std::vector<int32_t> missing = rv.sitting_out;
+          if (any_gone) {
+            missing = MissingWith(rv.sitting_out, step.layout->variables[rv.index], gone);
+          }
           if (rv.changed) {
             committed.changed.push_back(
                 CommittedVariable{rv.id, v->def.name, rv.version, rv.checksum});
-          }
-          std::vector<Holder> holders;
-          for (const auto& [replica, incarnation] : rv.replicas) {
-            // Only a worker still live under the incarnation that took part
-            // acknowledges; any other misses the value (and is resynced).
-            if (state.IsLive(v->placement[replica].task, incarnation)) {
-              holders.push_back(Holder{replica, incarnation});
-            }
-          }
-          if (rv.changed) {
             // The value now lives on the replicas only.
-            record.changes.push_back(
-                ValueCommitted{rv.id, rv.version, rv.checksum, nullptr, std::move(holders), {}});
+            record.changes.push_back(ValueCommitted{
+                rv.id, rv.version, rv.checksum, nullptr, Holders::AllBut(std::move(missing)), {}});
           } else {
-            record.changes.push_back(
-                ReplicasWritten{rv.id, rv.version, rv.checksum, std::move(holders)});
+            record.changes.push_back(ReplicasWritten{rv.id, rv.version, rv.checksum,
+                                                     Holders::AllBut(std::move(missing))});
           }
         }
         record.changes.push_back(std::move(committed));

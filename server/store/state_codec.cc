@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/store/state_codec.h"
 
+#include <algorithm>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -122,6 +123,24 @@ std::vector<Holder> GetHolders(const Repeated& in) {
   std::vector<Holder> out;
   for (const disk::Holder& h : in) out.push_back(Get(h));
   return out;
+}
+
+template <typename Message>
+void PutHolders(const Holders& holders, Message* m) {
+  for (const Holder& h : holders.listed) Put(h, m->add_holders());
+  if (holders.all_but) {
+    m->mutable_all_but()->mutable_missing()->Assign(holders.missing.begin(), holders.missing.end());
+  }
+}
+
+template <typename Message>
+absl::StatusOr<Holders> GetHoldersOf(const Message& m) {
+  if (!m.has_all_but()) return Holders(GetHolders(m.holders()));
+  std::vector<int32_t> missing(m.all_but().missing().begin(), m.all_but().missing().end());
+  if (m.holders_size() > 0 || !std::is_sorted(missing.begin(), missing.end())) {
+    return absl::DataLossError("a record's holders are listed and all-but at once, or unsorted");
+  }
+  return Holders::AllBut(std::move(missing));
 }
 
 // ---- Answers ----
@@ -273,7 +292,7 @@ struct ChangeEncoder {
     m->set_id(c.id);
     m->set_version(c.version);
     m->set_checksum(c.checksum);
-    for (const Holder& h : c.holders) Put(h, m->add_holders());
+    PutHolders(c.holders, m);
     if (c.value != nullptr) REPVAR_RETURN_IF_ERROR(PutTensor(c.value, files, m->mutable_value()));
     if (c.initializer) REPVAR_RETURN_IF_ERROR(Put(*c.initializer, files, m->mutable_initializer()));
     return absl::OkStatus();
@@ -290,7 +309,7 @@ struct ChangeEncoder {
     m->set_id(c.id);
     m->set_version(c.version);
     m->set_checksum(c.checksum);
-    for (const Holder& h : c.holders) Put(h, m->add_holders());
+    PutHolders(c.holders, m);
     return absl::OkStatus();
   }
   absl::Status operator()(const ResyncFlagged& c) {
@@ -370,7 +389,7 @@ absl::StatusOr<Change> DecodeValueCommitted(const disk::ValueCommitted& m, Tenso
   c.id = m.id();
   c.version = m.version();
   c.checksum = m.checksum();
-  c.holders = GetHolders(m.holders());
+  REPVAR_ASSIGN_OR_RETURN(c.holders, GetHoldersOf(m));
   if (m.has_value()) {
     REPVAR_ASSIGN_OR_RETURN(c.value, files.Load(m.value()));
   }
@@ -422,7 +441,8 @@ absl::StatusOr<Change> DecodeChange(const disk::Change& in, TensorFiles& files,
       return DecodeValueCommitted(in.value_committed(), files);
     case disk::Change::kReplicasWritten: {
       const auto& m = in.replicas_written();
-      return Change(ReplicasWritten{m.id(), m.version(), m.checksum(), GetHolders(m.holders())});
+      REPVAR_ASSIGN_OR_RETURN(Holders holders, GetHoldersOf(m));
+      return Change(ReplicasWritten{m.id(), m.version(), m.checksum(), std::move(holders)});
     }
     case disk::Change::kResyncFlagged:
       return Change(ResyncFlagged{in.resync_flagged().id(), in.resync_flagged().needs_resync()});
@@ -503,8 +523,10 @@ absl::Status EncodeVariable(const VariableRecord& v, TensorFiles& files,
   out->set_version(v.version);
   out->set_checksum(v.checksum);
   if (v.value != nullptr) REPVAR_RETURN_IF_ERROR(PutTensor(v.value, files, out->mutable_value()));
-  for (const ReplicaRecord& r : v.replicas) {
+  out->set_replicas_are_exceptions(true);
+  for (const auto& [i, r] : v.exceptions) {
     auto* m = out->add_replicas();
+    m->set_index(i);
     m->set_state(static_cast<int>(r.state));
     m->set_version(r.version);
     m->set_checksum(r.checksum);
@@ -540,13 +562,26 @@ absl::StatusOr<VariableRecord> DecodeVariable(const disk::VariableRecord& in, Te
   if (in.has_value()) {
     REPVAR_ASSIGN_OR_RETURN(v.value, files.Load(in.value()));
   }
-  for (const auto& m : in.replicas()) {
+  if (!in.replicas_are_exceptions() && in.replicas_size() != in.placement_size()) {
+    return absl::DataLossError(absl::StrCat("variable ", v.def.name, ": ", in.replicas_size(),
+                                            " replica records for ", in.placement_size(),
+                                            " placements"));
+  }
+  // Every replica is filed as an exception here; ClusterState::Restore
+  // drops those at the norm.
+  for (int k = 0; k < in.replicas_size(); ++k) {
+    const auto& m = in.replicas(k);
+    const int32_t index = in.replicas_are_exceptions() ? m.index() : k;
+    if (index < 0 || index >= in.placement_size() || v.exceptions.contains(index)) {
+      return absl::DataLossError(absl::StrCat("variable ", v.def.name, ": replica record ", index,
+                                              " out of range or listed twice"));
+    }
     ReplicaRecord r;
     REPVAR_ASSIGN_OR_RETURN(r.state, EnumFrom<ReplicaState>(m.state(), 1, 4, "replica state"));
     r.version = m.version();
     r.checksum = m.checksum();
     r.incarnation = m.incarnation();
-    v.replicas.push_back(r);
+    v.exceptions.emplace(index, r);
   }
   v.needs_resync = in.needs_resync();
   return v;

@@ -65,7 +65,9 @@ class ClusterStateTest : public ::testing::Test {
         {}}}});
   }
   static uint64_t Inc(int task) { return 100 + task; }
-  ReplicaState StateOf(int replica) { return state_.FindId(1)->replicas[replica].state; }
+  ReplicaState StateOf(int replica) {
+    return state_.FindId(1)->StateOf(static_cast<size_t>(replica));
+  }
   void Commit(int64_t version, std::shared_ptr<const Tensor> v, std::vector<Holder> holders) {
     state_.Apply({{ValueCommitted{1, version, v->checksum, v, std::move(holders), {}}}});
   }
@@ -201,7 +203,9 @@ TEST(ClusterStateRepairIndexTest, NeedingRepair_AfterEveryChange_IsTheFlaggedAnd
     std::set<uint64_t> out;
     for (const auto& [id, v] : state.variables()) {
       bool needs = v.needs_resync;
-      for (const ReplicaRecord& r : v.replicas) needs = needs || r.state == ReplicaState::kStale;
+      for (size_t i = 0; i < v.replica_count(); ++i) {
+        needs = needs || state.Replica(v, i).state == ReplicaState::kStale;
+      }
       if (needs) out.insert(id);
     }
     return out;

@@ -107,7 +107,7 @@ TEST_F(ReplicationPlanTest, SettleWrites_DeliveredCommits_UndeliveredMarksStaleA
       state_, writes,
       FoldAnswers(batches, {absl::OkStatus(), absl::OkStatus()}, absl::OkStatus(), 0), {}, outcome);
   ASSERT_EQ(ok.changes.size(), 2u);
-  EXPECT_EQ(std::get<ValueCommitted>(ok.changes[0]).holders.size(), 3u);
+  EXPECT_EQ(std::get<ValueCommitted>(ok.changes[0]).holders.listed.size(), 3u);
   EXPECT_TRUE(std::holds_alternative<RequestRecorded>(ok.changes[1]));
 
   const Record failed = SettleWrites(
@@ -115,7 +115,7 @@ TEST_F(ReplicationPlanTest, SettleWrites_DeliveredCommits_UndeliveredMarksStaleA
       FoldAnswers(batches, {absl::OkStatus(), absl::UnavailableError("x")}, absl::OkStatus(), 9),
       {}, outcome);
   ASSERT_EQ(failed.changes.size(), 3u);
-  EXPECT_EQ(std::get<ReplicasWritten>(failed.changes[0]).holders.size(), 2u);
+  EXPECT_EQ(std::get<ReplicasWritten>(failed.changes[0]).holders.listed.size(), 2u);
   EXPECT_TRUE(std::get<ResyncFlagged>(failed.changes[1]).needs_resync);
   EXPECT_EQ(std::get<WriteResolved>(failed.changes[2]).fence, 9u);
   for (const Change& c : failed.changes) EXPECT_FALSE(std::holds_alternative<RequestRecorded>(c));
@@ -130,7 +130,7 @@ TEST_F(ReplicationPlanTest, SettleWrites_HoldersDeclaredDeadSinceAreDropped) {
   state_.Apply(Record{{WorkerDied{TaskKey{"tpu_worker", 1}, 101}}});
   const Record r = SettleWrites(state_, writes, d, {}, std::nullopt);
   ASSERT_EQ(r.changes.size(), 1u);
-  EXPECT_EQ(std::get<ValueCommitted>(r.changes[0]).holders.size(), 2u);
+  EXPECT_EQ(std::get<ValueCommitted>(r.changes[0]).holders.listed.size(), 2u);
 }
 
 }  // namespace

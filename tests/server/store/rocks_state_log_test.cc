@@ -155,7 +155,9 @@ TEST_F(RocksStateLogTest, PreparedWrite_KeptByCheckpoints_RolledForwardAtRecover
     EXPECT_EQ(v->version, version + 1);
     EXPECT_EQ(v->checksum, value->checksum);
     EXPECT_TRUE(v->needs_resync);
-    for (const ReplicaRecord& r : v->replicas) EXPECT_NE(r.state, ReplicaState::kUpToDate);
+    for (size_t i = 0; i < v->replica_count(); ++i) {
+      EXPECT_NE(v->StateOf(i), ReplicaState::kUpToDate);
+    }
   });
   auto answer = registry.Outcome(RequestKey{"req-prepared", 7}, "assign");
   ASSERT_OK(answer);

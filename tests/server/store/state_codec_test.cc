@@ -197,7 +197,26 @@ TEST_F(StateCodecTest, BadFields_DataLossNamingThem_NothingHalfFilled) {
   EXPECT_THAT(DecodeVariable(v, blobs_), StatusIs(absl::StatusCode::kDataLoss, "aggregation 7"));
   v.mutable_def()->set_aggregation(1);
   v.add_replicas()->set_state(9);
+  EXPECT_THAT(DecodeVariable(v, blobs_),
+              StatusIs(absl::StatusCode::kDataLoss, "1 replica records for 0 placements"));
+  v.add_placement();
   EXPECT_THAT(DecodeVariable(v, blobs_), StatusIs(absl::StatusCode::kDataLoss, "replica state 9"));
+  v.set_replicas_are_exceptions(true);
+  v.mutable_replicas(0)->set_state(3);
+  v.mutable_replicas(0)->set_index(1);
+  EXPECT_THAT(DecodeVariable(v, blobs_),
+              StatusIs(absl::StatusCode::kDataLoss, "replica record 1 out of range"));
+  v.mutable_replicas(0)->set_index(0);
+  EXPECT_OK(DecodeVariable(v, blobs_));
+  *v.add_replicas() = v.replicas(0);
+  EXPECT_THAT(DecodeVariable(v, blobs_), StatusIs(absl::StatusCode::kDataLoss,
+                                                  "replica record 0 out of range or listed twice"));
+
+  disk::Record holders;
+  disk::ReplicasWritten* written = holders.add_changes()->mutable_replicas_written();
+  written->mutable_all_but()->add_missing(3);
+  written->mutable_all_but()->add_missing(1);
+  EXPECT_THAT(DecodeRecord(holders, blobs_), StatusIs(absl::StatusCode::kDataLoss, "unsorted"));
 
   disk::WorkerRecord w;
   w.set_state(5);
