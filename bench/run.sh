@@ -31,7 +31,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 build=${REPVAR_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j "$(nproc)" --target repvar_bench gloo_bcast tcp_stream grpc_step_floor repvar-coordinator repvar-worker
+cmake --build "$build" -j "$(nproc)" --target repvar_bench gloo_bcast tcp_stream grpc_step_floor repvar-coordinator repvar-worker repvar-sim
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 mpicc -O2 -o "$out/mpi_bcast" bench/peers/mpi_bcast.c
@@ -121,6 +121,8 @@ echo "== PyTorch: repvar.torch next to DistributedDataParallel (gloo), same mode
 /usr/bin/python3 bench/torch_step.py "$build" --steps="$torch_steps" | tee -a "$results"
 echo "== Python: 64 MiB assigned and read back (fresh array, read(out=)), malloc tuned and not"
 /usr/bin/python3 bench/python_bulk.py "$build" | tee -a "$results"
+echo "== the coordinator at a thousand hosts: repvar-sim --scale (docs/simulator.md)"
+"$build/sim/repvar-sim" --scale --hosts=1000 --accelerators=4 --variables=10000 | tee "$out/scale.txt"
 if [ -n "$baseline" ]; then
   echo "== baseline repvar ($baseline)"
   # Flags an older build knows (no --p2p_mib: its default, 256, where it has the figure).
@@ -132,3 +134,4 @@ fi
 echo
 echo "== figures and goals (ratios in this run; bench/README.md, \"Output format\")"
 python3 bench/summarize.py "$results"
+grep ' ratio=' "$out/scale.txt"

@@ -84,6 +84,7 @@ absl::StatusOr<StepInfo> StepScope::Impl::BeginOnCoordinator(int64_t step) {
   req.set_step(step);
   req.set_barrier_timeout_ms(absl::ToInt64Milliseconds(options.barrier_timeout));
   req.set_known_layout(known ? known->info.layout_id : 0);
+  req.set_shared_lists(true);
   v1::StepInfo answer;
   auto begin = [&] {
     return client->Retry([&] {

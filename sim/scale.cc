@@ -188,6 +188,7 @@ absl::Status ScaleRun::BeginStep(int64_t step, uint64_t* bytes, server::SharedSt
   req.set_step(step);
   req.set_barrier_timeout_ms(absl::ToInt64Milliseconds(kBarrierTimeout));
   req.set_known_layout(layout_known_);
+  req.set_shared_lists(true);
   const std::string wire = req.SerializeAsString();
   for (int t = 0; t < o_.hosts * o_.accelerators; ++t) {
     meter_.Start();
@@ -196,7 +197,9 @@ absl::Status ScaleRun::BeginStep(int64_t step, uint64_t* bytes, server::SharedSt
     absl::StatusOr<server::SharedStep> got = t == 0 ? core_->BeginStep(step, kBarrierTimeout)
                                                     : *core_->JoinOpenStep(step, kBarrierTimeout);
     v1::StepInfo answer;
-    if (got.ok()) step_answers_.Answer(*got, parsed.known_layout(), &answer);
+    if (got.ok()) {
+      step_answers_.Answer(*got, parsed.known_layout(), parsed.shared_lists(), &answer);
+    }
     const size_t answer_bytes = answer.ByteSizeLong();
     meter_.Stop();
     if (!got.ok()) return got.status();

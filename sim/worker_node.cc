@@ -44,7 +44,7 @@ StepResolution OverTheWire(const StepResolution& r, bool whole = false) {
 StepInfo Described(const server::SharedStep& step, uint64_t known_layout) {
   server::StepInfoCache cache;
   v1::StepInfo proto;
-  cache.Answer(step, known_layout, &proto);
+  cache.Answer(step, known_layout, /*shared_lists=*/true, &proto);
   auto back = StepInfoFromProto(proto);
   return back.ok() ? *std::move(back) : StepInfo{};
 }

@@ -47,6 +47,9 @@ class SharedVector {
   const_iterator end() const { return view().end(); }
   const T& front() const { return items_->front(); }
   const T& back() const { return items_->back(); }
+  // Names the elements: copies that share them give the same (null when
+  // empty and never owned).
+  const void* identity() const { return items_.get(); }
   // Whether `other` shares these elements (a copy neither has changed since).
   bool SharesWith(const SharedVector& other) const {
     return items_ != nullptr && items_ == other.items_;

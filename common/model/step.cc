@@ -36,7 +36,7 @@ uint64_t LayoutId(const StepInfo& info) {
     for (int64_t d : v.spec.dims) num(static_cast<uint64_t>(d));
     num(v.allow_nonfinite ? 1 : 0);
     num(v.replica_participant.size());
-    bytes(v.replica_participant.data(), v.replica_participant.size() * sizeof(int32_t));
+    bytes(v.replica_participant.view().data(), v.replica_participant.size() * sizeof(int32_t));
   }
   uint64_t id = XXH3_64bits_digest(h.get());
   return id == 0 ? 1 : id;
@@ -48,7 +48,7 @@ uint64_t DigestTerm(uint64_t variable_id, uint64_t checksum) {
 }
 
 int32_t ReporterOf(const StepVariable& var, uint32_t index) {
-  const std::vector<int32_t>& p = var.replica_participant;
+  const std::vector<int32_t>& p = var.replica_participant.view();
   if (p.empty()) return -1;
   if (const int32_t at = p[index % p.size()]; at >= 0) return at;
   for (int32_t x : p) {

@@ -39,7 +39,7 @@ struct StepVariable {
   TensorSpec spec;
   // Per replica: index into StepInfo::participants, or -1 when its worker is
   // not live or its replica is not up to date (it sits the step out).
-  std::vector<int32_t> replica_participant;
+  SharedVector<int32_t> replica_participant;
   bool allow_nonfinite = false;
 };
 

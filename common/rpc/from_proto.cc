@@ -343,6 +343,11 @@ absl::StatusOr<StepInfo> StepInfoFromProto(const v1::StepInfo& proto) {
     info.participants.push_back(
         StepParticipant{{p.job(), p.task()}, 0, p.address(), p.incarnation_digest()});
   }
+  std::vector<SharedVector<int32_t>> lists;
+  for (const v1::ParticipantList& l : proto.participant_lists()) {
+    lists.emplace_back(
+        std::vector<int32_t>(l.replica_participant().begin(), l.replica_participant().end()));
+  }
   info.variables.reserve(proto.variables_size());
   for (const v1::StepVariable& v : proto.variables()) {
     StepVariable sv;
@@ -350,7 +355,16 @@ absl::StatusOr<StepInfo> StepInfoFromProto(const v1::StepInfo& proto) {
     sv.name = v.name();
     REPVAR_ASSIGN_OR_RETURN(sv.aggregation, AggregationFromProto(v.aggregation()));
     REPVAR_ASSIGN_OR_RETURN(sv.spec, SpecFromProto(v.spec()));
-    sv.replica_participant.assign(v.replica_participant().begin(), v.replica_participant().end());
+    if (v.participant_list() == 0) {
+      sv.replica_participant =
+          std::vector<int32_t>(v.replica_participant().begin(), v.replica_participant().end());
+    } else if (v.participant_list() <= lists.size() && v.replica_participant().empty()) {
+      sv.replica_participant = lists[v.participant_list() - 1];
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step variable ", v.name(), " names participant list ", v.participant_list(),
+                       " of ", lists.size(), " (or lists its own too)"));
+    }
     sv.allow_nonfinite = v.allow_nonfinite();
     info.variables.push_back(std::move(sv));
   }

@@ -232,7 +232,7 @@ void WriteResultToProto(const WriteResult& r, uint64_t value_bytes_limit,
   }
 }
 
-void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto) {
+void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto, bool shared_lists) {
   proto->set_step(info.step);
   proto->set_epoch(info.epoch);
   proto->set_state(static_cast<v1::StepState>(info.state));
@@ -252,14 +252,26 @@ void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto) {
     pp->set_incarnation_digest(IncarnationDigest(p.incarnation));
     pp->set_address(p.address);
   }
+  absl::flat_hash_map<const void*, uint32_t> list_of;  // by the shared elements
   for (const StepVariable& v : info.variables) {
     v1::StepVariable* pv = proto->add_variables();
     pv->set_id(v.id);
     pv->set_name(v.name);
     pv->set_aggregation(static_cast<v1::Aggregation>(v.aggregation));
     SpecToProto(v.spec, pv->mutable_spec());
-    for (int32_t p : v.replica_participant) pv->add_replica_participant(p);
     pv->set_allow_nonfinite(v.allow_nonfinite);
+    if (!shared_lists || v.replica_participant.empty()) {
+      pv->mutable_replica_participant()->Add(v.replica_participant.begin(),
+                                             v.replica_participant.end());
+      continue;
+    }
+    auto [it, fresh] = list_of.try_emplace(v.replica_participant.identity(),
+                                           static_cast<uint32_t>(list_of.size() + 1));
+    if (fresh) {
+      proto->add_participant_lists()->mutable_replica_participant()->Add(
+          v.replica_participant.begin(), v.replica_participant.end());
+    }
+    pv->set_participant_list(it->second);
   }
 }
 

@@ -40,7 +40,9 @@ void WriteResultToProto(const WriteResult& r, uint64_t value_bytes_limit,
                         v1::AssignVariableResponse* proto);
 
 // Steps.
-void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto);
+// `shared_lists`: each distinct replica -> participant list once
+// (StepInfo.participant_lists), for a caller that asked for that form.
+void StepInfoToProto(const StepInfo& info, v1::StepInfo* proto, bool shared_lists = false);
 void ReportToProto(const WorkerReport& report, v1::ReportStepRequest* proto);
 void FinishToProto(const WorkerFinish& finish, v1::FinishStepRequest* proto);
 void PlanToProto(const StepPlan& plan, v1::StepPlan* proto);

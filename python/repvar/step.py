@@ -30,7 +30,8 @@ class Step:
         self.devices = list(devices)
         job, _, task = worker.rpartition(":")
         self.info = client.stub.BeginStep(
-            spb.BeginStepRequest(step=step, barrier_timeout_ms=int(barrier_timeout * 1000)),
+            spb.BeginStepRequest(step=step, barrier_timeout_ms=int(barrier_timeout * 1000),
+                                 shared_lists=True),
             timeout=client.timeout + barrier_timeout)
         self._vars = {v.name: v for v in self.info.variables}
         self._me = -1
@@ -63,7 +64,10 @@ class Step:
 
     def local_replicas(self, name):
         v = self._var(name)
-        return [i for i, p in enumerate(v.replica_participant) if self._me >= 0 and p == self._me]
+        lists = self.info.participant_lists
+        held = lists[v.participant_list - 1].replica_participant if v.participant_list else \
+            v.replica_participant
+        return [i for i, p in enumerate(held) if self._me >= 0 and p == self._me]
 
     def read(self, name, replica, out=None):
         """This step's view of a local replica: its own write, else the committed value.

@@ -60,7 +60,7 @@ uint64_t StepBarrier::Open(StepInfo info, absl::Time now) {
     held_.held.assign(open_->participants.size(), IndexRanges());
     held_.sitting_out.clear();
     for (uint32_t i = 0; i < open_->variables.size(); ++i) {
-      const std::vector<int32_t>& participant = open_->variables[i].replica_participant;
+      const std::vector<int32_t>& participant = open_->variables[i].replica_participant.view();
       for (size_t r = 0; r < participant.size(); ++r) {
         if (participant[r] < 0) {  // a replica on no participant
           held_.sitting_out[i].push_back(static_cast<int32_t>(r));

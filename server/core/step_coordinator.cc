@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_util.h"
 #include "spdlog/spdlog.h"
@@ -166,8 +167,52 @@ std::optional<int64_t> StepCoordinator::OpenStepOf(uint64_t variable_id) const {
 
 namespace {
 
+// Each replica's worker as an index into the live workers (-1: not live),
+// one list per distinct placement list: the variables created together
+// share theirs, so 10,000 variables cost a few lists here.
+class LiveLists {
+ public:
+  explicit LiveLists(const std::map<TaskKey, int32_t>& index) : index_(index) {}
+  // The same list for equal placement lists, even when created apart.
+  const std::vector<int32_t>& Of(const Placements& placement) {
+    auto [where, fresh] = by_list_.try_emplace(&placement.list());
+    if (!fresh) return *where->second;
+    for (const auto& [list, live] : distinct_) {
+      if (*list == placement.list()) return *(where->second = live.get());
+    }
+    auto live = std::make_unique<std::vector<int32_t>>();
+    live->reserve(placement.size());
+    for (const Placement& p : placement) {
+      auto l = index_.find(p.task);
+      live->push_back(l != index_.end() ? l->second : -1);
+    }
+    where->second = live.get();
+    distinct_.emplace_back(&placement.list(), std::move(live));
+    return *where->second;
+  }
+
+ private:
+  const std::map<TaskKey, int32_t>& index_;
+  absl::flat_hash_map<const std::vector<Placement>*, const std::vector<int32_t>*> by_list_;
+  std::vector<std::pair<const std::vector<Placement>*, std::unique_ptr<std::vector<int32_t>>>>
+      distinct_;
+};
+
+// A variable's replicas on live workers that are not up to date: they sit
+// out (those on workers that are not live do in every variable's list).
+std::vector<int32_t> SittingOut(const VariableRecord& v, const std::vector<int32_t>& live_of) {
+  std::vector<int32_t> out;
+  for (const auto& [i, r] : v.exceptions) {
+    if (r.state != ReplicaState::kUpToDate && live_of[static_cast<size_t>(i)] >= 0) {
+      out.push_back(i);
+    }
+  }
+  return out;
+}
+
 // The participants and variables a step begun now would have (no step
-// number, no barrier timeout).
+// number, no barrier timeout). The variables whose replicas are all up to
+// date share one replica -> participant list per placement list.
 StepInfo LayoutOf(const ClusterState& state) {
   // Participants: the live tasks (in task order) holding an up-to-date
   // replica of an initialized variable, in that order.
@@ -178,44 +223,30 @@ StepInfo LayoutOf(const ClusterState& state) {
     index[key] = static_cast<int32_t>(live.size());
     live.push_back(&w);
   }
-  StepInfo info;
-  std::vector<StepVariable> variables;
-  std::vector<VariableBegin> begin;
+  // Which live workers hold an up-to-date replica, and which hold only
+  // others.
+  LiveLists lists(index);
   std::vector<bool> holds(live.size(), false);
   std::vector<bool> stale(live.size(), false);
-  // Each replica's worker in `live` (-1: not live), found once per distinct
-  // placement list: the variables created together share theirs, so 10,000
-  // variables on 32 workers cost a few lookups here instead of 320,000.
-  absl::flat_hash_map<const std::vector<Placement>*, std::vector<int32_t>> live_of;
+  absl::flat_hash_set<const std::vector<int32_t>*> counted;
+  std::vector<std::pair<const VariableRecord*, std::vector<int32_t>>> taking_part;
   for (const auto& [id, v] : state.variables()) {  // by id
     if (v.version == 0) continue;
-    auto [where, fresh] = live_of.try_emplace(&v.placement.list());
-    std::vector<int32_t>& replica_live = where->second;
-    if (fresh) {
-      replica_live.reserve(v.placement.size());
-      for (const Placement& p : v.placement) {
-        auto l = index.find(p.task);
-        replica_live.push_back(l != index.end() ? l->second : -1);
+    const std::vector<int32_t>& live_of = lists.Of(v.placement);
+    std::vector<int32_t> out = SittingOut(v, live_of);
+    if (out.empty() && counted.insert(&live_of).second) {
+      for (int32_t l : live_of) {
+        if (l >= 0) holds[static_cast<size_t>(l)] = true;
       }
     }
-    StepVariable sv;
-    sv.id = v.id;
-    sv.name = v.def.name;
-    sv.aggregation = v.def.aggregation;
-    sv.spec = v.def.tensor;
-    sv.allow_nonfinite = v.def.allow_nonfinite;
-    sv.replica_participant.reserve(v.placement.size());
-    for (size_t i = 0; i < v.placement.size(); ++i) {
-      const int32_t l = replica_live[i];
-      const bool up = l >= 0 && v.StateOf(i) == ReplicaState::kUpToDate;
-      // For now the index in `live`; remapped to participants below.
-      sv.replica_participant.push_back(up ? l : -1);
-      if (up) holds[l] = true;
-      if (l >= 0 && !up) stale[l] = true;
+    for (size_t i = 0, k = 0; i < live_of.size() && !out.empty(); ++i) {
+      const bool sits = k < out.size() && out[k] == static_cast<int32_t>(i);
+      k += sits ? 1 : 0;
+      if (live_of[i] >= 0) (sits ? stale : holds)[static_cast<size_t>(live_of[i])] = true;
     }
-    variables.push_back(std::move(sv));
-    begin.push_back(VariableBegin{v.version, v.checksum});
+    taking_part.emplace_back(&v, std::move(out));
   }
+  StepInfo info;
   std::vector<int32_t> rank(live.size(), -1);
   for (size_t i = 0; i < live.size(); ++i) {
     if (stale[i] && !holds[i]) info.sitting_out.push_back(live[i]->task);
@@ -224,10 +255,33 @@ StepInfo LayoutOf(const ClusterState& state) {
     info.participants.push_back(
         StepParticipant{live[i]->task, live[i]->incarnation, live[i]->address});
   }
-  for (StepVariable& sv : variables) {
-    for (int32_t& p : sv.replica_participant) {
-      if (p >= 0) p = rank[p];
+  // Each variable's list in participant ranks: the placement's, shared,
+  // unless some of its replicas sit out.
+  absl::flat_hash_map<const std::vector<int32_t>*, SharedVector<int32_t>> ranked;
+  std::vector<StepVariable> variables;
+  std::vector<VariableBegin> begin;
+  for (const auto& [v, out] : taking_part) {
+    const std::vector<int32_t>& live_of = lists.Of(v->placement);
+    auto [where, fresh] = ranked.try_emplace(&live_of);
+    if (fresh) {
+      std::vector<int32_t> r;
+      r.reserve(live_of.size());
+      for (int32_t l : live_of) r.push_back(l >= 0 ? rank[static_cast<size_t>(l)] : -1);
+      where->second = std::move(r);
     }
+    StepVariable sv;
+    sv.id = v->id;
+    sv.name = v->def.name;
+    sv.aggregation = v->def.aggregation;
+    sv.spec = v->def.tensor;
+    sv.allow_nonfinite = v->def.allow_nonfinite;
+    sv.replica_participant = where->second;
+    if (!out.empty()) {
+      std::vector<int32_t>& own = sv.replica_participant.Own();
+      for (int32_t i : out) own[static_cast<size_t>(i)] = -1;
+    }
+    variables.push_back(std::move(sv));
+    begin.push_back(VariableBegin{v->version, v->checksum});
   }
   info.variables = std::move(variables);
   info.begin = std::move(begin);

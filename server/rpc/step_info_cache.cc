@@ -5,7 +5,8 @@
 
 namespace repvar::server {
 
-void StepInfoCache::Answer(const SharedStep& step, uint64_t known_layout, v1::StepInfo* resp) {
+void StepInfoCache::Answer(const SharedStep& step, uint64_t known_layout, bool shared_lists,
+                           v1::StepInfo* resp) {
   const StepInfo& info = *step.info;
   if (known_layout != 0 && known_layout == info.layout_id) {
     // The caller holds the layout: the step's header only.
@@ -19,12 +20,13 @@ void StepInfoCache::Answer(const SharedStep& step, uint64_t known_layout, v1::St
     StepInfoToProto(header, resp);
   } else {
     absl::MutexLock lock(&mu_);
-    if (source_ != step.info) {
-      proto_.Clear();
-      StepInfoToProto(info, &proto_);
-      source_ = step.info;
+    const int form = shared_lists ? 1 : 0;
+    if (source_[form] != step.info) {
+      proto_[form].Clear();
+      StepInfoToProto(info, &proto_[form], shared_lists);
+      source_[form] = step.info;
     }
-    *resp = proto_;
+    *resp = proto_[form];
   }
   resp->set_state(static_cast<v1::StepState>(step.state));
 }

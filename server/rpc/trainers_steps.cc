@@ -27,7 +27,7 @@ grpc::ServerUnaryReactor* TrainersService::BeginStep(grpc::CallbackServerContext
       reactor->Finish(ToGrpcStatus(step.status()));
       return;
     }
-    steps_->Answer(*step, req->known_layout(), resp);
+    steps_->Answer(*step, req->known_layout(), req->shared_lists(), resp);
     reactor->Finish(grpc::Status::OK);
   };
   const absl::Duration barrier = absl::Milliseconds(req->barrier_timeout_ms());

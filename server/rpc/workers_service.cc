@@ -80,7 +80,7 @@ void WorkersService::ServeGetStep(const v1::GetStepRequest& req, v1::StepInfo* o
                                   const Done& done) {
   auto step = core_->GetStep(req.epoch());
   if (!step.ok()) return done(ToGrpcStatus(step.status()));
-  steps_->Answer(*step, req.known_layout(), out);
+  steps_->Answer(*step, req.known_layout(), req.shared_lists(), out);
   done(grpc::Status::OK);
 }
 

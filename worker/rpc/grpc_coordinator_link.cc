@@ -57,6 +57,7 @@ absl::StatusOr<StepInfo> GrpcCoordinatorLink::GetStep(uint64_t epoch, uint64_t k
   v1::StepStreamRequest req;
   req.mutable_get_step()->set_epoch(epoch);
   req.mutable_get_step()->set_known_layout(known_layout);
+  req.mutable_get_step()->set_shared_lists(true);
   REPVAR_ASSIGN_OR_RETURN(auto resp, steps_.Call(std::move(req), absl::Seconds(30)));
   return StepInfoFromProto(resp.step());
 }

@@ -220,6 +220,46 @@ TEST(Convert, StepInfo_RoundTrips) {
   EXPECT_TRUE(back->variables[0].allow_nonfinite);
 }
 
+// A caller that asks for shared lists gets each distinct replica ->
+// participant list once; variables that shared one share it again.
+TEST(Convert, StepInfo_SharedLists_EachListOnce_SharedAgainOnReceipt) {
+  StepInfo info;
+  info.participants.push_back(StepParticipant{TaskKey{"tpu_worker", 0}, 5, "h:0"});
+  info.participants.push_back(StepParticipant{TaskKey{"tpu_worker", 1}, 6, "h:1"});
+  const SharedVector<int32_t> both = std::vector<int32_t>{0, 0, 1, 1};
+  for (uint64_t id : {1, 2, 3}) {
+    StepVariable v;
+    v.id = id;
+    v.name = absl::StrCat("v", id);
+    v.spec = TensorSpec{DType::kFloat32, {2}};
+    v.replica_participant = id == 2 ? SharedVector<int32_t>({0, 0, -1, -1}) : both;
+    info.variables.push_back(v);
+  }
+  v1::StepInfo whole;
+  StepInfoToProto(info, &whole);
+  EXPECT_EQ(whole.participant_lists_size(), 0);
+  EXPECT_EQ(whole.variables(0).replica_participant_size(), 4);
+  v1::StepInfo shared;
+  StepInfoToProto(info, &shared, /*shared_lists=*/true);
+  ASSERT_EQ(shared.participant_lists_size(), 2);
+  EXPECT_EQ(shared.variables(0).replica_participant_size(), 0);
+  EXPECT_EQ(shared.variables(2).participant_list(), shared.variables(0).participant_list());
+  for (const v1::StepInfo& proto : {whole, shared}) {
+    auto back = StepInfoFromProto(proto);
+    ASSERT_OK(back);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(back->variables[i].replica_participant, info.variables[i].replica_participant);
+    }
+  }
+  auto back = StepInfoFromProto(shared);
+  EXPECT_TRUE(
+      back->variables[0].replica_participant.SharesWith(back->variables[2].replica_participant));
+
+  shared.mutable_variables(1)->set_participant_list(3);
+  EXPECT_THAT(StepInfoFromProto(shared).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "names participant list 3 of 2"));
+}
+
 IndexRanges Ranges(std::vector<uint32_t> bounds) {
   return *IndexRanges::FromBounds(std::move(bounds), 1000);
 }

@@ -131,6 +131,61 @@ TEST_F(ClusterStateTest, F7_SameProcessReturns_AfterAnUnansweredWrite_NotUpToDat
   EXPECT_EQ(StateOf(1), ReplicaState::kUpToDate);
 }
 
+// Replica state as exceptions (docs/architecture.md "Replica state"): a
+// step in which every replica took the value leaves nothing per replica; one
+// that sat out is the only exception, and returns to the norm when it
+// takes the value again.
+TEST_F(ClusterStateTest, ReplicaState_OnlyExceptionsAreKept_AStepOfAllKeepsNone) {
+  EXPECT_TRUE(state_.FindId(1)->exceptions.empty());  // UNINITIALIZED is the norm
+  Commit(1, F32({1, 2}), {{0, Inc(0)}, {1, Inc(1)}});
+  EXPECT_TRUE(state_.FindId(1)->exceptions.empty());
+  EXPECT_EQ(state_.Replica(*state_.FindId(1), 1),
+            (ReplicaRecord{ReplicaState::kUpToDate, 1, F32({1, 2})->checksum, Inc(1)}));
+
+  state_.Apply({{ValueCommitted{1, 2, 77, nullptr, Holders::AllBut({1}), {}}}});
+  const VariableRecord& v = *state_.FindId(1);
+  EXPECT_EQ(v.exceptions.size(), 1u);
+  EXPECT_EQ(StateOf(0), ReplicaState::kUpToDate);
+  EXPECT_EQ(state_.Replica(v, 1),
+            (ReplicaRecord{ReplicaState::kStale, 1, F32({1, 2})->checksum, Inc(1)}));
+  EXPECT_EQ(state_.needing_repair(), (std::set<uint64_t>{1}));
+
+  state_.Apply({{ReplicasWritten{1, 2, 77, Holders::AllBut({})}}});  // a repair in a step
+  EXPECT_TRUE(state_.FindId(1)->exceptions.empty());
+  EXPECT_EQ(StateOf(1), ReplicaState::kUpToDate);
+  EXPECT_TRUE(state_.needing_repair().empty());
+}
+
+// A step's every-replica form names a dead worker's replica among those
+// that take the value: a bug in the record's builder, caught.
+TEST_F(ClusterStateTest, ReplicaState_AllButThatIncludesADeadWorker_Crashes) {
+  Commit(1, F32({1, 2}), {{0, Inc(0)}, {1, Inc(1)}});
+  state_.Apply(Record{{Died(1, Inc(1))}});
+  EXPECT_DEATH(state_.Apply({{ValueCommitted{1, 2, 77, nullptr, Holders::AllBut({}), {}}}}),
+               "w/1 from a worker that is not live");
+  state_.Apply({{ValueCommitted{1, 2, 77, nullptr, Holders::AllBut({1}), {}}}});
+  EXPECT_EQ(StateOf(1), ReplicaState::kUnavailable);
+}
+
+// A checkpoint written before exceptions lists every replica: restored, the
+// replicas at the norm are dropped and the state is the same.
+TEST_F(ClusterStateTest, ReplicaState_RestoreOfEveryReplica_KeepsOnlyExceptions) {
+  Commit(1, F32({1, 2}), {{0, Inc(0)}});
+  ClusterStateData data;
+  data.next_variable_id = 2;
+  for (const auto& [key, w] : state_.workers()) data.workers.emplace(key, w);
+  VariableRecord v = *state_.FindId(1);
+  for (size_t i = 0; i < v.replica_count(); ++i) {
+    v.exceptions[static_cast<int32_t>(i)] = state_.Replica(*state_.FindId(1), i);
+  }
+  data.variables.emplace(1, v);
+  ClusterState restored;
+  ASSERT_OK(restored.Restore(std::move(data)));
+  EXPECT_EQ(restored.FindId(1)->exceptions.size(), 1u);
+  EXPECT_EQ(restored.Replica(*restored.FindId(1), 1).state, ReplicaState::kStale);
+  EXPECT_EQ(restored.Replica(*restored.FindId(1), 0), state_.Replica(*state_.FindId(1), 0));
+}
+
 // C6 with its bound: an answer is kept for the whole window, whatever
 // the traffic; at the capacity a new id is refused before anything runs.
 TEST_F(ClusterStateTest, C6_Outcomes_NeverForgottenInsideTheWindow_NewIdsRefusedAtCapacity) {
