@@ -76,6 +76,29 @@ std::vector<Holder> LiveHolders(const ClusterState& state, const VariableRecord&
   return out;
 }
 
+Holders LiveHoldersAllBut(const ClusterState& state, const VariableRecord& v,
+                          const std::vector<Holder>& holders) {
+  std::vector<bool> held(v.replica_count(), false);
+  // A worker's replicas come together: its liveness is looked up once.
+  const TaskKey* last_task = nullptr;
+  uint64_t last_incarnation = 0;
+  bool last_live = false;
+  for (const Holder& h : holders) {
+    const TaskKey& task = v.placement[h.replica].task;
+    if (&task != last_task || h.incarnation != last_incarnation) {
+      last_task = &task;
+      last_incarnation = h.incarnation;
+      last_live = state.IsLive(task, h.incarnation);
+    }
+    if (last_live) held[static_cast<size_t>(h.replica)] = true;
+  }
+  std::vector<int32_t> missing;
+  for (size_t i = 0; i < held.size(); ++i) {
+    if (!held[i]) missing.push_back(static_cast<int32_t>(i));
+  }
+  return Holders::AllBut(std::move(missing));
+}
+
 namespace {
 
 const std::vector<Holder>& Of(const std::map<uint64_t, std::vector<Holder>>& by_id, uint64_t id) {
@@ -120,7 +143,7 @@ Record SettleWrites(const ClusterState& state, const std::vector<PlannedWrite>& 
     auto init = initializers.find(w.id);
     record.changes.push_back(ValueCommitted{
         w.id, w.version, w.value->checksum, w.value,
-        LiveHolders(state, *v, Of(delivery.holders, w.id)),
+        LiveHoldersAllBut(state, *v, Of(delivery.holders, w.id)),
         init == initializers.end() ? std::nullopt : std::optional<Initializer>(init->second)});
     if (v->needs_resync) record.changes.push_back(ResyncFlagged{w.id, false});
   }

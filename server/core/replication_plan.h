@@ -61,6 +61,11 @@ Delivery FoldAnswers(const std::vector<WriteBatch>& batches,
 // acknowledgement from a worker declared dead since is not recorded.
 std::vector<Holder> LiveHolders(const ClusterState& state, const VariableRecord& v,
                                 const std::vector<Holder>& holders);
+// The same as every replica but those that are not live holders
+// (Holders::AllBut): what a committed write records, whose size does not
+// grow with the replicas that took it.
+Holders LiveHoldersAllBut(const ClusterState& state, const VariableRecord& v,
+                          const std::vector<Holder>& holders);
 
 // The record that settles `writes` as `delivery` left them (C2, F7): each
 // variable's new version with the replicas that hold it when every live

@@ -59,7 +59,10 @@ uint64_t StepBarrier::Open(StepInfo info, absl::Time now) {
     held_.layout_id = open_->layout_id;
     held_.held.assign(open_->participants.size(), IndexRanges());
     held_.sitting_out.clear();
+    held_.index_of.clear();
+    held_.index_of.reserve(open_->variables.size());
     for (uint32_t i = 0; i < open_->variables.size(); ++i) {
+      held_.index_of.emplace(open_->variables[i].id, i);
       const std::vector<int32_t>& participant = open_->variables[i].replica_participant.view();
       for (size_t r = 0; r < participant.size(); ++r) {
         if (participant[r] < 0) {  // a replica on no participant
@@ -268,6 +271,10 @@ void StepBarrier::ResolveBarrier(absl::Time now) {
   changed_list_.clear();
   changed_list_.reserve(decision.expected.size());
   plan.changed.ForEach([&](uint32_t i) { changed_list_.push_back(i); });
+  changed_position_.resize(open_->variables.size());
+  for (size_t k = 0; k < changed_list_.size(); ++k) {
+    changed_position_[changed_list_[k]] = static_cast<uint32_t>(k);
+  }
   expected_ = std::move(decision.expected);
   plan.collectives = std::move(decision.collectives);
   divergences_ = std::move(decision.divergences);
@@ -485,10 +492,7 @@ absl::Status StepBarrier::Finish(const WorkerFinish& finish, absl::Time now) {
   return absl::OkStatus();
 }
 
-size_t StepBarrier::ChangedPosition(uint32_t index) const {
-  return static_cast<size_t>(std::lower_bound(changed_list_.begin(), changed_list_.end(), index) -
-                             changed_list_.begin());
-}
+size_t StepBarrier::ChangedPosition(uint32_t index) const { return changed_position_[index]; }
 
 bool StepBarrier::ResultsFinite(absl::Time now) {
   // In variable order: name the replica whose own value was non-finite when
@@ -764,9 +768,8 @@ const VariableBegin& StepBarrier::BeginOf(const StepVariable& v) const {
 }
 
 const StepVariable* StepBarrier::FindVariable(uint64_t id) const {
-  auto v = std::lower_bound(open_->variables.begin(), open_->variables.end(), id,
-                            [](const StepVariable& a, uint64_t want) { return a.id < want; });
-  return v != open_->variables.end() && v->id == id ? &*v : nullptr;
+  auto at = held_.index_of.find(id);
+  return at == held_.index_of.end() ? nullptr : &open_->variables[at->second];
 }
 
 const StepPlan* StepBarrier::plan(uint64_t epoch, bool detailed) const {
@@ -776,9 +779,7 @@ const StepPlan* StepBarrier::plan(uint64_t epoch, bool detailed) const {
   return nullptr;
 }
 
-uint32_t StepBarrier::IndexOf(uint64_t id) const {
-  return static_cast<uint32_t>(FindVariable(id) - open_->variables.view().data());
-}
+uint32_t StepBarrier::IndexOf(uint64_t id) const { return held_.index_of.at(id); }
 
 std::shared_ptr<const StepResolution> StepBarrier::resolution(uint64_t epoch) const {
   for (const std::shared_ptr<const StepResolution>& r : recent_) {

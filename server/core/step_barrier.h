@@ -212,6 +212,7 @@ class StepBarrier {
     uint64_t layout_id = 0;
     std::vector<IndexRanges> held;
     absl::flat_hash_map<uint32_t, std::vector<int32_t>> sitting_out;
+    absl::flat_hash_map<uint64_t, uint32_t> index_of;  // by variable id
   };
   HeldIndex held_;
   bool detail_wanted_ = false;
@@ -220,6 +221,8 @@ class StepBarrier {
   // plan_->changed one by one, and the checksum each ends with (0: the
   // reduction decides, until the finishes say).
   std::vector<uint32_t> changed_list_;
+  // Per layout index, its position in changed_list_ (when it is there).
+  std::vector<uint32_t> changed_position_;
   std::vector<uint64_t> expected_;
   std::vector<Divergence> divergences_;  // found at the barrier
   bool warned_ = false;

@@ -107,7 +107,9 @@ TEST_F(ReplicationPlanTest, SettleWrites_DeliveredCommits_UndeliveredMarksStaleA
       state_, writes,
       FoldAnswers(batches, {absl::OkStatus(), absl::OkStatus()}, absl::OkStatus(), 0), {}, outcome);
   ASSERT_EQ(ok.changes.size(), 2u);
-  EXPECT_EQ(std::get<ValueCommitted>(ok.changes[0]).holders.listed.size(), 3u);
+  // Every replica took it: "all but none", whatever the replicas.
+  EXPECT_TRUE(std::get<ValueCommitted>(ok.changes[0]).holders.all_but);
+  EXPECT_TRUE(std::get<ValueCommitted>(ok.changes[0]).holders.missing.empty());
   EXPECT_TRUE(std::holds_alternative<RequestRecorded>(ok.changes[1]));
 
   const Record failed = SettleWrites(
@@ -130,7 +132,11 @@ TEST_F(ReplicationPlanTest, SettleWrites_HoldersDeclaredDeadSinceAreDropped) {
   state_.Apply(Record{{WorkerDied{TaskKey{"tpu_worker", 1}, 101}}});
   const Record r = SettleWrites(state_, writes, d, {}, std::nullopt);
   ASSERT_EQ(r.changes.size(), 1u);
-  EXPECT_EQ(std::get<ValueCommitted>(r.changes[0]).holders.listed.size(), 2u);
+  const Holders& h = std::get<ValueCommitted>(r.changes[0]).holders;
+  ASSERT_TRUE(h.all_but);
+  ASSERT_EQ(h.missing.size(), 1u);
+  EXPECT_EQ(state_.FindId(1)->placement[static_cast<size_t>(h.missing[0])].task,
+            (TaskKey{"tpu_worker", 1}));
 }
 
 }  // namespace
