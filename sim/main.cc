@@ -124,9 +124,9 @@ absl::StatusOr<repvar::sim::ScaleResult> ScaleInChild(const repvar::sim::ScaleOp
     close(fds[0]);
     absl::StatusOr<ScaleResult> r = repvar::sim::RunScale(options);
     const std::string line =
-        r.ok() ? absl::StrFormat("ok %.17g %.17g %.17g %.17g %.17g %.17g", r->register_cpu_s,
+        r.ok() ? absl::StrFormat("ok %.17g %.17g %.17g %.17g %.17g %.17g %.17g", r->register_cpu_s,
                                  r->create_init_cpu_s, r->heartbeat_round_cpu_s, r->step_cpu_ms,
-                                 r->bytes_per_host_step, r->rss_mib)
+                                 r->bytes_per_host_step, r->rss_mib, r->heap_mib)
                : absl::StrCat("error ", r.status().ToString());
     if (write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(3);
     _exit(0);
@@ -140,9 +140,9 @@ absl::StatusOr<repvar::sim::ScaleResult> ScaleInChild(const repvar::sim::ScaleOp
   int status = 0;
   waitpid(c.pid, &status, 0);
   ScaleResult r;
-  if (std::sscanf(c.out.c_str(), "ok %lg %lg %lg %lg %lg %lg", &r.register_cpu_s,
+  if (std::sscanf(c.out.c_str(), "ok %lg %lg %lg %lg %lg %lg %lg", &r.register_cpu_s,
                   &r.create_init_cpu_s, &r.heartbeat_round_cpu_s, &r.step_cpu_ms,
-                  &r.bytes_per_host_step, &r.rss_mib) == 6) {
+                  &r.bytes_per_host_step, &r.rss_mib, &r.heap_mib) == 7) {
     return r;
   }
   return absl::InternalError(c.out.empty() ? "the scale run died" : c.out);
@@ -173,9 +173,10 @@ int RunScaleLines(const repvar::sim::ScaleOptions& asked) {
     std::printf(
         "sim_scale hosts=%d accelerators=%d variables=%d register_cpu_s=%.3f "
         "create_init_cpu_s=%.3f heartbeat_core_pct=%.3f step_cpu_ms=%.3f "
-        "bytes_per_host_step=%.0f rss_mib=%.1f\n",
+        "bytes_per_host_step=%.0f rss_mib=%.1f heap_mib=%.1f\n",
         o.hosts, o.accelerators, o.variables, r->register_cpu_s, r->create_init_cpu_s,
-        r->heartbeat_round_cpu_s * 100, r->step_cpu_ms, r->bytes_per_host_step, r->rss_mib);
+        r->heartbeat_round_cpu_s * 100, r->step_cpu_ms, r->bytes_per_host_step, r->rss_mib,
+        r->heap_mib);
     std::fflush(stdout);
     results.push_back(*r);
   }
@@ -195,65 +196,66 @@ uint64_t MixDigest(uint64_t acc, uint64_t seed_digest) {
   return acc * 0xff51afd7ed558ccd;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"repvar-sim: the cluster simulator"};
-  // A flag given twice takes its last value (tests/sim.sh sets defaults
-  // that its caller's flags override).
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+// Every flag, and where each lands.
+struct Flags {
   uint64_t seeds = 1;
   uint64_t first_seed = 1;
   int jobs = 2;
-  WorldOptions o;
-  app.add_option("--seeds", seeds, "how many seeds to run")->check(CLI::Range(1, 1'000'000'000));
-  app.add_option("--first_seed", first_seed, "the first seed");
-  app.add_option("--jobs", jobs, "seeds run at once")->check(CLI::Range(1, 256));
+  WorldOptions world;
+  int variables = 0;  // 0: each mode's default
+  bool scale = false;
+  repvar::sim::ScaleOptions scale_options;
+  bool stop_at_failure = false;
+  std::string bug = "none";
+};
+
+void AddFlags(CLI::App& app, Flags& f) {
+  // A flag given twice takes its last value (tests/sim.sh sets defaults
+  // that its caller's flags override).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  WorldOptions& o = f.world;
+  app.add_option("--seeds", f.seeds, "how many seeds to run")->check(CLI::Range(1, 1'000'000'000));
+  app.add_option("--first_seed", f.first_seed, "the first seed");
+  app.add_option("--jobs", f.jobs, "seeds run at once")->check(CLI::Range(1, 256));
   app.add_option("--workers", o.workers, "worker hosts")->check(CLI::Range(1, 64));
   app.add_option("--devices_per_worker", o.devices_per_worker)->check(CLI::Range(1, 16));
   app.add_option("--clients", o.clients, "client hosts")->check(CLI::Range(1, 16));
-  int variables = 0;  // 0: each mode's default
-  app.add_option("--variables", variables,
+  app.add_option("--variables", f.variables,
                  "variables (the simulation's up to 1,000; --scale's, each MEAN with a replica "
                  "on every accelerator)")
       ->check(CLI::Range(1, 1000000));
-  bool scale = false;
-  repvar::sim::ScaleOptions scale_options;
-  app.add_flag("--scale", scale,
+  app.add_flag("--scale", f.scale,
                "measure the coordinator at scale (sim/scale.h) and print bench lines instead");
-  app.add_option("--hosts", scale_options.hosts, "--scale: worker hosts")
+  app.add_option("--hosts", f.scale_options.hosts, "--scale: worker hosts")
       ->check(CLI::Range(10, 100000));
-  app.add_option("--accelerators", scale_options.accelerators, "--scale: per host")
+  app.add_option("--accelerators", f.scale_options.accelerators, "--scale: per host")
       ->check(CLI::Range(1, 64));
-  app.add_option("--scale_steps", scale_options.steps, "--scale: steps measured")
+  app.add_option("--scale_steps", f.scale_options.steps, "--scale: steps measured")
       ->check(CLI::Range(1, 1000));
   app.add_option("--ops_per_client", o.ops_per_client)->check(CLI::Range(0, 100000));
   app.add_option("--steps", o.steps, "replicated steps per seed (0: no trainers)")
       ->check(CLI::Range(0, 100000));
   app.add_option("--step_variables", o.step_variables,
-                 "the trainers' variables, of each "
-                 "aggregation in turn")
+                 "the trainers' variables, of each aggregation in turn")
       ->check(CLI::Range(1, 1000));
   app.add_option("--faults", o.faults, "the nemesis's faults per seed")->check(CLI::Range(0, 1000));
   app.add_flag("--verbose", o.verbose, "print every seed's history on stderr");
-  bool stop_at_failure = false;
-  app.add_flag("--stop_at_failure", stop_at_failure,
+  app.add_flag("--stop_at_failure", f.stop_at_failure,
                "launch no seed after the first failure (the line counts the seeds run)");
-  std::string bug = "none";
-  app.add_option("--seeded_bug", bug,
+  app.add_option("--seeded_bug", f.bug,
                  "re-inject a past bug (common/base/seeded_bug.h) to show the seeds find it")
       ->check(CLI::IsMember(std::vector<std::string>(std::begin(repvar::kSeededBugNames),
                                                      std::end(repvar::kSeededBugNames))));
-  CLI11_PARSE(app, argc, argv);
-  if (scale) {
-    if (variables != 0) scale_options.variables = variables;
-    return RunScaleLines(scale_options);
-  }
-  if (variables > 1000) {
-    std::fprintf(stderr, "--variables: at most 1,000 without --scale\n");
-    return 2;
-  }
-  if (variables != 0) o.variables = variables;
+}
+
+// Runs the seeds, in forked children `jobs` at a time, and prints the line.
+int RunSeeds(const Flags& f) {
+  const WorldOptions& o = f.world;
+  const uint64_t seeds = f.seeds;
+  const uint64_t first_seed = f.first_seed;
+  const int jobs = f.jobs;
+  const bool stop_at_failure = f.stop_at_failure;
+  const std::string& bug = f.bug;
   // The cores' own log lines carry wall-clock stamps: shown when replaying,
   // never part of a digest.
   spdlog::set_level(o.verbose ? spdlog::level::info : spdlog::level::off);
@@ -294,4 +296,23 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(done.size()),
               static_cast<unsigned long long>(failures), static_cast<unsigned long long>(digest));
   return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"repvar-sim: the cluster simulator"};
+  Flags f;
+  AddFlags(app, f);
+  CLI11_PARSE(app, argc, argv);
+  if (f.scale) {
+    if (f.variables != 0) f.scale_options.variables = f.variables;
+    return RunScaleLines(f.scale_options);
+  }
+  if (f.variables > 1000) {
+    std::fprintf(stderr, "--variables: at most 1,000 without --scale\n");
+    return 2;
+  }
+  if (f.variables != 0) f.world.variables = f.variables;
+  return RunSeeds(f);
 }

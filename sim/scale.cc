@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sim/scale.h"
 
+#include <malloc.h>
 #include <time.h>
 
 #include <algorithm>
@@ -70,6 +71,11 @@ double ResidentMib() {
   return 0;
 }
 
+double HeapInUseMib() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<double>(m.uordblks + m.hblkhd) / (1 << 20);
+}
+
 // The coordinator's CPU, summed over the sections it is running in.
 class CpuMeter {
  public:
@@ -107,7 +113,10 @@ class ScaleRun {
     HeartbeatRound();
     result.heartbeat_round_cpu_s = meter_.Take();
     REPVAR_RETURN_IF_ERROR(RunSteps(result));
+    hosts_.clear();  // the workers' messages: not the coordinator's
+    hosts_.shrink_to_fit();
     result.rss_mib = ResidentMib() - rss_before_;
+    result.heap_mib = HeapInUseMib() - heap_before_;
     return result;
   }
 
@@ -125,6 +134,7 @@ class ScaleRun {
 
   const ScaleOptions o_;
   const double rss_before_;
+  const double heap_before_ = HeapInUseMib();
   ManualClock clock_;
   AckingWorkers workers_;
   std::unique_ptr<server::Coordinator> core_;

@@ -31,6 +31,7 @@ struct ScaleResult {
   double step_cpu_ms = 0;            // median over the measured steps
   double bytes_per_host_step = 0;    // messages in + out per host, a step's mean
   double rss_mib = 0;                // resident growth since before the coordinator
+  double heap_mib = 0;               // of which allocated and not freed (mallinfo2)
 };
 
 // Registers the hosts, creates and initializes the variables (all MEAN, a
