@@ -5,6 +5,7 @@
 #include <compare>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace repvar {
 
@@ -14,6 +15,10 @@ struct TaskKey {
   int32_t task = 0;
   std::string ToString() const;  // "job:task"
   friend auto operator<=>(const TaskKey&, const TaskKey&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const TaskKey& k) {
+    return H::combine(std::move(h), k.job, k.task);
+  }
 };
 
 }  // namespace repvar

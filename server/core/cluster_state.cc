@@ -107,6 +107,7 @@ absl::Status ClusterState::Restore(ClusterStateData data) {
   }
   variables_ = std::move(data.variables);
   workers_ = std::move(data.workers);
+  for (auto& [key, w] : workers_) worker_index_[key] = &w;
   for (auto& [id, v] : variables_) {
     names_[v.def.name] = &v;
     ids_[id] = &v;
@@ -156,6 +157,7 @@ VariableRecord& ClusterState::MustFind(uint64_t id, const char* change) {
 void ClusterState::ApplyChange(const WorkerRegistered& c) {
   Moved();
   WorkerRecord& w = workers_[c.task];
+  worker_index_[c.task] = &w;
   TransitionWorker(w.state, WorkerEvent::kRegistered, c.task.ToString());
   w.task = c.task;
   w.address = c.address;
@@ -234,7 +236,10 @@ void ClusterState::ApplyChange(const VariableCreated& c) {
   v.def = c.def;
   v.placement = c.placement;
   v.initializer = c.initializer;
+  const TaskKey* checked = nullptr;  // a host's replicas come together
   for (size_t i = 0; i < c.placement.size(); ++i) {
+    if (checked != nullptr && *checked == c.placement[i].task) continue;
+    checked = &c.placement[i].task;
     const WorkerRecord* w = LiveWorker(c.placement[i].task);
     REPVAR_CHECK_MSG(w != nullptr,
                      absl::StrCat("VariableCreated places ", ReplicaName(c.def.name, i), " on ",
@@ -426,8 +431,8 @@ const VariableRecord* ClusterState::FindId(uint64_t id) const {
 }
 
 const WorkerRecord* ClusterState::Worker(const TaskKey& task) const {
-  auto it = workers_.find(task);
-  return it == workers_.end() ? nullptr : &it->second;
+  auto it = worker_index_.find(task);
+  return it == worker_index_.end() ? nullptr : it->second;
 }
 
 const WorkerRecord* ClusterState::LiveWorker(const TaskKey& task) const {

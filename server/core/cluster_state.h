@@ -263,6 +263,9 @@ class ClusterState {
   uint64_t value_revision_ = 0;
 
   std::map<TaskKey, WorkerRecord> workers_;
+  // Into workers_ (its nodes stay where they are): a hash lookup per
+  // replica, not a walk down the map, when records name thousands.
+  absl::flat_hash_map<TaskKey, WorkerRecord*> worker_index_;
   int64_t topology_version_ = 0;
   bool membership_changed_ = false;  // by the record being applied
 
