@@ -141,6 +141,10 @@ def goals(res, who):
                  (f"report path, {st['steps_per_s']:.1f}/s; its messages on bare gRPC, no "
                   f"repvar logic: {fl['steps_per_s']:.1f}/s" if fl else "report path")
                  if st else "not run"))
+    rows.append(("steps_vs_grpc_floor",
+                 st["steps_per_s"] / fl["steps_per_s"] if st and fl else None, ">=", 0.9,
+                 "report path / its messages on bare gRPC (bench/peers/grpc_step_floor), "
+                 "32 workers x 1,000 variables" if st and fl else "not run"))
     rows.append(("coordinator_cpu_32x1000",
                  st["coordinator_cpu_share"] / 0.5 if st else None, "<=", 1, ""))
     sw = first("repvar_steps", writes=1)

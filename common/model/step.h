@@ -256,9 +256,9 @@ struct StepEvent {
   Kind kind = Kind::kBegun;
   int64_t step = 0;
   uint64_t epoch = 0;
-  TaskKey task;                      // kReported
-  std::vector<std::string> missing;  // kStragglers
-  std::optional<StepResolution> resolution;
+  TaskKey task;                                      // kReported
+  std::vector<std::string> missing;                  // kStragglers
+  std::shared_ptr<const StepResolution> resolution;  // kResolved: shared, never copied
   absl::Time at;
 };
 

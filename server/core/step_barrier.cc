@@ -61,6 +61,10 @@ uint64_t StepBarrier::Open(StepInfo info, absl::Time now) {
     held_.sitting_out.clear();
     held_.index_of.clear();
     held_.index_of.reserve(open_->variables.size());
+    held_.participant_of.clear();
+    for (size_t p = 0; p < open_->participants.size(); ++p) {
+      held_.participant_of.emplace(open_->participants[p].task, p);
+    }
     for (uint32_t i = 0; i < open_->variables.size(); ++i) {
       held_.index_of.emplace(open_->variables[i].id, i);
       const std::vector<int32_t>& participant = open_->variables[i].replica_participant.view();
@@ -100,15 +104,14 @@ absl::StatusOr<size_t> StepBarrier::CheckCaller(int64_t step, uint64_t epoch, co
     return absl::OutOfRangeError(absl::StrCat(what, " for ", StepName(step, epoch), " from ",
                                               task.ToString(), ": that step has not begun"));
   }
-  for (size_t i = 0; i < open_->participants.size(); ++i) {
-    const StepParticipant& p = open_->participants[i];
-    if (p.task != task) continue;
+  if (auto at = held_.participant_of.find(task); at != held_.participant_of.end()) {
+    const StepParticipant& p = open_->participants[at->second];
     if (p.incarnation != incarnation) {
       return absl::AbortedError(
           absl::StrCat(what, " from ", task.ToString(), " incarnation ", incarnation,
                        ": the step's participant is incarnation ", p.incarnation));
     }
-    return i;
+    return at->second;
   }
   return absl::PermissionDeniedError(absl::StrCat(
       what, " from ", task.ToString(), ": not a participant of ", StepName(step, epoch)));
@@ -660,10 +663,11 @@ void StepBarrier::Commit(std::vector<Divergence> divergences, absl::Time now) {
 
 void StepBarrier::Close(StepResolution res, absl::Time now) {
   open_state_ = res.state;
+  auto shared = std::make_shared<const StepResolution>(std::move(res));
   StepEvent e = NewEvent(StepEvent::Kind::kResolved, now);
-  e.resolution = res;
+  e.resolution = shared;
   Emit(std::move(e));
-  recent_.push_back(std::make_shared<const StepResolution>(std::move(res)));
+  recent_.push_back(std::move(shared));
   recent_info_.push_back(open_);
   open_.reset();
   if (recent_.size() > kRecentSteps) {

@@ -213,6 +213,7 @@ class StepBarrier {
     std::vector<IndexRanges> held;
     absl::flat_hash_map<uint32_t, std::vector<int32_t>> sitting_out;
     absl::flat_hash_map<uint64_t, uint32_t> index_of;  // by variable id
+    absl::flat_hash_map<TaskKey, size_t> participant_of;
   };
   HeldIndex held_;
   bool detail_wanted_ = false;
