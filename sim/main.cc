@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <string>
@@ -76,8 +77,10 @@ struct Child {
   std::string out;
 };
 
-// Forks one seed; the child runs it and writes its result to a pipe.
-Child Launch(const WorldOptions& base, uint64_t seed) {
+// Forks a child that runs `work` and writes what it returns to a pipe; the
+// child exits without running destructors (a world's leaked threads are
+// never joined).
+Child Fork(uint64_t seed, const std::function<std::string()>& work) {
   int fds[2];
   if (pipe(fds) != 0) {
     std::perror("pipe");
@@ -91,23 +94,36 @@ Child Launch(const WorldOptions& base, uint64_t seed) {
   }
   if (pid == 0) {
     close(fds[0]);
-    WorldOptions o = base;
-    o.seed = seed;
-    const std::string line = Encode(World(o).Run());
+    const std::string line = work();
     if (write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(3);
-    _exit(0);  // the world's leaked threads are never joined
+    _exit(0);
   }
   close(fds[1]);
   return Child{seed, pid, fds[0], {}};
 }
 
-SeedResult Collect(Child& c) {
+// Reads the child's output to its end and reaps it: its wait status.
+int Reap(Child& c) {
   char buf[4096];
   ssize_t n;
   while ((n = read(c.fd, buf, sizeof(buf))) > 0) c.out.append(buf, static_cast<size_t>(n));
   close(c.fd);
   int status = 0;
   waitpid(c.pid, &status, 0);
+  return status;
+}
+
+// Forks one seed; the child runs it and writes its result to a pipe.
+Child Launch(const WorldOptions& base, uint64_t seed) {
+  return Fork(seed, [&] {
+    WorldOptions o = base;
+    o.seed = seed;
+    return Encode(World(o).Run());
+  });
+}
+
+SeedResult Collect(Child& c) {
+  const int status = Reap(c);
   return Decode(c.seed, c.out, status);
 }
 
@@ -115,30 +131,15 @@ SeedResult Collect(Child& c) {
 // heap and its resident growth is its own.
 absl::StatusOr<repvar::sim::ScaleResult> ScaleInChild(const repvar::sim::ScaleOptions& options) {
   using repvar::sim::ScaleResult;
-  int fds[2];
-  if (pipe(fds) != 0) return absl::InternalError("pipe failed");
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    close(fds[0]);
+  Child c = Fork(0, [&] {
     absl::StatusOr<ScaleResult> r = repvar::sim::RunScale(options);
-    const std::string line =
-        r.ok() ? absl::StrFormat("ok %.17g %.17g %.17g %.17g %.17g %.17g %.17g", r->register_cpu_s,
+    return r.ok()
+               ? absl::StrFormat("ok %.17g %.17g %.17g %.17g %.17g %.17g %.17g", r->register_cpu_s,
                                  r->create_init_cpu_s, r->heartbeat_round_cpu_s, r->step_cpu_ms,
                                  r->bytes_per_host_step, r->rss_mib, r->heap_mib)
                : absl::StrCat("error ", r.status().ToString());
-    if (write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(3);
-    _exit(0);
-  }
-  close(fds[1]);
-  Child c{0, pid, fds[0], {}};
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(c.fd, buf, sizeof(buf))) > 0) c.out.append(buf, static_cast<size_t>(n));
-  close(c.fd);
-  int status = 0;
-  waitpid(c.pid, &status, 0);
+  });
+  Reap(c);
   ScaleResult r;
   if (std::sscanf(c.out.c_str(), "ok %lg %lg %lg %lg %lg %lg %lg", &r.register_cpu_s,
                   &r.create_init_cpu_s, &r.heartbeat_round_cpu_s, &r.step_cpu_ms,
