@@ -45,6 +45,31 @@ absl::StatusOr<std::shared_ptr<const StepInfo>> StepBarrier::CheckBegin(int64_t 
   return std::shared_ptr<const StepInfo>();
 }
 
+StepBarrier::HeldIndex StepBarrier::IndexLayout(const StepInfo& info) {
+  HeldIndex index;
+  index.variables = info.variables;
+  index.layout_id = info.layout_id;
+  index.held.assign(info.participants.size(), IndexRanges());
+  for (size_t p = 0; p < info.participants.size(); ++p) {
+    index.participant_of.emplace(info.participants[p].task, p);
+  }
+  index.index_of.reserve(info.variables.size());
+  for (uint32_t i = 0; i < info.variables.size(); ++i) {
+    index.index_of.emplace(info.variables[i].id, i);
+    const std::vector<int32_t>& participant = info.variables[i].replica_participant.view();
+    for (size_t r = 0; r < participant.size(); ++r) {
+      if (participant[r] < 0) {  // a replica on no participant
+        index.sitting_out[i].push_back(static_cast<int32_t>(r));
+        continue;
+      }
+      // Indices arrive in order: `i` is there when it was the last appended.
+      IndexRanges& h = index.held[static_cast<size_t>(participant[r])];
+      if (h.empty() || h.bounds().back() <= i) h.Append(i);
+    }
+  }
+  return index;
+}
+
 uint64_t StepBarrier::Open(StepInfo info, absl::Time now) {
   REPVAR_CHECK_MSG(info.begin.size() == info.variables.size(),
                    "a step opens with a begin version for each of its variables");
@@ -55,28 +80,7 @@ uint64_t StepBarrier::Open(StepInfo info, absl::Time now) {
   open_state_ = StepState::kOpen;
   progress_.assign(open_->participants.size(), Progress{});
   if (!held_.variables.SharesWith(open_->variables) || held_.layout_id != open_->layout_id) {
-    held_.variables = open_->variables;
-    held_.layout_id = open_->layout_id;
-    held_.held.assign(open_->participants.size(), IndexRanges());
-    held_.sitting_out.clear();
-    held_.index_of.clear();
-    held_.index_of.reserve(open_->variables.size());
-    held_.participant_of.clear();
-    for (size_t p = 0; p < open_->participants.size(); ++p) {
-      held_.participant_of.emplace(open_->participants[p].task, p);
-    }
-    for (uint32_t i = 0; i < open_->variables.size(); ++i) {
-      held_.index_of.emplace(open_->variables[i].id, i);
-      const std::vector<int32_t>& participant = open_->variables[i].replica_participant.view();
-      for (size_t r = 0; r < participant.size(); ++r) {
-        if (participant[r] < 0) {  // a replica on no participant
-          held_.sitting_out[i].push_back(static_cast<int32_t>(r));
-          continue;
-        }
-        IndexRanges& h = held_.held[static_cast<size_t>(participant[r])];
-        if (!h.Contains(i)) h.Append(i);
-      }
-    }
+    held_ = IndexLayout(*open_);
   }
   detail_wanted_ = false;
   plan_.reset();

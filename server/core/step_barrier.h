@@ -215,6 +215,8 @@ class StepBarrier {
     absl::flat_hash_map<uint64_t, uint32_t> index_of;  // by variable id
     absl::flat_hash_map<TaskKey, size_t> participant_of;
   };
+  // Builds the index of a layout: O(variables x replicas), once per layout.
+  static HeldIndex IndexLayout(const StepInfo& info);
   HeldIndex held_;
   bool detail_wanted_ = false;
   StepPlan detail_request_;  // the plan with send_detail, while detail_wanted_
