@@ -529,6 +529,15 @@ absl::StatusOr<bool> ReadKnownSmall(
 }  // namespace
 
 absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std::byte> out) {
+  if (impl_->local_table() != nullptr) {
+    LocalValue local;
+    thread_local std::vector<std::byte> bytes;
+    if (impl_->ReadLocal(name, local, bytes)) {
+      if (bytes.size() != out.size()) return WrongSize(name, bytes.size(), out.size());
+      if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size());
+      return ReadInfo{local.spec.dtype, std::move(local.spec.dims), local.version, local.checksum};
+    }
+  }
   ReadInfo info;
   // A small one: copied from the answer into `out`, and checked there.
   auto into_out = [&](const TensorSpec& spec, int64_t version, uint64_t checksum,
@@ -552,8 +561,18 @@ absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std
 }
 
 absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
-  const std::optional<uint64_t> known = KnownBytes(*impl_, name);
   TensorValue value;
+  if (impl_->local_table() != nullptr) {
+    LocalValue local;
+    if (impl_->ReadLocal(name, local, value.bytes)) {
+      value.dtype = local.spec.dtype;
+      value.shape = std::move(local.spec.dims);
+      value.version = local.version;
+      value.checksum = local.checksum;
+      return value;
+    }
+  }
+  const std::optional<uint64_t> known = KnownBytes(*impl_, name);
   auto into_value = [&](const TensorSpec& spec, int64_t version, uint64_t checksum,
                         std::span<const std::byte> data) {
     return client_internal::TakeValue(0, spec, version, checksum, data, value);

@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,6 +23,7 @@
 #include "common/rpc/chunk_frame.h"
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/security.h"
+#include "common/tensor/local_read_table.h"
 #include "common/tensor/tensor.h"
 #include "repvar/client.h"
 #include "repvar/v1/coordinator.grpc.pb.h"
@@ -71,6 +73,28 @@ class Client::Impl {
   }
   // Workers' buffers mapped by StepScope::Map, kept between leases.
   MappingCache& mappings() { return mappings_; }
+
+  // The local read table in use (UseLocalReads); null: none.
+  struct LocalTable {
+    LocalTable(void* mapped, size_t bytes, LocalReadView table)
+        : map(mapped), size(bytes), view(std::move(table)) {}
+    ~LocalTable();
+    void* const map;
+    const size_t size;
+    const LocalReadView view;
+    std::atomic<uint64_t> served{0};
+    std::atomic<uint64_t> asked{0};
+  };
+  LocalTable* local_table() { return local_table_.load(std::memory_order_acquire); }
+  // Replaces the table (the old one stays mapped until the Client goes:
+  // a read may be using it).
+  void set_local_table(std::unique_ptr<LocalTable> table) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    local_table_.store(table.get(), std::memory_order_release);
+    local_tables_.push_back(std::move(table));
+  }
+  // A committed value from the local table, or false: ask the coordinator.
+  bool ReadLocal(const std::string& name, LocalValue& meta, std::vector<std::byte>& bytes);
 
   // The per-attempt deadline, plus time for `bytes` at 50 MB/s.
   void SetDeadline(grpc::ClientContext* ctx, uint64_t bytes = 0) const {
@@ -204,6 +228,8 @@ class Client::Impl {
   absl::flat_hash_map<std::string, TensorSpec> specs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<WorkerLink>> workers_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const StepLayout> step_layout_ ABSL_GUARDED_BY(mu_);
+  std::atomic<LocalTable*> local_table_{nullptr};
+  std::vector<std::unique_ptr<LocalTable>> local_tables_ ABSL_GUARDED_BY(mu_);
 };
 
 // How the library's step code reaches a Client's internals.

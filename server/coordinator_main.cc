@@ -41,6 +41,9 @@ ABSL_FLAG(std::string, worker_token_file, kDefaults.worker_token_file,
           "call with; the first is sent on this daemon's calls to workers. Required with TLS");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, kDefaults.heartbeat_timeout,
           "a worker silent this long is declared dead");
+ABSL_FLAG(absl::Duration, read_lease, kDefaults.read_lease,
+          "how long a worker may serve committed values to its trainers after a heartbeat "
+          "(local reads; at most a third of --heartbeat_timeout; 0: never)");
 ABSL_FLAG(std::string, expected_tasks, kDefaults.expected_tasks,
           "tasks the cluster waits for, as job:count[,job:count], e.g. tpu_worker:3,worker:1");
 ABSL_FLAG(int64_t, max_variable_bytes, kDefaults.max_variable_bytes, "largest variable accepted");
@@ -98,6 +101,7 @@ CoordinatorDaemonOptions OptionsFromFlags() {
   o.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
   o.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
   o.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  o.read_lease = absl::GetFlag(FLAGS_read_lease);
   o.expected_tasks = absl::GetFlag(FLAGS_expected_tasks);
   o.max_variable_bytes = absl::GetFlag(FLAGS_max_variable_bytes);
   o.data_plane = absl::GetFlag(FLAGS_data_plane);

@@ -32,6 +32,9 @@ absl::Status ValidateOptions(const CoordinatorDaemonOptions& o) {
   if (o.heartbeat_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--heartbeat_timeout must be positive");
   }
+  if (o.read_lease < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--read_lease must not be negative");
+  }
   if (o.idempotency_window <= absl::ZeroDuration() || o.idempotency_capacity < 1) {
     return absl::InvalidArgumentError(
         "--idempotency_window and --idempotency_capacity must be positive");
@@ -60,6 +63,7 @@ absl::Status ValidateOptions(const CoordinatorDaemonOptions& o) {
 CoordinatorOptions CoreOptionsOf(const CoordinatorDaemonOptions& o) {
   CoordinatorOptions c;
   c.membership.heartbeat_timeout = o.heartbeat_timeout;
+  c.membership.read_lease = o.read_lease;
   c.membership.expected_tasks =
       ParseExpectedTasks(o.expected_tasks).value_or(std::map<std::string, int32_t>{});
   c.max_variable_bytes = static_cast<uint64_t>(o.max_variable_bytes);

@@ -27,6 +27,7 @@ struct CoordinatorDaemonOptions {
   int32_t max_rpc_threads = 512;
   // Membership.
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  absl::Duration read_lease = absl::Seconds(3);
   std::string expected_tasks;  // job:count[,job:count]
   // Variables and writes.
   int64_t max_variable_bytes = int64_t{64} << 30;

@@ -64,15 +64,16 @@ class SimCoordinatorLink final : public worker::CoordinatorLink, public worker::
           answer(core->registry().membership_options().heartbeat_timeout / 4);
         });
   }
-  absl::Status Heartbeat(const TaskKey& task, uint64_t incarnation) override {
-    return Call<Nothing>(
-               "Heartbeat", absl::Seconds(5),
-               [task, incarnation](server::Coordinator* core, Network::Answer<Nothing> answer) {
-                 auto version = core->Heartbeat(task, incarnation);
-                 if (!version.ok()) return answer(version.status());
-                 answer(Nothing{});
-               })
-        .status();
+  absl::StatusOr<worker::HeartbeatAnswer> Heartbeat(const TaskKey& task, uint64_t incarnation,
+                                            const std::vector<HeldValue>& held) override {
+    return Call<worker::HeartbeatAnswer>(
+        "Heartbeat", absl::Seconds(5),
+        [task, incarnation, held](server::Coordinator* core,
+                                  Network::Answer<worker::HeartbeatAnswer> answer) {
+          auto grant = core->Heartbeat(task, incarnation, held);
+          if (!grant.ok()) return answer(grant.status());
+          answer(worker::HeartbeatAnswer{grant->read_lease, grant->confirmed});
+        });
   }
   absl::StatusOr<StepInfo> GetStep(uint64_t epoch, uint64_t known_layout) override {
     return Call<StepInfo>(

@@ -7,9 +7,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -24,12 +27,14 @@
 #include "common/rpc/server.h"
 #include "spdlog/spdlog.h"
 #include "worker/core/data_plane.h"
+#include "worker/core/local_reads.h"
 #include "worker/core/replica_store.h"
 #include "worker/core/step_resolver.h"
 #include "worker/core/step_table.h"
 #include "worker/core/worker_agent.h"
 #include "worker/rpc/grpc_coordinator_link.h"
 #include "worker/rpc/replicas_service.h"
+#include "worker/rpc/shared_region.h"
 #include "worker/rpc/steps_service.h"
 #include "worker/worker_options.h"
 
@@ -57,6 +62,9 @@ ABSL_FLAG(std::string, port_file, kDefaults.port_file,
 ABSL_FLAG(int64_t, max_inflight_bytes, kDefaults.max_inflight_bytes,
           "memory lent to tensors being received at once; beyond it writes get "
           "RESOURCE_EXHAUSTED (0: half the machine's memory)");
+ABSL_FLAG(int64_t, local_read_bytes, kDefaults.local_read_bytes,
+          "memory for the committed values this worker's trainers read without asking the "
+          "coordinator (values up to 64 KiB; 0: none)");
 ABSL_FLAG(int64_t, max_inflight_bytes_per_connection, kDefaults.max_inflight_bytes_per_connection,
           "of --max_inflight_bytes, what one trainer connection may hold at once (0: half)");
 
@@ -80,6 +88,7 @@ WorkerDaemonOptions OptionsFromFlags() {
   o.port_file = absl::GetFlag(FLAGS_port_file);
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   o.max_inflight_bytes_per_connection = absl::GetFlag(FLAGS_max_inflight_bytes_per_connection);
+  o.local_read_bytes = absl::GetFlag(FLAGS_local_read_bytes);
   return o;
 }
 
@@ -107,6 +116,9 @@ class WorkerDaemon {
   int Run();
 
  private:
+  // The local read table, when --local_read_bytes asks for one: before
+  // the agent registers, so every write is seen.
+  absl::Status StartLocalReads();
   void RunAgent();
   void Stop();
 
@@ -125,6 +137,8 @@ class WorkerDaemon {
   std::unique_ptr<DaemonServer> server_;
   std::unique_ptr<MetricsServer> metrics_;
   std::string address_;
+  std::optional<SharedRegion> local_region_;
+  std::unique_ptr<LocalReads> local_reads_;
   std::unique_ptr<WorkerAgent> agent_;
   std::atomic<bool> ready_{false};
   absl::Notification stop_;
@@ -150,9 +164,27 @@ absl::Status WorkerDaemon::Start() {
   REPVAR_ASSIGN_OR_RETURN(
       metrics_,
       StartDaemonMetrics({[this] { return ready_.load(); }, {}, security_->server.certificates}));
+  REPVAR_RETURN_IF_ERROR(StartLocalReads());
   agent_ = std::make_unique<WorkerAgent>(WorkerRegistration{options_.job, options_.task, address_,
                                                             incarnation_, DeviceNamesOf(options_)},
-                                         &link_);
+                                         &link_, local_reads_.get());
+  return absl::OkStatus();
+}
+
+absl::Status WorkerDaemon::StartLocalReads() {
+  if (options_.local_read_bytes <= 0) return absl::OkStatus();
+  constexpr size_t kSlots = 1 << 16;
+  const size_t bytes = LocalReadTableBytes(kSlots, static_cast<size_t>(options_.local_read_bytes));
+  REPVAR_ASSIGN_OR_RETURN(SharedRegion region, SharedRegion::Create(bytes));
+  local_region_.emplace(std::move(region));
+  local_reads_ = std::make_unique<LocalReads>(local_region_->bytes(), kSlots, &store_, [] {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+  });
+  store_.set_listener(local_reads_.get());
+  resolver_.set_local_reads(local_reads_.get());
+  steps_service_.set_local_reads(local_region_->fd(), bytes);
   return absl::OkStatus();
 }
 

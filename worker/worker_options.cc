@@ -27,6 +27,9 @@ absl::Status ValidateOptions(const WorkerDaemonOptions& o) {
     return absl::InvalidArgumentError(
         "--max_inflight_bytes and --max_inflight_bytes_per_connection must not be negative");
   }
+  if (o.local_read_bytes < 0 || o.local_read_bytes > (int64_t{64} << 30)) {
+    return absl::InvalidArgumentError("--local_read_bytes must be in [0, 64 GiB]");
+  }
   return absl::OkStatus();
 }
 

@@ -26,6 +26,9 @@ struct WorkerDaemonOptions {
   std::string port_file;
   int64_t max_inflight_bytes = 0;                 // 0: half the machine's memory
   int64_t max_inflight_bytes_per_connection = 0;  // 0: half of max_inflight_bytes
+  // Names and values of the local read table (0: none, every read goes to
+  // the coordinator).
+  int64_t local_read_bytes = int64_t{64} << 20;
 };
 
 // Every check on the settings before anything starts. Errors:

@@ -54,6 +54,15 @@ enum class SeededBug : int {
   // duplicate, or one queued while the coordinator was paused) applies the
   // write (found by the simulator, fixed with Replication::refused_).
   kRefusalsForgotten,
+  // C7: a trainer serves a value from its worker's read table without
+  // checking the lease (a worker declared dead keeps serving).
+  kLocalReadsIgnoreLease,
+  // C7: the coordinator grants a read lease to a worker with a replica
+  // that is not up to date (a step that leaves it behind commits under it).
+  kStaleWorkersLeased,
+  // C7: a worker keeps its step's values readable while the step is being
+  // resolved (another worker's change commits before it installs it).
+  kStepReadsNotSuspended,
 };
 
 inline constexpr std::string_view kSeededBugNames[] = {
@@ -72,6 +81,9 @@ inline constexpr std::string_view kSeededBugNames[] = {
     "digests_unchecked",
     "install_over_moved_replicas",
     "refusals_forgotten",
+    "local_reads_ignore_lease",
+    "stale_workers_leased",
+    "step_reads_not_suspended",
 };
 
 namespace seeded_bug_internal {

@@ -14,6 +14,18 @@
 
 namespace repvar {
 
+// What a worker holds of a variable, as it asks the coordinator whether that
+// is the committed value (docs/architecture.md, "Local reads").
+struct HeldValue {
+  uint64_t variable_id = 0;
+  int32_t replica = 0;
+  int64_t version = 0;
+  uint64_t checksum = 0;
+  friend bool operator==(const HeldValue&, const HeldValue&) = default;
+};
+// At most this many per heartbeat.
+inline constexpr size_t kMaxHeldValuesPerHeartbeat = 4096;
+
 // "Version `version` of variable `variable_id` is `value`" for some of the
 // replicas one worker holds: what the coordinator sends and a worker applies.
 struct ReplicaWrite {

@@ -36,6 +36,7 @@ void ClusterState::SetReplica(VariableRecord& v, size_t i, const ReplicaRecord& 
   const auto index = static_cast<int32_t>(i);
   if (r.state != v.NormState() || r.version != v.version || r.checksum != v.checksum) {
     v.exceptions[index] = r;
+    off_norm_.insert(v.placement[i].task);
     return;
   }
   // The norm's incarnation: none before the first value, else the live
@@ -46,7 +47,25 @@ void ClusterState::SetReplica(VariableRecord& v, size_t i, const ReplicaRecord& 
     v.exceptions.erase(index);
   } else {
     v.exceptions[index] = r;
+    off_norm_.insert(v.placement[i].task);
   }
+}
+
+bool ClusterState::HoldsOnlyNorm(const TaskKey& task) const {
+  if (!off_norm_.contains(task)) return true;
+  const WorkerRecord* w = LiveWorker(task);
+  if (w == nullptr) return false;
+  for (const auto& [id, v] : variables_) {
+    for (const auto& [i, r] : v.exceptions) {
+      if (v.placement[static_cast<size_t>(i)].task != task) continue;
+      const bool norm = v.version == 0 || (r.state == ReplicaState::kUpToDate &&
+                                           r.version == v.version && r.checksum == v.checksum &&
+                                           r.incarnation == w->incarnation);
+      if (!norm) return false;
+    }
+  }
+  off_norm_.erase(task);
+  return true;
 }
 
 void ClusterState::Normalize(VariableRecord& v) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/model/topology.h"
@@ -173,6 +174,12 @@ class ClusterState {
   const WorkerRecord* LiveWorker(const TaskKey& task) const;
   // Whether `task` is live under `incarnation`.
   bool IsLive(const TaskKey& task, uint64_t incarnation) const;
+  // Whether every replica `task` holds is the norm (up to date at the
+  // committed value, or every one of the variable uninitialized): what a
+  // read lease needs (docs/architecture.md, "Local reads"). A scan of the
+  // variables only for a task that had an exception since it was last
+  // found clean.
+  bool HoldsOnlyNorm(const TaskKey& task) const;
   // The live workers, the accelerators in ordinal order (T2), the infeed host
   // (T3) and the expected tasks that are missing; heartbeats left unset.
   // Joining workers are left out (and count as missing).
@@ -267,6 +274,8 @@ class ClusterState {
   // replica, not a walk down the map, when records name thousands.
   absl::flat_hash_map<TaskKey, WorkerRecord*> worker_index_;
   int64_t topology_version_ = 0;
+  // Tasks given an exception since HoldsOnlyNorm last found them clean.
+  mutable absl::flat_hash_set<TaskKey> off_norm_;
   bool membership_changed_ = false;  // by the record being applied
 
   int64_t last_committed_step_ = 0;

@@ -72,8 +72,9 @@ absl::StatusOr<int64_t> Coordinator::RegisterWorker(const WorkerRegistration& re
   return registry_.Snapshot().version;
 }
 
-absl::StatusOr<int64_t> Coordinator::Heartbeat(const TaskKey& key, uint64_t incarnation) {
-  return registry_.Heartbeat(key, incarnation);
+absl::StatusOr<HeartbeatGrant> Coordinator::Heartbeat(const TaskKey& key, uint64_t incarnation,
+                                                      const std::vector<HeldValue>& held) {
+  return registry_.Heartbeat(key, incarnation, held);
 }
 
 void Coordinator::Tick(absl::Time now) {

@@ -81,7 +81,8 @@ class Coordinator {
   // to the worker.
   absl::StatusOr<int64_t> RegisterWorker(const WorkerRegistration& reg);
   // Errors: as Registry::Heartbeat.
-  absl::StatusOr<int64_t> Heartbeat(const TaskKey& key, uint64_t incarnation);
+  absl::StatusOr<HeartbeatGrant> Heartbeat(const TaskKey& key, uint64_t incarnation,
+                                           const std::vector<HeldValue>& held = {});
   // Periodic work at `now`: declares silent workers dead (T5), ends the
   // calls in flight to them and fails the open step when a participant died
   // (F1), times out step barriers (S4).

@@ -39,6 +39,10 @@ absl::Status Registry::Recover() {
   // Roll-forward: a write prepared and never resolved was decided when its
   // WritePrepared was durable, and its caller may have been answered.
   if (!state_.prepared().empty()) {
+    // A worker the write did not reach may still serve the value it
+    // replaces under a read lease the earlier run granted: the write
+    // becomes visible only once no such lease can hold.
+    if (ReadLease() > absl::ZeroDuration()) clock_->SleepFor(LeaseBound());
     Record record;
     for (const auto& [fence, p] : state_.prepared()) {
       // It follows its variables' committed versions, unless its commit
@@ -74,6 +78,8 @@ absl::Status Registry::Recover() {
   for (const auto& [key, w] : state_.workers()) {
     if (!w.IsLive()) continue;
     last_heartbeat_[key] = now;
+    // The earlier run may have granted it a read lease.
+    if (ReadLease() > absl::ZeroDuration()) lease_held_until_[key] = now + LeaseBound();
     ++live;
   }
   spdlog::info(
@@ -190,8 +196,16 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
                                              ": this process was superseded and must stop"));
     }
     if (w->incarnation < reg.incarnation) {
-      // T1: a newer process of the task supersedes the old one at once; the
-      // old incarnation is fenced (its calls refused, its step failed).
+      // T1: a newer process of the task supersedes the old one once no read
+      // lease of the old one can hold; the old incarnation is fenced (its
+      // calls refused, its step failed).
+      if (auto until = lease_held_until_.find(key);
+          until != lease_held_until_.end() && until->second > clock_->Now()) {
+        return absl::UnavailableError(absl::StrCat(
+            "task ", key.ToString(), " incarnation ", w->incarnation,
+            " may serve reads from its replicas for ",
+            absl::FormatDuration(until->second - clock_->Now()), " more; register again then"));
+      }
       if (superseded != nullptr) {
         *superseded = LiveTask{key, w->address, w->incarnation, w->devices, last_heartbeat_[key]};
       }
@@ -235,7 +249,32 @@ std::vector<LiveTask> Registry::Joining() const {
   return out;
 }
 
-absl::StatusOr<int64_t> Registry::Heartbeat(const TaskKey& key, uint64_t incarnation) {
+absl::Duration Registry::ReadLease() const {
+  return std::min(options_.membership.read_lease, options_.membership.heartbeat_timeout / 3);
+}
+
+absl::Duration Registry::LeaseBound() const {
+  const absl::Duration lease = ReadLease();
+  return lease + lease / 10 + absl::Milliseconds(50);
+}
+
+absl::Time Registry::LeaseHeldUntil(const std::vector<TaskKey>& tasks) const {
+  RankedLock lock(&mu_);
+  absl::Time until = absl::InfinitePast();
+  for (const TaskKey& t : tasks) {
+    auto it = lease_held_until_.find(t);
+    if (it != lease_held_until_.end()) until = std::max(until, it->second);
+  }
+  return until;
+}
+
+absl::StatusOr<HeartbeatGrant> Registry::Heartbeat(const TaskKey& key, uint64_t incarnation,
+                                                   const std::vector<HeldValue>& held) {
+  if (held.size() > kMaxHeldValuesPerHeartbeat) {
+    return absl::InvalidArgumentError(absl::StrCat("a heartbeat asks about at most ",
+                                                   kMaxHeldValuesPerHeartbeat, " values, not ",
+                                                   held.size()));
+  }
   CallLock lock(this);
   const WorkerRecord* w = state_.LiveWorker(key);
   if (w == nullptr) {
@@ -247,8 +286,27 @@ absl::StatusOr<int64_t> Registry::Heartbeat(const TaskKey& key, uint64_t incarna
     return absl::AbortedError(absl::StrCat("task ", key.ToString(), " incarnation ", incarnation,
                                            " is stale; live incarnation is ", w->incarnation));
   }
-  last_heartbeat_[key] = clock_->Now();
-  return state_.topology_version();
+  const absl::Time now = clock_->Now();
+  last_heartbeat_[key] = now;
+  HeartbeatGrant grant;
+  grant.topology_version = state_.topology_version();
+  grant.confirmed.assign(held.size(), false);
+  if (ReadLease() <= absl::ZeroDuration() ||
+      (!state_.HoldsOnlyNorm(key) && !BugSeeded(SeededBug::kStaleWorkersLeased))) {
+    return grant;
+  }
+  grant.read_lease = ReadLease();
+  lease_held_until_[key] = now + LeaseBound();
+  for (size_t i = 0; i < held.size(); ++i) {
+    const VariableRecord* v = state_.FindId(held[i].variable_id);
+    const auto r = static_cast<size_t>(held[i].replica);
+    grant.confirmed[i] = v != nullptr && v->version > 0 && held[i].version == v->version &&
+                         held[i].checksum == v->checksum && held[i].replica >= 0 &&
+                         r < v->replica_count() && v->placement[r].task == key &&
+                         state_.Replica(*v, r).incarnation == w->incarnation &&
+                         v->StateOf(r) == ReplicaState::kUpToDate;
+  }
+  return grant;
 }
 
 std::vector<LiveTask> Registry::CheckHeartbeats(absl::Time now) {

@@ -30,10 +30,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/base/clock.h"
 #include "common/base/ranked_mutex.h"
+#include "common/model/replica_write.h"
 #include "common/model/topology.h"
 #include "common/model/variable.h"
 #include "server/core/cluster_state.h"
@@ -45,6 +47,11 @@ namespace repvar::server {
 struct MembershipOptions {
   // A worker silent for longer is declared dead (T5).
   absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // A worker heard from may serve committed values from its replicas for
+  // this long after it sent the heartbeat (docs/architecture.md, "Local
+  // reads"); zero: never. Capped at a third of heartbeat_timeout, so that a
+  // worker declared dead holds no lease.
+  absl::Duration read_lease = absl::Seconds(3);
   // job -> number of tasks expected (tasks 0..n-1); WaitForExpected waits for them.
   std::map<std::string, int32_t> expected_tasks;
 };
@@ -54,6 +61,18 @@ struct RegistryOptions {
   // Largest variable accepted (RESOURCE_EXHAUSTED above it).
   uint64_t max_variable_bytes = uint64_t{64} << 30;
   ClusterStateOptions state;
+};
+
+// What a heartbeat is answered with.
+struct HeartbeatGrant {
+  int64_t topology_version = 0;
+  // How long the worker may serve local reads from the moment it sent the
+  // heartbeat; zero: not at all (none was asked for, or a replica it holds
+  // is not up to date).
+  absl::Duration read_lease;
+  // Per value asked about: whether it is the committed value of an up-to-date
+  // replica of this worker's.
+  std::vector<bool> confirmed;
 };
 
 class Registry {
@@ -168,10 +187,18 @@ class Registry {
   // Live workers registered joining and not yet joined: after a restart,
   // those whose join the earlier run did not finish.
   std::vector<LiveTask> Joining() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Errors: NOT_FOUND (unknown or declared-dead task: re-register), ABORTED
-  // (stale incarnation).
-  absl::StatusOr<int64_t> Heartbeat(const TaskKey& key, uint64_t incarnation)
+  // Liveness, and the worker's read lease: granted while every replica it
+  // holds is up to date, and the values in `held` confirmed that are the
+  // committed ones of such replicas. Errors: NOT_FOUND (unknown or
+  // declared-dead task: re-register), ABORTED (stale incarnation),
+  // INVALID_ARGUMENT (more than kMaxHeldValuesPerHeartbeat values).
+  absl::StatusOr<HeartbeatGrant> Heartbeat(const TaskKey& key, uint64_t incarnation,
+                                           const std::vector<HeldValue>& held = {})
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The latest time a read lease granted to one of `tasks` may still hold
+  // (InfinitePast: none can). A commit that leaves a task's replica behind
+  // waits past it (StepCoordinator::BeginStep).
+  absl::Time LeaseHeldUntil(const std::vector<TaskKey>& tasks) const ABSL_LOCKS_EXCLUDED(mu_);
   // T5: declares dead every live task silent for longer than the timeout at
   // `now` (one record); returns them.
   std::vector<LiveTask> CheckHeartbeats(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
@@ -263,6 +290,13 @@ class Registry {
   mutable RankedMutex mu_{kRegistryRank, "Registry::mu_"};
   ClusterState state_ ABSL_GUARDED_BY(mu_);
   std::map<TaskKey, absl::Time> last_heartbeat_ ABSL_GUARDED_BY(mu_);
+  // Per task, until when a read lease granted to it may hold, on this
+  // clock: the worker counts from when it sent the heartbeat, earlier.
+  absl::flat_hash_map<TaskKey, absl::Time> lease_held_until_ ABSL_GUARDED_BY(mu_);
+  // The lease granted (read_lease, capped), and the margin added for the
+  // clocks' drift.
+  absl::Duration ReadLease() const;
+  absl::Duration LeaseBound() const;
   uint64_t last_fence_ ABSL_GUARDED_BY(mu_) = 0;  // the last token handed out
   uint64_t applied_ ABSL_GUARDED_BY(mu_) = 0;     // log position of the last record applied
   // What a caller who saw the state waits for: applied_, except records a

@@ -213,7 +213,8 @@ std::vector<int32_t> SittingOut(const VariableRecord& v, const std::vector<int32
 // The participants and variables a step begun now would have (no step
 // number, no barrier timeout). The variables whose replicas are all up to
 // date share one replica -> participant list per placement list.
-StepInfo LayoutOf(const ClusterState& state) {
+// `behind`: the live tasks with a replica that sits out.
+StepInfo LayoutOf(const ClusterState& state, std::vector<TaskKey>& behind) {
   // Participants: the live tasks (in task order) holding an up-to-date
   // replica of an initialized variable, in that order.
   std::vector<const WorkerRecord*> live;
@@ -249,6 +250,7 @@ StepInfo LayoutOf(const ClusterState& state) {
   StepInfo info;
   std::vector<int32_t> rank(live.size(), -1);
   for (size_t i = 0; i < live.size(); ++i) {
+    if (stale[i]) behind.push_back(live[i]->task);
     if (stale[i] && !holds[i]) info.sitting_out.push_back(live[i]->task);
     if (!holds[i]) continue;
     rank[i] = static_cast<int32_t>(info.participants.size());
@@ -335,7 +337,8 @@ StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout)
   registry_->Read([&](const ClusterState& state) {
     revisions = {state.layout_revision(), state.value_revision()};
     if (kept == nullptr || kept_revisions.first != revisions.first) {
-      fresh = LayoutOf(state);
+      described_behind_.clear();
+      fresh = LayoutOf(state, described_behind_);
     } else if (kept_revisions.second != revisions.second) {
       begin = CommittedOf(state, *kept);
     }
@@ -368,6 +371,11 @@ absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
   step_beginning_ = true;
   while (writes_in_flight_ > 0) step_cv_.Wait(mu_.native());
   StepInfo info = Describe(step, barrier_timeout);
+  if (absl::Status leases = CheckLeasesOfThoseBehind(step); !leases.ok()) {
+    step_beginning_ = false;
+    step_cv_.SignalAll();
+    return leases;
+  }
   const uint64_t epoch = steps_.next_epoch();
   absl::Status recorded = registry_
                               ->Commit([&](const ClusterState&) -> absl::StatusOr<Record> {
@@ -384,6 +392,20 @@ absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
   spdlog::debug("step {} (epoch {}) begun: {} participant(s), {} variable(s)", step, epoch,
                 opened.info->participants.size(), opened.info->variables.size());
   return opened;
+}
+
+absl::Status StepCoordinator::CheckLeasesOfThoseBehind(int64_t step) const {
+  // A replica that sits out keeps its value while the step commits a new
+  // one: its worker must not be serving the old one from a read lease
+  // (docs/architecture.md, "Local reads"). It gets none while it is behind,
+  // so this waits out one granted before, once.
+  if (described_behind_.empty()) return absl::OkStatus();
+  const absl::Time until = registry_->LeaseHeldUntil(described_behind_);
+  const absl::Time now = clock_->Now();
+  if (until <= now) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "step ", step, " waits ", absl::FormatDuration(until - now),
+      " for the read lease of a worker whose replica sits it out to end; begin it again then"));
 }
 
 std::optional<absl::StatusOr<SharedStep>> StepCoordinator::JoinOpenStep(

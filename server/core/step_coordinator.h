@@ -168,6 +168,10 @@ class StepCoordinator {
   // The last layout Describe built, and the state's layout and value
   // revisions it holds.
   mutable std::pair<uint64_t, uint64_t> described_revisions_ ABSL_GUARDED_BY(mu_);
+  // The live tasks with a replica that sits out of the described layout.
+  mutable std::vector<TaskKey> described_behind_ ABSL_GUARDED_BY(mu_);
+  // UNAVAILABLE while one of them may hold a read lease.
+  absl::Status CheckLeasesOfThoseBehind(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable std::optional<StepInfo> described_ ABSL_GUARDED_BY(mu_);
   int holds_ ABSL_GUARDED_BY(mu_) = 0;  // HoldWrites not yet released
   // step_cv_: a step opened, started aggregating or resolved, or

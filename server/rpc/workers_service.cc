@@ -70,9 +70,18 @@ grpc::ServerUnaryReactor* WorkersService::Heartbeat(grpc::CallbackServerContext*
     reactor->Finish(s);
     return reactor;
   }
-  auto version = core_->Heartbeat(task, req->incarnation());
-  if (version.ok()) resp->set_topology_version(*version);
-  reactor->Finish(version.ok() ? grpc::Status::OK : ToGrpcStatus(version.status()));
+  std::vector<HeldValue> held;
+  held.reserve(static_cast<size_t>(req->held_size()));
+  for (const v1::HeldValue& h : req->held()) {
+    held.push_back(HeldValue{h.variable_id(), h.replica(), h.version(), h.checksum()});
+  }
+  auto grant = core_->Heartbeat(task, req->incarnation(), held);
+  if (grant.ok()) {
+    resp->set_topology_version(grant->topology_version);
+    resp->set_read_lease_ms(absl::ToInt64Milliseconds(grant->read_lease));
+    for (bool c : grant->confirmed) resp->add_confirmed(c);
+  }
+  reactor->Finish(grant.ok() ? grpc::Status::OK : ToGrpcStatus(grant.status()));
   return reactor;
 }
 

@@ -431,6 +431,7 @@ std::vector<Row> Rows() {
       {"WorkerSteps/StepMap", "unparseable", {g}, C::INVALID_ARGUMENT, parse},
       {"WorkerSteps/StepUnmap", "an unknown lease", {"lease: 424242"}, C::NOT_FOUND, "424242"},
       {"WorkerSteps/StepUnmap", "unparseable", {g}, C::INVALID_ARGUMENT, parse},
+      {"WorkerSteps/MapLocalReads", "unparseable", {g}, C::INVALID_ARGUMENT, parse},
   };
 }
 

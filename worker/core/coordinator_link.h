@@ -10,15 +10,24 @@
 #include <string>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/model/replica_write.h"
 #include "common/model/step.h"
 #include "common/model/task.h"
 #include "common/model/topology.h"
 
 namespace repvar::worker {
+
+// A heartbeat's answer: the read lease from when it was sent (zero: none),
+// and per held value asked about whether it is committed.
+struct HeartbeatAnswer {
+  absl::Duration read_lease;
+  std::vector<bool> confirmed;
+};
 
 // Membership: what WorkerAgent calls.
 class CoordinatorLink {
@@ -28,7 +37,8 @@ class CoordinatorLink {
   virtual absl::StatusOr<absl::Duration> Register(const WorkerRegistration& reg) = 0;
   // Errors: NOT_FOUND (declared dead: register again), ABORTED (stale
   // incarnation), UNAVAILABLE.
-  virtual absl::Status Heartbeat(const TaskKey& task, uint64_t incarnation) = 0;
+  virtual absl::StatusOr<HeartbeatAnswer> Heartbeat(const TaskKey& task, uint64_t incarnation,
+                                                    const std::vector<HeldValue>& held) = 0;
 };
 
 // Steps: what the step table and the step resolver call.

@@ -6,13 +6,34 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/seeded_bug.h"
+#include "common/base/status_util.h"
 
 namespace repvar::worker {
 
 absl::Status ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
   // Old values are released after the lock is dropped (munmap can be slow).
   std::vector<std::shared_ptr<const Tensor>> released;
+  bool fenced = false;
+  {
+    MutexLock lock(&mu_);
+    REPVAR_RETURN_IF_ERROR(ApplyLocked(items, released, fenced));
+  }
+  if (listener_ != nullptr && fenced) listener_->Written(items);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StoredReplica> ReplicaStore::First(uint64_t variable_id) const {
   MutexLock lock(&mu_);
+  auto it = replicas_.lower_bound({variable_id, INT32_MIN});
+  if (it == replicas_.end() || it->first.first != variable_id) {
+    return absl::NotFoundError(absl::StrCat("variable id ", variable_id, " is not held here"));
+  }
+  return it->second;
+}
+
+absl::Status ReplicaStore::ApplyLocked(std::vector<ReplicaWrite>& items,
+                                       std::vector<std::shared_ptr<const Tensor>>& released,
+                                       bool& fenced) {
   for (const ReplicaWrite& item : items) {
     if (item.fence == 0) continue;
     auto f = fences_.find(item.variable_id);
@@ -25,6 +46,7 @@ absl::Status ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
   }
   for (ReplicaWrite& item : items) {
     if (item.fence != 0) {
+      fenced = true;
       uint64_t& f = fences_[item.variable_id];
       f = std::max(f, item.fence);
     }
@@ -80,13 +102,16 @@ absl::StatusOr<StoredReplica> ReplicaStore::Get(uint64_t variable_id, int32_t re
 
 void ReplicaStore::Drop(uint64_t variable_id) {
   std::vector<std::shared_ptr<const Tensor>> released;
-  MutexLock lock(&mu_);
-  auto it = replicas_.lower_bound({variable_id, INT32_MIN});
-  while (it != replicas_.end() && it->first.first == variable_id) {
-    released.push_back(std::move(it->second.value));
-    it = replicas_.erase(it);
+  {
+    MutexLock lock(&mu_);
+    auto it = replicas_.lower_bound({variable_id, INT32_MIN});
+    while (it != replicas_.end() && it->first.first == variable_id) {
+      released.push_back(std::move(it->second.value));
+      it = replicas_.erase(it);
+    }
+    applied_.SignalAll();  // a WaitFor for a replica dropped ends now
   }
-  applied_.SignalAll();  // a WaitFor for a replica dropped ends now
+  if (listener_ != nullptr) listener_->Dropped(variable_id);
 }
 
 std::vector<StoredReplica> ReplicaStore::FenceAndList(uint64_t floor) {

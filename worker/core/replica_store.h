@@ -25,6 +25,16 @@ struct StoredReplica {
   std::shared_ptr<const Tensor> value;
 };
 
+// Told, after the fact and before the caller goes on, of what changes the
+// value of a replica other than a step's install (LocalReads).
+class ReplicaListener {
+ public:
+  virtual ~ReplicaListener() = default;
+  // The coordinator's writes (items with a fence) were applied.
+  virtual void Written(const std::vector<ReplicaWrite>& items) = 0;
+  virtual void Dropped(uint64_t variable_id) = 0;
+};
+
 // The replicas this worker holds, in resident memory. A cross-replica write
 // gives every local replica of a variable the same immutable value, so the
 // bytes are held once per worker; readers keep a reference to the version
@@ -42,6 +52,12 @@ class ReplicaStore {
   // Errors: NOT_FOUND.
   absl::StatusOr<StoredReplica> Get(uint64_t variable_id, int32_t replica) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The local replica of `variable_id` with the lowest index. Errors:
+  // NOT_FOUND.
+  absl::StatusOr<StoredReplica> First(uint64_t variable_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Set once, before any write: told of every write with a fence and every
+  // drop.
+  void set_listener(ReplicaListener* listener) { listener_ = listener; }
   // The replica once it holds at least `min_version` (a step's value is
   // installed right after the step commits), waiting until `deadline`.
   // Errors: NOT_FOUND (also as soon as the variable is dropped while
@@ -60,6 +76,11 @@ class ReplicaStore {
   uint64_t BytesHeld() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // Apply's checks and changes, under the lock.
+  absl::Status ApplyLocked(std::vector<ReplicaWrite>& items,
+                           std::vector<std::shared_ptr<const Tensor>>& released, bool& fenced)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ReplicaListener* listener_ = nullptr;
   mutable Mutex mu_;
   mutable CondVar applied_;  // Apply() ran
   // Ordered (a variable's replicas are adjacent), a few replicas per

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "worker/core/step_resolver.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/seeded_bug.h"
 #include "common/base/status_util.h"
@@ -102,7 +104,45 @@ StepResolution StepResolver::Ask(const LocalStep& s, const absl::Status& why, co
   return *std::move(r);
 }
 
+StepResolver::Done StepResolver::SuspendLocalReads(const LocalStep& s, Done done) {
+  if (local_reads_ == nullptr || s.begin_versions.empty() ||
+      BugSeeded(SeededBug::kStepReadsNotSuspended)) {
+    return done;
+  }
+  std::vector<uint64_t> ids;
+  ids.reserve(s.begin_versions.size());
+  for (const auto& [id, version] : s.begin_versions) ids.push_back(id);
+  local_reads_->Suspend(ids);
+  return [local_reads = local_reads_, done = std::move(done)](StepResolution r) mutable {
+    local_reads->EndStep();
+    std::move(done)(std::move(r));
+  };
+}
+
+void StepResolver::ResumeLocalReads(const LocalStep& s, const StepPlan& plan,
+                                    const Targets& committed) const {
+  if (local_reads_ == nullptr) return;
+  for (const auto& [id, vc] : committed) local_reads_->Resume(id, vc.first, vc.second);
+  // Left as they were: neither changed nor repaired.
+  std::set<uint64_t> repaired;
+  plan.changed.ForEach([&](uint32_t index) {
+    if (index < s.layout->info.variables.size()) {
+      repaired.insert(s.layout->info.variables[index].id);
+    }
+  });
+  for (const auto& [id, version] : s.begin_versions) {
+    if (committed.contains(id) || repaired.contains(id)) continue;
+    local_reads_->Resume(id, version, std::nullopt);
+  }
+}
+
 StepResolution StepResolver::Resolve(const LocalStep& s) {
+  StepResolution out;
+  SuspendLocalReads(s, [&out](StepResolution r) { out = std::move(r); })(ResolveSuspended(s));
+  return out;
+}
+
+StepResolution StepResolver::ResolveSuspended(const LocalStep& s) {
   if (s.layout->me < 0) {
     // No replica of this host takes part: nothing to report.
     return Ask(s, absl::UnavailableError("the coordinator did not say how the step ended"),
@@ -113,9 +153,10 @@ StepResolution StepResolver::Resolve(const LocalStep& s) {
 }
 
 void StepResolver::ResolveAsync(const LocalStep& s, Done done) {
+  done = SuspendLocalReads(s, std::move(done));
   if (s.layout->me < 0) {
     blocking_.Schedule(
-        [this, &s, done = std::move(done)]() mutable { std::move(done)(Resolve(s)); });
+        [this, &s, done = std::move(done)]() mutable { std::move(done)(ResolveSuspended(s)); });
     return;
   }
   link_->ReportStepAsync(BuildReport(s, /*detailed=*/false), s.header.barrier_timeout + kLinkSlack,
@@ -240,6 +281,7 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolut
     auto stored = store_->Get(var.id, local.front());
     if (stored.ok()) target[var.id] = {stored->version, stored->checksum};
   });
+  const Targets repaired = target;  // their versions and values stay
   std::vector<CommittedVariable> changed_here;
   bool holds_all = true;
   if (!res.changed.empty()) {
@@ -279,6 +321,12 @@ void StepResolver::Install(const LocalStep& s, const StepPlan& plan, StepResolut
   }
   // Unfenced: installing a step's result cannot be refused.
   (void)store_->Apply(std::move(items));
+  Targets committed;
+  for (const auto& [id, vc] : target) {
+    auto r = repaired.find(id);
+    if (r == repaired.end() || r->second != vc) committed.emplace(id, vc);
+  }
+  ResumeLocalReads(s, plan, committed);
   // The trainers of this host get what it holds of the step, variable by
   // variable.
   if (!res.short_form) return;

@@ -5,6 +5,7 @@
 #include "common/base/thread_pool.h"
 #include "common/model/step.h"
 #include "worker/core/coordinator_link.h"
+#include "worker/core/local_reads.h"
 #include "worker/core/plan_runner.h"
 #include "worker/core/replica_store.h"
 #include "worker/core/step_table.h"
@@ -41,8 +42,13 @@ class StepResolver final : public Resolver {
 
   StepResolution Resolve(const LocalStep& step) override;
   void ResolveAsync(const LocalStep& step, Done done) override;
+  // Set once, before any step: the step's variables are not read locally
+  // from before the report until the resolution installs their values.
+  void set_local_reads(LocalReads* local_reads) { local_reads_ = local_reads; }
 
  private:
+  // Resolve, with the step's local reads suspended.
+  StepResolution ResolveSuspended(const LocalStep& s);
   // What follows the report: install the resolution, or run the plan and
   // finish, or ask how the step ended after a refusal.
   // `detailed`: the answer is to a detailed report (StepPlan::send_detail).
@@ -72,7 +78,14 @@ class StepResolver final : public Resolver {
   void Install(const LocalStep& s, const StepPlan& plan, StepResolution& res,
                const PlanOutput& prepared) const;
 
+  // Suspends the local reads of the step's variables; `done` ends them.
+  Done SuspendLocalReads(const LocalStep& s, Done done);
+  // After Install: the values the resolution committed (`committed`) and
+  // the variables it left as they were are readable again.
+  void ResumeLocalReads(const LocalStep& s, const StepPlan& plan, const Targets& committed) const;
+
   const WorkerIdentity me_;
+  LocalReads* local_reads_ = nullptr;
   ReplicaStore* const store_;
   StepLink* const link_;
   const PlanRunner runner_;

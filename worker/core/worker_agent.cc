@@ -30,7 +30,17 @@ absl::Time WorkerAgent::Tick(absl::Time now) {
     backoff_ = absl::Milliseconds(50);
     return now + interval_;
   }
-  absl::Status s = link_->Heartbeat(TaskKey{reg_.job, reg_.task}, reg_.incarnation);
+  LocalReads::Round round;
+  if (local_reads_ != nullptr) round = local_reads_->StartRound();
+  auto answer = link_->Heartbeat(TaskKey{reg_.job, reg_.task}, reg_.incarnation, round.held);
+  if (answer.ok() && local_reads_ != nullptr) {
+    local_reads_->Granted(round, answer->read_lease, answer->confirmed);
+  }
+  if ((absl::IsAborted(answer.status()) || absl::IsNotFound(answer.status())) &&
+      local_reads_ != nullptr) {
+    local_reads_->Lost();
+  }
+  const absl::Status& s = answer.status();
   if (absl::IsAborted(s)) {
     spdlog::error("{}:{} incarnation {} is fenced: {}", reg_.job, reg_.task, reg_.incarnation,
                   s.ToString());

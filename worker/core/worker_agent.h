@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/model/topology.h"
 #include "worker/core/coordinator_link.h"
+#include "worker/core/local_reads.h"
 
 namespace repvar::worker {
 
@@ -28,7 +29,10 @@ namespace repvar::worker {
 class WorkerAgent {
  public:
   enum class State { kUnregistered, kRegistered, kFenced };
-  WorkerAgent(WorkerRegistration reg, CoordinatorLink* link) : reg_(std::move(reg)), link_(link) {}
+  // `local_reads` (optional): told of every heartbeat's lease and
+  // confirmations, and of the registration being lost.
+  WorkerAgent(WorkerRegistration reg, CoordinatorLink* link, LocalReads* local_reads = nullptr)
+      : reg_(std::move(reg)), link_(link), local_reads_(local_reads) {}
 
   absl::Time Tick(absl::Time now);
   State state() const { return state_; }
@@ -37,6 +41,7 @@ class WorkerAgent {
  private:
   const WorkerRegistration reg_;
   CoordinatorLink* const link_;
+  LocalReads* const local_reads_;
   State state_ = State::kUnregistered;
   absl::Duration interval_ = absl::Seconds(1);
   absl::Duration backoff_ = absl::Milliseconds(50);

@@ -22,7 +22,8 @@ class GrpcCoordinatorLink final : public CoordinatorLink, public StepLink, publi
   GrpcCoordinatorLink(const std::string& address, const ChannelSecurity& security);
 
   absl::StatusOr<absl::Duration> Register(const WorkerRegistration& reg) override;
-  absl::Status Heartbeat(const TaskKey& task, uint64_t incarnation) override;
+  absl::StatusOr<HeartbeatAnswer> Heartbeat(const TaskKey& task, uint64_t incarnation,
+                                            const std::vector<HeldValue>& held) override;
 
   absl::StatusOr<StepInfo> GetStep(uint64_t epoch, uint64_t known_layout) override;
   absl::StatusOr<std::variant<StepPlan, StepResolution>> ReportStep(

@@ -117,6 +117,20 @@ grpc::Status StepsService::DiscardStep(grpc::ServerContext* ctx, const v1::Disca
   return grpc::Status::OK;
 }
 
+grpc::Status StepsService::MapLocalReads(grpc::ServerContext* ctx,
+                                         const v1::MapLocalReadsRequest*,
+                                         v1::MapLocalReadsResponse* resp) {
+  const ScopedRequestId request_id(RequestIdOf(*ctx));
+  if (local_reads_fd_ < 0) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this worker keeps no local read table (--local_read_bytes=0)");
+  }
+  resp->set_pid(static_cast<int32_t>(getpid()));
+  resp->set_fd(local_reads_fd_);
+  resp->set_byte_size(local_reads_bytes_);
+  return grpc::Status::OK;
+}
+
 grpc::Status StepsService::StepMap(grpc::ServerContext* ctx, const v1::StepMapRequest* req,
                                    v1::StepMapResponse* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));

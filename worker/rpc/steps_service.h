@@ -62,6 +62,13 @@ class StepsService final : public StepsServiceBase {
                            v1::DiscardStepResponse*) override;
   grpc::Status StepMap(grpc::ServerContext*, const v1::StepMapRequest*,
                        v1::StepMapResponse*) override;
+  grpc::Status MapLocalReads(grpc::ServerContext*, const v1::MapLocalReadsRequest*,
+                             v1::MapLocalReadsResponse*) override;
+  // Where the local read table is (a memfd of this process); unset: none.
+  void set_local_reads(int fd, uint64_t bytes) {
+    local_reads_fd_ = fd;
+    local_reads_bytes_ = bytes;
+  }
   grpc::Status StepUnmap(grpc::ServerContext*, const v1::StepUnmapRequest*,
                          v1::StepUnmapResponse*) override;
 
@@ -73,6 +80,8 @@ class StepsService final : public StepsServiceBase {
   StepTable* const steps_;
   MemoryBudget* const budget_;
   ConnectionBudgets connections_;
+  int local_reads_fd_ = -1;
+  uint64_t local_reads_bytes_ = 0;
 };
 
 }  // namespace repvar::worker

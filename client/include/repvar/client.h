@@ -421,6 +421,21 @@ class Client {
   absl::StatusOr<ReadInfo> ReadInto(const std::string& name, std::span<std::byte> out);
   absl::StatusOr<std::vector<TensorValue>> ReadBatch(const std::vector<std::string>& names);
 
+  // Reads on this host (docs/architecture.md, "Local reads"): maps the
+  // local read table of the worker of `worker` ("job:task"; empty:
+  // $REPVAR_WORKER), after which Read and ReadInto take a committed value
+  // from it whenever the worker can prove it current (no call at all), and
+  // ask the coordinator otherwise. Reads stay linearizable either way.
+  // Errors: INVALID_ARGUMENT (not "job:task"), NOT_FOUND (no such live
+  // worker), FAILED_PRECONDITION (the worker keeps no table, or its memory
+  // cannot be mapped from here: another host, container or user).
+  absl::Status UseLocalReads(const std::string& worker = "");
+  struct LocalReadStats {
+    uint64_t served = 0;  // from the local table
+    uint64_t asked = 0;   // of the coordinator instead
+  };
+  LocalReadStats local_read_stats() const;
+
   // ---- Curves people watch ----
   // Publishes `value` at `step` of the curve `name` (a loss, an accuracy)
   // for the coordinator's web view. Each trainer may publish its own: the

@@ -233,6 +233,29 @@ TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {
   EXPECT_EQ(s->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, -1, -1}));
 }
 
+// C7: a step that leaves a live worker's replica behind commits a value that
+// replica does not get; it begins only once no read lease of that worker can
+// hold, and such a worker is granted none.
+TEST_F(StepCoreTest, C7_StepLeavingAWorkerBehind_WaitsOutItsReadLease) {
+  Create("b", Aggregation::kMean);
+  HeartbeatAll({0, 1, 2});  // each granted a lease
+  // tpu_worker:1 does not answer: the write fails, and every replica it
+  // reached (tpu_worker:0 and :2) or may have is not up to date.
+  workers_.Fail("tpu_worker:1", absl::UnavailableError("down for a moment"));
+  EXPECT_THAT(core_.Assign({}, {"b", AssignOp::kAssign, F32({3, 4})}).status(),
+              StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(testing::BeginStep(core_, 1, absl::Seconds(10)),
+              StatusIs(absl::StatusCode::kUnavailable));
+  auto grant = core_.Heartbeat(TaskKey{"tpu_worker", 1}, Inc(1));
+  ASSERT_OK(grant);
+  EXPECT_EQ(grant->read_lease, absl::ZeroDuration());
+  auto clean = core_.Heartbeat(TaskKey{"worker", 0}, 5);  // holds no replica
+  ASSERT_OK(clean);
+  EXPECT_GT(clean->read_lease, absl::ZeroDuration());
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_OK(testing::BeginStep(core_, 1, absl::Seconds(10)));
+}
+
 // Variables placed alike whose replicas all take part share one replica ->
 // participant list, even when created apart and when a worker is dead (what
 // keeps a layout of 4,000 replicas per variable small); one whose own
@@ -250,6 +273,7 @@ TEST_F(StepCoreTest, S1_VariablesPlacedAlike_ShareOneParticipantList_UnlessOwnRe
   workers_.Fail("tpu_worker:1", absl::UnavailableError("down for a moment"));
   EXPECT_THAT(core_.Assign({}, {"b", AssignOp::kAssign, F32({3, 4})}).status(),
               StatusIs(absl::StatusCode::kUnavailable));
+  clock_.Advance(absl::Seconds(4));  // past the read leases (C7)
   s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   // The write reached tpu_worker:0 alone and did not commit: no replica of

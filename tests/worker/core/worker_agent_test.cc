@@ -13,10 +13,16 @@ class ScriptedLink : public CoordinatorLink {
     if (!register_status.ok()) return register_status;
     return absl::Milliseconds(250);
   }
-  absl::Status Heartbeat(const TaskKey&, uint64_t) override {
+  absl::StatusOr<HeartbeatAnswer> Heartbeat(const TaskKey&, uint64_t,
+                                            const std::vector<HeldValue>& held) override {
     ++heartbeats;
-    return heartbeat_status;
+    asked = held;
+    if (!heartbeat_status.ok()) return heartbeat_status;
+    return HeartbeatAnswer{lease, std::vector<bool>(held.size(), confirm)};
   }
+  std::vector<HeldValue> asked;
+  absl::Duration lease = absl::Seconds(3);
+  bool confirm = true;
   absl::Status register_status;
   absl::Status heartbeat_status;
   int registers = 0;
