@@ -191,6 +191,28 @@ double GrpcFloorP50Us(const std::string& address, int ops) {
   return Percentile(us, 0.5);
 }
 
+// Reads of "small" served from tpu_worker:0's local read table (C8), once
+// its worker confirmed the value; each read must be served there.
+std::vector<double> LocalReads(repvar::Client& c, int ops) {
+  if (auto s = c.UseLocalReads("tpu_worker:0"); !s.ok()) Die("local reads", s);
+  for (int i = 0; i < 400 && c.local_read_stats().served == 0; ++i) {
+    if (auto r = c.Read("small"); !r.ok()) Die("read", r.status());
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  const uint64_t before = c.local_read_stats().served;
+  std::vector<double> us;
+  for (int i = 0; i < ops; ++i) {
+    auto t0 = Clock::now();
+    auto r = c.Read("small");
+    us.push_back(Ms(t0, Clock::now()) * 1000);
+    if (!r.ok()) Die("local read", r.status());
+  }
+  if (c.local_read_stats().served - before != static_cast<uint64_t>(ops)) {
+    Die("local read", absl::InternalError("some reads were not served locally"));
+  }
+  return us;
+}
+
 void SmallOps(int ops, int workers) {
   repvar::testing::TestCluster cluster(OneTpuPerWorker(workers));
   if (auto s = cluster.Start(); !s.ok()) Die("cluster", s);
@@ -208,6 +230,7 @@ void SmallOps(int ops, int workers) {
     reads.push_back(Ms(t0, Clock::now()) * 1000);
     if (!r.ok()) Die("read", r.status());
   }
+  const std::vector<double> local = LocalReads(*c, ops);
   for (int i = 0; i < ops; ++i) {
     auto t0 = Clock::now();
     auto a = c->AssignAdd("small", std::span<const float>(ones));
@@ -217,9 +240,10 @@ void SmallOps(int ops, int workers) {
   const double floor = cluster.tls() ? 0 : GrpcFloorP50Us(cluster.address(), ops);
   std::printf(
       "repvar_small workers=%d read_p50_us=%.1f read_p99_us=%.1f assign_add_p50_us=%.1f "
-      "assign_add_p99_us=%.1f grpc_unary_floor_p50_us=%.1f\n",
+      "assign_add_p99_us=%.1f grpc_unary_floor_p50_us=%.1f local_read_p50_us=%.2f "
+      "local_read_p99_us=%.2f\n",
       workers, Percentile(reads, 0.5), Percentile(reads, 0.99), Percentile(adds, 0.5),
-      Percentile(adds, 0.99), floor);
+      Percentile(adds, 0.99), floor, Percentile(local, 0.5), Percentile(local, 0.99));
 
   // Batched calls over 1,000 variables against one single-variable call.
   // Both creates answer without the replicas (VariableDetail::kBasic); the

@@ -104,6 +104,9 @@ def goals(res, who):
                  "<=", 0.6, "8 replicas, durable"))
     get = redis.get("GET")
     rows.append(("read_vs_redis", s["read_p50_us"] / get if s and get else None, "<=", 1.5, ""))
+    local = s.get("local_read_p50_us") if s else None
+    rows.append(("local_read_vs_redis", local / get if local and get else None, "<=", 0.5,
+                 "a read of 16 floats from the worker's local read table (C8)"))
     bt = first("repvar_batch")
     # Each batch over one single-variable call of its own kind (bench/README.md:
     # "batch of 1,000 / one single call"); over a single create too, the

@@ -65,12 +65,13 @@ class SimCoordinatorLink final : public worker::CoordinatorLink, public worker::
         });
   }
   absl::StatusOr<worker::HeartbeatAnswer> Heartbeat(const TaskKey& task, uint64_t incarnation,
-                                            const std::vector<HeldValue>& held) override {
+                                                    bool read_lease,
+                                                    const std::vector<HeldValue>& held) override {
     return Call<worker::HeartbeatAnswer>(
         "Heartbeat", absl::Seconds(5),
-        [task, incarnation, held](server::Coordinator* core,
-                                  Network::Answer<worker::HeartbeatAnswer> answer) {
-          auto grant = core->Heartbeat(task, incarnation, held);
+        [task, incarnation, read_lease, held](server::Coordinator* core,
+                                              Network::Answer<worker::HeartbeatAnswer> answer) {
+          auto grant = core->Heartbeat(task, incarnation, read_lease, held);
           if (!grant.ok()) return answer(grant.status());
           answer(worker::HeartbeatAnswer{grant->read_lease, grant->confirmed});
         });

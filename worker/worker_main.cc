@@ -5,9 +5,8 @@
 // services, metrics and the agent that registers and heartbeats.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
-#include <unistd.h>
-
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>

@@ -54,13 +54,13 @@ enum class SeededBug : int {
   // duplicate, or one queued while the coordinator was paused) applies the
   // write (found by the simulator, fixed with Replication::refused_).
   kRefusalsForgotten,
-  // C7: a trainer serves a value from its worker's read table without
+  // C8: a trainer serves a value from its worker's read table without
   // checking the lease (a worker declared dead keeps serving).
   kLocalReadsIgnoreLease,
-  // C7: the coordinator grants a read lease to a worker with a replica
+  // C8: the coordinator grants a read lease to a worker with a replica
   // that is not up to date (a step that leaves it behind commits under it).
   kStaleWorkersLeased,
-  // C7: a worker keeps its step's values readable while the step is being
+  // C8: a worker keeps its step's values readable while the step is being
   // resolved (another worker's change commits before it installs it).
   kStepReadsNotSuspended,
 };

@@ -23,7 +23,9 @@ class SlotWrite {
     s_->seq.store(s_->seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
   }
-  ~SlotWrite() { s_->seq.store(s_->seq.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
+  ~SlotWrite() {
+    s_->seq.store(s_->seq.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
   SlotWrite(const SlotWrite&) = delete;
   SlotWrite& operator=(const SlotWrite&) = delete;
 
@@ -204,8 +206,8 @@ LocalReadView::Snapshot LocalReadView::TakeSnapshot(std::string_view name, uint6
         at > h->arena_bytes || size > h->arena_bytes - at) {
       return Snapshot::kTorn;
     }
-    const bool named = name_bytes == name.size() &&
-                       std::memcmp(arena + meta, name.data(), name.size()) == 0;
+    const bool named =
+        name_bytes == name.size() && std::memcmp(arena + meta, name.data(), name.size()) == 0;
     out.version = s.version.load(std::memory_order_relaxed);
     out.checksum = s.checksum.load(std::memory_order_relaxed);
     out.spec.dtype = static_cast<DType>(s.dtype.load(std::memory_order_relaxed));

@@ -46,7 +46,7 @@ struct LocalReadHeader {
   uint64_t slot_count;  // a power of two
   uint64_t arena_offset;
   uint64_t arena_bytes;
-  std::atomic<uint64_t> epoch;           // odd while every slot is being cleared
+  std::atomic<uint64_t> epoch;          // odd while every slot is being cleared
   std::atomic<int64_t> lease_until_ns;  // CLOCK_MONOTONIC; 0: no lease
   uint64_t reserved[2];
 };

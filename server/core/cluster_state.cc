@@ -58,9 +58,9 @@ bool ClusterState::HoldsOnlyNorm(const TaskKey& task) const {
   for (const auto& [id, v] : variables_) {
     for (const auto& [i, r] : v.exceptions) {
       if (v.placement[static_cast<size_t>(i)].task != task) continue;
-      const bool norm = v.version == 0 || (r.state == ReplicaState::kUpToDate &&
-                                           r.version == v.version && r.checksum == v.checksum &&
-                                           r.incarnation == w->incarnation);
+      const bool norm =
+          v.version == 0 || (r.state == ReplicaState::kUpToDate && r.version == v.version &&
+                             r.checksum == v.checksum && r.incarnation == w->incarnation);
       if (!norm) return false;
     }
   }

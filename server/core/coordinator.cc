@@ -73,8 +73,9 @@ absl::StatusOr<int64_t> Coordinator::RegisterWorker(const WorkerRegistration& re
 }
 
 absl::StatusOr<HeartbeatGrant> Coordinator::Heartbeat(const TaskKey& key, uint64_t incarnation,
+                                                      bool read_lease,
                                                       const std::vector<HeldValue>& held) {
-  return registry_.Heartbeat(key, incarnation, held);
+  return registry_.Heartbeat(key, incarnation, read_lease, held);
 }
 
 void Coordinator::Tick(absl::Time now) {

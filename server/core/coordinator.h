@@ -82,6 +82,7 @@ class Coordinator {
   absl::StatusOr<int64_t> RegisterWorker(const WorkerRegistration& reg);
   // Errors: as Registry::Heartbeat.
   absl::StatusOr<HeartbeatGrant> Heartbeat(const TaskKey& key, uint64_t incarnation,
+                                           bool read_lease = false,
                                            const std::vector<HeldValue>& held = {});
   // Periodic work at `now`: declares silent workers dead (T5), ends the
   // calls in flight to them and fails the open step when a participant died

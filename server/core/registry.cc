@@ -269,6 +269,7 @@ absl::Time Registry::LeaseHeldUntil(const std::vector<TaskKey>& tasks) const {
 }
 
 absl::StatusOr<HeartbeatGrant> Registry::Heartbeat(const TaskKey& key, uint64_t incarnation,
+                                                   bool read_lease,
                                                    const std::vector<HeldValue>& held) {
   if (held.size() > kMaxHeldValuesPerHeartbeat) {
     return absl::InvalidArgumentError(absl::StrCat("a heartbeat asks about at most ",
@@ -291,7 +292,7 @@ absl::StatusOr<HeartbeatGrant> Registry::Heartbeat(const TaskKey& key, uint64_t 
   HeartbeatGrant grant;
   grant.topology_version = state_.topology_version();
   grant.confirmed.assign(held.size(), false);
-  if (ReadLease() <= absl::ZeroDuration() ||
+  if (!read_lease || ReadLease() <= absl::ZeroDuration() ||
       (!state_.HoldsOnlyNorm(key) && !BugSeeded(SeededBug::kStaleWorkersLeased))) {
     return grant;
   }

@@ -187,12 +187,14 @@ class Registry {
   // Live workers registered joining and not yet joined: after a restart,
   // those whose join the earlier run did not finish.
   std::vector<LiveTask> Joining() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Liveness, and the worker's read lease: granted while every replica it
-  // holds is up to date, and the values in `held` confirmed that are the
-  // committed ones of such replicas. Errors: NOT_FOUND (unknown or
-  // declared-dead task: re-register), ABORTED (stale incarnation),
-  // INVALID_ARGUMENT (more than kMaxHeldValuesPerHeartbeat values).
+  // Liveness, and for a worker that serves local reads (`read_lease`) its
+  // read lease: granted while every replica it holds is up to date, and the
+  // values in `held` confirmed that are the committed ones of such
+  // replicas. Errors: NOT_FOUND (unknown or declared-dead task:
+  // re-register), ABORTED (stale incarnation), INVALID_ARGUMENT (more than
+  // kMaxHeldValuesPerHeartbeat values).
   absl::StatusOr<HeartbeatGrant> Heartbeat(const TaskKey& key, uint64_t incarnation,
+                                           bool read_lease = false,
                                            const std::vector<HeldValue>& held = {})
       ABSL_LOCKS_EXCLUDED(mu_);
   // The latest time a read lease granted to one of `tasks` may still hold

@@ -75,7 +75,7 @@ grpc::ServerUnaryReactor* WorkersService::Heartbeat(grpc::CallbackServerContext*
   for (const v1::HeldValue& h : req->held()) {
     held.push_back(HeldValue{h.variable_id(), h.replica(), h.version(), h.checksum()});
   }
-  auto grant = core_->Heartbeat(task, req->incarnation(), held);
+  auto grant = core_->Heartbeat(task, req->incarnation(), req->read_lease(), held);
   if (grant.ok()) {
     resp->set_topology_version(grant->topology_version);
     resp->set_read_lease_ms(absl::ToInt64Milliseconds(grant->read_lease));

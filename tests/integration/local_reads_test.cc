@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// C7 against real processes: a trainer reads committed values from its
+// C8 against real processes: a trainer reads committed values from its
 // worker's local read table (no call), and never an older value than one
 // acknowledged before the read began, even when its worker stops answering
 // and the cluster goes on without it.
@@ -49,7 +49,7 @@ class LocalReadsTest : public testing::StartedCluster {
   }
 };
 
-TEST_F(LocalReadsTest, C7_CommittedValue_ServedLocally_WithItsVersion) {
+TEST_F(LocalReadsTest, C8_CommittedValue_ServedLocally_WithItsVersion) {
   CreateAndAssign(3);
   ASSERT_OK(client_->UseLocalReads("tpu_worker:0"));
   auto v = ReadServedLocally(*client_);
@@ -67,7 +67,7 @@ TEST_F(LocalReadsTest, C7_CommittedValue_ServedLocally_WithItsVersion) {
   EXPECT_EQ(out[0], 3.0f);
 }
 
-TEST_F(LocalReadsTest, C7_EveryReadAfterAnAcknowledgedAssign_SeesIt) {
+TEST_F(LocalReadsTest, C8_EveryReadAfterAnAcknowledgedAssign_SeesIt) {
   CreateAndAssign(0);
   ASSERT_OK(client_->UseLocalReads("tpu_worker:1"));
   ASSERT_OK(ReadServedLocally(*client_));
@@ -110,7 +110,7 @@ void PausedWorker_ThenAssign_ReadIsNotStale(LocalReadsTest* t, testing::TestClus
   (void)t;
 }
 
-TEST_F(LocalReadsTest, C7_WorkerPausedAndDeclaredDead_ReadAfterAnAssignWithoutIt_IsNotStale) {
+TEST_F(LocalReadsTest, C8_WorkerPausedAndDeclaredDead_ReadAfterAnAssignWithoutIt_IsNotStale) {
   CreateAndAssign(1);
   ASSERT_OK(client_->UseLocalReads("tpu_worker:0"));
   ASSERT_OK(ReadServedLocally(*client_));
@@ -119,7 +119,7 @@ TEST_F(LocalReadsTest, C7_WorkerPausedAndDeclaredDead_ReadAfterAnAssignWithoutIt
   EXPECT_FALSE(stale);
 }
 
-TEST_F(LocalReadsTest, C7_Control_ReadsIgnoringTheLease_AreStale) {
+TEST_F(LocalReadsTest, C8_Control_ReadsIgnoringTheLease_AreStale) {
   CreateAndAssign(1);
   ASSERT_OK(client_->UseLocalReads("tpu_worker:0"));
   ASSERT_OK(ReadServedLocally(*client_));
@@ -129,9 +129,11 @@ TEST_F(LocalReadsTest, C7_Control_ReadsIgnoringTheLease_AreStale) {
   EXPECT_TRUE(stale) << "the check above could not fail";
 }
 
-TEST_F(LocalReadsTest, C7_NotAWorker_Refused) {
-  EXPECT_THAT(client_->UseLocalReads("tpu_worker"), testing::StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(client_->UseLocalReads("tpu_worker:9"), testing::StatusIs(absl::StatusCode::kNotFound));
+TEST_F(LocalReadsTest, C8_NotAWorker_Refused) {
+  EXPECT_THAT(client_->UseLocalReads("tpu_worker"),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(client_->UseLocalReads("tpu_worker:9"),
+              testing::StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(client_->local_read_stats().served, 0u);
 }
 

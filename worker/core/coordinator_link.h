@@ -37,7 +37,9 @@ class CoordinatorLink {
   virtual absl::StatusOr<absl::Duration> Register(const WorkerRegistration& reg) = 0;
   // Errors: NOT_FOUND (declared dead: register again), ABORTED (stale
   // incarnation), UNAVAILABLE.
+  // `read_lease`: this worker serves local reads; `held`: values to confirm.
   virtual absl::StatusOr<HeartbeatAnswer> Heartbeat(const TaskKey& task, uint64_t incarnation,
+                                                    bool read_lease,
                                                     const std::vector<HeldValue>& held) = 0;
 };
 

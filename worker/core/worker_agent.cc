@@ -32,7 +32,8 @@ absl::Time WorkerAgent::Tick(absl::Time now) {
   }
   LocalReads::Round round;
   if (local_reads_ != nullptr) round = local_reads_->StartRound();
-  auto answer = link_->Heartbeat(TaskKey{reg_.job, reg_.task}, reg_.incarnation, round.held);
+  auto answer = link_->Heartbeat(TaskKey{reg_.job, reg_.task}, reg_.incarnation,
+                                 local_reads_ != nullptr, round.held);
   if (answer.ok() && local_reads_ != nullptr) {
     local_reads_->Granted(round, answer->read_lease, answer->confirmed);
   }

@@ -43,12 +43,15 @@ absl::StatusOr<absl::Duration> GrpcCoordinatorLink::Register(const WorkerRegistr
   return absl::Milliseconds(resp.heartbeat_interval_ms());
 }
 
-absl::StatusOr<HeartbeatAnswer> GrpcCoordinatorLink::Heartbeat(
-    const TaskKey& task, uint64_t incarnation, const std::vector<HeldValue>& held) {
+absl::StatusOr<HeartbeatAnswer> GrpcCoordinatorLink::Heartbeat(const TaskKey& task,
+                                                               uint64_t incarnation,
+                                                               bool read_lease,
+                                                               const std::vector<HeldValue>& held) {
   v1::HeartbeatRequest req;
   req.set_job(task.job);
   req.set_task(task.task);
   req.set_incarnation(incarnation);
+  req.set_read_lease(read_lease);
   for (const HeldValue& h : held) {
     v1::HeldValue* p = req.add_held();
     p->set_variable_id(h.variable_id);
@@ -57,8 +60,8 @@ absl::StatusOr<HeartbeatAnswer> GrpcCoordinatorLink::Heartbeat(
     p->set_checksum(h.checksum);
   }
   REPVAR_ASSIGN_OR_RETURN(
-      auto resp, Unary<v1::HeartbeatResponse>(
-                     stub_.get(), &v1::CoordinatorWorkers::Stub::Heartbeat, req, absl::Seconds(5)));
+      auto resp, Unary<v1::HeartbeatResponse>(stub_.get(), &v1::CoordinatorWorkers::Stub::Heartbeat,
+                                              req, absl::Seconds(5)));
   HeartbeatAnswer answer;
   answer.read_lease = absl::Milliseconds(resp.read_lease_ms());
   answer.confirmed.assign(resp.confirmed().begin(), resp.confirmed().end());

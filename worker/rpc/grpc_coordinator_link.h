@@ -23,6 +23,7 @@ class GrpcCoordinatorLink final : public CoordinatorLink, public StepLink, publi
 
   absl::StatusOr<absl::Duration> Register(const WorkerRegistration& reg) override;
   absl::StatusOr<HeartbeatAnswer> Heartbeat(const TaskKey& task, uint64_t incarnation,
+                                            bool read_lease,
                                             const std::vector<HeldValue>& held) override;
 
   absl::StatusOr<StepInfo> GetStep(uint64_t epoch, uint64_t known_layout) override;

@@ -117,8 +117,7 @@ grpc::Status StepsService::DiscardStep(grpc::ServerContext* ctx, const v1::Disca
   return grpc::Status::OK;
 }
 
-grpc::Status StepsService::MapLocalReads(grpc::ServerContext* ctx,
-                                         const v1::MapLocalReadsRequest*,
+grpc::Status StepsService::MapLocalReads(grpc::ServerContext* ctx, const v1::MapLocalReadsRequest*,
                                          v1::MapLocalReadsResponse* resp) {
   const ScopedRequestId request_id(RequestIdOf(*ctx));
   if (local_reads_fd_ < 0) {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The local read table (C7's mechanism): what is served and what is not.
+// The local read table (C8's mechanism): what is served and what is not.
 #include "common/tensor/local_read_table.h"
 
 #include <gtest/gtest.h>
@@ -33,7 +33,8 @@ class LocalReadTableTest : public ::testing::Test {
                           Checksum(b), b);
   }
   LocalReadView::Outcome Read(const std::string& name, int64_t now = 100) {
-    return view_.Read(name, [now] { return now; }, got_, bytes_);
+    return view_.Read(
+        name, [now] { return now; }, got_, bytes_);
   }
 
   std::vector<uint64_t> region_;  // 8-aligned
@@ -43,7 +44,7 @@ class LocalReadTableTest : public ::testing::Test {
   std::vector<std::byte> bytes_;
 };
 
-TEST_F(LocalReadTableTest, C7_Published_ServedWithItsVersionBeforeTheLeaseEnds) {
+TEST_F(LocalReadTableTest, C8_Published_ServedWithItsVersionBeforeTheLeaseEnds) {
   table_.SetLease(1000);
   ASSERT_TRUE(Publish(7, "model/w", 3, Floats({1, 2, 3, 4})));
   ASSERT_EQ(Read("model/w"), LocalReadView::Outcome::kServed);
@@ -57,7 +58,7 @@ TEST_F(LocalReadTableTest, C7_Published_ServedWithItsVersionBeforeTheLeaseEnds) 
   EXPECT_EQ(bytes_, Floats({5, 6, 7, 8}));
 }
 
-TEST_F(LocalReadTableTest, C7_NoLeaseOrLeaseOver_NotServed) {
+TEST_F(LocalReadTableTest, C8_NoLeaseOrLeaseOver_NotServed) {
   ASSERT_TRUE(Publish(7, "model/w", 3, Floats({1})));
   EXPECT_EQ(Read("model/w"), LocalReadView::Outcome::kNoLease);  // never granted
   table_.SetLease(1000);
@@ -65,7 +66,7 @@ TEST_F(LocalReadTableTest, C7_NoLeaseOrLeaseOver_NotServed) {
   EXPECT_EQ(Read("model/w", 1000), LocalReadView::Outcome::kNoLease);
 }
 
-TEST_F(LocalReadTableTest, C7_InvalidatedClearedOrUnknown_NotServed) {
+TEST_F(LocalReadTableTest, C8_InvalidatedClearedOrUnknown_NotServed) {
   table_.SetLease(1000);
   ASSERT_TRUE(Publish(7, "a", 3, Floats({1})));
   ASSERT_TRUE(Publish(8, "b", 3, Floats({2})));
@@ -83,7 +84,7 @@ TEST_F(LocalReadTableTest, C7_InvalidatedClearedOrUnknown_NotServed) {
   EXPECT_EQ(Read("b"), LocalReadView::Outcome::kServed);
 }
 
-TEST_F(LocalReadTableTest, C7_SlotBeingWritten_NotServed) {
+TEST_F(LocalReadTableTest, C8_SlotBeingWritten_NotServed) {
   table_.SetLease(1000);
   ASSERT_TRUE(Publish(7, "a", 3, Floats({1})));
   // A writer stopped half way: the slot's seq is odd.
@@ -94,14 +95,14 @@ TEST_F(LocalReadTableTest, C7_SlotBeingWritten_NotServed) {
   EXPECT_EQ(Read("a"), LocalReadView::Outcome::kBusy);
 }
 
-TEST_F(LocalReadTableTest, C7_BytesThatFailTheChecksum_NotServed) {
+TEST_F(LocalReadTableTest, C8_BytesThatFailTheChecksum_NotServed) {
   table_.SetLease(1000);
-  ASSERT_TRUE(table_.Publish(7, "a", 3, TensorSpec{DType::kFloat32, {1}}, /*checksum=*/12345,
-                             Floats({1})));
+  ASSERT_TRUE(
+      table_.Publish(7, "a", 3, TensorSpec{DType::kFloat32, {1}}, /*checksum=*/12345, Floats({1})));
   EXPECT_EQ(Read("a"), LocalReadView::Outcome::kBusy);
 }
 
-TEST_F(LocalReadTableTest, C7_TooLargeOrNoRoom_NotKept) {
+TEST_F(LocalReadTableTest, C8_TooLargeOrNoRoom_NotKept) {
   table_.SetLease(1000);
   std::vector<std::byte> big(kLocalReadMaxValueBytes + 4);
   EXPECT_FALSE(table_.Publish(1, "big", 1, TensorSpec{DType::kFloat32, {int64_t(big.size())}},
@@ -118,7 +119,7 @@ TEST_F(LocalReadTableTest, C7_TooLargeOrNoRoom_NotKept) {
   EXPECT_EQ(Read("v15"), LocalReadView::Outcome::kNotReadable);
 }
 
-TEST_F(LocalReadTableTest, C7_ARegionThatIsNotATable_Refused) {
+TEST_F(LocalReadTableTest, C8_ARegionThatIsNotATable_Refused) {
   std::vector<uint64_t> zeros(64, 0);
   EXPECT_EQ(LocalReadView::Open(std::as_bytes(std::span(zeros))).status().code(),
             absl::StatusCode::kDataLoss);

@@ -203,6 +203,37 @@ TEST_F(MembershipTest, T5_SilentWorker_DeclaredDeadSlotFreedVersionBumps) {
   ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 1, 99)));
 }
 
+// C8: a newer incarnation takes the task over only once no read lease of the
+// old one can hold (the old process may still be serving reads).
+TEST_F(MembershipTest, C8_NewIncarnation_WaitsOutTheOldOnesReadLease) {
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 1, 7)));
+  // Without asking for a lease (no local reads), none is granted or waited for.
+  auto none = m_.Heartbeat({"tpu_worker", 0}, 7);
+  ASSERT_OK(none);
+  EXPECT_EQ(none->read_lease, absl::ZeroDuration());
+  auto grant = m_.Heartbeat({"tpu_worker", 0}, 7, /*read_lease=*/true);
+  ASSERT_OK(grant);
+  EXPECT_EQ(grant->read_lease, absl::Seconds(3));
+  EXPECT_THAT(m_.Register(Tpu("tpu_worker", 0, 1, 8)),
+              StatusIs(absl::StatusCode::kUnavailable, "may serve reads"));
+  EXPECT_EQ(m_.Find({"tpu_worker", 0})->incarnation, 7u);
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 1, 8)));
+  EXPECT_EQ(m_.Find({"tpu_worker", 0})->incarnation, 8u);
+}
+
+TEST_F(MembershipTest, C8_ReadLease_AtMostAThirdOfTheHeartbeatTimeout) {
+  RegistryOptions o = Options();
+  o.membership.heartbeat_timeout = absl::Seconds(1);
+  Registry r(o, &clock_, &log_);
+  ASSERT_OK(r.Register(Tpu("tpu_worker", 0, 1, 7)));
+  auto grant = r.Heartbeat({"tpu_worker", 0}, 7, true);
+  ASSERT_OK(grant);
+  EXPECT_EQ(grant->read_lease, absl::Milliseconds(1000) / 3);
+  EXPECT_THAT(r.Heartbeat({"tpu_worker", 0}, 7, true, std::vector<HeldValue>(4097)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "4096"));
+}
+
 TEST_F(MembershipTest, T5_Heartbeat_StaleIncarnation_Aborted) {
   ASSERT_OK(m_.Register(Tpu("tpu_worker", 0, 1, 7)));
   EXPECT_THAT(m_.Heartbeat({"tpu_worker", 0}, 8), StatusIs(absl::StatusCode::kAborted));

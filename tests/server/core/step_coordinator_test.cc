@@ -233,12 +233,34 @@ TEST_F(StepCoreTest, S1_DeadWorkersReplicasSitTheStepOut) {
   EXPECT_EQ(s->variables[0].replica_participant, (std::vector<int32_t>{0, 0, 1, 1, -1, -1}));
 }
 
-// C7: a step that leaves a live worker's replica behind commits a value that
+// C8: a heartbeat confirms a held value only when it is the committed value
+// of an up-to-date replica of that worker's.
+TEST_F(StepCoreTest, C8_Heartbeat_ConfirmsOnlyCommittedValuesOfItsOwnUpToDateReplicas) {
+  const uint64_t id = Create("w", Aggregation::kMean);
+  auto ack = core_.Assign({}, {"w", AssignOp::kAssign, F32({3, 4})});
+  ASSERT_OK(ack);
+  auto info = core_.GetVariable("w");
+  ASSERT_OK(info);
+  const uint64_t sum = info->checksum;
+  // Replicas 0 and 1 are on tpu_worker:0, 2 and 3 on tpu_worker:1.
+  auto grant = core_.Heartbeat(
+      TaskKey{"tpu_worker", 0}, Inc(0), /*read_lease=*/true,
+      {HeldValue{id, 0, ack->version, sum}, HeldValue{id, 0, ack->version - 1, sum},
+       HeldValue{id, 0, ack->version, sum + 1}, HeldValue{id, 2, ack->version, sum},
+       HeldValue{id + 100, 0, ack->version, sum}, HeldValue{id, 99, ack->version, sum}});
+  ASSERT_OK(grant);
+  EXPECT_EQ(grant->confirmed, (std::vector<bool>{true, false, false, false, false, false}));
+  EXPECT_GT(grant->read_lease, absl::ZeroDuration());
+}
+
+// C8: a step that leaves a live worker's replica behind commits a value that
 // replica does not get; it begins only once no read lease of that worker can
 // hold, and such a worker is granted none.
-TEST_F(StepCoreTest, C7_StepLeavingAWorkerBehind_WaitsOutItsReadLease) {
+TEST_F(StepCoreTest, C8_StepLeavingAWorkerBehind_WaitsOutItsReadLease) {
   Create("b", Aggregation::kMean);
-  HeartbeatAll({0, 1, 2});  // each granted a lease
+  for (int t : {0, 1, 2}) {  // each serves local reads and is granted a lease
+    ASSERT_OK(core_.Heartbeat(TaskKey{"tpu_worker", t}, Inc(t), /*read_lease=*/true));
+  }
   // tpu_worker:1 does not answer: the write fails, and every replica it
   // reached (tpu_worker:0 and :2) or may have is not up to date.
   workers_.Fail("tpu_worker:1", absl::UnavailableError("down for a moment"));
@@ -246,10 +268,10 @@ TEST_F(StepCoreTest, C7_StepLeavingAWorkerBehind_WaitsOutItsReadLease) {
               StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(testing::BeginStep(core_, 1, absl::Seconds(10)),
               StatusIs(absl::StatusCode::kUnavailable));
-  auto grant = core_.Heartbeat(TaskKey{"tpu_worker", 1}, Inc(1));
+  auto grant = core_.Heartbeat(TaskKey{"tpu_worker", 1}, Inc(1), true);
   ASSERT_OK(grant);
   EXPECT_EQ(grant->read_lease, absl::ZeroDuration());
-  auto clean = core_.Heartbeat(TaskKey{"worker", 0}, 5);  // holds no replica
+  auto clean = core_.Heartbeat(TaskKey{"worker", 0}, 5, true);  // holds no replica
   ASSERT_OK(clean);
   EXPECT_GT(clean->read_lease, absl::ZeroDuration());
   clock_.Advance(absl::Seconds(4));
@@ -273,7 +295,6 @@ TEST_F(StepCoreTest, S1_VariablesPlacedAlike_ShareOneParticipantList_UnlessOwnRe
   workers_.Fail("tpu_worker:1", absl::UnavailableError("down for a moment"));
   EXPECT_THAT(core_.Assign({}, {"b", AssignOp::kAssign, F32({3, 4})}).status(),
               StatusIs(absl::StatusCode::kUnavailable));
-  clock_.Advance(absl::Seconds(4));  // past the read leases (C7)
   s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   // The write reached tpu_worker:0 alone and did not commit: no replica of
