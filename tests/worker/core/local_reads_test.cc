@@ -36,7 +36,8 @@ class LocalReadsTest : public ::testing::Test {
   int64_t ReadLocally() {
     LocalValue v;
     std::vector<std::byte> bytes;
-    const auto outcome = view_.Read("w", [this] { return now_ns_; }, v, bytes);
+    auto now = [this] { return now_ns_; };
+    const auto outcome = view_.Read("w", now, v, bytes);
     return outcome == LocalReadView::Outcome::kServed ? v.version : 0;
   }
   // A heartbeat round answered with a lease of 3 s and `confirm` for each
