@@ -77,7 +77,7 @@ class Client::Impl {
   // The local read table in use (UseLocalReads); null: none.
   struct LocalTable {
     LocalTable(void* mapped, size_t bytes, LocalReadView table)
-        : map(mapped), size(bytes), view(std::move(table)) {}
+        : map(mapped), size(bytes), view(table) {}
     ~LocalTable();
     void* const map;
     const size_t size;

@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/tensor/local_read_table.h"
 #include "sim/coordinator_node.h"
+#include "sim/worker_node.h"
 #include "sim/world.h"
 
 namespace repvar::sim {
@@ -215,7 +217,34 @@ void ClientNode::Write(const std::string& name, AssignOp op, std::vector<float> 
                            r.ok() ? absl::StrCat("v", r->version) : r.status().ToString()));
 }
 
+bool ClientNode::ReadLocally(const std::string& name) {
+  // The host's worker is the client's index modulo the workers, its table
+  // mapped as a trainer maps it (kept after the worker process died).
+  WorkerNode* w = world_->WorkerAt(static_cast<NodeId>(index_ % world_->worker_count()) + 1);
+  const std::span<const std::byte> table = w->local_table();
+  if (table.empty()) return false;
+  absl::StatusOr<LocalReadView> view = LocalReadView::Open(table);
+  if (!view.ok()) return false;
+  LocalValue got;
+  std::vector<std::byte> bytes;
+  Scheduler& s = world_->scheduler();
+  const int64_t call = Micros();
+  auto now = [&s] { return absl::ToUnixNanos(s.Now()); };
+  if (view->Read(name, now, got, bytes) != LocalReadView::Outcome::kServed) return false;
+  std::vector<float> floats(bytes.size() / sizeof(float));
+  std::memcpy(floats.data(), bytes.data(), floats.size() * sizeof(float));
+  world_->Log(absl::StrCat("client ", index_, " read ", name, " locally -> v", got.version, " [",
+                           absl::StrJoin(floats, ","), "]"));
+  RegisterOp rop;
+  rop.kind = RegisterOp::Kind::kRead;
+  rop.call = call;
+  const size_t h = world_->history().Begin(name, rop);
+  world_->history().Answered(name, h, Micros(), got.version, ChecksumOf(floats));
+  return true;
+}
+
 void ClientNode::Read(const std::string& name) {
+  if (world_->local_reads() && world_->random().Uniform(2) == 0 && ReadLocally(name)) return;
   RegisterOp rop;
   rop.kind = RegisterOp::Kind::kRead;
   rop.call = Micros();

@@ -39,6 +39,9 @@ class ClientNode {
   // One operation of the workload, recorded in the history.
   void Write(const std::string& name, AssignOp op, std::vector<float> value);
   void Read(const std::string& name);
+  // A read from the host's worker's local read table (C8); false when it
+  // does not serve it (the caller asks the coordinator).
+  bool ReadLocally(const std::string& name);
   // One call to the coordinator, handled by `serve` on a thread of its
   // process (UNAVAILABLE when it does not serve).
   template <typename T>

@@ -43,9 +43,9 @@ void CoordinatorNode::Main(Process* p) {
   Scheduler& s = world_->scheduler();
   server::CoordinatorOptions options;
   options.membership.heartbeat_timeout = world_->options().heartbeat_timeout;
-  // The simulated workers serve no local reads (yet): no lease is granted,
-  // and none is waited for after a restart.
-  options.membership.read_lease = absl::ZeroDuration();
+  // Without local reads no lease is granted, and none is waited for after
+  // a restart.
+  if (!world_->local_reads()) options.membership.read_lease = absl::ZeroDuration();
   options.replication.data_plane = world_->options().data_plane;
   options.replication.data_plane_min_bytes = 1;
   options.replication.verify_timeout = absl::Seconds(2);

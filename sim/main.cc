@@ -240,6 +240,10 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "the trainers' variables, of each aggregation in turn")
       ->check(CLI::Range(1, 1000));
   app.add_option("--faults", o.faults, "the nemesis's faults per seed")->check(CLI::Range(0, 1000));
+  app.add_option("--local_reads", o.local_reads,
+                 "workers keep local read tables and clients read from them: 1 on, 0 off, "
+                 "-1 decided by each seed")
+      ->check(CLI::Range(-1, 1));
   app.add_flag("--verbose", o.verbose, "print every seed's history on stderr");
   app.add_flag("--stop_at_failure", f.stop_at_failure,
                "launch no seed after the first failure (the line counts the seeds run)");

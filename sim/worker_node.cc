@@ -15,6 +15,7 @@
 #include "sim/coordinator_node.h"
 #include "sim/data_plane.h"
 #include "sim/world.h"
+#include "worker/core/local_reads.h"
 #include "worker/core/step_resolver.h"
 #include "worker/core/worker_agent.h"
 #include "worker/core/write_sessions.h"
@@ -174,7 +175,14 @@ struct WorkerNode::Process {
   std::unique_ptr<worker::StepTable> steps;
   std::unique_ptr<worker::WorkerAgent> agent;
   std::unique_ptr<ThreadPool> root_broadcasts;
+  std::vector<uint64_t> table;  // the local read table's memory (8-aligned)
+  std::unique_ptr<worker::LocalReads> local_reads;
 };
+
+namespace {
+constexpr size_t kTableSlots = 64;
+constexpr size_t kTableArena = 16 << 10;
+}  // namespace
 
 WorkerNode::WorkerNode(World* world, NodeId node, std::string job, int32_t task, int devices)
     : world_(world), node_(node), task_{std::move(job), task}, devices_(devices) {}
@@ -219,7 +227,15 @@ void WorkerNode::RunAgent(Process* p) {
   p->steps =
       std::make_unique<worker::StepTable>(identity, &p->store, p->link.get(), p->resolver.get());
   p->root_broadcasts = std::make_unique<ThreadPool>(1, 4);  // as ReplicasService's
-  p->agent = std::make_unique<worker::WorkerAgent>(reg, p->link.get());
+  if (world_->local_reads()) {
+    p->table.assign(LocalReadTableBytes(kTableSlots, kTableArena) / 8, 0);
+    p->local_reads = std::make_unique<worker::LocalReads>(
+        std::as_writable_bytes(std::span(p->table)), kTableSlots, &p->store,
+        [&s] { return absl::ToUnixNanos(s.Now()); });
+    p->store.set_listener(p->local_reads.get());
+    p->resolver->set_local_reads(p->local_reads.get());
+  }
+  p->agent = std::make_unique<worker::WorkerAgent>(reg, p->link.get(), p->local_reads.get());
   p->ready = true;
   while (true) {
     const absl::Time next = p->agent->Tick(s.Now());
@@ -247,6 +263,13 @@ worker::ReplicaStore* WorkerNode::store() {
 }
 worker::StepTable* WorkerNode::steps() {
   return current_ != nullptr && current_->ready ? current_->steps.get() : nullptr;
+}
+
+std::span<const std::byte> WorkerNode::local_table() const {
+  for (auto p = processes_.rbegin(); p != processes_.rend(); ++p) {
+    if (!(*p)->table.empty()) return std::as_bytes(std::span((*p)->table));
+  }
+  return {};
 }
 
 WorkerNode::Process* WorkerNode::ByProcess(ProcessId id) {

@@ -12,6 +12,7 @@
 #define REPVAR_SIM_WORKER_NODE_H_
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,9 @@ class WorkerNode {
   // The running process's replicas and steps (null when down).
   worker::ReplicaStore* store();
   worker::StepTable* steps();
+  // The local read table of the latest process that kept one, as a trainer
+  // on the host maps it: still there after that process died (empty: none).
+  std::span<const std::byte> local_table() const;
 
   // ---- The coordinator's calls, handled by process `callee` (the one the
   // network delivered to: a call meant for an earlier incarnation finds a

@@ -118,6 +118,7 @@ World::World(WorldOptions options)
     if (options_.verbose) Trace(absl::StrCat("record: ", Describe(r)));
   });
   hub_.SetTrace([this](const std::string& line) { Trace(line); });
+  local_reads_ = options_.local_reads >= 0 ? options_.local_reads == 1 : random_.Uniform(2) == 1;
   coordinator_ = std::make_unique<CoordinatorNode>(this);
   for (int t = 0; t < options_.workers; ++t) {
     workers_.push_back(

@@ -59,6 +59,9 @@ struct WorldOptions {
   absl::Duration time_limit = absl::Minutes(20);
   // Cross-replica writes of large values over the simulated data plane.
   bool data_plane = true;
+  // Workers keep local read tables and clients read from them (C8): 1 on,
+  // 0 off, -1 decided by the seed (half the seeds).
+  int local_reads = -1;
   // Print every event as it happens (replaying one seed).
   bool verbose = false;
 };
@@ -91,6 +94,8 @@ class World {
   DataPlaneHub& hub() { return hub_; }
   History& history() { return history_; }
   const WorldOptions& options() const { return options_; }
+  // Whether this seed's workers serve local reads (WorldOptions::local_reads).
+  bool local_reads() const { return local_reads_; }
   CoordinatorNode& coordinator() { return *coordinator_; }
   static constexpr NodeId kCoordinatorNode = 0;
   // Worker hosts are nodes 1..workers; node of task t is t + 1.
@@ -137,6 +142,7 @@ class World {
 
   const WorldOptions options_;
   Random random_;
+  bool local_reads_ = false;
   Scheduler scheduler_;
   Network network_;
   Disk disk_;

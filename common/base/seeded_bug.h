@@ -60,9 +60,6 @@ enum class SeededBug : int {
   // C8: the coordinator grants a read lease to a worker with a replica
   // that is not up to date (a step that leaves it behind commits under it).
   kStaleWorkersLeased,
-  // C8: a worker keeps its step's values readable while the step is being
-  // resolved (another worker's change commits before it installs it).
-  kStepReadsNotSuspended,
 };
 
 inline constexpr std::string_view kSeededBugNames[] = {
@@ -83,7 +80,6 @@ inline constexpr std::string_view kSeededBugNames[] = {
     "refusals_forgotten",
     "local_reads_ignore_lease",
     "stale_workers_leased",
-    "step_reads_not_suspended",
 };
 
 namespace seeded_bug_internal {

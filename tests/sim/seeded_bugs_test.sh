@@ -29,5 +29,7 @@ no_roll_forward|C4 linearizability|
 answered_before_sync|C4 linearizability|
 fences_ignored|F7 replica truth|
 groups_reused_across_restarts|F7 replica truth (at rest)|--faults=16
+local_reads_ignore_lease|C4 linearizability|
+stale_workers_leased|C4 linearizability|
 BUGS
 exit $status

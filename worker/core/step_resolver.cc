@@ -105,10 +105,7 @@ StepResolution StepResolver::Ask(const LocalStep& s, const absl::Status& why, co
 }
 
 StepResolver::Done StepResolver::SuspendLocalReads(const LocalStep& s, Done done) {
-  if (local_reads_ == nullptr || s.begin_versions.empty() ||
-      BugSeeded(SeededBug::kStepReadsNotSuspended)) {
-    return done;
-  }
+  if (local_reads_ == nullptr || s.begin_versions.empty()) return done;
   std::vector<uint64_t> ids;
   ids.reserve(s.begin_versions.size());
   for (const auto& [id, version] : s.begin_versions) ids.push_back(id);
