@@ -199,12 +199,8 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
       // T1: a newer process of the task supersedes the old one once no read
       // lease of the old one can hold; the old incarnation is fenced (its
       // calls refused, its step failed).
-      if (auto until = lease_held_until_.find(key);
-          until != lease_held_until_.end() && until->second > clock_->Now()) {
-        return absl::UnavailableError(absl::StrCat(
-            "task ", key.ToString(), " incarnation ", w->incarnation,
-            " may serve reads from its replicas for ",
-            absl::FormatDuration(until->second - clock_->Now()), " more; register again then"));
+      if (auto until = lease_held_until_.find(key); until != lease_held_until_.end()) {
+        superseded_leases_end_ = std::max(superseded_leases_end_, until->second);
       }
       if (superseded != nullptr) {
         *superseded = LiveTask{key, w->address, w->incarnation, w->devices, last_heartbeat_[key]};
@@ -256,6 +252,11 @@ absl::Duration Registry::ReadLease() const {
 absl::Duration Registry::LeaseBound() const {
   const absl::Duration lease = ReadLease();
   return lease + lease / 10 + absl::Milliseconds(50);
+}
+
+absl::Time Registry::SupersededLeasesEnd() const {
+  RankedLock lock(&mu_);
+  return superseded_leases_end_;
 }
 
 absl::Time Registry::LeaseHeldUntil(const std::vector<TaskKey>& tasks) const {

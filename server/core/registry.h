@@ -201,6 +201,10 @@ class Registry {
   // (InfinitePast: none can). A commit that leaves a task's replica behind
   // waits past it (StepCoordinator::BeginStep).
   absl::Time LeaseHeldUntil(const std::vector<TaskKey>& tasks) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The latest time a read lease of a superseded incarnation may hold: its
+  // process may still serve reads, so no new value is committed before
+  // (Replication::CommitWrites, StepCoordinator::BeginStep).
+  absl::Time SupersededLeasesEnd() const ABSL_LOCKS_EXCLUDED(mu_);
   // T5: declares dead every live task silent for longer than the timeout at
   // `now` (one record); returns them.
   std::vector<LiveTask> CheckHeartbeats(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
@@ -295,6 +299,7 @@ class Registry {
   // Per task, until when a read lease granted to it may hold, on this
   // clock: the worker counts from when it sent the heartbeat, earlier.
   absl::flat_hash_map<TaskKey, absl::Time> lease_held_until_ ABSL_GUARDED_BY(mu_);
+  absl::Time superseded_leases_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The lease granted (read_lease, capped), and the margin added for the
   // clocks' drift.
   absl::Duration ReadLease() const;

@@ -156,6 +156,12 @@ absl::Status Replication::CommitWrites(const std::vector<PlannedWrite>& writes,
   // caller hears of it (a restart must not roll the write forward then).
   const auto durability = delivered && delivery.prepared != 0 ? Registry::Durability::kDecided
                                                               : Registry::Durability::kSynced;
+  // A superseded worker process may still serve the values this replaces
+  // from its local read table (C8): they are replaced once it cannot.
+  if (delivered) {
+    const absl::Time end = registry_->SupersededLeasesEnd();
+    if (const absl::Time now = clock_->Now(); end > now) clock_->SleepFor(end - now);
+  }
   absl::Status committed =
       registry_
           ->Commit(
@@ -444,18 +450,12 @@ absl::Status Replication::Delete(const RequestKey& key, absl::string_view name) 
     workers_->DropVariableAsync(holders[i], id, drops.Callback(i));
   }
   std::vector<absl::Status> statuses = drops.Wait();
-  std::vector<TaskKey> not_dropped;
   for (size_t i = 0; i < holders.size(); ++i) {
     if (!statuses[i].ok()) {
       spdlog::warn("drop of {} on {} failed: {}", std::string(name), holders[i].task.ToString(),
                    statuses[i].ToString());
-      not_dropped.push_back(holders[i].task);
     }
   }
-  // A worker that did not drop it may still serve it from its local read
-  // table (C8): the delete is answered once no read lease of its can hold.
-  const absl::Time lease_end = registry_->LeaseHeldUntil(not_dropped);
-  if (const absl::Time now = clock_->Now(); lease_end > now) clock_->SleepFor(lease_end - now);
   RankedLock lock(&mu_);
   write_locks_.erase(id);
   spdlog::info("variable {} (id {}) deleted", std::string(name), id);

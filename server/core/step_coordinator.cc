@@ -334,17 +334,18 @@ StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout)
   std::optional<StepInfo> fresh;
   std::optional<std::vector<VariableBegin>> begin;
   std::pair<uint64_t, uint64_t> revisions;
+  std::vector<TaskKey> behind;
   registry_->Read([&](const ClusterState& state) {
     revisions = {state.layout_revision(), state.value_revision()};
     if (kept == nullptr || kept_revisions.first != revisions.first) {
-      described_behind_.clear();
-      fresh = LayoutOf(state, described_behind_);
+      fresh = LayoutOf(state, behind);
     } else if (kept_revisions.second != revisions.second) {
       begin = CommittedOf(state, *kept);
     }
   });
   if (fresh) {
     described_ = *std::move(fresh);
+    described_behind_ = std::move(behind);
   } else if (begin) {
     described_->begin = *std::move(begin);
   }
@@ -398,9 +399,9 @@ absl::Status StepCoordinator::CheckLeasesOfThoseBehind(int64_t step) const {
   // A replica that sits out keeps its value while the step commits a new
   // one: its worker must not be serving the old one from a read lease
   // (docs/architecture.md, "Local reads"). It gets none while it is behind,
-  // so this waits out one granted before, once.
-  if (described_behind_.empty()) return absl::OkStatus();
-  const absl::Time until = registry_->LeaseHeldUntil(described_behind_);
+  // so this waits out one granted before, once; and a superseded process's.
+  const absl::Time until =
+      std::max(registry_->SupersededLeasesEnd(), registry_->LeaseHeldUntil(described_behind_));
   const absl::Time now = clock_->Now();
   if (until <= now) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(

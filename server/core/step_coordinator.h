@@ -170,7 +170,8 @@ class StepCoordinator {
   mutable std::pair<uint64_t, uint64_t> described_revisions_ ABSL_GUARDED_BY(mu_);
   // The live tasks with a replica that sits out of the described layout.
   mutable std::vector<TaskKey> described_behind_ ABSL_GUARDED_BY(mu_);
-  // UNAVAILABLE while one of them may hold a read lease.
+  // UNAVAILABLE while one of them, or a superseded incarnation, may hold a
+  // read lease.
   absl::Status CheckLeasesOfThoseBehind(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable std::optional<StepInfo> described_ ABSL_GUARDED_BY(mu_);
   int holds_ ABSL_GUARDED_BY(mu_) = 0;  // HoldWrites not yet released

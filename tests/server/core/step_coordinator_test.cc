@@ -253,6 +253,19 @@ TEST_F(StepCoreTest, C8_Heartbeat_ConfirmsOnlyCommittedValuesOfItsOwnUpToDateRep
   EXPECT_GT(grant->read_lease, absl::ZeroDuration());
 }
 
+// C8: a superseded process may still serve reads under its lease: a write
+// that would replace what it holds commits only after that lease ends.
+TEST_F(StepCoreTest, C8_WriteAfterASupersede_CommitsOnceTheOldLeaseEnded) {
+  Create("w", Aggregation::kMean);
+  ASSERT_OK(core_.Heartbeat(TaskKey{"worker", 0}, 5, /*read_lease=*/true));
+  ASSERT_OK(core_.RegisterWorker(
+      {"worker", 0, "cpu:1", 6, {"/job:worker/replica:0/task:0/device:CPU:0"}}));
+  const absl::Time end = core_.registry().SupersededLeasesEnd();
+  ASSERT_GT(end, clock_.Now());
+  ASSERT_OK(core_.Assign({}, {"w", AssignOp::kAssign, F32({3, 4})}));
+  EXPECT_GE(clock_.Now(), end);  // the fake clock's sleep moved it there
+}
+
 // C8: a step that leaves a live worker's replica behind commits a value that
 // replica does not get; it begins only once no read lease of that worker can
 // hold, and such a worker is granted none.
