@@ -158,7 +158,7 @@ absl::Status Replication::CommitWrites(const std::vector<PlannedWrite>& writes,
                                                               : Registry::Durability::kSynced;
   // A superseded worker process may still serve the values this replaces
   // from its local read table (C8): they are replaced once it cannot.
-  if (delivered) {
+  if (delivered && registry_->membership_options().read_lease > absl::ZeroDuration()) {
     const absl::Time end = registry_->SupersededLeasesEnd();
     if (const absl::Time now = clock_->Now(); end > now) clock_->SleepFor(end - now);
   }

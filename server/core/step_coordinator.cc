@@ -400,6 +400,7 @@ absl::Status StepCoordinator::CheckLeasesOfThoseBehind(int64_t step) const {
   // one: its worker must not be serving the old one from a read lease
   // (docs/architecture.md, "Local reads"). It gets none while it is behind,
   // so this waits out one granted before, once; and a superseded process's.
+  if (registry_->membership_options().read_lease <= absl::ZeroDuration()) return absl::OkStatus();
   const absl::Time until =
       std::max(registry_->SupersededLeasesEnd(), registry_->LeaseHeldUntil(described_behind_));
   const absl::Time now = clock_->Now();
