@@ -119,7 +119,9 @@ bool LocalReadTable::Publish(uint64_t id, std::string_view name, int64_t version
   SlotWrite write(s);
   if (!fits) {
     std::memcpy(arena + *meta, name.data(), name.size());
-    std::memcpy(arena + *meta + dims_at, spec.dims.data(), spec.dims.size() * sizeof(int64_t));
+    if (!spec.dims.empty()) {
+      std::memcpy(arena + *meta + dims_at, spec.dims.data(), spec.dims.size() * sizeof(int64_t));
+    }
     s->meta_offset.store(*meta, std::memory_order_relaxed);
     s->name_bytes.store(name.size(), std::memory_order_relaxed);
     s->rank.store(spec.dims.size(), std::memory_order_relaxed);
@@ -212,7 +214,7 @@ LocalReadView::Snapshot LocalReadView::TakeSnapshot(std::string_view name, uint6
     out.checksum = s.checksum.load(std::memory_order_relaxed);
     out.spec.dtype = static_cast<DType>(s.dtype.load(std::memory_order_relaxed));
     out.spec.dims.resize(rank);
-    std::memcpy(out.spec.dims.data(), arena + meta + dims_at, rank * sizeof(int64_t));
+    if (rank > 0) std::memcpy(out.spec.dims.data(), arena + meta + dims_at, rank * sizeof(int64_t));
     bytes.resize(size);
     if (size > 0) std::memcpy(bytes.data(), arena + at, size);
     std::atomic_thread_fence(std::memory_order_acquire);
