@@ -357,6 +357,18 @@ class Client:
         small (1 MiB at most: created, looked up or read here before) comes in
         one unary call, which costs a fraction of a stream's set-up."""
         _check_out_array(out)
+        local = self.__dict__.get("_local")
+        if local is not None:
+            got = local.read(name)
+            if got is not None:
+                value, version = got
+                if out is None:
+                    return value.copy(), version
+                try:
+                    tensors.copy_into(out, value)
+                except tensors.OutMismatch as e:
+                    raise errors.InvalidArgument(f"{name}: {e}") from None
+                return out, version
         if self._sizes.get(name, self._SMALL_READ_BYTES + 1) <= self._SMALL_READ_BYTES:
             try:
                 [(value, version)] = self.read_many([name])
@@ -402,6 +414,42 @@ class Client:
         """Begins replicated step `step` for the trainer on host `worker`
         ("job:task"); use it as a context manager (see Step)."""
         return Step(self, step, worker, barrier_timeout, devices)
+
+    def use_local_reads(self, worker: str = None) -> None:
+        """Reads on this host (C8; docs/architecture.md, "Local reads"): maps
+        the local read table of the worker of `worker` ("job:task"; None:
+        $REPVAR_WORKER), after which read() takes a committed value from it
+        whenever the worker can prove it current (no call at all) and asks
+        the coordinator otherwise; reads stay linearizable either way.
+        NotFound: no such live worker; FailedPrecondition: the worker keeps
+        no table, or its memory cannot be mapped from here."""
+        from repvar import local_reads
+        from repvar.v1 import worker_pb2 as wpb
+        from repvar.v1 import worker_pb2_grpc as wgrpc
+        worker = worker or os.environ.get("REPVAR_WORKER", "")
+        job, _, task = worker.rpartition(":")
+        if not job or not task.isdigit():
+            raise errors.InvalidArgument(
+                f'use_local_reads wants this host\'s worker as "job:task", not "{worker}"')
+        address = None
+        for t in self.topology().tasks:
+            if t.job == job and t.task == int(task):
+                address = t.address
+        if address is None:
+            raise errors.NotFound(f"worker {worker} is not live")
+        stub = errors.Stub(wgrpc.WorkerStepsStub(self._worker_channel(address)))
+        where = stub.MapLocalReads(wpb.MapLocalReadsRequest(), timeout=self.timeout)
+        try:
+            self._local = local_reads.LocalTable(where.pid, where.fd, where.byte_size)
+        except (OSError, ValueError) as e:
+            raise errors.FailedPrecondition(
+                f"cannot map the local read table of {worker} ({e}); is this trainer on the "
+                "worker's host?") from None
+
+    def local_read_stats(self):
+        """(served here, asked of the coordinator instead) since use_local_reads."""
+        local = self.__dict__.get("_local")
+        return (local.served, local.asked) if local is not None else (0, 0)
 
     def last_committed_step(self) -> int:
         return self.stub.GetSteps(spb.GetStepsRequest(), timeout=self.timeout).last_committed_step
