@@ -529,14 +529,8 @@ absl::StatusOr<bool> ReadKnownSmall(
 }  // namespace
 
 absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std::byte> out) {
-  if (impl_->local_table() != nullptr) {
-    LocalValue local;
-    thread_local std::vector<std::byte> bytes;
-    if (impl_->ReadLocal(name, local, bytes)) {
-      if (bytes.size() != out.size()) return WrongSize(name, bytes.size(), out.size());
-      if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size());
-      return ReadInfo{local.spec.dtype, std::move(local.spec.dims), local.version, local.checksum};
-    }
+  if (std::optional<absl::StatusOr<ReadInfo>> local = impl_->ReadLocalInto(name, out)) {
+    return *std::move(local);
   }
   ReadInfo info;
   // A small one: copied from the answer into `out`, and checked there.
@@ -562,16 +556,7 @@ absl::StatusOr<ReadInfo> Client::ReadInto(const std::string& name, std::span<std
 
 absl::StatusOr<TensorValue> Client::Read(const std::string& name) {
   TensorValue value;
-  if (impl_->local_table() != nullptr) {
-    LocalValue local;
-    if (impl_->ReadLocal(name, local, value.bytes)) {
-      value.dtype = local.spec.dtype;
-      value.shape = std::move(local.spec.dims);
-      value.version = local.version;
-      value.checksum = local.checksum;
-      return value;
-    }
-  }
+  if (impl_->ReadLocal(name, value)) return value;
   const std::optional<uint64_t> known = KnownBytes(*impl_, name);
   auto into_value = [&](const TensorSpec& spec, int64_t version, uint64_t checksum,
                         std::span<const std::byte> data) {

@@ -93,8 +93,12 @@ class Client::Impl {
     local_table_.store(table.get(), std::memory_order_release);
     local_tables_.push_back(std::move(table));
   }
-  // A committed value from the local table, or false: ask the coordinator.
-  bool ReadLocal(const std::string& name, LocalValue& meta, std::vector<std::byte>& bytes);
+  // A committed value from the local table (C8), or false / nullopt: ask
+  // the coordinator. ReadLocalInto: INVALID_ARGUMENT when `out` is not the
+  // value's size.
+  bool ReadLocal(const std::string& name, TensorValue& value);
+  std::optional<absl::StatusOr<ReadInfo>> ReadLocalInto(const std::string& name,
+                                                        std::span<std::byte> out);
 
   // The per-attempt deadline, plus time for `bytes` at 50 MB/s.
   void SetDeadline(grpc::ClientContext* ctx, uint64_t bytes = 0) const {

@@ -49,16 +49,33 @@ absl::StatusOr<std::string> AddressOf(Client& client, std::string worker) {
 
 Client::Impl::LocalTable::~LocalTable() { munmap(map, size); }
 
-bool Client::Impl::ReadLocal(const std::string& name, LocalValue& meta,
-                             std::vector<std::byte>& bytes) {
+bool Client::Impl::ReadLocal(const std::string& name, TensorValue& value) {
   LocalTable* table = local_table();
   if (table == nullptr) return false;
-  if (table->view.Read(name, MonotonicNs, meta, bytes) == LocalReadView::Outcome::kServed) {
-    table->served.fetch_add(1, std::memory_order_relaxed);
-    return true;
+  LocalValue meta;
+  if (table->view.Read(name, MonotonicNs, meta, value.bytes) != LocalReadView::Outcome::kServed) {
+    table->asked.fetch_add(1, std::memory_order_relaxed);
+    return false;
   }
-  table->asked.fetch_add(1, std::memory_order_relaxed);
-  return false;
+  table->served.fetch_add(1, std::memory_order_relaxed);
+  value.dtype = meta.spec.dtype;
+  value.shape = std::move(meta.spec.dims);
+  value.version = meta.version;
+  value.checksum = meta.checksum;
+  return true;
+}
+
+std::optional<absl::StatusOr<ReadInfo>> Client::Impl::ReadLocalInto(const std::string& name,
+                                                                    std::span<std::byte> out) {
+  thread_local TensorValue value;
+  if (!ReadLocal(name, value)) return std::nullopt;
+  if (value.bytes.size() != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " holds ", value.bytes.size(),
+                                                   " bytes; the buffer to read it into has ",
+                                                   out.size()));
+  }
+  if (!out.empty()) std::memcpy(out.data(), value.bytes.data(), out.size());
+  return ReadInfo{value.dtype, value.shape, value.version, value.checksum};
 }
 
 absl::Status Client::UseLocalReads(const std::string& worker) {
