@@ -184,6 +184,12 @@ absl::Status WorkerDaemon::StartLocalReads() {
   store_.set_listener(local_reads_.get());
   resolver_.set_local_reads(local_reads_.get());
   steps_service_.set_local_reads(local_region_->fd(), bytes);
+  Metrics::Global().SetGauge(
+      "repvar_worker_local_reads", "variables of the local read table, by state", [this] {
+        return std::vector<std::pair<MetricLabels, double>>{
+            {{{"state", "readable"}}, static_cast<double>(local_reads_->readable())},
+            {{{"state", "to_confirm"}}, static_cast<double>(local_reads_->to_confirm())}};
+      });
   return absl::OkStatus();
 }
 

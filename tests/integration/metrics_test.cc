@@ -105,6 +105,10 @@ TEST_F(MetricsTest, Workers_HeldBytesAndCalls_HealthzWhenReady) {
   ASSERT_OK(client_->Assign("w", std::as_bytes(std::span(twos))));
   const Scrape w = ScrapeOf("tpu_worker-0");
   EXPECT_EQ(w.Get("repvar_worker_replicas_bytes"), 4096);
+  // The write made "w" unreadable locally until a heartbeat confirms it.
+  EXPECT_EQ(w.Get(R"(repvar_worker_local_reads{state="readable"})") +
+                w.Get(R"(repvar_worker_local_reads{state="to_confirm"})"),
+            1);
   // Bytes in and out: the coordinator took 4 KiB from the client and sent
   // it to both replicas; this worker took its copy.
   const std::string received = R"(repvar_tensor_bytes_total{direction="received"})";
