@@ -10,6 +10,9 @@ caller (repvar.torch included) gets next to the C++ client's
     /usr/bin/python3 bench/python_bulk.py BUILD [--mib=64] [--rounds=8]
 prints per setting:
     repvar_python mib=64 tune_malloc=1 assign_ms=... read_ms=... read_out_ms=...
+and, with the tuning on, a small read through the coordinator and from the
+worker's local read table:
+    repvar_python_small read_p50_us=... local_read_p50_us=...
 """
 
 import argparse
@@ -49,9 +52,40 @@ def child(address, mib, rounds, tune):
         if i >= 2:
             for k, s in (("assign", t1 - t0), ("read", t2 - t1), ("read_out", t3 - t2)):
                 times[k].append(1000 * s)
-    c.close()
     print(f"repvar_python mib={mib} tune_malloc={int(tune)} " +
           " ".join(f"{k}_ms={statistics.median(v):.1f}" for k, v in times.items()), flush=True)
+    if tune:
+        small_reads(c)
+    c.close()
+
+
+def small_reads(c, ops=2000):
+    """A 16-float read through the coordinator, then from the worker's local
+    read table (C8), every one of the latter served there."""
+    import numpy as np
+    c.create("python_small", "float32", (16,), replica_count=1)
+    c.assign("python_small", np.ones(16, np.float32))
+
+    def p50_us():
+        times = []
+        for _ in range(ops):
+            t0 = time.perf_counter()
+            c.read("python_small")
+            times.append(1e6 * (time.perf_counter() - t0))
+        return statistics.median(times)
+
+    remote = p50_us()
+    c.use_local_reads("tpu_worker:0")
+    deadline = time.monotonic() + 10
+    while c.local_read_stats()[0] == 0 and time.monotonic() < deadline:
+        c.read("python_small")
+        time.sleep(0.02)
+    served = c.local_read_stats()[0]
+    local = p50_us()
+    if c.local_read_stats()[0] - served != ops:
+        raise SystemExit("some local reads were not served locally")
+    print(f"repvar_python_small read_p50_us={remote:.1f} local_read_p50_us={local:.1f}",
+          flush=True)
 
 
 def main():
