@@ -4,7 +4,6 @@
 // a read that it cannot serve goes to the coordinator.
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,12 +17,6 @@
 
 namespace repvar {
 namespace {
-
-int64_t MonotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
 
 absl::StatusOr<std::string> AddressOf(Client& client, std::string worker) {
   if (worker.empty()) {
@@ -53,7 +46,8 @@ bool Client::Impl::ReadLocal(const std::string& name, TensorValue& value) {
   LocalTable* table = local_table();
   if (table == nullptr) return false;
   LocalValue meta;
-  if (table->view.Read(name, MonotonicNs, meta, value.bytes) != LocalReadView::Outcome::kServed) {
+  if (table->view.Read(name, LocalReadClockNs, meta, value.bytes) !=
+      LocalReadView::Outcome::kServed) {
     table->asked.fetch_add(1, std::memory_order_relaxed);
     return false;
   }

@@ -176,11 +176,8 @@ absl::Status WorkerDaemon::StartLocalReads() {
   const size_t bytes = LocalReadTableBytes(kSlots, static_cast<size_t>(options_.local_read_bytes));
   REPVAR_ASSIGN_OR_RETURN(SharedRegion region, SharedRegion::Create(bytes));
   local_region_.emplace(std::move(region));
-  local_reads_ = std::make_unique<LocalReads>(local_region_->bytes(), kSlots, &store_, [] {
-    timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-  });
+  local_reads_ =
+      std::make_unique<LocalReads>(local_region_->bytes(), kSlots, &store_, LocalReadClockNs);
   store_.set_listener(local_reads_.get());
   resolver_.set_local_reads(local_reads_.get());
   steps_service_.set_local_reads(local_region_->fd(), bytes);

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "common/tensor/local_read_table.h"
 
+#include <time.h>
+
 #include <bit>
 #include <cstring>
 
@@ -34,6 +36,12 @@ class SlotWrite {
 };
 
 }  // namespace
+
+int64_t LocalReadClockNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
 
 uint64_t LocalReadNameHash(std::string_view name) {
   const uint64_t h = Checksum(std::as_bytes(std::span(name.data(), name.size())));

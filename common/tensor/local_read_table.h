@@ -142,6 +142,10 @@ class LocalReadView {
   std::span<const std::byte> region_;
 };
 
+// The table's clock: CLOCK_MONOTONIC in nanoseconds, the same for the
+// worker and the trainers of its host.
+int64_t LocalReadClockNs();
+
 // The hash slots are found by (XXH3-64 of the name, never 0).
 uint64_t LocalReadNameHash(std::string_view name);
 

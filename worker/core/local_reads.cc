@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "worker/core/local_reads.h"
 
+#include <algorithm>
+
 namespace repvar::worker {
 
 LocalReads::LocalReads(std::span<std::byte> region, size_t slots, const ReplicaStore* store,
@@ -82,10 +84,9 @@ void LocalReads::Granted(const Round& round, absl::Duration lease,
     if (!confirmed[i] || !to_confirm_.contains(h.variable_id)) continue;
     if (PublishHeld(h.variable_id, h.version, h.checksum)) to_confirm_.erase(h.variable_id);
   }
-  // A later round's lease never shortens an earlier one's.
+  // No lease ends reads now; a lease never shortens an earlier one.
   const int64_t until = round.sent_ns + absl::ToInt64Nanoseconds(lease);
-  if (lease > absl::ZeroDuration() && until > table_.lease()) table_.SetLease(until);
-  if (lease <= absl::ZeroDuration()) table_.SetLease(0);
+  table_.SetLease(lease > absl::ZeroDuration() ? std::max(until, table_.lease()) : 0);
 }
 
 void LocalReads::Lost() {
