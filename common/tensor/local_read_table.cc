@@ -62,6 +62,7 @@ LocalReadTable::LocalReadTable(std::span<std::byte> region, size_t slot_count) :
   h->arena_bytes = region.size() - arena_offset;
   h->epoch.store(0, std::memory_order_relaxed);
   h->lease_until_ns.store(0, std::memory_order_relaxed);
+  h->suspended.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kLocalReadMagic;
   mask_ = slots - 1;
@@ -160,12 +161,28 @@ void LocalReadTable::Invalidate(uint64_t id) {
 }
 
 void LocalReadTable::Clear() {
-  LocalReadHeader* h = header();
-  h->lease_until_ns.store(0, std::memory_order_relaxed);
-  h->epoch.store(h->epoch.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
+  header()->lease_until_ns.store(0, std::memory_order_relaxed);
+  const bool was_suspended = suspended_;
+  if (!was_suspended) Suspend();
   for (const auto& [id, s] : by_id_) s->version.store(0, std::memory_order_relaxed);
   by_id_.clear();
+  if (!was_suspended) Resume();
+}
+
+void LocalReadTable::Suspend() {
+  if (suspended_) return;
+  suspended_ = true;
+  LocalReadHeader* h = header();
+  h->suspended.store(1, std::memory_order_relaxed);
+  h->epoch.store(h->epoch.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_release);  // before any slot changes
+}
+
+void LocalReadTable::Resume() {
+  if (!suspended_) return;
+  suspended_ = false;
+  LocalReadHeader* h = header();
+  h->suspended.store(0, std::memory_order_relaxed);
   h->epoch.store(h->epoch.load(std::memory_order_relaxed) + 1, std::memory_order_release);
 }
 

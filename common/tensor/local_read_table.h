@@ -5,14 +5,15 @@
 // coordinator. One writer (the worker), any number of readers (trainers,
 // each mapping the region read-only), no lock between them:
 //
-//   header  magic, slot count, arena place, epoch, lease_until_ns
+//   header  magic, slot count, arena place, epoch, lease_until_ns, suspended
 //   slots   one per variable, open addressing on a hash of its name;
 //           each a seqlock: seq is odd while the writer changes the slot
 //   arena   each slot's name, dims and value bytes
 //
 // A read is served only when, in one snapshot of its slot (seq even and the
 // same before and after), the slot is readable (version > 0) and names the
-// variable, the epoch was even and unchanged over the read, and the reader's
+// variable, the epoch was even and unchanged over the read (it is odd while
+// the table is cleared or suspended for a step), and the reader's
 // CLOCK_MONOTONIC read after the snapshot is before lease_until_ns; the
 // bytes then match the slot's checksum. Everything else is "ask the
 // coordinator". What makes a served read linearizable is the protocol around
@@ -46,9 +47,10 @@ struct LocalReadHeader {
   uint64_t slot_count;  // a power of two
   uint64_t arena_offset;
   uint64_t arena_bytes;
-  std::atomic<uint64_t> epoch;          // odd while every slot is being cleared
+  std::atomic<uint64_t> epoch;          // odd while cleared or suspended
   std::atomic<int64_t> lease_until_ns;  // CLOCK_MONOTONIC; 0: no lease
-  uint64_t reserved[2];
+  std::atomic<uint64_t> suspended;      // nonzero: nothing served until it ends
+  uint64_t reserved[1];
 };
 static_assert(sizeof(LocalReadHeader) == 64);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -90,6 +92,12 @@ class LocalReadTable {
   // Nothing is readable, and no lease: the epoch moves, so a read that
   // overlapped is not served.
   void Clear();
+  // Nothing is served from now until Resume, whatever the slots say, in
+  // one store (the epoch stays odd); slots may change meanwhile, and a read
+  // that overlapped Resume is not served.
+  void Suspend();
+  void Resume();
+  bool suspended() const { return suspended_; }
   void SetLease(int64_t until_ns);
   int64_t lease() const { return header()->lease_until_ns.load(std::memory_order_relaxed); }
   bool Readable(uint64_t id) const;
@@ -108,6 +116,7 @@ class LocalReadTable {
   std::span<std::byte> region_;
   size_t mask_ = 0;
   uint64_t arena_used_ = 0;
+  bool suspended_ = false;
   absl::flat_hash_map<uint64_t, LocalReadSlot*> by_id_;
 };
 
@@ -156,7 +165,10 @@ LocalReadView::Outcome LocalReadView::Read(std::string_view name, Now&& monotoni
   for (int attempt = 0; attempt < 8; ++attempt) {
     const uint64_t epoch = header()->epoch.load(std::memory_order_acquire);
     const int64_t lease = header()->lease_until_ns.load(std::memory_order_acquire);
-    if (epoch % 2 == 1) continue;
+    if (epoch % 2 == 1) {
+      if (header()->suspended.load(std::memory_order_relaxed) != 0) return Outcome::kNotReadable;
+      continue;
+    }
     const Snapshot s = TakeSnapshot(name, hash, out, bytes);
     if (s == Snapshot::kTorn) continue;
     const int64_t now = monotonic_now();

@@ -62,7 +62,9 @@ class LocalTable:
         for _ in range(8):
             epoch = _U64.unpack_from(mm, 32)[0]
             lease = _I64.unpack_from(mm, 40)[0]
-            if epoch & 1:
+            if epoch & 1:  # cleared, or suspended for a step (offset 48)
+                if _U64.unpack_from(mm, 48)[0]:
+                    break
                 continue
             got = self._snapshot(key, h)
             now = time.monotonic_ns()

@@ -11,38 +11,44 @@ LocalReads::LocalReads(std::span<std::byte> region, size_t slots, const ReplicaS
 
 void LocalReads::Written(const std::vector<ReplicaWrite>& items) {
   MutexLock lock(&mu_);
-  for (const ReplicaWrite& w : items) {
-    table_.Invalidate(w.variable_id);
-    if (!suspended_.contains(w.variable_id)) to_confirm_.insert(w.variable_id);
-  }
+  for (const ReplicaWrite& w : items) Unconfirmed(w.variable_id);
 }
 
 void LocalReads::Dropped(uint64_t variable_id) {
   MutexLock lock(&mu_);
   table_.Invalidate(variable_id);
   to_confirm_.erase(variable_id);
-  suspended_.erase(variable_id);
 }
 
-void LocalReads::Suspend(const std::vector<uint64_t>& ids) {
+void LocalReads::Suspend() {
   MutexLock lock(&mu_);
-  for (uint64_t id : ids) {
-    table_.Invalidate(id);
-    to_confirm_.erase(id);
-    suspended_.insert(id);
+  table_.Suspend();
+}
+
+void LocalReads::Resume(const std::vector<Committed>& changed,
+                        const std::vector<uint64_t>& unsure) {
+  MutexLock lock(&mu_);
+  for (const Committed& c : changed) {
+    if (PublishHeld(c.variable_id, c.version, c.checksum)) {
+      to_confirm_.erase(c.variable_id);
+    } else {
+      Unconfirmed(c.variable_id);
+    }
   }
+  for (uint64_t id : unsure) Unconfirmed(id);
+  table_.Resume();
 }
 
-void LocalReads::Resume(uint64_t id, int64_t version, std::optional<uint64_t> checksum) {
+void LocalReads::EndStep(const std::function<std::vector<uint64_t>()>& held) {
   MutexLock lock(&mu_);
-  if (suspended_.erase(id) == 0) return;
-  if (!PublishHeld(id, version, checksum)) to_confirm_.insert(id);
+  if (!table_.suspended()) return;
+  for (uint64_t id : held()) Unconfirmed(id);
+  table_.Resume();
 }
 
-void LocalReads::EndStep() {
-  MutexLock lock(&mu_);
-  to_confirm_.insert(suspended_.begin(), suspended_.end());
-  suspended_.clear();
+void LocalReads::Unconfirmed(uint64_t id) {
+  table_.Invalidate(id);
+  to_confirm_.insert(id);
 }
 
 bool LocalReads::PublishHeld(uint64_t id, int64_t version, std::optional<uint64_t> checksum) {
@@ -93,8 +99,6 @@ void LocalReads::Lost() {
   MutexLock lock(&mu_);
   table_.Clear();
   for (const StoredReplica& r : store_->List()) to_confirm_.insert(r.variable_id);
-  for (uint64_t id : suspended_) to_confirm_.insert(id);
-  suspended_.clear();
 }
 
 size_t LocalReads::readable() const {

@@ -7,14 +7,17 @@
 //   a value is      readable   published with its committed version
 //                   to confirm  held, not known committed: asked about on
 //                               the next heartbeat
-//                   suspended   in a step being resolved
 //
 //   coordinator write applied     -> to confirm  (before it is acknowledged)
-//   step reported                 -> suspended   (before the report leaves)
-//   step installed (its value)    -> readable
-//   step over, value not resumed  -> to confirm
 //   heartbeat confirms it         -> readable    (if the replica still holds it)
 //   registration lost             -> nothing readable, everything to confirm
+//
+// and for a step, the whole table at once (LocalReadTable::Suspend, O(1)):
+//
+//   step reported                 -> nothing served (before the report leaves)
+//   step installed                -> served again: what it changed readable
+//                                    (or to confirm), the rest as before it
+//   step over, not installed      -> served again: what it held to confirm
 //
 // The lease is the heartbeat's: from when it was sent, for as long as the
 // coordinator granted. Thread-safe.
@@ -49,15 +52,25 @@ class LocalReads final : public ReplicaListener {
   void Written(const std::vector<ReplicaWrite>& items) override ABSL_LOCKS_EXCLUDED(mu_);
   void Dropped(uint64_t variable_id) override ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Steps: the variables this worker holds in a step, before it reports.
-  void Suspend(const std::vector<uint64_t>& ids) ABSL_LOCKS_EXCLUDED(mu_);
-  // The step committed (version, checksum) for `id` (or left it there):
-  // readable if the local replica holds exactly that now.
-  // (Any checksum: the value the step began with, at `version`.)
-  void Resume(uint64_t id, int64_t version, std::optional<uint64_t> checksum)
+  // Steps, one at a time: from before the report leaves until the step is
+  // over, nothing in the table is served.
+  void Suspend() ABSL_LOCKS_EXCLUDED(mu_);
+  // A value the step committed.
+  struct Committed {
+    uint64_t variable_id = 0;
+    int64_t version = 0;
+    uint64_t checksum = 0;
+  };
+  // The step installed its values: each of `changed` is readable if the
+  // local replica holds exactly that now, else to confirm; `unsure`
+  // (repaired here) is to confirm; the rest stay as before the step, which
+  // left their values alone. Served again.
+  void Resume(const std::vector<Committed>& changed, const std::vector<uint64_t>& unsure)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The step is over: what it suspended and did not resume is to confirm.
-  void EndStep() ABSL_LOCKS_EXCLUDED(mu_);
+  // The step is over. Not resumed (it failed, or how it ended is not known
+  // here): every variable it held here, `held()`, is to confirm. Served
+  // again.
+  void EndStep(const std::function<std::vector<uint64_t>()>& held) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Heartbeats: what to ask about, from when.
   struct Round {
@@ -80,13 +93,14 @@ class LocalReads final : public ReplicaListener {
   // checksum); false if it is not (or cannot be kept).
   bool PublishHeld(uint64_t id, int64_t version, std::optional<uint64_t> checksum)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `id` is not readable and is to confirm.
+  void Unconfirmed(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ReplicaStore* const store_;
   const std::function<int64_t()> monotonic_ns_;
   mutable Mutex mu_;
   LocalReadTable table_ ABSL_GUARDED_BY(mu_);
   absl::btree_set<uint64_t> to_confirm_ ABSL_GUARDED_BY(mu_);
-  absl::btree_set<uint64_t> suspended_ ABSL_GUARDED_BY(mu_);
   uint64_t cursor_ ABSL_GUARDED_BY(mu_) = 0;  // where the next round starts
 };
 

@@ -106,12 +106,15 @@ StepResolution StepResolver::Ask(const LocalStep& s, const absl::Status& why, co
 
 StepResolver::Done StepResolver::SuspendLocalReads(const LocalStep& s, Done done) {
   if (local_reads_ == nullptr || s.begin_versions.empty()) return done;
-  std::vector<uint64_t> ids;
-  ids.reserve(s.begin_versions.size());
-  for (const auto& [id, version] : s.begin_versions) ids.push_back(id);
-  local_reads_->Suspend(ids);
-  return [local_reads = local_reads_, done = std::move(done)](StepResolution r) mutable {
-    local_reads->EndStep();
+  local_reads_->Suspend();
+  // `s` outlives the step's resolution (Resolve, ResolveAsync).
+  return [local_reads = local_reads_, &s, done = std::move(done)](StepResolution r) mutable {
+    local_reads->EndStep([&s] {
+      std::vector<uint64_t> held;
+      held.reserve(s.begin_versions.size());
+      for (const auto& [id, version] : s.begin_versions) held.push_back(id);
+      return held;
+    });
     std::move(done)(std::move(r));
   };
 }
@@ -119,18 +122,19 @@ StepResolver::Done StepResolver::SuspendLocalReads(const LocalStep& s, Done done
 void StepResolver::ResumeLocalReads(const LocalStep& s, const StepPlan& plan,
                                     const Targets& committed) const {
   if (local_reads_ == nullptr) return;
-  for (const auto& [id, vc] : committed) local_reads_->Resume(id, vc.first, vc.second);
-  // Left as they were: neither changed nor repaired.
-  std::set<uint64_t> repaired;
-  plan.changed.ForEach([&](uint32_t index) {
-    if (index < s.layout->info.variables.size()) {
-      repaired.insert(s.layout->info.variables[index].id);
-    }
-  });
-  for (const auto& [id, version] : s.begin_versions) {
-    if (committed.contains(id) || repaired.contains(id)) continue;
-    local_reads_->Resume(id, version, std::nullopt);
+  std::vector<LocalReads::Committed> changed;
+  changed.reserve(committed.size());
+  for (const auto& [id, vc] : committed) {
+    if (s.begin_versions.contains(id)) changed.push_back({id, vc.first, vc.second});
   }
+  // Repaired here, to the value already committed: asked about.
+  std::vector<uint64_t> repaired;
+  plan.changed.ForEach([&](uint32_t index) {
+    if (index >= s.layout->info.variables.size()) return;
+    const uint64_t id = s.layout->info.variables[index].id;
+    if (!committed.contains(id) && s.begin_versions.contains(id)) repaired.push_back(id);
+  });
+  local_reads_->Resume(changed, repaired);
 }
 
 StepResolution StepResolver::Resolve(const LocalStep& s) {

@@ -42,8 +42,8 @@ class StepResolver final : public Resolver {
 
   StepResolution Resolve(const LocalStep& step) override;
   void ResolveAsync(const LocalStep& step, Done done) override;
-  // Set once, before any step: the step's variables are not read locally
-  // from before the report until the resolution installs their values.
+  // Set once, before any step: nothing is read locally from before the
+  // report until the resolution installs the step's values.
   void set_local_reads(LocalReads* local_reads) { local_reads_ = local_reads; }
 
  private:
@@ -78,10 +78,10 @@ class StepResolver final : public Resolver {
   void Install(const LocalStep& s, const StepPlan& plan, StepResolution& res,
                const PlanOutput& prepared) const;
 
-  // Suspends the local reads of the step's variables; `done` ends them.
+  // Suspends local reads (the whole table); `done` ends the suspension.
   Done SuspendLocalReads(const LocalStep& s, Done done);
-  // After Install: the values the resolution committed (`committed`) and
-  // the variables it left as they were are readable again.
+  // After Install: the values the resolution committed here (`committed`)
+  // readable, the rest as they were; local reads served again.
   void ResumeLocalReads(const LocalStep& s, const StepPlan& plan, const Targets& committed) const;
 
   const WorkerIdentity me_;

@@ -84,6 +84,50 @@ TEST_F(LocalReadTableTest, C8_InvalidatedClearedOrUnknown_NotServed) {
   EXPECT_EQ(Read("b"), LocalReadView::Outcome::kServed);
 }
 
+TEST_F(LocalReadTableTest, C8_Suspended_NothingServedUntilResumed) {
+  table_.SetLease(1000);
+  ASSERT_TRUE(Publish(7, "a", 3, Floats({1})));
+  ASSERT_TRUE(Publish(8, "b", 3, Floats({2})));
+  table_.Suspend();
+  EXPECT_EQ(Read("a"), LocalReadView::Outcome::kNotReadable);
+  EXPECT_EQ(Read("b"), LocalReadView::Outcome::kNotReadable);
+  // Slots change meanwhile; a clear keeps the suspension.
+  ASSERT_TRUE(Publish(7, "a", 4, Floats({3})));
+  EXPECT_EQ(Read("a"), LocalReadView::Outcome::kNotReadable);
+  table_.Resume();
+  ASSERT_EQ(Read("a"), LocalReadView::Outcome::kServed);
+  EXPECT_EQ(got_.version, 4);
+  ASSERT_EQ(Read("b"), LocalReadView::Outcome::kServed);
+  EXPECT_EQ(got_.version, 3);
+  table_.Suspend();
+  table_.Clear();
+  table_.SetLease(1000);
+  ASSERT_TRUE(Publish(7, "a", 5, Floats({4})));
+  EXPECT_EQ(Read("a"), LocalReadView::Outcome::kNotReadable);
+  table_.Resume();
+  EXPECT_EQ(Read("a"), LocalReadView::Outcome::kServed);
+}
+
+TEST_F(LocalReadTableTest, C8_ReadOverlappingASuspension_NotServedFromItsSnapshot) {
+  table_.SetLease(1000);
+  ASSERT_TRUE(Publish(7, "a", 3, Floats({1})));
+  // Between the reader's snapshot (version 3) and its check of the epoch,
+  // a step suspends the table, installs version 4 and resumes.
+  int clock_reads = 0;
+  auto now = [&] {
+    if (clock_reads++ == 0) {
+      table_.Suspend();
+      EXPECT_TRUE(Publish(7, "a", 4, Floats({2})));
+      table_.Resume();
+    }
+    return int64_t{100};
+  };
+  ASSERT_EQ(view_.Read("a", now, got_, bytes_), LocalReadView::Outcome::kServed);
+  EXPECT_EQ(got_.version, 4);
+  EXPECT_EQ(bytes_, Floats({2}));
+  EXPECT_EQ(clock_reads, 2);
+}
+
 TEST_F(LocalReadTableTest, C8_SlotBeingWritten_NotServed) {
   table_.SetLease(1000);
   ASSERT_TRUE(Publish(7, "a", 3, Floats({1})));

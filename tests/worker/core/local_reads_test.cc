@@ -104,21 +104,47 @@ TEST_F(LocalReadsTest, C8_StepSuspends_InstallResumes_UnresumedAreToConfirm) {
   ASSERT_OK(store_.Apply({Fenced(1, 1.0f, 10)}));
   Heartbeat(true);
   ASSERT_EQ(ReadLocally(), 1);
-  reads_.Suspend({7});
+  reads_.Suspend();
   EXPECT_EQ(ReadLocally(), 0);
-  // A round during the step does not ask about it.
-  EXPECT_TRUE(Heartbeat(true).held.empty());
-  EXPECT_EQ(ReadLocally(), 0);
+  // A step that changed nothing here: served again as before.
+  reads_.Resume({}, {});
+  EXPECT_EQ(ReadLocally(), 1);
   // The step committed version 2 and installed it (unfenced).
+  reads_.Suspend();
   ASSERT_OK(store_.Apply({ReplicaWrite{7, "w", 2, {0, 1}, Value(5.0f)}}));
-  reads_.Resume(7, 2, Value(4.0f)->checksum);  // not what the replica holds
+  EXPECT_EQ(ReadLocally(), 0);
+  reads_.Resume({{7, 2, Value(4.0f)->checksum}}, {});  // not what the replica holds
   EXPECT_EQ(ReadLocally(), 0);
   EXPECT_EQ(reads_.to_confirm(), 1u);
-  reads_.Suspend({7});
-  reads_.Resume(7, 2, Value(5.0f)->checksum);
+  reads_.Suspend();
+  reads_.Resume({{7, 2, Value(5.0f)->checksum}}, {});
   EXPECT_EQ(ReadLocally(), 2);
-  reads_.Suspend({7});
-  reads_.EndStep();  // the resolution never came: ask
+  EXPECT_EQ(reads_.to_confirm(), 0u);
+  // Repaired here: asked about.
+  reads_.Suspend();
+  reads_.Resume({}, {7});
+  EXPECT_EQ(ReadLocally(), 0);
+  EXPECT_EQ(reads_.to_confirm(), 1u);
+  Heartbeat(true);
+  ASSERT_EQ(ReadLocally(), 2);
+  reads_.Suspend();
+  reads_.EndStep([] { return std::vector<uint64_t>{7}; });  // the resolution never came: ask
+  EXPECT_EQ(ReadLocally(), 0);
+  EXPECT_EQ(reads_.to_confirm(), 1u);
+  // After a Resume, the end of the step changes nothing.
+  Heartbeat(true);
+  reads_.Suspend();
+  reads_.Resume({}, {});
+  reads_.EndStep([] { return std::vector<uint64_t>{7}; });
+  EXPECT_EQ(ReadLocally(), 2);
+}
+
+TEST_F(LocalReadsTest, C8_WriteDuringAStep_NotReadableAfterIt) {
+  ASSERT_OK(store_.Apply({Fenced(1, 1.0f, 10)}));
+  Heartbeat(true);
+  reads_.Suspend();
+  ASSERT_OK(store_.Apply({Fenced(2, 2.0f, 11)}));  // a coordinator write, not the step
+  reads_.Resume({}, {});
   EXPECT_EQ(ReadLocally(), 0);
   EXPECT_EQ(reads_.to_confirm(), 1u);
 }
