@@ -25,13 +25,15 @@ void Network::Send(ProcessId from, NodeId to, std::function<void(ProcessId)> del
     if (dropped) dropped();
     return;
   }
-  s_->At(wire_, s_->Now() + Delay(), [this, source, to, deliver, refused, dropped] {
-    if (!Reachable(source, to)) {  // cut while in flight
-      if (dropped) dropped();
+  const ProcessId listener = ListenerAt(to);
+  s_->At(wire_, s_->Now() + Delay(), [this, source, to, listener, deliver, refused, dropped] {
+    const ProcessId now = ListenerAt(to);
+    if (!Reachable(source, to) || (listener >= 0 && now != listener)) {
+      if (dropped) dropped();  // cut while in flight, or its connection died
       return;
     }
-    if (const ProcessId p = ListenerAt(to); p >= 0) {
-      deliver(p);
+    if (listener >= 0) {
+      deliver(listener);
     } else if (refused) {
       s_->At(wire_, s_->Now() + Delay(), refused);
     }

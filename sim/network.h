@@ -63,11 +63,14 @@ class Network {
   ProcessId ListenerAt(NodeId node) const;
   NodeId NodeOf(ProcessId p) const { return nodes_of_processes_.at(p); }
 
-  // A message from `from`'s process to whoever listens at `to` when it
-  // arrives: `deliver(listener)` runs on the driving thread then (and must
-  // only spawn threads), unless it is lost, held by a partition (lost), or
-  // nobody listens (`refused()` runs at the sender instead, when given).
-  // `dropped()`, when given, runs if the message is lost or cut off.
+  // A message from `from`'s process to the process listening at `to` when
+  // it is sent (its connection's other end): `deliver(listener)` runs on
+  // the driving thread when it arrives (and must only spawn threads),
+  // unless it is lost, held by a partition (lost), or that process is no
+  // longer the one listening there (lost with its connection: a restarted
+  // daemon never gets its predecessor's messages). When nobody listens,
+  // `refused()` runs at the sender instead, when given. `dropped()`, when
+  // given, runs if the message is lost or cut off.
   void Send(ProcessId from, NodeId to, std::function<void(ProcessId)> deliver,
             std::function<void()> refused = nullptr, std::function<void()> dropped = nullptr);
 
