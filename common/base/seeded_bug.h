@@ -60,6 +60,16 @@ enum class SeededBug : int {
   // C8: the coordinator grants a read lease to a worker with a replica
   // that is not up to date (a step that leaves it behind commits under it).
   kStaleWorkersLeased,
+  // C8: a worker keeps serving local reads while its step is resolved (the
+  // old value after another host's trainer heard the new one).
+  kStepsNotSuspended,
+  // C8: a worker whose replica sits out an open step gets a read lease once
+  // it is up to date again, before the step commits (found by the
+  // simulator, seed 1939).
+  kBehindLeasedMidStep,
+  // C8: a delete that did not reach a live holder is acknowledged while
+  // that holder may still serve the variable from its read table.
+  kDeletesNotWaited,
 };
 
 inline constexpr std::string_view kSeededBugNames[] = {
@@ -80,6 +90,9 @@ inline constexpr std::string_view kSeededBugNames[] = {
     "refusals_forgotten",
     "local_reads_ignore_lease",
     "stale_workers_leased",
+    "steps_not_suspended",
+    "behind_leased_mid_step",
+    "deletes_not_waited",
 };
 
 namespace seeded_bug_internal {

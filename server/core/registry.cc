@@ -188,6 +188,8 @@ absl::StatusOr<int64_t> Registry::Register(const WorkerRegistration& reg,
 
   CallLock lock(this);
   const WorkerRecord* w = state_.LiveWorker(key);
+  // A new process, or one that lost its registration: its table is empty.
+  if (w == nullptr || w->incarnation < reg.incarnation) owed_drops_.erase(key);
   Record record;
   if (w != nullptr) {
     if (w->incarnation > reg.incarnation) {
@@ -259,6 +261,29 @@ absl::Time Registry::SupersededLeasesEnd() const {
   return superseded_leases_end_;
 }
 
+void Registry::BarLeases(std::vector<TaskKey> tasks) {
+  RankedLock lock(&mu_);
+  lease_barred_ = absl::flat_hash_set<TaskKey>(tasks.begin(), tasks.end());
+}
+
+void Registry::OwesDrop(const TaskKey& task, uint64_t variable_id) {
+  RankedLock lock(&mu_);
+  owed_drops_[task].insert(variable_id);
+}
+
+void Registry::DropConfirmed(const TaskKey& task, uint64_t variable_id) {
+  RankedLock lock(&mu_);
+  auto it = owed_drops_.find(task);
+  if (it == owed_drops_.end()) return;
+  it->second.erase(variable_id);
+  if (it->second.empty()) owed_drops_.erase(it);
+}
+
+std::map<TaskKey, std::set<uint64_t>> Registry::OwedDrops() const {
+  RankedLock lock(&mu_);
+  return owed_drops_;
+}
+
 absl::Time Registry::LeaseHeldUntil(const std::vector<TaskKey>& tasks) const {
   RankedLock lock(&mu_);
   absl::Time until = absl::InfinitePast();
@@ -294,6 +319,8 @@ absl::StatusOr<HeartbeatGrant> Registry::Heartbeat(const TaskKey& key, uint64_t 
   grant.topology_version = state_.topology_version();
   grant.confirmed.assign(held.size(), false);
   if (!read_lease || ReadLease() <= absl::ZeroDuration() ||
+      (lease_barred_.contains(key) && !BugSeeded(SeededBug::kBehindLeasedMidStep)) ||
+      (owed_drops_.contains(key) && !BugSeeded(SeededBug::kDeletesNotWaited)) ||
       (!state_.HoldsOnlyNorm(key) && !BugSeeded(SeededBug::kStaleWorkersLeased))) {
     return grant;
   }

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "common/base/clock.h"
@@ -205,6 +206,18 @@ class Registry {
   // process may still serve reads, so no new value is committed before
   // (Replication::CommitWrites, StepCoordinator::BeginStep).
   absl::Time SupersededLeasesEnd() const ABSL_LOCKS_EXCLUDED(mu_);
+  // While a step is open, the live tasks with a replica that sits it out
+  // get no read lease: one that becomes up to date meanwhile would serve
+  // the value the step replaces (StepCoordinator::BeginStep sets them,
+  // and clears them when no step is open).
+  void BarLeases(std::vector<TaskKey> tasks) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops of deleted variables that did not reach their live holder: the
+  // holder may serve them from its local read table, so it gets no read
+  // lease until each is confirmed dropped (Replication retries them), or
+  // it registers anew (its table starts empty).
+  void OwesDrop(const TaskKey& task, uint64_t variable_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void DropConfirmed(const TaskKey& task, uint64_t variable_id) ABSL_LOCKS_EXCLUDED(mu_);
+  std::map<TaskKey, std::set<uint64_t>> OwedDrops() const ABSL_LOCKS_EXCLUDED(mu_);
   // T5: declares dead every live task silent for longer than the timeout at
   // `now` (one record); returns them.
   std::vector<LiveTask> CheckHeartbeats(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
@@ -300,6 +313,8 @@ class Registry {
   // clock: the worker counts from when it sent the heartbeat, earlier.
   absl::flat_hash_map<TaskKey, absl::Time> lease_held_until_ ABSL_GUARDED_BY(mu_);
   absl::Time superseded_leases_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::flat_hash_set<TaskKey> lease_barred_ ABSL_GUARDED_BY(mu_);
+  std::map<TaskKey, std::set<uint64_t>> owed_drops_ ABSL_GUARDED_BY(mu_);
   // The lease granted (read_lease, capped), and the margin added for the
   // clocks' drift.
   absl::Duration ReadLease() const;

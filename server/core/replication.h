@@ -108,8 +108,10 @@ class Replication {
   // ReadBatch(names, max_bytes), those that need no worker.
   absl::StatusOr<std::optional<std::vector<ReadResult>>> ReadBatchHeld(
       absl::Span<const absl::string_view> names, uint64_t max_bytes, uint64_t held_bytes);
-  // Deletes a variable and drops its replicas. Errors: NOT_FOUND,
-  // FAILED_PRECONDITION (it takes part in the open step).
+  // Deletes a variable and drops its replicas. A live holder the drop did
+  // not reach owes it (Registry::OwesDrop: no read lease until dropped);
+  // the answer waits until no lease of such a holder can hold (C8).
+  // Errors: NOT_FOUND, FAILED_PRECONDITION (it takes part in the open step).
   absl::Status Delete(const RequestKey& key, absl::string_view name);
 
   // F2: rewrites the replicas `task` holds that are not up to date from the
@@ -134,7 +136,8 @@ class Replication {
   // Repair, run periodically: every live worker holding a STALE replica or
   // a replica of a variable flagged for resync is verified, then resynced;
   // a flag is cleared once every live replica of its variable is up to date
-  // and its worker was verified in the same pass.
+  // and its worker was verified in the same pass. Drops a delete owes
+  // (Registry::OwedDrops) are tried again first.
   void ResyncStale();
 
   // Bytes of committed values cached from replicas (ReplicationOptions::
@@ -143,6 +146,12 @@ class Replication {
 
  private:
   class WriteLocks;
+
+  // Until no read lease of `tasks`, or of a superseded process, can hold
+  // (C8); at once when workers keep no read tables.
+  void WaitOutLeases(const std::vector<TaskKey>& tasks) const;
+  // The drops deletes owe, tried again; each confirmed is no longer owed.
+  void RetryOwedDrops();
 
   // ---- The write path (replication_write.cc; docs/architecture.md) ----
   // What AssignInGate decided per item, under the variables' write locks.

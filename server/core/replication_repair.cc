@@ -283,7 +283,26 @@ void Replication::VerifyAll() {
   }
 }
 
+void Replication::RetryOwedDrops() {
+  std::vector<std::pair<WorkerTarget, uint64_t>> drops;
+  for (const auto& [task, ids] : registry_->OwedDrops()) {
+    std::optional<LiveTask> live = registry_->Find(task);
+    if (!live) continue;
+    for (uint64_t id : ids)
+      drops.emplace_back(WorkerTarget{task, live->address, live->incarnation}, id);
+  }
+  CallGroup calls(drops.size());
+  for (size_t i = 0; i < drops.size(); ++i) {
+    workers_->DropVariableAsync(drops[i].first, drops[i].second, calls.Callback(i));
+  }
+  std::vector<absl::Status> statuses = calls.Wait();
+  for (size_t i = 0; i < drops.size(); ++i) {
+    if (statuses[i].ok()) registry_->DropConfirmed(drops[i].first.task, drops[i].second);
+  }
+}
+
 void Replication::ResyncStale() {
+  RetryOwedDrops();
   std::set<uint64_t> suspect;
   {
     RankedLock lock(&mu_);

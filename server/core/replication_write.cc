@@ -416,6 +416,16 @@ absl::Status Replication::KeepCommittedValues(const Record& keep) {
 
 // ---- Delete ----
 
+void Replication::WaitOutLeases(const std::vector<TaskKey>& tasks) const {
+  if (registry_->membership_options().read_lease <= absl::ZeroDuration() ||
+      BugSeeded(SeededBug::kDeletesNotWaited)) {
+    return;
+  }
+  const absl::Time end =
+      std::max(registry_->SupersededLeasesEnd(), registry_->LeaseHeldUntil(tasks));
+  if (const absl::Time now = clock_->Now(); end > now) clock_->SleepFor(end - now);
+}
+
 absl::Status Replication::Delete(const RequestKey& key, absl::string_view name) {
   REPVAR_ASSIGN_OR_RETURN(std::optional<Answer> cached, registry_->Outcome(key, "delete"));
   if (cached) return absl::OkStatus();
@@ -450,12 +460,16 @@ absl::Status Replication::Delete(const RequestKey& key, absl::string_view name) 
     workers_->DropVariableAsync(holders[i], id, drops.Callback(i));
   }
   std::vector<absl::Status> statuses = drops.Wait();
+  std::vector<TaskKey> unreached;
   for (size_t i = 0; i < holders.size(); ++i) {
     if (!statuses[i].ok()) {
       spdlog::warn("drop of {} on {} failed: {}", std::string(name), holders[i].task.ToString(),
                    statuses[i].ToString());
+      registry_->OwesDrop(holders[i].task, id);
+      unreached.push_back(holders[i].task);
     }
   }
+  WaitOutLeases(unreached);
   RankedLock lock(&mu_);
   write_locks_.erase(id);
   spdlog::info("variable {} (id {}) deleted", std::string(name), id);

@@ -26,6 +26,7 @@ void StepCoordinator::NotifyLocked(const ChangeMark& before, Wakers* wake) {
   const ChangeMark now = MarkLocked();
   if (now.event_seq != before.event_seq) events_cv_.SignalAll();
   if (now.open != before.open) {
+    if (now.open.first == 0) registry_->BarLeases({});  // no step open
     step_cv_.SignalAll();
     for (auto& f : wakers_) wake->fns.push_back(std::move(f));
     wakers_.clear();
@@ -372,7 +373,10 @@ absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
   step_beginning_ = true;
   while (writes_in_flight_ > 0) step_cv_.Wait(mu_.native());
   StepInfo info = Describe(step, barrier_timeout);
+  // Barred first: a lease granted before the bar is one the check sees.
+  registry_->BarLeases(described_behind_);
   if (absl::Status leases = CheckLeasesOfThoseBehind(step); !leases.ok()) {
+    registry_->BarLeases({});
     step_beginning_ = false;
     step_cv_.SignalAll();
     return leases;
@@ -385,7 +389,10 @@ absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
                               .status();
   step_beginning_ = false;
   step_cv_.SignalAll();
-  REPVAR_RETURN_IF_ERROR(recorded);
+  if (!recorded.ok()) {
+    registry_->BarLeases({});
+    return recorded;
+  }
   const ChangeMark before = MarkLocked();
   steps_.Open(std::move(info), clock_->Now());
   NotifyLocked(before, &wake);

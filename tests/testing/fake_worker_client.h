@@ -79,9 +79,13 @@ class FakeWorkerClient final : public server::WorkerClient {
   }
   void DropVariableAsync(const server::WorkerTarget& target, uint64_t variable_id,
                          Done done) override {
+    absl::Status dropped = absl::OkStatus();
     {
       absl::MutexLock lock(&mu_);
-      for (auto it = held_.begin(); it != held_.end();) {
+      if (auto f = failures_.find(target.task.ToString()); f != failures_.end()) {
+        dropped = f->second;
+      }
+      for (auto it = held_.begin(); dropped.ok() && it != held_.end();) {
         if (std::get<0>(it->first) == target.task.ToString() &&
             std::get<1>(it->first) == variable_id) {
           it = held_.erase(it);
@@ -90,7 +94,7 @@ class FakeWorkerClient final : public server::WorkerClient {
         }
       }
     }
-    std::move(done)(absl::OkStatus());
+    std::move(done)(std::move(dropped));
   }
 
   void ListReplicasAsync(const server::WorkerTarget& target, uint64_t fence_floor,

@@ -291,6 +291,67 @@ TEST_F(StepCoreTest, C8_StepLeavingAWorkerBehind_WaitsOutItsReadLease) {
   ASSERT_OK(testing::BeginStep(core_, 1, absl::Seconds(10)));
 }
 
+// A delete whose drop did not reach a holder that serves local reads is
+// answered only once that holder's lease cannot hold, and the holder gets
+// no new lease until the drop, tried again by repair, reaches it.
+TEST_F(StepCoreTest, C8_DeleteThatMissedAHolder_WaitsOutItsLease_NoLeaseUntilDropped) {
+  uint64_t id = Create("d", Aggregation::kMean);
+  auto granted = core_.Heartbeat(TaskKey{"tpu_worker", 1}, Inc(1), /*read_lease=*/true);
+  ASSERT_OK(granted);
+  ASSERT_GT(granted->read_lease, absl::ZeroDuration());
+  const absl::Time lease_end = core_.registry().LeaseHeldUntil({TaskKey{"tpu_worker", 1}});
+  workers_.Fail("tpu_worker:1", absl::UnavailableError("down for a moment"));
+  ASSERT_OK(core_.DeleteVariable({}, "d"));
+  EXPECT_GE(clock_.Now(), lease_end);  // the fake clock's sleep moved it there
+  auto barred = core_.Heartbeat(TaskKey{"tpu_worker", 1}, Inc(1), true);
+  ASSERT_OK(barred);
+  EXPECT_EQ(barred->read_lease, absl::ZeroDuration());
+  auto others = core_.Heartbeat(TaskKey{"tpu_worker", 0}, Inc(0), true);  // the drop reached it
+  ASSERT_OK(others);
+  EXPECT_GT(others->read_lease, absl::ZeroDuration());
+  core_.ResyncStale();  // still down: still owed
+  EXPECT_EQ(core_.Heartbeat(TaskKey{"tpu_worker", 1}, Inc(1), true)->read_lease,
+            absl::ZeroDuration());
+  workers_.Heal("tpu_worker:1");
+  core_.ResyncStale();
+  EXPECT_FALSE(workers_.Get("tpu_worker:1", id, 2).has_value());  // dropped
+  EXPECT_GT(core_.Heartbeat(TaskKey{"tpu_worker", 1}, Inc(1), true)->read_lease,
+            absl::ZeroDuration());
+}
+
+// Found by the simulator (seed 1939): a worker behind when the step began,
+// repaired while it is open, must not get a lease before the step commits
+// the value that leaves it behind again.
+TEST_F(StepCoreTest, C8_WorkerRepairedDuringAStepItSitsOut_NoLeaseUntilTheStepEnds) {
+  Create("b", Aggregation::kMean);
+  // As in F2_StaleReplicaOnALiveWorker_...: tpu_worker:1 alone holds the
+  // committed value, tpu_worker:0 and :2 sit the step out.
+  workers_.Fail("tpu_worker:1", absl::UnavailableError("down for a moment"));
+  EXPECT_THAT(core_.Assign({}, {"b", AssignOp::kAssign, F32({3, 4})}).status(),
+              StatusIs(absl::StatusCode::kUnavailable));
+  workers_.Heal("tpu_worker:1");
+  workers_.Fail("tpu_worker:0", absl::UnavailableError("busy"));
+  workers_.Fail("tpu_worker:2", absl::UnavailableError("busy"));
+  core_.ResyncStale();
+  workers_.Heal("tpu_worker:0");
+  workers_.Heal("tpu_worker:2");
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
+  ASSERT_OK(s);
+  EXPECT_EQ(s->participants.size(), 1u);
+  core_.ResyncStale();  // tpu_worker:0 and :2 are up to date again
+  ASSERT_EQ(core_.GetVariable("b")->replicas[0].state, ReplicaState::kUpToDate);
+  auto barred = core_.Heartbeat(TaskKey{"tpu_worker", 0}, Inc(0), /*read_lease=*/true);
+  ASSERT_OK(barred);
+  EXPECT_EQ(barred->read_lease, absl::ZeroDuration());
+  auto taking_part = core_.Heartbeat(TaskKey{"tpu_worker", 1}, Inc(1), true);
+  ASSERT_OK(taking_part);
+  EXPECT_GT(taking_part->read_lease, absl::ZeroDuration());
+  ASSERT_OK(core_.AbortStep(s->epoch, "test"));
+  auto after = core_.Heartbeat(TaskKey{"tpu_worker", 0}, Inc(0), true);
+  ASSERT_OK(after);
+  EXPECT_GT(after->read_lease, absl::ZeroDuration());
+}
+
 // Variables placed alike whose replicas all take part share one replica ->
 // participant list, even when created apart and when a worker is dead (what
 // keeps a layout of 4,000 replicas per variable small); one whose own
