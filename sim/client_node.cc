@@ -126,6 +126,7 @@ void ClientNode::Setup(int variables, int step_variables, int accelerators) {
     item.initializer.constant = i + 1;
     items.push_back(item);
     inits.push_back({item.def.name, std::nullopt});
+    step_variables_.push_back(item.def.name);
   }
   const server::RequestKey create{NewRequestId(), 1};
   while (!Retried<CreateResult>(
@@ -145,6 +146,18 @@ void ClientNode::Setup(int variables, int step_variables, int accelerators) {
               },
               1000)
               .ok()) {
+  }
+  for (const std::string& name : step_variables_) {
+    absl::StatusOr<ReadResult> r;
+    do {
+      r = Retried<ReadResult>(
+          "ReadVariable",
+          [name](server::Coordinator* core, Network::Answer<ReadResult> answer) {
+            answer(core->Read(name));
+          },
+          1000);
+    } while (!r.ok());
+    world_->step_reads().Committed(name, r->version, ChecksumOf(Floats(*r->value)), 0);
   }
   for (const std::string& name : variables_) {
     absl::StatusOr<ReadResult> r;
@@ -173,18 +186,39 @@ void ClientNode::StartWorkload(int ops) {
 void ClientNode::Workload(int ops) {
   Random& random = world_->random();
   for (int i = 0; i < ops; ++i) {
-    const std::string name = absl::StrCat("v", random.Uniform(world_->options().variables));
+    // The setup's variables, and those this client created since.
+    const uint64_t setup = static_cast<uint64_t>(world_->options().variables);
+    const uint64_t pick = random.Uniform(setup + created_.size());
+    const std::string name =
+        pick < setup ? absl::StrCat("v", pick) : created_[static_cast<size_t>(pick - setup)];
     std::vector<float> value(kElements);
     for (float& f : value) f = static_cast<float>(random.Between(-8, 8));
-    switch (random.Uniform(3)) {
+    switch (random.Uniform(16)) {
       case 0:
-        Write(name, AssignOp::kAssign, std::move(value));
+        Create(value[0]);
         break;
       case 1:
+      case 2:
+      case 3:
+      case 4:
+      case 5:
+        Write(name, AssignOp::kAssign, std::move(value));
+        break;
+      case 6:
+      case 7:
+      case 8:
+      case 9:
+      case 10:
         Write(name, AssignOp::kAdd, std::move(value));
         break;
       default:
-        Read(name);
+        // A step variable now and then: the trainers' steps write them.
+        if (world_->options().steps > 0 && world_->options().step_variables > 0 &&
+            random.Uniform(2) == 0) {
+          Read(absl::StrCat("s", random.Uniform(world_->options().step_variables)));
+        } else {
+          Read(name);
+        }
         break;
     }
     world_->scheduler().clock()->SleepFor(
@@ -217,6 +251,51 @@ void ClientNode::Write(const std::string& name, AssignOp op, std::vector<float> 
                            r.ok() ? absl::StrCat("v", r->version) : r.status().ToString()));
 }
 
+void ClientNode::Create(float constant) {
+  const std::string name = absl::StrCat("c", index_, "-", creates_++);
+  CreateItem item;
+  item.def.name = name;
+  item.def.tensor = TensorSpec{DType::kFloat32, {kElements}};
+  const int accelerators = world_->options().workers * world_->options().devices_per_worker;
+  item.def.replica_count = static_cast<int32_t>(world_->random().Between(1, accelerators));
+  item.initializer.kind = InitializerKind::kConstant;
+  item.initializer.constant = constant;
+  const server::RequestKey create{NewRequestId(), 3};
+  auto created = Retried<CreateResult>(
+      "CreateVariables",
+      [create, item](server::Coordinator* core, Network::Answer<CreateResult> answer) {
+        answer(core->CreateVariables(create, {item}));
+      },
+      8);
+  world_->Log(absl::StrCat("client ", index_, " create ", name, " (", item.def.replica_count,
+                           " replicas) -> ", created.ok() ? "ok" : created.status().ToString()));
+  if (!created.ok()) return;  // maybe created: never used
+  // Initializing is the variable's first write: version 1, the constant.
+  world_->history().SetInitial(name, RegisterState{0, {}});
+  RegisterOp rop;
+  rop.kind = RegisterOp::Kind::kAssign;
+  rop.arg = std::vector<float>(kElements, constant);
+  rop.call = Micros();
+  const size_t h = world_->history().Begin(name, rop);
+  const server::RequestKey init{NewRequestId(), 4};
+  auto r = Retried<std::vector<InitializeResult>>(
+      "InitializeVariables",
+      [init, name](server::Coordinator* core,
+                   Network::Answer<std::vector<InitializeResult>> answer) {
+        answer(core->Initialize(init, {{name, std::nullopt}}));
+      },
+      8);
+  world_->Log(absl::StrCat(
+      "client ", index_, " initialize ", name, " -> ",
+      r.ok() && r->size() == 1 ? absl::StrCat("v", (*r)[0].version) : r.status().ToString()));
+  if (r.ok() && r->size() == 1) {
+    world_->history().Answered(name, h, Micros(), (*r)[0].version, (*r)[0].checksum);
+    created_.push_back(name);
+  } else if (!r.ok() && Refusal(r.status())) {
+    world_->history().Refused(name, h);
+  }
+}
+
 bool ClientNode::ReadLocally(const std::string& name) {
   // The host's worker is the client's index modulo the workers, its table
   // mapped as a trainer maps it (kept after the worker process died).
@@ -235,19 +314,26 @@ bool ClientNode::ReadLocally(const std::string& name) {
   std::memcpy(floats.data(), bytes.data(), floats.size() * sizeof(float));
   world_->Log(absl::StrCat("client ", index_, " read ", name, " locally -> v", got.version, " [",
                            absl::StrJoin(floats, ","), "]"));
+  Record(name, call, got.version, ChecksumOf(floats), /*local=*/true);
+  return true;
+}
+
+void ClientNode::Record(const std::string& name, int64_t call, int64_t version, uint64_t checksum,
+                        bool local) {
+  if (name.starts_with("s")) {
+    world_->step_reads().Read(name, call, version, checksum, local);
+    return;
+  }
   RegisterOp rop;
   rop.kind = RegisterOp::Kind::kRead;
   rop.call = call;
   const size_t h = world_->history().Begin(name, rop);
-  world_->history().Answered(name, h, Micros(), got.version, ChecksumOf(floats));
-  return true;
+  world_->history().Answered(name, h, Micros(), version, checksum);
 }
 
 void ClientNode::Read(const std::string& name) {
   if (world_->local_reads() && world_->random().Uniform(2) == 0 && ReadLocally(name)) return;
-  RegisterOp rop;
-  rop.kind = RegisterOp::Kind::kRead;
-  rop.call = Micros();
+  const int64_t call = Micros();
   auto r = Retried<ReadResult>(
       "ReadVariable",
       [name](server::Coordinator* core, Network::Answer<ReadResult> answer) {
@@ -259,8 +345,7 @@ void ClientNode::Read(const std::string& name) {
       r.ok() ? absl::StrCat("v", r->version, " [", absl::StrJoin(Floats(*r->value), ","), "]")
              : r.status().ToString()));
   if (!r.ok()) return;  // a read that failed changed nothing
-  const size_t h = world_->history().Begin(name, rop);
-  world_->history().Answered(name, h, Micros(), r->version, ChecksumOf(Floats(*r->value)));
+  Record(name, call, r->version, ChecksumOf(Floats(*r->value)), /*local=*/false);
 }
 
 }  // namespace repvar::sim

@@ -39,9 +39,17 @@ class ClientNode {
   // One operation of the workload, recorded in the history.
   void Write(const std::string& name, AssignOp op, std::vector<float> value);
   void Read(const std::string& name);
+  // Creates a variable of its own (a random replica count) and initializes
+  // it to `constant`: a write from version 0 in the history. Used by later
+  // operations once initialized.
+  void Create(float constant);
   // A read from the host's worker's local read table (C8); false when it
   // does not serve it (the caller asks the coordinator).
   bool ReadLocally(const std::string& name);
+  // A read's answer, for the check of its kind: World::history, or
+  // World::step_reads for a step variable ("s...").
+  void Record(const std::string& name, int64_t call, int64_t version, uint64_t checksum,
+              bool local);
   // One call to the coordinator, handled by `serve` on a thread of its
   // process (UNAVAILABLE when it does not serve).
   template <typename T>
@@ -60,6 +68,9 @@ class ClientNode {
   const int index_;
   ProcessId process_ = -1;
   std::vector<std::string> variables_;
+  std::vector<std::string> step_variables_;
+  std::vector<std::string> created_;
+  int creates_ = 0;
   uint64_t requests_ = 0;
   bool done_ = false;
 };

@@ -7,12 +7,14 @@
 #ifndef REPVAR_SIM_HISTORY_H_
 #define REPVAR_SIM_HISTORY_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "sim/linearizability.h"
 
 namespace repvar::sim {
@@ -66,6 +68,85 @@ class History {
     std::vector<bool> refused;  // by op
   };
   std::map<std::string, Variable> variables_;
+};
+
+// The step variables' reads (C4, C8). Steps are their only writers, and the
+// trainers of a committed step hear each changed value's version and
+// checksum, so a read is checked against those commits directly: the value
+// it returned is the one committed at its version, and no newer version was
+// acknowledged to a trainer before the read was called (versions of a
+// variable only grow, S1). A commit no trainer heard is unknown here: a
+// read of its version is not checked against a checksum.
+class StepReads {
+ public:
+  // Version `version` of `variable` was committed as `checksum`, first
+  // acknowledged at `acknowledged` (microseconds; 0: before the workload).
+  void Committed(const std::string& variable, int64_t version, uint64_t checksum,
+                 int64_t acknowledged) {
+    auto [it, fresh] =
+        variables_[variable].commits.try_emplace(version, Commit{checksum, acknowledged});
+    if (!fresh) {
+      if (it->second.checksum != checksum) conflicts_.push_back(variable);
+      it->second.acknowledged = std::min(it->second.acknowledged, acknowledged);
+    }
+  }
+  void Read(const std::string& variable, int64_t call, int64_t version, uint64_t checksum,
+            bool local) {
+    variables_[variable].reads.push_back({call, version, checksum, local});
+  }
+
+  // OK, or the first read no commit explains (`local`: it was served from
+  // a worker's read table).
+  absl::Status Check(bool& local) const {
+    local = false;
+    for (const std::string& v : conflicts_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("variable ", v, ": one version committed with two checksums"));
+    }
+    for (const auto& [name, v] : variables_) {
+      for (const ReadOp& r : v.reads) {
+        const char* how = r.local ? "read locally" : "read";
+        local = r.local;
+        auto at = v.commits.find(r.version);
+        if (at != v.commits.end() && at->second.checksum != r.checksum) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("variable ", name, ": ", how, " v", r.version, " #", r.checksum % 10000,
+                           ", committed as #", at->second.checksum % 10000));
+        }
+        for (auto it = v.commits.upper_bound(r.version); it != v.commits.end(); ++it) {
+          if (it->second.acknowledged < r.call) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "variable ", name, ": ", how, " v", r.version, " at ", r.call, " us, but v",
+                it->first, " was acknowledged at ", it->second.acknowledged, " us"));
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+  size_t reads() const {
+    size_t n = 0;
+    for (const auto& [name, v] : variables_) n += v.reads.size();
+    return n;
+  }
+
+ private:
+  struct Commit {
+    uint64_t checksum = 0;
+    int64_t acknowledged = 0;
+  };
+  struct ReadOp {
+    int64_t call = 0;
+    int64_t version = 0;
+    uint64_t checksum = 0;
+    bool local = false;
+  };
+  struct Variable {
+    std::map<int64_t, Commit> commits;  // by version
+    std::vector<ReadOp> reads;
+  };
+  std::map<std::string, Variable> variables_;
+  std::vector<std::string> conflicts_;
 };
 
 }  // namespace repvar::sim

@@ -105,6 +105,7 @@ std::vector<Heard> RunTrainers(World* w, const std::shared_ptr<const StepInfo>& 
                 table->Discard(info->epoch);
               }
               me.answered = true;
+              me.answered_us = absl::ToUnixMicros(s.Now());
               --*running;
             });
   }
@@ -232,6 +233,7 @@ bool TrainerNode::CheckOutcome(int64_t step, const StepInfo& step_info,
     if (!x.answered || !x.result.ok() || x.result->state != StepState::kCommitted) continue;
     for (const CommittedVariable& c : x.result->changed) {
       if (versions_.count(c.name)) versions_[c.name] = c.version;
+      w->step_reads().Committed(c.name, c.version, c.checksum, x.answered_us);
     }
   }
   return true;

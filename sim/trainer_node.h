@@ -12,7 +12,8 @@
 // Checks (docs/simulator.md): the trainers of a step that heard an outcome
 // from the coordinator heard the same one (S4), committed steps strictly
 // increase (S1), and a committed change names the version after the one
-// before it (S4: version + 1).
+// before it (S4: version + 1). Each committed value, with when a trainer
+// first heard it, goes to World::step_reads for the clients' reads.
 #ifndef REPVAR_SIM_TRAINER_NODE_H_
 #define REPVAR_SIM_TRAINER_NODE_H_
 
@@ -41,6 +42,7 @@ class TrainerNode {
   struct Heard {
     bool answered = false;  // Commit returned (else the host died, or no answer in time)
     absl::StatusOr<StepResolution> result = absl::UnavailableError("not run");
+    int64_t answered_us = 0;  // when Commit returned
   };
 
  private:

@@ -261,7 +261,7 @@ void World::PlanNemesis(ProcessId nemesis) {
   const absl::Time start = scheduler_.Now();
   for (int i = 0; i < options_.faults; ++i) {
     const absl::Time at = start + random_.Between(absl::ZeroDuration(), kStormWindow);
-    const int kind = static_cast<int>(random_.Uniform(8));
+    const int kind = static_cast<int>(random_.Uniform(9));
     const int w = static_cast<int>(random_.Uniform(workers_.size()));
     const absl::Duration lasting = random_.Between(absl::Milliseconds(100), absl::Seconds(3));
     scheduler_.At(nemesis, at,
@@ -272,6 +272,7 @@ void World::PlanNemesis(ProcessId nemesis) {
 void World::Strike(ProcessId nemesis, int kind, int w, absl::Duration lasting) {
   if (kind < 4) return StrikeProcess(nemesis, kind, w, lasting);
   if (kind < 7) return StrikeNetwork(nemesis, kind, w, lasting);
+  if (kind == 8) return RegistrationStorm(nemesis, lasting);
   Log(absl::StrCat("nemesis: the state log fails its next sync"));
   DiskFaults f;
   f.sync_error = 1;
@@ -303,6 +304,18 @@ void World::StrikeProcess(ProcessId nemesis, int kind, int w, absl::Duration las
     Log(absl::StrCat("nemesis: pause the coordinator for ", absl::FormatDuration(lasting)));
     scheduler_.Pause(coordinator_->process(), until);
   }
+}
+
+void World::RegistrationStorm(ProcessId nemesis, absl::Duration lasting) {
+  Log("nemesis: crash every worker; all restart together");
+  for (auto& w : workers_) {
+    if (w->up()) w->Crash();
+  }
+  scheduler_.At(nemesis, scheduler_.Now() + lasting, [this] {
+    for (auto& w : workers_) {
+      if (!w->up()) w->Start();
+    }
+  });
 }
 
 void World::StrikeNetwork(ProcessId nemesis, int kind, int w, absl::Duration lasting) {
@@ -413,6 +426,10 @@ void World::CheckAtEnd() {
   if (!failed()) CheckReplicasAtRest();
   if (absl::Status s = history_.Check(); !s.ok()) {
     Fail("C4 linearizability", std::string(s.message()));
+  }
+  bool local = false;
+  if (absl::Status s = step_reads_.Check(local); !s.ok()) {
+    Fail(local ? "C8 local step reads" : "C4 step reads", std::string(s.message()));
   }
 }
 

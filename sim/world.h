@@ -93,6 +93,7 @@ class World {
   Disk& disk() { return disk_; }
   DataPlaneHub& hub() { return hub_; }
   History& history() { return history_; }
+  StepReads& step_reads() { return step_reads_; }
   const WorldOptions& options() const { return options_; }
   // Whether this seed's workers serve local reads (WorldOptions::local_reads).
   bool local_reads() const { return local_reads_; }
@@ -123,12 +124,14 @@ class World {
   // restarts it.
   void OnSyncError();
   void PlanNemesis(ProcessId nemesis);
-  // Fault `kind` (of 8) against worker `w` (when it names one), lasting
+  // Fault `kind` (of 9) against worker `w` (when it names one), lasting
   // `lasting`: 0-3 crash or pause the coordinator or a worker, 4-6 cut a
-  // worker off or make the network lossy or slow, 7 fails a sync.
+  // worker off or make the network lossy or slow, 7 fails a sync, 8 crashes
+  // every worker and restarts them together (a registration storm).
   void Strike(ProcessId nemesis, int kind, int w, absl::Duration lasting);
   void StrikeProcess(ProcessId nemesis, int kind, int w, absl::Duration lasting);
   void StrikeNetwork(ProcessId nemesis, int kind, int w, absl::Duration lasting);
+  void RegistrationStorm(ProcessId nemesis, absl::Duration lasting);
   void Heal();
   bool Converged();
   // Checks after every scheduling pick (cheap ones) and at the end.
@@ -148,6 +151,7 @@ class World {
   Disk disk_;
   DataPlaneHub hub_;
   History history_;
+  StepReads step_reads_;
   std::unique_ptr<server::ClusterState> mirror_;
   std::unique_ptr<CoordinatorNode> coordinator_;
   std::vector<std::unique_ptr<WorkerNode>> workers_;

@@ -28,8 +28,8 @@ retries_reapplied|C4 linearizability|
 no_roll_forward|C4 linearizability|
 answered_before_sync|C4 linearizability|
 fences_ignored|F7 replica truth|
-groups_reused_across_restarts|F7 replica truth (at rest)|--faults=16 --local_reads=0
 local_reads_ignore_lease|C4 linearizability|
 stale_workers_leased|C4 linearizability|
+steps_not_suspended|C8 local step reads|
 BUGS
 exit $status

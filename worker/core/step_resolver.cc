@@ -106,7 +106,7 @@ StepResolution StepResolver::Ask(const LocalStep& s, const absl::Status& why, co
 
 StepResolver::Done StepResolver::SuspendLocalReads(const LocalStep& s, Done done) {
   if (local_reads_ == nullptr || s.begin_versions.empty()) return done;
-  local_reads_->Suspend();
+  if (!BugSeeded(SeededBug::kStepsNotSuspended)) local_reads_->Suspend();
   // `s` outlives the step's resolution (Resolve, ResolveAsync).
   return [local_reads = local_reads_, &s, done = std::move(done)](StepResolution r) mutable {
     local_reads->EndStep([&s] {
