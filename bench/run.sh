@@ -67,8 +67,9 @@ dd if=/dev/zero of="$ddfile" bs=1M count="$p2p_mib" conv=fsync status=none
 echo "disk mib=$p2p_mib write_fsync_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$results"
 rm -f "$ddfile"
 
-echo "== peers: the step report path's messages on bare gRPC (32 workers), no repvar logic"
-"$build/bench/grpc_step_floor" 32 1000 | tee -a "$results"
+echo "== peers: the step path's messages on bare gRPC (32 workers), no repvar logic"
+"$build/bench/grpc_step_floor" 32 1000 | tee -a "$results"       # the report path
+"$build/bench/grpc_step_floor" 32 200 1000 | tee -a "$results"   # 1,000 variables changing
 
 echo "== peers: Redis 7 GET / INCR, 1 client"
 port=$((20000 + RANDOM % 20000))
@@ -107,6 +108,15 @@ echo "== repvar"
 "$build/bench/repvar_bench" --workers="$(echo $workers | tr ' ' ,)" --mib="$mibs" \
   --iters="$iters" --small_ops="$small" --p2p_mib="$p2p_mib" | tee -a "$results"
 "$build/bench/repvar_bench" --only_memory | tee -a "$results"
+echo "== repvar: the step cost curve (8 / 16 / 32 workers x 100 / 1,000 / 10,000 variables)"
+curve_steps=10
+if [ $quick -eq 1 ]; then curve_steps=4; fi
+for w in 8 16 32; do
+  for v in 100 1000 10000; do
+    "$build/bench/repvar_bench" --only_steps --mean_mib=0 --step_workers=$w --step_vars=$v \
+      --steps=$curve_steps | sed 's/^repvar_steps /curve repvar_steps /' | tee -a "$results"
+  done
+done
 echo "== the workers' data plane over rate-limited links: a network namespace per member, tc"
 # How the broadcast grows with hosts where links, not CPUs, are the limit
 # (bcast_t8_t2_netns). Needs root and network namespaces; a machine without

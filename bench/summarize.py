@@ -30,13 +30,16 @@ def number_or_word(v):
 
 def parse(lines):
     out = {"mpi": {}, "gloo": {}, "tcp": {}, "disk": {}, "redis": {}, "etcd": {}, "floor": {},
-           "netns": {}, "cur": {}, "base": {}}
+           "netns": {}, "cur": {}, "base": {}, "curve": []}
     for line in lines:
         line = line.strip()
         who = "cur"
         if line.startswith("baseline "):
             who, line = "base", line[len("baseline "):]
         d = kv(line)
+        if line.startswith("curve repvar_steps "):
+            out["curve"].append({k: float(v) for k, v in d.items()})
+            continue
         if line.startswith("mpi "):
             out["mpi"][(int(d["size"]), int(d["mib"]))] = float(d["bcast_ms"])
         elif line.startswith("gloo "):
@@ -56,7 +59,7 @@ def parse(lines):
         elif line.startswith("etcd "):
             out["etcd"]["put_p50_us"] = float(d["p50_us"])
         elif line.startswith("grpc_step_floor "):
-            out["floor"] = {k: float(v) for k, v in d.items()}
+            out["floor"][int(d.get("changed", 0))] = {k: float(v) for k, v in d.items()}
         elif line.startswith("etcd_rate "):
             out["etcd"][("rate", int(d["clients"]))] = float(d["puts_per_s"])
         elif line.startswith("repvar_"):
@@ -139,7 +142,8 @@ def goals(res, who):
     rows.append(("step_mapread_vs_memcpy",
                  loc["memcpy_ms"] / loc["mapped_read_ms"] if loc else None, ">=", 0.8, "speed"))
     st = first("repvar_steps", writes=0)
-    fl = res["floor"]
+    fl = res["floor"].get(0)
+    flc = res["floor"].get(1000)
     rows.append(("steps_per_s_32x1000", st["steps_per_s"] / 100 if st else None, ">=", 1,
                  (f"report path, {st['steps_per_s']:.1f}/s; its messages on bare gRPC, no "
                   f"repvar logic: {fl['steps_per_s']:.1f}/s" if fl else "report path")
@@ -155,7 +159,9 @@ def goals(res, who):
                  sw["steps_per_s"] / st["steps_per_s"] if sw and st else None, ">=", 0.8,
                  (f"{sw['steps_per_s']:.2f} / {st['steps_per_s']:.1f} steps/s; coordinator CPU "
                   f"{sw['coordinator_cpu_ms_per_step']:.1f} / "
-                  f"{st['coordinator_cpu_ms_per_step']:.1f} ms per step")
+                  f"{st['coordinator_cpu_ms_per_step']:.1f} ms per step"
+                  + (f"; the all-changed messages on bare gRPC: {flc['steps_per_s']:.1f} steps/s"
+                     if flc else ""))
                  if sw and st else "not run (--step_write_path)"))
     mean = first("repvar_mean_step")
     ga = gloo.get((int(mean["workers"]), int(mean["mib"])), (None, None))[1] if mean else None
@@ -211,6 +217,14 @@ def main(path):
                                  for k, v in x.items()))
     for key, rate in sorted((k, v) for k, v in res["etcd"].items() if isinstance(k, tuple)):
         print(f"etcd_rate clients={key[1]} puts_per_s={rate:g}")
+    if res["curve"]:
+        print()
+        print("step cost curve (steps/s; coordinator CPU ms per step), every replica written"
+              " / none written")
+        for x in res["curve"]:
+            print(f"  {int(x['workers']):>3} workers x {int(x['vars']):>6} variables "
+                  f"{'all changed' if x['writes'] else 'none changed':>13}: "
+                  f"{x['steps_per_s']:>8.2f} steps/s {x['coordinator_cpu_ms_per_step']:>7.2f} ms")
     print()
     cur = goals(res, "cur")
     base = goals(res, "base") if res["base"] else None
