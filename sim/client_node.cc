@@ -148,30 +148,27 @@ void ClientNode::Setup(int variables, int step_variables, int accelerators) {
               .ok()) {
   }
   for (const std::string& name : step_variables_) {
-    absl::StatusOr<ReadResult> r;
-    do {
-      r = Retried<ReadResult>(
-          "ReadVariable",
-          [name](server::Coordinator* core, Network::Answer<ReadResult> answer) {
-            answer(core->Read(name));
-          },
-          1000);
-    } while (!r.ok());
-    world_->step_reads().Committed(name, r->version, ChecksumOf(Floats(*r->value)), 0);
+    const ReadResult r = ReadUntilAnswered(name);
+    world_->step_reads().Committed(name, r.version, ChecksumOf(Floats(*r.value)), 0);
   }
   for (const std::string& name : variables_) {
-    absl::StatusOr<ReadResult> r;
-    do {
-      r = Retried<ReadResult>(
-          "ReadVariable",
-          [name](server::Coordinator* core, Network::Answer<ReadResult> answer) {
-            answer(core->Read(name));
-          },
-          1000);
-    } while (!r.ok());
-    world_->history().SetInitial(name, RegisterState{r->version, Floats(*r->value)});
+    const ReadResult r = ReadUntilAnswered(name);
+    world_->history().SetInitial(name, RegisterState{r.version, Floats(*r.value)});
   }
   world_->Log(absl::StrCat("setup done: ", variables, " variables"));
+}
+
+ReadResult ClientNode::ReadUntilAnswered(const std::string& name) {
+  absl::StatusOr<ReadResult> r;
+  do {
+    r = Retried<ReadResult>(
+        "ReadVariable",
+        [name](server::Coordinator* core, Network::Answer<ReadResult> answer) {
+          answer(core->Read(name));
+        },
+        1000);
+  } while (!r.ok());
+  return *std::move(r);
 }
 
 void ClientNode::StartWorkload(int ops) {

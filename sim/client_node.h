@@ -35,6 +35,8 @@ class ClientNode {
 
  private:
   void Setup(int variables, int step_variables, int accelerators);
+  // A setup read: retried until it is answered.
+  ReadResult ReadUntilAnswered(const std::string& name);
   void Workload(int ops);
   // One operation of the workload, recorded in the history.
   void Write(const std::string& name, AssignOp op, std::vector<float> value);
