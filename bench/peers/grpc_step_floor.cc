@@ -133,19 +133,26 @@ void AddShare(const Shape& shape, int task,
   }
 }
 
+// What a report and a finish both carry: the step, the worker, a digest
+// and the worker's share of the checksums.
+template <typename Msg>
+void FillWorkerMessage(const Shape& shape, int task, int64_t step, Msg* m) {
+  m->set_step(step);
+  m->set_epoch(static_cast<uint64_t>(step));
+  m->set_job("tpu_worker");
+  m->set_task(task);
+  m->set_incarnation(0x1234567890abcdefULL + static_cast<uint64_t>(task));
+  m->set_digest(0x5bd1e995ULL * static_cast<uint64_t>(step));
+  AddShare(shape, task, m->mutable_shard());
+}
+
 StreamReq Report(const Shape& shape, int task, int64_t step) {
   StreamReq r;
   auto* report = r.mutable_report();
-  report->set_step(step);
-  report->set_epoch(static_cast<uint64_t>(step));
-  report->set_job("tpu_worker");
-  report->set_task(task);
-  report->set_incarnation(0x1234567890abcdefULL + static_cast<uint64_t>(task));
-  report->set_digest(0x5bd1e995ULL * static_cast<uint64_t>(step));
+  FillWorkerMessage(shape, task, step, report);
   if (shape.changed > 0) {
     report->add_changed_ranges(0);
     report->add_changed_ranges(static_cast<uint32_t>(shape.changed));
-    AddShare(shape, task, report->mutable_shard());
   }
   return r;
 }
@@ -153,15 +160,9 @@ StreamReq Report(const Shape& shape, int task, int64_t step) {
 StreamReq Finish(const Shape& shape, int task, int64_t step) {
   StreamReq r;
   auto* finish = r.mutable_finish();
-  finish->set_step(step);
-  finish->set_epoch(static_cast<uint64_t>(step));
-  finish->set_job("tpu_worker");
-  finish->set_task(task);
-  finish->set_incarnation(0x1234567890abcdefULL + static_cast<uint64_t>(task));
+  FillWorkerMessage(shape, task, step, finish);
   finish->add_held_ranges(0);
   finish->add_held_ranges(static_cast<uint32_t>(shape.changed));
-  finish->set_digest(0x5bd1e995ULL * static_cast<uint64_t>(step));
-  AddShare(shape, task, finish->mutable_shard());
   return r;
 }
 
