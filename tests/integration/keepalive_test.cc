@@ -38,14 +38,13 @@ TEST(KeepaliveTest, PausedCoordinator_CallsFailAtTheKeepalive_NotAtTheirDeadline
   ASSERT_TRUE(Topology(*ours, absl::Seconds(10)).ok());
   ASSERT_TRUE(Topology(*plain, absl::Seconds(10)).ok());
 
-  const pid_t coordinator = cluster.coordinator().pid();
-  ASSERT_EQ(kill(coordinator, SIGSTOP), 0);
+  cluster.coordinator().Kill(SIGSTOP);
   grpc::Status with_keepalive;
   grpc::Status without;
   std::thread control([&] { without = Topology(*plain, absl::Seconds(12)); });
   with_keepalive = Topology(*ours, absl::Seconds(45));
   control.join();
-  ASSERT_EQ(kill(coordinator, SIGCONT), 0);
+  cluster.coordinator().Kill(SIGCONT);
 
   EXPECT_EQ(with_keepalive.error_code(), grpc::StatusCode::UNAVAILABLE)
       << with_keepalive.error_message();

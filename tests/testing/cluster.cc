@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
@@ -88,6 +89,23 @@ bool Daemon::Running() {
 
 void Daemon::Kill(int sig) {
   if (pid_ > 0) kill(pid_, sig);
+  if (sig == SIGSTOP && pid_ > 0) {
+    // Until the process has stopped (for 10 s at most): kill() only queues
+    // the signal.
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    int status = 0;
+    while (absl::Now() < until) {
+      const pid_t r = waitpid(pid_, &status, WNOHANG | WUNTRACED);
+      if (r == pid_ && WIFSTOPPED(status)) break;
+      if (r == pid_) {  // it exited instead
+        status_ = status;
+        pid_ = -1;
+        break;
+      }
+      if (r < 0 && errno != EINTR) break;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
   if (sig == SIGKILL && pid_ > 0) {
     waitpid(pid_, &status_, 0);
     pid_ = -1;

@@ -32,7 +32,8 @@ class Daemon {
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
   const std::string& log_path() const { return log_; }
-  void Kill(int sig);  // e.g. SIGKILL, SIGSTOP, SIGCONT
+  // e.g. SIGKILL (reaped), SIGSTOP (returns once the process stopped), SIGCONT.
+  void Kill(int sig);
   // SIGTERM, then SIGKILL after 10 s. Returns the exit code when the process
   // exited by itself, -1 when it had to be killed or died of a signal.
   int Stop();
