@@ -99,9 +99,9 @@ class StepReads {
   // a worker's read table).
   absl::Status Check(bool& local) const {
     local = false;
-    for (const std::string& v : conflicts_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("variable ", v, ": one version committed with two checksums"));
+    if (!conflicts_.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "variable ", conflicts_.front(), ": one version committed with two checksums"));
     }
     for (const auto& [name, v] : variables_) {
       for (const ReadOp& r : v.reads) {
