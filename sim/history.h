@@ -124,11 +124,6 @@ class StepReads {
     }
     return absl::OkStatus();
   }
-  size_t reads() const {
-    size_t n = 0;
-    for (const auto& [name, v] : variables_) n += v.reads.size();
-    return n;
-  }
 
  private:
   struct Commit {
