@@ -1,13 +1,27 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sim/scheduler.h"
 
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define REPVAR_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define REPVAR_SIM_ASAN 1
+#endif
+#endif
+#ifdef REPVAR_SIM_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 namespace repvar::sim {
 
@@ -20,7 +34,6 @@ struct Scheduler::SimThread {
   std::string name;
   State state = State::kRunnable;
   absl::AnyInvocable<void() &&> body;
-  bool quit = false;  // an idle carrier told to end (~Scheduler)
 
   // While BLOCKED: what it waits for.
   Wait wait = Wait::kNone;
@@ -28,15 +41,41 @@ struct Scheduler::SimThread {
   const absl::Condition* cond = nullptr;
   absl::Time deadline = absl::InfiniteFuture();
 
-  std::binary_semaphore go{0};
-  std::thread os;
+  sync_internal::HeldLocks held;
+  ucontext_t context;
+  char* mapping = nullptr;  // a guard page, then the stack
+};
+
+struct Scheduler::Driver {
+  ucontext_t context;
+  // The driving thread's stack, for AddressSanitizer.
+  const void* stack_bottom = nullptr;
+  size_t stack_size = 0;
 };
 
 namespace {
 
-// The simulated thread running on this OS thread, and its scheduler.
-thread_local void* tl_thread = nullptr;
-thread_local const Scheduler* tl_scheduler = nullptr;
+constexpr size_t kGuardBytes = 4096;
+constexpr size_t kStackBytes = size_t{1} << 20;
+
+// The scheduler that drives this OS thread (set by Run), and the one whose
+// thread a new context begins (Entry takes no arguments).
+thread_local const Scheduler* tl_driving = nullptr;
+Scheduler* g_scheduler = nullptr;
+
+// AddressSanitizer must be told of every switch of stacks.
+void StartSwitch([[maybe_unused]] void** fake_stack, [[maybe_unused]] const void* bottom,
+                 [[maybe_unused]] size_t size) {
+#ifdef REPVAR_SIM_ASAN
+  __sanitizer_start_switch_fiber(fake_stack, bottom, size);
+#endif
+}
+void FinishSwitch([[maybe_unused]] void* fake_stack, [[maybe_unused]] const void** bottom_old,
+                  [[maybe_unused]] size_t* size_old) {
+#ifdef REPVAR_SIM_ASAN
+  __sanitizer_finish_switch_fiber(fake_stack, bottom_old, size_old);
+#endif
+}
 
 uint64_t Mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9;
@@ -59,25 +98,28 @@ std::vector<void*>& Graveyard() {
 }  // namespace
 
 Scheduler::Scheduler(Random* random, SchedulerOptions options)
-    : random_(random), options_(options) {
+    : random_(random), options_(options), driver_(std::make_unique<Driver>()) {
   sync_internal::Cooperative* none = nullptr;
   if (!sync_internal::active.compare_exchange_strong(none, this)) {
     Fatal("a second scheduler in one process");
   }
+  g_scheduler = this;
+  // absl's deadlock detector keeps the locks held per OS thread; the
+  // simulated threads share one, so it would see their locks as one
+  // thread's.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 Scheduler::~Scheduler() {
   for (SimThread* t : threads_) {
     if (t->state == SimThread::State::kDone) {
-      t->quit = true;
-      t->go.release();
-      t->os.join();
+      munmap(t->mapping, kGuardBytes + kStackBytes);
       delete t;
     } else {
-      t->os.detach();  // blocked for good: its process is gone
-      Graveyard().push_back(t);
+      Graveyard().push_back(t);  // blocked for good: its process is gone
     }
   }
+  g_scheduler = nullptr;
   sync_internal::active.store(nullptr);
 }
 
@@ -88,6 +130,7 @@ ProcessId Scheduler::NewProcess(std::string name) {
 
 void Scheduler::Kill(ProcessId p) {
   processes_.at(p).alive = false;
+  std::erase_if(active_, [p](const SimThread* t) { return t->process == p; });
   for (auto it = timers_.begin(); it != timers_.end();) {
     it = it->second.process == p ? timers_.erase(it) : std::next(it);
   }
@@ -109,28 +152,53 @@ void Scheduler::Spawn(ProcessId p, std::string name, absl::AnyInvocable<void() &
     t = idle_.front();
     idle_.erase(idle_.begin());
   } else {
-    t = new SimThread;
-    t->id = static_cast<int>(threads_.size());
-    threads_.push_back(t);
-    t->os = std::thread([this, t] {
-      tl_thread = t;
-      tl_scheduler = this;
-      t->go.acquire();
-      while (!t->quit) {
-        std::move(t->body)();
-        t->body = nullptr;
-        t->state = SimThread::State::kDone;
-        idle_.push_back(t);
-        driver_.release();
-        t->go.acquire();
-      }
-    });
+    t = NewThread();
   }
   t->process = p;
   t->name = std::move(name);
   t->body = std::move(body);
   t->state = SimThread::State::kRunnable;
   t->wait = SimThread::Wait::kNone;
+  if (processes_.at(p).alive) Activate(t);
+}
+
+void Scheduler::Activate(SimThread* t) {
+  auto at = std::lower_bound(active_.begin(), active_.end(), t,
+                             [](const SimThread* a, const SimThread* b) { return a->id < b->id; });
+  active_.insert(at, t);
+}
+
+void Scheduler::Deactivate(SimThread* t) { std::erase(active_, t); }
+
+Scheduler::SimThread* Scheduler::NewThread() {
+  auto* t = new SimThread;
+  t->id = static_cast<int>(threads_.size());
+  threads_.push_back(t);
+  void* mapping = mmap(nullptr, kGuardBytes + kStackBytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  if (mapping == MAP_FAILED) Fatal("no memory for a thread's stack");
+  t->mapping = static_cast<char*>(mapping);
+  if (mprotect(t->mapping, kGuardBytes, PROT_NONE) != 0) Fatal("cannot guard a thread's stack");
+  getcontext(&t->context);
+  t->context.uc_stack.ss_sp = t->mapping + kGuardBytes;
+  t->context.uc_stack.ss_size = kStackBytes;
+  t->context.uc_link = nullptr;
+  makecontext(&t->context, &Scheduler::Entry, 0);
+  return t;
+}
+
+void Scheduler::Entry() {
+  Scheduler* s = g_scheduler;
+  SimThread* t = s->running_;
+  FinishSwitch(nullptr, &s->driver_->stack_bottom, &s->driver_->stack_size);
+  while (true) {
+    std::move(t->body)();
+    t->body = nullptr;
+    t->state = SimThread::State::kDone;
+    s->idle_.push_back(t);
+    s->Deactivate(t);
+    s->Yield(t);  // picked again with a new body
+  }
 }
 
 void Scheduler::At(ProcessId p, absl::Time when, absl::AnyInvocable<void() &&> fn) {
@@ -143,8 +211,8 @@ ProcessId Scheduler::CurrentProcess() const {
 }
 
 void Scheduler::Halt() {
-  auto* t = static_cast<SimThread*>(tl_thread);
-  if (t == nullptr || tl_scheduler != this) Fatal("Halt on a thread the simulator does not run");
+  if (!Runs()) Fatal("Halt on a thread the simulator does not run");
+  SimThread* t = running_;
   Kill(t->process);
   t->state = SimThread::State::kBlocked;
   t->wait = SimThread::Wait::kSleep;
@@ -152,16 +220,20 @@ void Scheduler::Halt() {
   while (true) Yield(t);  // never picked again: its process is dead
 }
 
-bool Scheduler::Runs() const { return tl_scheduler == this && tl_thread != nullptr; }
+bool Scheduler::Runs() const { return tl_driving == this && running_ != nullptr; }
+
+sync_internal::HeldLocks& Scheduler::Held() { return running_->held; }
 
 void Scheduler::Yield(SimThread* t) {
   running_ = nullptr;
-  driver_.release();
-  t->go.acquire();
+  void* fake_stack = nullptr;
+  StartSwitch(&fake_stack, driver_->stack_bottom, driver_->stack_size);
+  swapcontext(&t->context, &driver_->context);
+  FinishSwitch(fake_stack, nullptr, nullptr);
 }
 
 void Scheduler::Lock(absl::Mutex& mu) {
-  auto* t = static_cast<SimThread*>(tl_thread);
+  SimThread* t = running_;
   if (random_->Chance(options_.preempt_on_lock)) {
     t->state = SimThread::State::kRunnable;
     Yield(t);
@@ -178,7 +250,7 @@ void Scheduler::Lock(absl::Mutex& mu) {
 }
 
 bool Scheduler::Await(absl::Mutex& mu, const absl::Condition& cond, absl::Time deadline) {
-  auto* t = static_cast<SimThread*>(tl_thread);
+  SimThread* t = running_;
   while (true) {
     if (cond.Eval()) return true;
     if (now_ >= deadline) return false;
@@ -201,7 +273,7 @@ void Scheduler::Start(absl::AnyInvocable<void() &&> body) {
 
 void Scheduler::SimClock::SleepFor(absl::Duration d) {
   if (!s_->Runs()) Fatal("SleepFor on a thread the simulator does not run");
-  auto* t = static_cast<SimThread*>(tl_thread);
+  SimThread* t = s_->running_;
   t->state = SimThread::State::kBlocked;
   t->wait = SimThread::Wait::kSleep;
   t->mu = nullptr;
@@ -240,8 +312,10 @@ void Scheduler::RunThread(SimThread* t) {
   t->state = SimThread::State::kRunnable;
   t->wait = SimThread::Wait::kNone;
   running_ = t;
-  t->go.release();
-  driver_.acquire();
+  void* fake_stack = nullptr;
+  StartSwitch(&fake_stack, t->mapping + kGuardBytes, kStackBytes);
+  swapcontext(&driver_->context, &t->context);
+  FinishSwitch(fake_stack, nullptr, nullptr);
   running_ = nullptr;
 }
 
@@ -260,10 +334,10 @@ absl::Time Scheduler::NextWake() const {
     next = std::min(next, std::max(at, processes_[p].paused_until));
   };
   for (const auto& [key, timer] : timers_) {
+    if (key.first >= next) break;  // in time order: none later is earlier
     if (processes_[timer.process].alive) wake(timer.process, key.first);
   }
-  for (const SimThread* t : threads_) {
-    if (t->state == SimThread::State::kDone || !processes_[t->process].alive) continue;
+  for (const SimThread* t : active_) {
     if (t->state == SimThread::State::kRunnable) {
       wake(t->process, now_);  // paused
     } else if (t->wait == SimThread::Wait::kSleep || t->wait == SimThread::Wait::kAwait) {
@@ -274,6 +348,14 @@ absl::Time Scheduler::NextWake() const {
 }
 
 Scheduler::Stop Scheduler::Run(absl::FunctionRef<bool()> done, absl::Time until) {
+  const Scheduler* const outer = tl_driving;
+  tl_driving = this;
+  const Stop stop = Loop(done, until);
+  tl_driving = outer;
+  return stop;
+}
+
+Scheduler::Stop Scheduler::Loop(absl::FunctionRef<bool()> done, absl::Time until) {
   std::vector<SimThread*> ready;
   std::vector<std::multimap<std::pair<absl::Time, uint64_t>, Timer>::iterator> due;
   while (true) {
@@ -281,7 +363,7 @@ Scheduler::Stop Scheduler::Run(absl::FunctionRef<bool()> done, absl::Time until)
     if (++steps_ > options_.max_steps) return Stop::kTooManySteps;
     ready.clear();
     due.clear();
-    for (SimThread* t : threads_) {
+    for (SimThread* t : active_) {
       if (!Eligible(t)) continue;
       if (t->state == SimThread::State::kRunnable || Ready(t)) ready.push_back(t);
     }

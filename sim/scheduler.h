@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// The simulator's scheduler: real threads, run one at a time, in an order
-// drawn from a seed, on a clock that moves only when no thread can run
+// The simulator's scheduler: threads run one at a time, in an order drawn
+// from a seed, on a clock that moves only when no thread can run
 // (docs/simulator.md, "Why a seed replays bit for bit").
 //
-// A thread runs until it waits (a lock held by another thread, a false
-// condition, a deadline ahead, its end) and then gives control back; the
-// driving thread (the one that calls Run) picks the next among the threads
-// that can run and the timers that are due. Each process of the simulated
+// A simulated thread is a user-space context with its own stack, run on the
+// driving thread (the one that calls Run): it runs until it waits (a lock
+// held by another thread, a false condition, a deadline ahead, its end) and
+// then switches back; the driving thread picks the next among the threads
+// that can run and the timers that are due. A hand-over is a context
+// switch, not an OS thread's wake-up. Each process of the simulated
 // cluster (a coordinator, a worker, a client) owns its threads and timers,
 // so a crash stops exactly them.
 //
@@ -16,9 +18,8 @@
 //               '----------------------------------------'
 //   a killed process's threads never run again (they stay blocked).
 //
-// Everything here is called on the driving thread between runs, or on the
-// running thread; never two at once, so the scheduler needs no lock of its
-// own beyond the hand-over.
+// Everything here runs on the driving OS thread, so the scheduler needs no
+// lock of its own.
 #ifndef REPVAR_SIM_SCHEDULER_H_
 #define REPVAR_SIM_SCHEDULER_H_
 
@@ -26,7 +27,6 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <semaphore>
 #include <string>
 #include <vector>
 
@@ -107,6 +107,7 @@ class Scheduler final : public sync_internal::Cooperative {
   bool Await(absl::Mutex& mu, const absl::Condition& cond,
              absl::Time deadline) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
   void Start(absl::AnyInvocable<void() &&> body) override;
+  sync_internal::HeldLocks& Held() override;
 
   // The simulation's Clock: Now is the scheduler's; SleepFor waits.
   Clock* clock() { return &clock_; }
@@ -135,11 +136,17 @@ class Scheduler final : public sync_internal::Cooperative {
   // The hand-over: the running thread gives control back and waits to be
   // picked again.
   void Yield(SimThread* t);
+  // Where every thread's context begins: runs the bodies it is given.
+  static void Entry();
+  SimThread* NewThread();
+  void Activate(SimThread* t);
+  void Deactivate(SimThread* t);
   // Whether a blocked thread may go on now (its lock is free, its
   // condition holds or its deadline passed); sets its wait's result.
   bool Ready(SimThread* t) ABSL_NO_THREAD_SAFETY_ANALYSIS;  // tries the waiter's lock
   bool Eligible(const SimThread* t) const;
   void RunThread(SimThread* t);
+  Stop Loop(absl::FunctionRef<bool()> done, absl::Time until);
   void FireTimer(std::multimap<std::pair<absl::Time, uint64_t>, Timer>::iterator it);
   // The earliest time at which something waiting can go on.
   absl::Time NextWake() const;
@@ -152,11 +159,14 @@ class Scheduler final : public sync_internal::Cooperative {
   std::vector<Process> processes_;
   std::vector<SimThread*> threads_;  // by id; never freed (see ~Scheduler)
   std::vector<SimThread*> idle_;     // ended threads, kept to run new bodies
+  // The threads that may run again (not ended, their process alive), by id.
+  std::vector<SimThread*> active_;
   std::multimap<std::pair<absl::Time, uint64_t>, Timer> timers_;
   uint64_t next_timer_ = 0;
   SimThread* running_ = nullptr;
   ProcessId timer_process_ = -1;  // while a timer runs
-  std::binary_semaphore driver_{0};
+  struct Driver;
+  std::unique_ptr<Driver> driver_;  // the driving thread's context
   uint64_t digest_ = 0;
   uint64_t steps_ = 0;
   // The thread that last took each lock (a deadlock's report).

@@ -115,6 +115,7 @@ World::World(WorldOptions options)
       mirror_(std::make_unique<server::ClusterState>()) {
   disk_.OnAppend([this](const server::Record& r) {
     mirror_->Apply(r);
+    ++mirror_changes_;
     if (options_.verbose) Trace(absl::StrCat("record: ", Describe(r)));
   });
   hub_.SetTrace([this](const std::string& line) { Trace(line); });
@@ -166,6 +167,7 @@ void World::CrashCoordinator() {
   // The state the next coordinator recovers: what the disk kept.
   mirror_ = std::make_unique<server::ClusterState>();
   for (const server::Record& r : disk_.records()) mirror_->Apply(r);
+  ++mirror_changes_;
 }
 
 void World::OnSyncError() {
@@ -392,7 +394,25 @@ bool World::Converged() {
   return true;
 }
 
-void World::CheckAfterEvent() { CheckReplicaTruth(); }
+void World::CheckAfterEvent() {
+  ReplicaTruthInputs(inputs_);
+  if (inputs_ == checked_inputs_) return;
+  std::swap(inputs_, checked_inputs_);
+  CheckReplicaTruth();
+}
+
+void World::ReplicaTruthInputs(std::vector<uint64_t>& inputs) {
+  inputs.clear();
+  inputs.push_back(mirror_changes_);
+  for (const auto& w : workers_) {
+    worker::ReplicaStore* store = w->store();
+    worker::StepTable* steps = w->steps();
+    inputs.push_back(reinterpret_cast<uintptr_t>(store));
+    inputs.push_back(w->incarnation());
+    inputs.push_back(store == nullptr ? 0 : store->Changes());
+    inputs.push_back(steps != nullptr && steps->Settling() ? 1 : 0);
+  }
+}
 
 void World::CheckReplicaTruth() {
   // F7: a replica recorded up to date by a worker's incarnation is held by

@@ -137,6 +137,9 @@ class World {
   // Checks after every scheduling pick (cheap ones) and at the end.
   void CheckAfterEvent();
   void CheckReplicaTruth();
+  // What CheckReplicaTruth reads, in brief: while it stays the same, so
+  // does the check's answer.
+  void ReplicaTruthInputs(std::vector<uint64_t>& inputs);
   void CheckAtEnd();
   void CheckReplicasAtRest();
   // Runs until `done` or `limit` of simulated time; false on the latter.
@@ -149,6 +152,9 @@ class World {
   Scheduler scheduler_;
   Network network_;
   Disk disk_;
+  uint64_t mirror_changes_ = 0;  // records applied to mirror_, or a new mirror_
+  std::vector<uint64_t> checked_inputs_;  // ReplicaTruthInputs at the last check
+  std::vector<uint64_t> inputs_;
   DataPlaneHub hub_;
   History history_;
   StepReads step_reads_;

@@ -8,10 +8,12 @@
 namespace repvar {
 namespace {
 
-// The ranked locks this thread holds, in acquisition order.
-constexpr int kMaxHeld = 16;
-thread_local std::array<const RankedMutex*, kMaxHeld> held;
-thread_local int depth = 0;
+// The ranked locks the calling thread holds, in acquisition order.
+sync_internal::HeldLocks& Held() {
+  if (sync_internal::Cooperative* c = sync_internal::Current()) return c->Held();
+  thread_local sync_internal::HeldLocks held;
+  return held;
+}
 
 [[noreturn]] void OrderViolation(const RankedMutex& taking, const RankedMutex& holding) {
   std::fprintf(stderr,
@@ -24,35 +26,39 @@ thread_local int depth = 0;
 }  // namespace
 
 void RankedMutex::Lock() {
-  for (int i = 0; i < depth; ++i) {
-    const RankedMutex& h = *held[i];
+  sync_internal::HeldLocks& held = Held();
+  for (int i = 0; i < held.depth; ++i) {
+    const RankedMutex& h = *held.locks[i];
     if (h.rank() >= rank_) {
       OrderViolation(*this, h);
     }
   }
   mu_.Lock();
-  if (depth == kMaxHeld) {
-    std::fprintf(stderr, "more than %d ranked locks held by one thread\n", kMaxHeld);
+  if (held.depth == sync_internal::HeldLocks::kMax) {
+    std::fprintf(stderr, "more than %d ranked locks held by one thread\n",
+                 sync_internal::HeldLocks::kMax);
     std::abort();
   }
-  held[depth++] = this;
+  held.locks[held.depth++] = this;
 }
 
 void RankedMutex::AssertNoneHeld(const char* taking) {
-  if (depth > 0) {
+  const sync_internal::HeldLocks& held = Held();
+  if (held.depth > 0) {
     std::fprintf(stderr,
                  "lock order violation: taking %s while holding %s (rank %d); see the "
                  "written lock order (server/core/lock_order.h)\n",
-                 taking, held[depth - 1]->name(), held[depth - 1]->rank());
+                 taking, held.locks[held.depth - 1]->name(), held.locks[held.depth - 1]->rank());
     std::abort();
   }
 }
 
 void RankedMutex::Unlock() {
-  for (int i = depth - 1; i >= 0; --i) {
-    if (held[i] == this) {
-      for (int j = i; j + 1 < depth; ++j) held[j] = held[j + 1];
-      --depth;
+  sync_internal::HeldLocks& held = Held();
+  for (int i = held.depth - 1; i >= 0; --i) {
+    if (held.locks[i] == this) {
+      for (int j = i; j + 1 < held.depth; ++j) held.locks[j] = held.locks[j + 1];
+      --held.depth;
       break;
     }
   }

@@ -11,6 +11,7 @@
 #ifndef REPVAR_COMMON_BASE_SYNC_H_
 #define REPVAR_COMMON_BASE_SYNC_H_
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -23,7 +24,17 @@
 
 namespace repvar {
 
+class RankedMutex;
+
 namespace sync_internal {
+
+// The ranked locks a thread holds, in the order it took them
+// (common/base/ranked_mutex.h).
+struct HeldLocks {
+  static constexpr int kMax = 16;
+  std::array<const RankedMutex*, kMax> locks{};
+  int depth = 0;
+};
 
 // What a simulation's scheduler does in place of blocking (sim/scheduler.h
 // implements it). Called only on the threads it runs; others are told apart
@@ -41,6 +52,9 @@ class Cooperative {
   virtual bool Await(absl::Mutex& mu, const absl::Condition& cond, absl::Time deadline) = 0;
   // Starts `body` on a thread of the scheduler's.
   virtual void Start(absl::AnyInvocable<void() &&> body) = 0;
+  // The calling thread's ranked locks: the scheduler's threads share one OS
+  // thread, so a thread_local would be shared by all of them.
+  virtual HeldLocks& Held() = 0;
 };
 
 // The scheduler of the simulation running in this process, or null.

@@ -17,6 +17,7 @@ absl::Status ReplicaStore::Apply(std::vector<ReplicaWrite> items) {
   {
     MutexLock lock(&mu_);
     REPVAR_RETURN_IF_ERROR(ApplyLocked(items, released, fenced));
+    changes_.fetch_add(1, std::memory_order_release);
   }
   if (listener_ != nullptr && fenced) listener_->Written(items);
   return absl::OkStatus();
@@ -109,6 +110,7 @@ void ReplicaStore::Drop(uint64_t variable_id) {
       released.push_back(std::move(it->second.value));
       it = replicas_.erase(it);
     }
+    changes_.fetch_add(1, std::memory_order_release);
     applied_.SignalAll();  // a WaitFor for a replica dropped ends now
   }
   if (listener_ != nullptr) listener_->Dropped(variable_id);

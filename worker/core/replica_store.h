@@ -2,6 +2,7 @@
 #ifndef REPVAR_WORKER_CORE_REPLICA_STORE_H_
 #define REPVAR_WORKER_CORE_REPLICA_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -74,6 +75,9 @@ class ReplicaStore {
   std::vector<StoredReplica> FenceAndList(uint64_t floor) ABSL_LOCKS_EXCLUDED(mu_);
   // Bytes of distinct tensors held.
   uint64_t BytesHeld() const ABSL_LOCKS_EXCLUDED(mu_);
+  // How many Applies and Drops have completed: while it stays the same, so
+  // do the replicas held.
+  uint64_t Changes() const { return changes_.load(std::memory_order_acquire); }
 
  private:
   // Apply's checks and changes, under the lock.
@@ -83,6 +87,7 @@ class ReplicaStore {
   ReplicaListener* listener_ = nullptr;
   mutable Mutex mu_;
   mutable CondVar applied_;  // Apply() ran
+  std::atomic<uint64_t> changes_{0};
   // Ordered (a variable's replicas are adjacent), a few replicas per
   // allocated node rather than one; B-trees also grow without rehashing.
   absl::btree_map<std::pair<uint64_t, int32_t>, StoredReplica> replicas_ ABSL_GUARDED_BY(mu_);
