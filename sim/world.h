@@ -152,7 +152,7 @@ class World {
   Scheduler scheduler_;
   Network network_;
   Disk disk_;
-  uint64_t mirror_changes_ = 0;  // records applied to mirror_, or a new mirror_
+  uint64_t mirror_changes_ = 0;           // records applied to mirror_, or a new mirror_
   std::vector<uint64_t> checked_inputs_;  // ReplicaTruthInputs at the last check
   std::vector<uint64_t> inputs_;
   DataPlaneHub hub_;
