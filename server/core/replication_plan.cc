@@ -14,12 +14,17 @@ std::vector<WriteBatch> GroupByWorker(const ClusterState& state,
     WriteBatch* batch;
     std::vector<int32_t> replicas;
   };
-  absl::flat_hash_map<const std::vector<Placement>*, std::vector<Group>> per_list;
-  for (const PlannedWrite& w : writes) {
-    const VariableRecord* v = state.FindId(w.id);
+  // Each placement list's groups, by its index in `lists`.
+  std::vector<std::vector<Group>> lists;
+  absl::flat_hash_map<const std::vector<Placement>*, size_t> per_list;
+  // Phase 1: each write's groups, and so each batch's size.
+  constexpr size_t kNone = ~size_t{0};
+  std::vector<size_t> list_of(writes.size(), kNone);
+  absl::flat_hash_map<WriteBatch*, size_t> sizes;
+  for (size_t k = 0; k < writes.size(); ++k) {
+    const VariableRecord* v = state.FindId(writes[k].id);
     if (v == nullptr) continue;
-    auto [where, fresh] = per_list.try_emplace(&v->placement.list());
-    std::vector<Group>& groups = where->second;
+    auto [where, fresh] = per_list.try_emplace(&v->placement.list(), lists.size());
     if (fresh) {
       std::map<TaskKey, std::vector<int32_t>> replicas;
       for (size_t i = 0; i < v->placement.size(); ++i) {
@@ -27,6 +32,7 @@ std::vector<WriteBatch> GroupByWorker(const ClusterState& state,
           replicas[v->placement[i].task].push_back(static_cast<int32_t>(i));
         }
       }
+      std::vector<Group>& groups = lists.emplace_back();
       for (auto& [task, idx] : replicas) {
         WriteBatch& b = per_task[task];
         const WorkerRecord& worker = *state.Worker(task);
@@ -34,7 +40,15 @@ std::vector<WriteBatch> GroupByWorker(const ClusterState& state,
         groups.push_back(Group{&b, std::move(idx)});
       }
     }
-    for (const Group& g : groups) {
+    list_of[k] = where->second;
+    for (const Group& g : lists[where->second]) ++sizes[g.batch];
+  }
+  // Phase 2: the batches, each allocated once.
+  for (auto& [batch, size] : sizes) batch->writes.reserve(size);
+  for (size_t k = 0; k < writes.size(); ++k) {
+    if (list_of[k] == kNone) continue;
+    const PlannedWrite& w = writes[k];
+    for (const Group& g : lists[list_of[k]]) {
       g.batch->writes.push_back(ReplicaWrite{w.id, w.name, w.version, g.replicas, w.value, fence});
     }
   }
@@ -56,15 +70,48 @@ Delivery FoldAnswers(const std::vector<WriteBatch>& batches,
     const WorkerTarget& t = batches[i].target;
     // A worker that did not answer may hold the new version, the old one
     // or neither.
-    auto& into = statuses[i].ok() ? d.holders : d.unknown;
-    if (!statuses[i].ok()) {
+    if (statuses[i].ok()) {
+      d.acknowledged[t.task] = t.incarnation;
+    } else {
+      d.unanswered[t.task] = t.incarnation;
       d.failures.push_back(absl::StrCat(t.task.ToString(), ": ", statuses[i].ToString()));
-    }
-    for (const ReplicaWrite& w : batches[i].writes) {
-      for (int32_t r : w.replicas) into[w.variable_id].push_back(Holder{r, t.incarnation});
     }
   }
   return d;
+}
+
+namespace {
+
+// Whether each replica of `v` is on a worker of `answered` still live under
+// the incarnation that answered. A worker's replicas are adjacent in a
+// placement, so each worker is looked up once per run of them.
+template <typename Fn>
+void ForEachReplica(const ClusterState& state, const VariableRecord& v,
+                    const absl::flat_hash_map<TaskKey, uint64_t>& answered, Fn fn) {
+  const TaskKey* last_task = nullptr;
+  bool last_live = false;
+  uint64_t last_incarnation = 0;
+  for (size_t i = 0; i < v.replica_count(); ++i) {
+    const TaskKey& task = v.placement[i].task;
+    if (last_task == nullptr || !(task == *last_task)) {
+      last_task = &task;
+      auto it = answered.find(task);
+      last_live = it != answered.end() && state.IsLive(task, it->second);
+      last_incarnation = it == answered.end() ? 0 : it->second;
+    }
+    fn(static_cast<int32_t>(i), last_live, last_incarnation);
+  }
+}
+
+}  // namespace
+
+std::vector<Holder> LiveHolders(const ClusterState& state, const VariableRecord& v,
+                                const absl::flat_hash_map<TaskKey, uint64_t>& answered) {
+  std::vector<Holder> out;
+  ForEachReplica(state, v, answered, [&](int32_t replica, bool live, uint64_t incarnation) {
+    if (live) out.push_back(Holder{replica, incarnation});
+  });
+  return out;
 }
 
 std::vector<Holder> LiveHolders(const ClusterState& state, const VariableRecord& v,
@@ -76,36 +123,16 @@ std::vector<Holder> LiveHolders(const ClusterState& state, const VariableRecord&
   return out;
 }
 
-Holders LiveHoldersAllBut(const ClusterState& state, const VariableRecord& v,
-                          const std::vector<Holder>& holders) {
-  std::vector<bool> held(v.replica_count(), false);
-  // A worker's replicas come together: its liveness is looked up once.
-  const TaskKey* last_task = nullptr;
-  uint64_t last_incarnation = 0;
-  bool last_live = false;
-  for (const Holder& h : holders) {
-    const TaskKey& task = v.placement[h.replica].task;
-    if (&task != last_task || h.incarnation != last_incarnation) {
-      last_task = &task;
-      last_incarnation = h.incarnation;
-      last_live = state.IsLive(task, h.incarnation);
-    }
-    if (last_live) held[static_cast<size_t>(h.replica)] = true;
-  }
+std::vector<int32_t> NotLiveHolders(const ClusterState& state, const VariableRecord& v,
+                                    const absl::flat_hash_map<TaskKey, uint64_t>& acknowledged) {
   std::vector<int32_t> missing;
-  for (size_t i = 0; i < held.size(); ++i) {
-    if (!held[i]) missing.push_back(static_cast<int32_t>(i));
-  }
-  return Holders::AllBut(std::move(missing));
+  ForEachReplica(state, v, acknowledged, [&](int32_t replica, bool live, uint64_t) {
+    if (!live) missing.push_back(replica);
+  });
+  return missing;
 }
 
 namespace {
-
-const std::vector<Holder>& Of(const std::map<uint64_t, std::vector<Holder>>& by_id, uint64_t id) {
-  static const std::vector<Holder> kNone;
-  auto it = by_id.find(id);
-  return it == by_id.end() ? kNone : it->second;
-}
 
 // A write that did not reach every live replica: the replicas that got it
 // now hold an uncommitted version and are STALE, not silently ahead; those
@@ -114,13 +141,13 @@ const std::vector<Holder>& Of(const std::map<uint64_t, std::vector<Holder>>& by_
 // fence and checks what they hold.
 void SettleUndelivered(const ClusterState& state, const VariableRecord& v, const PlannedWrite& w,
                        const Delivery& delivery, Record& record) {
-  std::vector<Holder> holders = LiveHolders(state, v, Of(delivery.holders, w.id));
+  std::vector<Holder> holders = LiveHolders(state, v, delivery.acknowledged);
   if (!holders.empty()) {
     record.changes.push_back(
         ReplicasWritten{w.id, w.version, w.value->checksum, std::move(holders)});
   }
   if (v.version > 0) {
-    std::vector<Holder> unknown = LiveHolders(state, v, Of(delivery.unknown, w.id));
+    std::vector<Holder> unknown = LiveHolders(state, v, delivery.unanswered);
     if (!unknown.empty()) record.changes.push_back(ReplicasWritten{w.id, 0, 0, std::move(unknown)});
   }
   record.changes.push_back(ResyncFlagged{w.id, true});
@@ -133,6 +160,9 @@ Record SettleWrites(const ClusterState& state, const std::vector<PlannedWrite>& 
                     const std::optional<RequestRecorded>& outcome) {
   const bool delivered = delivery.failures.empty();
   Record record;
+  // Variables created together share a placement list, and so the replicas
+  // that missed the write: worked out once per list.
+  absl::flat_hash_map<const std::vector<Placement>*, std::vector<int32_t>> missing_per_list;
   for (const PlannedWrite& w : writes) {
     const VariableRecord* v = state.FindId(w.id);
     if (v == nullptr) continue;
@@ -140,10 +170,11 @@ Record SettleWrites(const ClusterState& state, const std::vector<PlannedWrite>& 
       SettleUndelivered(state, *v, w, delivery, record);
       continue;
     }
+    auto [missing, fresh] = missing_per_list.try_emplace(&v->placement.list());
+    if (fresh) missing->second = NotLiveHolders(state, *v, delivery.acknowledged);
     auto init = initializers.find(w.id);
     record.changes.push_back(ValueCommitted{
-        w.id, w.version, w.value->checksum, w.value,
-        LiveHoldersAllBut(state, *v, Of(delivery.holders, w.id)),
+        w.id, w.version, w.value->checksum, w.value, Holders::AllBut(missing->second),
         init == initializers.end() ? std::nullopt : std::optional<Initializer>(init->second)});
     if (v->needs_resync) record.changes.push_back(ResyncFlagged{w.id, false});
   }

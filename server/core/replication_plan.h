@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "common/model/replica_write.h"
 #include "common/tensor/tensor.h"
@@ -41,12 +42,16 @@ struct WriteBatch {
 std::vector<WriteBatch> GroupByWorker(const ClusterState& state,
                                       const std::vector<PlannedWrite>& writes, uint64_t fence);
 
-// What the workers' answers mean: which replicas acknowledged (they hold
-// the new version), which did not answer (their contents are unknown), and
-// why. `prepared`: the fence of the write's WritePrepared (0: none).
+// What the workers' answers mean, per worker: which acknowledged their
+// batch (they hold the new version of every replica they were sent), which
+// did not answer (their contents are unknown), each by the incarnation it
+// was sent to, and why. A worker's batch holds every write of the call for
+// every replica it has, so a replica's answer is its worker's: nothing here
+// grows with the replicas. `prepared`: the fence of the write's
+// WritePrepared (0: none).
 struct Delivery {
-  std::map<uint64_t, std::vector<Holder>> holders;
-  std::map<uint64_t, std::vector<Holder>> unknown;
+  absl::flat_hash_map<TaskKey, uint64_t> acknowledged;
+  absl::flat_hash_map<TaskKey, uint64_t> unanswered;
   std::vector<std::string> failures;
   uint64_t prepared = 0;
 };
@@ -57,15 +62,19 @@ Delivery FoldAnswers(const std::vector<WriteBatch>& batches,
                      const std::vector<absl::Status>& statuses,
                      const absl::Status& prepared_durable, uint64_t prepared);
 
-// Holders still live under the incarnation that acknowledged: an
-// acknowledgement from a worker declared dead since is not recorded.
+// The replicas of `v` on the workers of `answered` (Delivery::acknowledged
+// or ::unanswered) that are still live under the incarnation that
+// answered: an acknowledgement from a worker declared dead since is not
+// recorded.
+std::vector<Holder> LiveHolders(const ClusterState& state, const VariableRecord& v,
+                                const absl::flat_hash_map<TaskKey, uint64_t>& answered);
 std::vector<Holder> LiveHolders(const ClusterState& state, const VariableRecord& v,
                                 const std::vector<Holder>& holders);
-// The same as every replica but those that are not live holders
-// (Holders::AllBut): what a committed write records, whose size does not
-// grow with the replicas that took it.
-Holders LiveHoldersAllBut(const ClusterState& state, const VariableRecord& v,
-                          const std::vector<Holder>& holders);
+// The replicas of `v` that are not live holders by `acknowledged`, in
+// order: what a committed write records as Holders::AllBut, whose size
+// does not grow with the replicas that took it.
+std::vector<int32_t> NotLiveHolders(const ClusterState& state, const VariableRecord& v,
+                                    const absl::flat_hash_map<TaskKey, uint64_t>& acknowledged);
 
 // The record that settles `writes` as `delivery` left them (C2, F7): each
 // variable's new version with the replicas that hold it when every live

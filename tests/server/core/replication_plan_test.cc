@@ -85,9 +85,16 @@ TEST_F(ReplicationPlanTest, FoldAnswers_AFailedWorkersReplicasAreUnknown_NamedIn
   const auto batches = GroupByWorker(state_, {Write(1, "a", 1)}, 1);
   const Delivery d = FoldAnswers(batches, {absl::OkStatus(), absl::UnavailableError("gone")},
                                  absl::OkStatus(), /*prepared=*/5);
-  ASSERT_EQ(d.holders.at(1).size(), 2u);  // tpu_worker:0's two replicas
-  ASSERT_EQ(d.unknown.at(1).size(), 1u);  // tpu_worker:1's
-  EXPECT_EQ(d.unknown.at(1)[0].replica, 2);
+  const VariableRecord& a = *state_.FindId(1);
+  const std::vector<Holder> held = LiveHolders(state_, a, d.acknowledged);
+  ASSERT_EQ(held.size(), 2u);  // tpu_worker:0's two replicas
+  EXPECT_EQ(held[0].replica, 0);
+  EXPECT_EQ(held[1].replica, 1);
+  EXPECT_EQ(held[1].incarnation, 100u);
+  const std::vector<Holder> unknown = LiveHolders(state_, a, d.unanswered);
+  ASSERT_EQ(unknown.size(), 1u);  // tpu_worker:1's
+  EXPECT_EQ(unknown[0].replica, 2);
+  EXPECT_EQ(unknown[0].incarnation, 101u);
   ASSERT_EQ(d.failures.size(), 1u);
   EXPECT_NE(d.failures[0].find("tpu_worker:1"), std::string::npos);
   EXPECT_EQ(d.prepared, 5u);
@@ -137,6 +144,21 @@ TEST_F(ReplicationPlanTest, SettleWrites_HoldersDeclaredDeadSinceAreDropped) {
   ASSERT_EQ(h.missing.size(), 1u);
   EXPECT_EQ(state_.FindId(1)->placement[static_cast<size_t>(h.missing[0])].task,
             (TaskKey{"tpu_worker", 1}));
+}
+
+// Each variable's missing replicas are its own placement's, however many
+// variables one write settles.
+TEST_F(ReplicationPlanTest, SettleWrites_EachVariableMissesItsOwnReplicas) {
+  const std::vector<PlannedWrite> writes = {Write(1, "a", 1), Write(2, "b", 2), Write(3, "c", 3)};
+  const auto batches = GroupByWorker(state_, writes, 1);
+  const Delivery d = FoldAnswers(batches, {absl::OkStatus(), absl::OkStatus(), absl::OkStatus()},
+                                 absl::OkStatus(), 0);
+  state_.Apply(Record{{WorkerDied{TaskKey{"tpu_worker", 1}, 101}}});
+  const Record r = SettleWrites(state_, writes, d, {}, std::nullopt);
+  ASSERT_EQ(r.changes.size(), 3u);
+  EXPECT_EQ(std::get<ValueCommitted>(r.changes[0]).holders.missing, (std::vector<int32_t>{2}));
+  EXPECT_EQ(std::get<ValueCommitted>(r.changes[1]).holders.missing, (std::vector<int32_t>{1}));
+  EXPECT_TRUE(std::get<ValueCommitted>(r.changes[2]).holders.missing.empty());
 }
 
 }  // namespace
