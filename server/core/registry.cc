@@ -261,9 +261,15 @@ absl::Time Registry::SupersededLeasesEnd() const {
   return superseded_leases_end_;
 }
 
-void Registry::BarLeases(std::vector<TaskKey> tasks) {
+void Registry::LimitLeases(std::optional<absl::flat_hash_map<TaskKey, uint64_t>> to) {
   RankedLock lock(&mu_);
-  lease_barred_ = absl::flat_hash_set<TaskKey>(tasks.begin(), tasks.end());
+  lease_limit_ = std::move(to);
+}
+
+bool Registry::WithinLeaseLimit(const TaskKey& task, uint64_t incarnation) const {
+  if (!lease_limit_) return true;
+  auto it = lease_limit_->find(task);
+  return it != lease_limit_->end() && it->second == incarnation;
 }
 
 void Registry::OwesDrop(const TaskKey& task, uint64_t variable_id) {
@@ -319,7 +325,7 @@ absl::StatusOr<HeartbeatGrant> Registry::Heartbeat(const TaskKey& key, uint64_t 
   grant.topology_version = state_.topology_version();
   grant.confirmed.assign(held.size(), false);
   if (!read_lease || ReadLease() <= absl::ZeroDuration() ||
-      (lease_barred_.contains(key) && !BugSeeded(SeededBug::kBehindLeasedMidStep)) ||
+      (!WithinLeaseLimit(key, incarnation) && !BugSeeded(SeededBug::kBehindLeasedMidStep)) ||
       (owed_drops_.contains(key) && !BugSeeded(SeededBug::kDeletesNotWaited)) ||
       (!state_.HoldsOnlyNorm(key) && !BugSeeded(SeededBug::kStaleWorkersLeased))) {
     return grant;

@@ -206,11 +206,14 @@ class Registry {
   // process may still serve reads, so no new value is committed before
   // (Replication::CommitWrites, StepCoordinator::BeginStep).
   absl::Time SupersededLeasesEnd() const ABSL_LOCKS_EXCLUDED(mu_);
-  // While a step is open, the live tasks with a replica that sits it out
-  // get no read lease: one that becomes up to date meanwhile would serve
-  // the value the step replaces (StepCoordinator::BeginStep sets them,
-  // and clears them when no step is open).
-  void BarLeases(std::vector<TaskKey> tasks) ABSL_LOCKS_EXCLUDED(mu_);
+  // While a step is open, only its participants that hold no replica
+  // sitting it out get a read lease, each under the incarnation that takes
+  // part: any other worker (one that sits it out, or registers while it is
+  // open) would serve the value the step replaces once it is up to date.
+  // StepCoordinator::BeginStep sets them; nullopt (no step open) lifts the
+  // limit.
+  void LimitLeases(std::optional<absl::flat_hash_map<TaskKey, uint64_t>> to)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Drops of deleted variables that did not reach their live holder: the
   // holder may serve them from its local read table, so it gets no read
   // lease until each is confirmed dropped (Replication retries them), or
@@ -294,6 +297,9 @@ class Registry {
   absl::StatusOr<uint64_t> CommitLocked(Record record, bool decided = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TopologySnapshot SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether LimitLeases lets this worker process hold a read lease.
+  bool WithinLeaseLimit(const TaskKey& task, uint64_t incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The topology users see: live tasks that are not joining.
   TopologySnapshot VisibleTopology(const std::map<std::string, int32_t>& expected) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -313,7 +319,7 @@ class Registry {
   // clock: the worker counts from when it sent the heartbeat, earlier.
   absl::flat_hash_map<TaskKey, absl::Time> lease_held_until_ ABSL_GUARDED_BY(mu_);
   absl::Time superseded_leases_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::flat_hash_set<TaskKey> lease_barred_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::flat_hash_map<TaskKey, uint64_t>> lease_limit_ ABSL_GUARDED_BY(mu_);
   std::map<TaskKey, std::set<uint64_t>> owed_drops_ ABSL_GUARDED_BY(mu_);
   // The lease granted (read_lease, capped), and the margin added for the
   // clocks' drift.

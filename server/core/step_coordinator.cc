@@ -26,7 +26,7 @@ void StepCoordinator::NotifyLocked(const ChangeMark& before, Wakers* wake) {
   const ChangeMark now = MarkLocked();
   if (now.event_seq != before.event_seq) events_cv_.SignalAll();
   if (now.open != before.open) {
-    if (now.open.first == 0) registry_->BarLeases({});  // no step open
+    if (now.open.first == 0) registry_->LimitLeases(std::nullopt);  // no step open
     step_cv_.SignalAll();
     for (auto& f : wakers_) wake->fns.push_back(std::move(f));
     wakers_.clear();
@@ -322,6 +322,17 @@ std::vector<int32_t> MissingWith(const std::vector<int32_t>& sitting_out, const 
   return all;
 }
 
+// Who may hold a read lease while `info` is open: its participants, by the
+// incarnation taking part, but those with a replica `behind`.
+absl::flat_hash_map<TaskKey, uint64_t> LeaseHoldersDuring(const StepInfo& info,
+                                                          const std::vector<TaskKey>& behind) {
+  absl::flat_hash_map<TaskKey, uint64_t> holders;
+  holders.reserve(info.participants.size());
+  for (const StepParticipant& p : info.participants) holders[p.task] = p.incarnation;
+  for (const TaskKey& t : behind) holders.erase(t);
+  return holders;
+}
+
 }  // namespace
 
 StepInfo StepCoordinator::Describe(int64_t step, absl::Duration barrier_timeout) const {
@@ -373,10 +384,10 @@ absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
   step_beginning_ = true;
   while (writes_in_flight_ > 0) step_cv_.Wait(mu_.native());
   StepInfo info = Describe(step, barrier_timeout);
-  // Barred first: a lease granted before the bar is one the check sees.
-  registry_->BarLeases(described_behind_);
+  // Limited first: a lease granted before the limit is one the check sees.
+  registry_->LimitLeases(LeaseHoldersDuring(info, described_behind_));
   if (absl::Status leases = CheckLeasesOfThoseBehind(step); !leases.ok()) {
-    registry_->BarLeases({});
+    registry_->LimitLeases(std::nullopt);
     step_beginning_ = false;
     step_cv_.SignalAll();
     return leases;
@@ -390,7 +401,7 @@ absl::StatusOr<SharedStep> StepCoordinator::BeginStep(int64_t step,
   step_beginning_ = false;
   step_cv_.SignalAll();
   if (!recorded.ok()) {
-    registry_->BarLeases({});
+    registry_->LimitLeases(std::nullopt);
     return recorded;
   }
   const ChangeMark before = MarkLocked();

@@ -352,6 +352,35 @@ TEST_F(StepCoreTest, C8_WorkerRepairedDuringAStepItSitsOut_NoLeaseUntilTheStepEn
   EXPECT_GT(after->read_lease, absl::ZeroDuration());
 }
 
+// The same for a worker that registers while a step it was not live for is
+// open (declared dead, then back under the same incarnation): once its
+// replicas are up to date again it would serve the value the step
+// replaces.
+TEST_F(StepCoreTest, C8_WorkerRegisteredDuringAStep_NoLeaseUntilTheStepEnds) {
+  Create("b", Aggregation::kMean);
+  DeclareTpuWorker2Dead();
+  auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
+  ASSERT_OK(s);
+  ASSERT_EQ(Me(*s, 2), -1);
+  WorkerRegistration back{"tpu_worker", 2, "h2:1", Inc(2), {}};
+  for (int i = 0; i < 2; ++i) {
+    back.devices.push_back(absl::StrCat("/job:tpu_worker/replica:0/task:2/device:TPU:", i));
+  }
+  ASSERT_OK(core_.RegisterWorker(back));
+  core_.ResyncStale();
+  ASSERT_EQ(core_.GetVariable("b")->replicas[4].state, ReplicaState::kUpToDate);
+  auto limited = core_.Heartbeat(TaskKey{"tpu_worker", 2}, Inc(2), /*read_lease=*/true);
+  ASSERT_OK(limited);
+  EXPECT_EQ(limited->read_lease, absl::ZeroDuration());
+  auto taking_part = core_.Heartbeat(TaskKey{"tpu_worker", 0}, Inc(0), true);
+  ASSERT_OK(taking_part);
+  EXPECT_GT(taking_part->read_lease, absl::ZeroDuration());
+  ASSERT_OK(core_.AbortStep(s->epoch, "test"));
+  auto after = core_.Heartbeat(TaskKey{"tpu_worker", 2}, Inc(2), true);
+  ASSERT_OK(after);
+  EXPECT_GT(after->read_lease, absl::ZeroDuration());
+}
+
 // Variables placed alike whose replicas all take part share one replica ->
 // participant list, even when created apart and when a worker is dead (what
 // keeps a layout of 4,000 replicas per variable small); one whose own
