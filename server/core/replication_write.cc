@@ -253,6 +253,12 @@ absl::StatusOr<std::vector<WriteResult>> Replication::Assign(const RequestKey& k
     }
     if (refused_.emplace(key.id, refusal).second) refusal_order_.emplace_back(now, key.id);
   };
+  if (remembered) {
+    // Again, now that no other attempt runs: one that was running when this
+    // one was checked above may have applied the write since.
+    REPVAR_ASSIGN_OR_RETURN(earlier, registry_->Outcome(key, op));
+    if (earlier && !BugSeeded(SeededBug::kRetriesReapplied)) return Answered(*earlier);
+  }
   if (absl::Status gate = steps_->EnterWriteGate(); !gate.ok()) {
     refusal = gate;
     return gate;
