@@ -30,7 +30,7 @@ ctest_args=(--test-dir "$build" --output-on-failure -j "$jobs")
 if [ "${REPVAR_SKIP_LARGE:-0}" = 1 ]; then ctest_args+=(-LE large); fi
 ctest "${ctest_args[@]}"
 
-echo "== cluster simulator: 1,000 seeds (tests/sim.sh; docs/simulator.md)"
+echo "== cluster simulator: 10,000 seeds (tests/sim.sh; docs/simulator.md)"
 REPVAR_BUILD_DIR="$build" tests/sim.sh
 
 echo "== core tests with clang: -Wthread-safety -Werror, AddressSanitizer + UndefinedBehaviorSanitizer"

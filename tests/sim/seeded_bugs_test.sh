@@ -28,7 +28,7 @@ retries_reapplied|C4 linearizability|
 no_roll_forward|C4 linearizability|
 answered_before_sync|C4 linearizability|
 fences_ignored|F7 replica truth|
-local_reads_ignore_lease|C4 linearizability|
+local_reads_ignore_lease|C8 local step reads|
 stale_workers_leased|C4 linearizability|
 steps_not_suspended|C8 local step reads|
 BUGS
