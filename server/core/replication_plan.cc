@@ -93,7 +93,7 @@ void ForEachReplica(const ClusterState& state, const VariableRecord& v,
   uint64_t last_incarnation = 0;
   for (size_t i = 0; i < v.replica_count(); ++i) {
     const TaskKey& task = v.placement[i].task;
-    if (last_task == nullptr || !(task == *last_task)) {
+    if (last_task == nullptr || task != *last_task) {
       last_task = &task;
       auto it = answered.find(task);
       last_live = it != answered.end() && state.IsLive(task, it->second);

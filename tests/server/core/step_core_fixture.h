@@ -154,6 +154,12 @@ class StepCoreTest : public ::testing::Test {
     EXPECT_TRUE(p.ok() && std::holds_alternative<StepPlan>(*p));
     return p.ok() && std::holds_alternative<StepPlan>(*p) ? std::get<StepPlan>(*p) : StepPlan{};
   }
+  // The read lease a heartbeat of tpu_worker:`task` is granted (zero: none).
+  absl::Duration LeaseGranted(int task) {
+    auto grant = core_.Heartbeat(TaskKey{"tpu_worker", task}, Inc(task), /*read_lease=*/true);
+    EXPECT_OK(grant);
+    return grant.ok() ? grant->read_lease : absl::ZeroDuration();
+  }
   void HeartbeatAll(std::initializer_list<int> tasks) {
     for (int t : tasks) ASSERT_OK(core_.Heartbeat(TaskKey{"tpu_worker", t}, Inc(t)));
   }
