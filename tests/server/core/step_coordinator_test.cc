@@ -356,11 +356,7 @@ TEST_F(StepCoreTest, C8_WorkerRegisteredDuringAStep_NoLeaseUntilTheStepEnds) {
   auto s = testing::BeginStep(core_, 1, absl::Seconds(10));
   ASSERT_OK(s);
   ASSERT_EQ(Me(*s, 2), -1);
-  WorkerRegistration back{"tpu_worker", 2, "h2:1", Inc(2), {}};
-  for (int i = 0; i < 2; ++i) {
-    back.devices.push_back(absl::StrCat("/job:tpu_worker/replica:0/task:2/device:TPU:", i));
-  }
-  ASSERT_OK(core_.RegisterWorker(back));
+  ASSERT_OK(core_.RegisterWorker(TpuWorker(2)));  // the same incarnation
   core_.ResyncStale();
   ASSERT_EQ(core_.GetVariable("b")->replicas[4].state, ReplicaState::kUpToDate);
   EXPECT_EQ(LeaseGranted(2), absl::ZeroDuration());

@@ -78,17 +78,19 @@ class StepCoreTest : public ::testing::Test {
   // Three hosts with two TPUs each (6 replicas: 0,1 | 2,3 | 4,5), plus a
   // CPU-only host that holds nothing.
   static void RegisterHosts(Coordinator& c) {
-    for (int t = 0; t < 3; ++t) {
-      WorkerRegistration r{"tpu_worker", t, absl::StrCat("h", t, ":1"), Inc(t), {}};
-      for (int i = 0; i < 2; ++i) {
-        r.devices.push_back(absl::StrCat("/job:tpu_worker/replica:0/task:", t, "/device:TPU:", i));
-      }
-      ASSERT_OK(c.RegisterWorker(r));
-    }
+    for (int t = 0; t < 3; ++t) ASSERT_OK(c.RegisterWorker(TpuWorker(t)));
     ASSERT_OK(
         c.RegisterWorker({"worker", 0, "cpu:1", 5, {"/job:worker/replica:0/task:0/device:CPU:0"}}));
   }
   static uint64_t Inc(int task) { return 100 + static_cast<uint64_t>(task); }
+  // tpu_worker:`t`'s registration: two TPUs.
+  static WorkerRegistration TpuWorker(int t) {
+    WorkerRegistration r{"tpu_worker", t, absl::StrCat("h", t, ":1"), Inc(t), {}};
+    for (int i = 0; i < 2; ++i) {
+      r.devices.push_back(absl::StrCat("/job:tpu_worker/replica:0/task:", t, "/device:TPU:", i));
+    }
+    return r;
+  }
 
   uint64_t Create(const std::string& name, Aggregation agg, DType dtype = DType::kFloat32) {
     return CreateZeroed(core_, name, agg, dtype);
